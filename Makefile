@@ -1,0 +1,55 @@
+# ddplug — the two commands of the README:
+#   make demo   the main job (installs what is missing, builds, runs)
+#   make test   every test (installs what is missing, builds, runs)
+# Everything else here is plumbing for those two.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+BUILD ?= build
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
+SUDO  := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+# Pinned: torch 2.13.0 CPU build (on disk here); never an unpinned torch.
+PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7
+
+.PHONY: demo test build deps
+.DEFAULT_GOAL := test
+
+demo: build
+	@./examples/demo.sh "$(BUILD)" "$(VENV)"
+
+test: build
+	@./tests/run-all.sh "$(BUILD)" "$(VENV)"
+
+build: deps
+	@cmake -S . -B "$(BUILD)" $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DDDPLUG_PYTHON="$(abspath $(PY))" >"$(BUILD).configure.log" 2>&1 \
+	  || { cat "$(BUILD).configure.log"; exit 1; }
+	@cmake --build "$(BUILD)" -j $(JOBS)
+
+deps: .deps/system .deps/python
+
+# System packages: a C toolchain and CMake are assumed; jansson and
+# pkg-config are installed when missing (apt-get update first).
+.deps/system:
+	@mkdir -p .deps
+	@if ! pkg-config --exists jansson 2>/dev/null; then \
+	  echo "ddplug: installing libjansson-dev and pkg-config (apt-get)"; \
+	  $(SUDO) apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libjansson-dev pkg-config >/dev/null; \
+	fi
+	@touch $@
+
+# The project's own virtual environment, with the Python package installed
+# in editable mode.
+.deps/python: hosts/lightning/pyproject.toml
+	@mkdir -p .deps
+	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
+	@if ! "$(PY)" -c "import torch, lightning, pytest; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
+	   || ! "$(PY)" -c "import nvidia.nccl" 2>/dev/null; then \
+	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
+	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \
+	fi
+	@"$(PY)" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e hosts/lightning
+	@touch $@

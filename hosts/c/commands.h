@@ -1,0 +1,13 @@
+/* commands.h — subcommands of the `ddplug` command, one file each:
+ *   cmd_check_config.c  ddplug check-config FILE
+ *   cmd_info.c          ddplug info NAME|PATH
+ *   cmd_run.c           ddplug run -n N [options] -- PROGRAM ARGS...
+ * Each returns the process exit status (0 success, 1 failure, 2 usage). */
+#ifndef DDPLUG_HOSTS_C_COMMANDS_H
+#define DDPLUG_HOSTS_C_COMMANDS_H
+
+int ddplug_cmd_check_config(int argc, char **argv);
+int ddplug_cmd_info(int argc, char **argv);
+int ddplug_cmd_run(int argc, char **argv);
+
+#endif

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""lightning_step.py — time per training step of a communication-heavy model on
+2 CPU ranks: Lightning's DDPStrategy (gloo) against the ddplug strategy, in one
+invocation, with the same model, data and seeds.
+
+    .venv/bin/python bench/lightning_step.py [--steps 30] [--warmup 5] [--json FILE]
+
+The model is an MLP of ~27 M parameters (~109 MB of fp32 gradients per step) fed
+small batches, so the step is dominated by the gradient allreduce. Each
+configuration runs as its own Lightning job (devices=2, accelerator="cpu",
+Lightning's subprocess launcher, one torch thread per rank); rank 0 times every
+training step (on_train_batch_start -> on_train_batch_end: forward, backward with
+the gradient allreduce, optimizer step), the first --warmup steps are dropped.
+
+Configurations:
+  ddp (gloo), default          strategy="ddp" as a user gets it (25 MiB buckets)
+  ddp (gloo), bucket view      gradient_as_bucket_view=True
+  ddp (gloo), 100 MiB buckets  bucket_cap_mb=100, gradient_as_bucket_view=True
+  ddplug (host)                strategy=DdplugStrategy() with the default config
+"gloo at its best" is the fastest ddp row. The table gives the median and mean step
+time and the ratio to the default ddp row. The machine's other load shows up as
+noise: compare rows of one invocation, re-run for confirmation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFIGS = [
+    ("ddp (gloo), default", "ddp", {}),
+    ("ddp (gloo), bucket view", "ddp", {"gradient_as_bucket_view": True}),
+    ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
+    ("ddplug (host)", "ddplug", {}),
+]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One Lightning job (rank 0 and, through the launcher, rank 1)."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning.pytorch as pl
+
+    torch.set_num_threads(1)
+    kwargs = json.loads(args.kwargs)
+
+    class MLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            layers = [nn.Linear(args.inputs, args.hidden), nn.ReLU()]
+            for _ in range(args.layers):
+                layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+            layers.append(nn.Linear(args.hidden, 10))
+            self.net = nn.Sequential(*layers)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    class Timer(pl.Callback):
+        def __init__(self) -> None:
+            self.times: list = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.times.append(time.perf_counter() - self.t0)
+
+    pl.seed_everything(0)
+    g = torch.Generator().manual_seed(0)
+    n = args.batch * 2 * (args.steps + args.warmup)
+    data = TensorDataset(torch.randn(n, args.inputs, generator=g), torch.randint(0, 10, (n,), generator=g))
+    if args.strategy == "ddplug":
+        sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+        import ddplug.lightning
+
+        strategy = ddplug.lightning.DdplugStrategy(**kwargs)
+    else:
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
+    timer = Timer()
+    model = MLP()
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps + args.warmup,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[timer])
+    trainer.fit(model, DataLoader(data, batch_size=args.batch, shuffle=True))
+    if trainer.global_rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        with open(args.out, "w") as f:
+            json.dump({"times": timer.times[args.warmup:], "params": params}, f)
+    if hasattr(trainer.strategy, "close"):
+        trainer.strategy.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30, help="timed steps per configuration")
+    p.add_argument("--warmup", type=int, default=5, help="steps dropped before timing")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    p.add_argument("--inputs", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=6, help="hidden x hidden layers")
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--only", default=None, help="comma-separated substrings of configuration names")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
+    p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    env = dict(os.environ)
+    env.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "hosts" / "lightning" / "src"), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    rows = []
+    configs = CONFIGS
+    if args.only:
+        keys = args.only.split(",")
+        configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
+    for name, strategy, kwargs in configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "times.json")
+            cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
+                   "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
+                   "--layers", str(args.layers)]
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+            if proc.returncode != 0 or not os.path.exists(out):
+                print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{name}: failed (exit {proc.returncode})")
+            data = json.load(open(out))
+        t = data["times"]
+        rows.append({"config": name, "strategy": strategy, "kwargs": kwargs, "params": data["params"],
+                     "steps": len(t), "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
+                     "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)})
+    base = next((r["median_ms"] for r in rows if r["config"] == "ddp (gloo), default"), None)
+    ddp_rows = [r for r in rows if r["strategy"] == "ddp"]
+    best = min((r["median_ms"] for r in ddp_rows), default=None)
+    for r in rows:
+        r["vs_ddp_default"] = r["median_ms"] / base if base else None
+        r["vs_gloo_best"] = r["median_ms"] / best if best else None
+    params = rows[0]["params"] if rows else 0
+    print(f"\nLightning training step, 2 CPU ranks, MLP {params / 1e6:.1f} M parameters"
+          f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
+          f" {args.steps} timed steps after {args.warmup} warm-up\n")
+    print(f"| {'configuration':<30} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
+          f" {'vs ddp default':>14} | {'vs gloo best':>12} |")
+    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 14}|")
+    for r in rows:
+        vd = f"{r['vs_ddp_default']:.2f}x" if r["vs_ddp_default"] else "-"
+        vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
+        print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
+              f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "params": params,
+                       "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

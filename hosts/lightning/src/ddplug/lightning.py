@@ -1,0 +1,495 @@
+"""The ``ddplug`` strategy for ``lightning.pytorch.Trainer``.
+
+    import ddplug.lightning                      # registers strategy="ddplug"
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddplug")   # config from DDPLUG_CONFIG
+    trainer = Trainer(devices=2, strategy=ddplug.lightning.DdplugStrategy(config="ddplug.json"))
+
+Data parallelism without ``torch.distributed``: ranks come from Lightning's cluster
+environment (LightningEnvironment for ``devices=N`` with Lightning's subprocess
+launcher, TorchElasticEnvironment under torchrun, SLURMEnvironment, ...) and are
+passed to ddplug explicitly, so both agree. Collectives, gradient allreduce and the
+data split go through libddplug (plugin "host" for CPU tensors, "nccl" for CUDA).
+
+What it does that DDPStrategy does not:
+
+* every DataLoader (train, val, test, predict) gets exactly one split owner —
+  ``user`` when its sampler or batch sampler is already rank-aware (the
+  GPT-SoVITS double split is impossible), else ``plugin`` (ddplug's sampler) —
+  claimed through the runtime and agreed by all ranks; Lightning's own
+  DistributedSampler injection is turned off for the run
+  (``_DataConnector._requires_distributed_sampler`` reads
+  ``use_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py:169-175);
+* the split is audited per epoch from what each rank consumed, reported on rank 0's
+  stdout and to the loggers; a failed audit stops the run;
+* ``prepare_data`` runs once per node (or globally) while the others wait through
+  the store (Lightning's ``_InfiniteBarrier`` is a no-op without torch.distributed,
+  lightning/fabric/utilities/distributed.py:404-430);
+* the sampler's epoch and position are saved in checkpoints (Lightning saves loaders
+  that have ``state_dict``, lightning/pytorch/utilities/combined_loader.py:378-394)
+  and a resumed run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Generator, Optional, Union
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.strategies.strategy import TBroadcast
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from . import _host
+from .audit import Report
+from .config import ConfigSource
+from .context import Context
+from .gradsync import GradientSync, broadcast_module
+from .runonce import once
+from .streams import DataSplit, StreamBatchSampler
+
+log = logging.getLogger(__name__)
+
+
+class DdplugStrategy(ParallelStrategy):
+    """Multi-process data parallelism through libddplug (see the module doc).
+
+    Args:
+        config: a path, JSON text, dict or :class:`ddplug.config.Config`; None reads
+            ``DDPLUG_CONFIG`` (JSON text or a path), else the defaults.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io,
+        precision_plugin: as for every Lightning ParallelStrategy.
+        timeout_s: rendezvous timeout override (seconds).
+    """
+
+    strategy_name = "ddplug"
+
+    def __init__(
+        self,
+        config: ConfigSource = None,
+        *,
+        accelerator: Optional["pl.accelerators.Accelerator"] = None,
+        parallel_devices: Optional[list] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[Precision] = None,
+        timeout_s: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        self._config_source = config
+        self._timeout_s = timeout_s
+        self._num_nodes = 1
+        self._ctx: Optional[Context] = None
+        self._grad_sync: Optional[GradientSync] = None
+        self._data: Optional[DataSplit] = None
+        self._trainer: Optional["pl.Trainer"] = None
+        self._user_use_distributed_sampler: Optional[bool] = None
+        self._stream_counters: dict = {}
+        self._runs = 0
+        self._prepare_data_patched: Optional[tuple] = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict:
+        """Global ranks, for users who build their own rank-aware samplers."""
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def is_distributed(self) -> bool:
+        """True: Lightning then syncs ``self.log(..., sync_dist=True)`` through
+        :meth:`reduce` (lightning/pytorch/core/module.py:543 reads it through the
+        accelerator connector, accelerator_connector.py:553-568)."""
+        return True
+
+    @property
+    def context(self) -> Optional[Context]:
+        """The ddplug context of this run (None before setup_environment)."""
+        return self._ctx
+
+    @property
+    def streams(self) -> dict:
+        """{stream name: StreamBatchSampler} of the managed DataLoaders."""
+        return dict(self._data.streams) if self._data is not None else {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @override
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def set_world_ranks(self) -> None:
+        """Global rank and world size from node rank, local rank and processes per
+        node, as DDPStrategy does; called by the accelerator connector."""
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        reset_seed()
+        self.set_world_ranks()
+        self._runs += 1
+        if self._ctx is None or self._ctx.closed:
+            env = self.cluster_environment
+            self._ctx = _host.open_context(
+                self._config_source,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                local_world_size=self.num_processes,
+                node_rank=self.node_rank,
+                main_address=getattr(env, "main_address", None) if self.world_size > 1 else None,
+                main_port=getattr(env, "main_port", None) if self.world_size > 1 else None,
+                device=self.root_device,
+                framework=f"lightning {pl.__version__}",
+                timeout_s=self._timeout_s,
+            )
+            if self.global_rank == 0:
+                p = self._ctx.plugin
+                self._print(
+                    f"ddplug: plugin {p['name']} {p['version']} (plugin ABI"
+                    f" {_abi(p['plugin_abi_version'])}), {self.world_size} ranks on"
+                    f" {self._ctx.num_nodes} node(s), library {_lib_version()}"
+                )
+        self._patch_prepare_data()
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        assert self.accelerator is not None
+        assert self._ctx is not None
+        self.accelerator.setup(trainer)
+        self._trainer = trainer
+        self._take_over_sampler_injection(trainer)
+        self._data = DataSplit(
+            self._ctx, "lightning",
+            log=self._log_rank_zero,
+            epoch_source=lambda: trainer.fit_loop.epoch_progress.current.processed,
+            on_report=self._on_audit_report,
+            should_audit=self._should_audit,
+        )
+        trainer_fn = trainer.state.fn
+        assert self.model is not None
+        if trainer_fn == TrainerFn.FITTING and self._layer_sync:
+            self.model = self._layer_sync.apply(self.model)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        broadcast_module(self._ctx, self.model)
+        if trainer_fn == TrainerFn.FITTING:
+            self._grad_sync = _host.gradient_sync(self._ctx, self.model.parameters())
+            self._grad_sync.attach()
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer_fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    @override
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Resolve, claim and install the split owner of one loader (Lightning calls
+        this for every train/val/test/predict loader right after its own — here
+        disabled — sampler injection, data_connector.py:496-499)."""
+        trainer = self._trainer
+        if trainer is None or self._data is None:
+            return dataloader
+        stage = trainer.state.stage
+        prefix = stage.dataloader_prefix if stage is not None else "data"
+        index = self._stream_counters.get(prefix, 0)
+        self._stream_counters[prefix] = index + 1
+        name = prefix if index == 0 else f"{prefix}.{index}"
+        rewrap = None
+        if stage == RunningStage.PREDICTING:
+            # Predict re-creates the loader even with injection off, wrapping its batch
+            # sampler to track indices (pytorch/utilities/data.py:322-323); keep that.
+            from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+
+            rewrap = _IndexBatchSamplerWrapper
+        return self._data.prepare(
+            dataloader, name,
+            framework_sampler=lambda dl: self._lightning_sampler(dl, stage),
+            rewrap=rewrap,
+        )
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Tell the train stream how many batches the loop consumed (its checkpoint
+        position), which the DataLoader's prefetching would otherwise overstate."""
+        if self._data is None:
+            return
+        train = [s for n, s in self._data.streams.items() if n == "train" or n.startswith("train.")]
+        if len(train) == 1:
+            train[0].consumed = batch_idx + 1
+
+    @override
+    def pre_backward(self, closure_loss: Tensor) -> None:
+        gs = self._grad_sync
+        if gs is not None and gs.enabled and gs._round:
+            gs.finish()  # a previous backward's round that nobody finished
+
+    @override
+    def post_backward(self, closure_loss: Tensor) -> None:
+        """Every gradient bucket is reduced before backward returns to the loop."""
+        if self._grad_sync is not None:
+            self._grad_sync.finish()
+
+    @contextmanager
+    @override
+    def block_backward_sync(self) -> Generator:
+        """No gradient communication inside (gradient accumulation: Lightning
+        blocks every micro-batch but the last, loops/optimization/automatic.py:184)."""
+        if self._grad_sync is None:
+            yield None
+            return
+        with self._grad_sync.no_sync():
+            yield None
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: Optional[Union["pl.LightningModule", torch.nn.Module]] = None,
+        **kwargs: Any,
+    ) -> Any:
+        gs = self._grad_sync
+        if gs is not None and gs.enabled and gs._round:
+            gs.finish()  # gradients from a backward outside Lightning's
+        return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+    # ------------------------------------------------------------------ collectives
+    @override
+    def reduce(
+        self, tensor: Union[Tensor, Any], group: Optional[Any] = None,
+        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
+    ) -> Union[Tensor, Any]:
+        """In place, like DDPStrategy.reduce: "mean"/"avg" averages, "sum" sums,
+        ReduceOp values map to ddplug's ops. Non-tensors come back unchanged."""
+        if not isinstance(tensor, Tensor) or self._ctx is None or self._ctx.closed:
+            return tensor
+        return _host.reduce(self._ctx, tensor, reduce_op)
+
+    @override
+    def barrier(self, name: Optional[str] = None) -> None:
+        if name and name.endswith("_dataloader()"):
+            # Lightning requests a stage's loaders, then calls this barrier, then
+            # processes them (fit_loop.py:238-255, evaluation_loop.py:170-192):
+            # restart the stream numbering of that stage.
+            self._stream_counters.pop(name[: -len("_dataloader()")], None)
+        if self._ctx is not None and not self._ctx.closed:
+            self._ctx.barrier()
+
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        if self._ctx is None or self._ctx.closed:
+            return obj
+        return self._ctx.broadcast_object(obj, src)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        """Shape (world_size, *tensor.shape), rank order."""
+        if self._ctx is None or self._ctx.closed:
+            return tensor.unsqueeze(0)
+        return _host.all_gather(self._ctx, tensor, sync_grads)
+
+    # ------------------------------------------------------------------ registration, teardown
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register(
+            "ddplug", cls, description="ddplug: data-parallel strategy plugins (config from DDPLUG_CONFIG)",
+            override=True,
+        )
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Abort the run everywhere so the other ranks fail now instead of waiting
+        for a collective timeout."""
+        if self._ctx is not None and not self._ctx.closed:
+            self._ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
+
+    @override
+    def teardown(self) -> None:
+        if self._grad_sync is not None:
+            self._grad_sync.detach()
+            self._grad_sync = None
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        self._restore_sampler_injection()
+        self._unpatch_prepare_data()
+        aborted = self._ctx is not None and self._ctx._aborted
+        super().teardown()
+        if aborted and self._ctx is not None:
+            try:
+                self._ctx.close()
+            except Exception as exc:  # the abort is the error that matters
+                log.debug("ddplug: close after abort: %s", exc)
+            self._ctx = None
+
+    def close(self) -> None:
+        """Leave the run now (otherwise the context is closed at interpreter exit,
+        so that trainer.fit / trainer.test on one Trainer share it)."""
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    # ------------------------------------------------------------------ helpers
+    def _take_over_sampler_injection(self, trainer: "pl.Trainer") -> None:
+        conn = trainer._accelerator_connector
+        if self._user_use_distributed_sampler is None:
+            self._user_use_distributed_sampler = conn.use_distributed_sampler
+        conn.use_distributed_sampler = False
+
+    def _restore_sampler_injection(self) -> None:
+        if self._trainer is not None and self._user_use_distributed_sampler is not None:
+            self._trainer._accelerator_connector.use_distributed_sampler = self._user_use_distributed_sampler
+        self._user_use_distributed_sampler = None
+
+    def _lightning_sampler(self, dataloader: Any, stage: Optional[RunningStage]) -> Any:
+        """Lightning's own DistributedSampler for a loader (owner "framework")."""
+        from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
+        from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+
+        trainer = self._trainer
+        assert trainer is not None
+        shuffle = True if stage == RunningStage.TRAINING else _is_dataloader_shuffled(dataloader)
+        return _get_distributed_sampler(dataloader, shuffle, overfit_batches=trainer.overfit_batches,
+                                        mode=stage, **self.distributed_sampler_kwargs)
+
+    def _should_audit(self, stream: StreamBatchSampler, total: int) -> bool:
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        if trainer.sanity_checking:
+            return False
+        from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+
+        prefix = stream.name.split(".")[0]
+        limit = getattr(trainer, f"limit_{prefix}_batches", 1.0)
+        stage = {"train": RunningStage.TRAINING, "val": RunningStage.VALIDATING,
+                 "test": RunningStage.TESTING, "predict": RunningStage.PREDICTING}.get(prefix)
+        if stage is None:
+            return True
+        used = _parse_num_batches(stage, total, limit)
+        if used < total:
+            self._log_rank_zero(f"stream '{stream.name}': audit skipped: {used} of {total} batches per epoch"
+                                f" are used (limit_{prefix}_batches)")
+            return False
+        return True
+
+    def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
+        if self.global_rank == 0:
+            self._print(report.text or report.summary)
+        trainer = self._trainer
+        if trainer is not None and report.verdict != "SKIPPED":
+            for logger in trainer.loggers:
+                logger.log_metrics(report.metrics(), step=trainer.global_step)
+
+    def _patch_prepare_data(self) -> None:
+        """Run prepare_data through run-once (node or global scope per
+        prepare_data_per_node) so the other ranks wait for it and see its failure."""
+        module = self.lightning_module
+        trainer = getattr(module, "_trainer", None) if module is not None else None
+        if trainer is None or self._ctx is None:
+            return
+        connector = trainer._data_connector
+        if self._prepare_data_patched is None:
+            self._prepare_data_patched = (connector, connector.__dict__.get("prepare_data"))
+        run = self._runs
+        ctx = self._ctx
+
+        def prepare_data() -> None:
+            # Lightning's rule (data_connector.py:78-101), with the barrier made real.
+            from lightning.pytorch.trainer import call
+            from lightning.pytorch.utilities.model_helpers import is_overridden
+
+            for kind, obj in (("datamodule", trainer.datamodule), ("module", trainer.lightning_module)):
+                if obj is None or not is_overridden("prepare_data", obj):
+                    continue
+                scope = "node" if obj.prepare_data_per_node else "global"
+                with once(f"lightning/prepare_data/{kind}/{run}", scope, context=ctx) as runner:
+                    if runner:
+                        if kind == "datamodule":
+                            call._call_lightning_datamodule_hook(trainer, "prepare_data")
+                        else:
+                            call._call_lightning_module_hook(trainer, "prepare_data")
+
+        connector.prepare_data = prepare_data
+
+    def _unpatch_prepare_data(self) -> None:
+        if self._prepare_data_patched is None:
+            return
+        connector, original = self._prepare_data_patched
+        if original is None:
+            connector.__dict__.pop("prepare_data", None)
+        else:
+            connector.prepare_data = original
+        self._prepare_data_patched = None
+
+    def _log_rank_zero(self, line: str) -> None:
+        if self.global_rank == 0:
+            self._print(f"ddplug: {line}")
+
+    @staticmethod
+    def _print(text: str) -> None:
+        print(text, file=sys.stdout, flush=True)
+
+
+def _abi(v: int) -> str:
+    return f"{v >> 16}.{v & 0xFFFF}"
+
+
+def _lib_version() -> str:
+    from ._api import F
+
+    return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"
+
+
+DdplugStrategy.register_strategies(StrategyRegistry)
+
+__all__ = ["DdplugStrategy"]

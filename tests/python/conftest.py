@@ -1,0 +1,130 @@
+"""pytest setup for the Python host adapter tests (real Lightning, real processes).
+
+The package under test is imported from this checkout (hosts/lightning/src), also
+in the subprocesses the tests and Lightning's launcher start (PYTHONPATH), and the
+library from the build tree (DDPLUG_BUILD_DIR, set by tests/run-all.sh; default
+<repo>/build). Plugins are found beside libddplug.so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "hosts" / "lightning" / "src"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+sys.path.insert(0, str(SRC))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(SCRIPTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
+os.environ.setdefault("DDPLUG_LOG", "warn")
+# Small, deterministic CPU runs: one thread per rank, no GPU probing noise.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    """The outcome of one script run: return code, output, per-rank JSON results."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, out_dir: Path) -> None:
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.out_dir = out_dir
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def rank(self, r: int) -> dict:
+        path = self.out_dir / f"rank{r}.json"
+        if not path.exists():
+            raise AssertionError(f"rank {r} wrote no result ({path}); output:\n{self.output[-6000:]}")
+        return json.loads(path.read_text())
+
+    def ranks(self, n: int) -> list:
+        return [self.rank(r) for r in range(n)]
+
+    def ok(self) -> "Run":
+        assert self.returncode == 0, f"exit {self.returncode}; output:\n{self.output[-8000:]}"
+        return self
+
+
+def run_script(script: str, *args: str, out_dir: Path, env: dict | None = None, timeout: float = 240) -> Run:
+    """Run tests/python/scripts/<script> with args; each rank writes
+    <out_dir>/rank<r>.json. Lightning's launcher (devices=N) starts the other ranks."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env["DDPLUG_TEST_OUT"] = str(out_dir)
+    full_env.setdefault("MASTER_ADDR", "127.0.0.1")
+    full_env["MASTER_PORT"] = str(free_port())
+    if env:
+        full_env.update({k: str(v) for k, v in env.items()})
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args],
+        env=full_env, cwd=str(out_dir), capture_output=True, text=True, timeout=timeout,
+    )
+    return Run(proc, out_dir)
+
+
+def run_ranks(script: str, world: int, *args: str, out_dir: Path, env: dict | None = None,
+              timeout: float = 120, per_rank_env: dict | None = None) -> tuple:
+    """Start ``world`` processes with a torchrun-style environment (RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT); returns
+    (returncodes, outputs, Run-like accessor)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = dict(os.environ)
+        e.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                  "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(port), "DDPLUG_TEST_OUT": str(out_dir)})
+        if env:
+            e.update({k: str(v) for k, v in env.items()})
+        if per_rank_env and r in per_rank_env:
+            e.update({k: str(v) for k, v in per_rank_env[r].items()})
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=e,
+                                      cwd=str(out_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs, codes = [], []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n[test harness: killed after timeout]"
+        outs.append(out)
+        codes.append(p.returncode)
+    return codes, outs
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def lib_available() -> bool:
+    try:
+        import ddplug._lib as L
+
+        L.load()
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,230 @@
+"""A torchrun-style rank (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the
+environment) exercising ddplug.Context directly.
+
+    python ctx_worker.py MODE [ARGS...]
+
+Writes $DDPLUG_TEST_OUT/rank<r>.json with what it observed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+import ddplug
+from ddplug.gradsync import GradientSync, broadcast_module
+
+OUT = os.environ["DDPLUG_TEST_OUT"]
+RANK = int(os.environ["RANK"])
+
+
+def write(data: dict) -> None:
+    with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+        json.dump(data, f)
+
+
+def collectives(ctx: ddplug.Context) -> dict:
+    w, r = ctx.world_size, ctx.rank
+    res: dict = {}
+    t = torch.full((5,), float(r + 1))
+    ctx.allreduce(t, "sum")
+    res["sum"] = t.tolist()
+    t = torch.full((3,), float(r + 1), dtype=torch.float64)
+    ctx.allreduce(t, "avg")
+    res["avg"] = t.tolist()
+    t = torch.tensor([r, -r], dtype=torch.int64)
+    ctx.allreduce(t, "max")
+    res["max"] = t.tolist()
+    a = np.arange(4, dtype=np.int32) * (r + 1)
+    ctx.allreduce(a, "min")
+    res["min_np"] = a.tolist()
+    b = torch.tensor([True, r == 0])
+    ctx.allreduce(b, "sum")
+    res["bool_sum"] = b.tolist()
+    x = torch.arange(6, dtype=torch.float32) if r == 1 else torch.zeros(6)
+    ctx.broadcast(x, root=1)
+    res["bcast"] = x.tolist()
+    g = torch.empty(w * 2, dtype=torch.int64)
+    ctx.allgather(torch.tensor([r, r * r]), g)
+    res["gather"] = g.tolist()
+    res["obj"] = ctx.broadcast_object({"hello": "from 0", "r": r} if r == 0 else None, 0)
+    res["objs"] = ctx.allgather_object(("rank", r, "x" * (r * 100)))
+    reqs = [ctx.iallreduce(torch.full((1000,), float(i + r)), "sum") for i in range(4)]
+    outs = []
+    for q in reqs:
+        q.wait()
+    for q in reqs:
+        outs.append(q._keep == ())
+    res["async_done"] = outs
+    ctx.barrier()
+    bf = torch.full((7,), 0.5 * (r + 1), dtype=torch.bfloat16)
+    ctx.allreduce(bf, "sum")
+    res["bf16"] = bf.float().tolist()
+    return res
+
+
+def errors(ctx: ddplug.Context) -> dict:
+    res: dict = {}
+    try:
+        ctx.allreduce(torch.zeros(3, dtype=torch.complex64), "sum")
+    except TypeError as e:
+        res["complex"] = str(e)
+    try:
+        ctx.allreduce(torch.zeros(4, 4).t(), "sum")
+    except ValueError as e:
+        res["noncontig"] = str(e)
+    try:
+        ctx.allreduce(torch.zeros(2), "median")
+    except ValueError as e:
+        res["op"] = str(e)
+    return res
+
+
+def gradsync(ctx: ddplug.Context) -> dict:
+    torch.manual_seed(100 + ctx.rank)  # different init per rank: the broadcast fixes it
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    model.register_buffer("steps", torch.tensor([ctx.rank * 7.0]))
+    broadcast_module(ctx, model)
+    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.01, first_bucket_mb=0.002, average=True)
+    gs.attach()
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(ctx.world_size * 3, 8, 32, generator=g)
+    res: dict = {"buckets": gs.bucket_sizes(), "buffer": model.steps.item()}
+    grads_per_step = []
+    for step in range(3):
+        batch = data[step * ctx.world_size + ctx.rank]
+        model.zero_grad(set_to_none=(step != 1))
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        gs.finish()
+        grads_per_step.append([p.grad.detach().double().flatten().tolist() for p in model.parameters()])
+    # reference: the average of every rank's local gradients, computed here from all batches
+    ref_steps = []
+    for step in range(3):
+        acc = None
+        for r in range(ctx.world_size):
+            ref = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+            m = _functional(model, ref)
+            m(data[step * ctx.world_size + r]).pow(2).mean().backward()
+            gr = [p.grad.double() for p in ref]
+            acc = gr if acc is None else [a + b for a, b in zip(acc, gr)]
+        ref_steps.append([(a / ctx.world_size).flatten().tolist() for a in acc])
+    # accumulation: two micro-batches, the first without sync
+    model.zero_grad(set_to_none=True)
+    with gs.no_sync():
+        model(data[0]).pow(2).mean().backward()
+    local_first = [p.grad.detach().clone() for p in model.parameters()]
+    model(data[1]).pow(2).mean().backward()
+    gs.finish()
+    res.update({
+        "grads": grads_per_step, "ref": ref_steps, "syncs": gs.syncs,
+        "params": [p.detach().double().flatten().tolist() for p in model.parameters()],
+        "accum": [p.grad.double().flatten().tolist() for p in model.parameters()],
+        "local_first": [t.double().flatten().tolist() for t in local_first],
+    })
+    gs.detach()
+    return res
+
+
+def _functional(model: torch.nn.Module, params: list):
+    names = [n for n, _ in model.named_parameters()]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, dict(zip(names, params)), (x,))
+    return f
+
+
+def runonce(ctx: ddplug.Context, scope: str, fail: bool) -> dict:
+    calls = os.path.join(OUT, f"calls-{scope}.txt")
+
+    def work() -> dict:
+        with open(calls, "a") as f:
+            f.write(f"{ctx.rank}\n")
+        time.sleep(1.0)
+        if fail:
+            raise KeyError(f"no shard for node {ctx.node_rank}")
+        return {"node": ctx.node_rank, "runner": ctx.rank}
+
+    res: dict = {"node_rank": ctx.node_rank, "local_rank": ctx.local_rank, "num_nodes": ctx.num_nodes}
+    t0 = time.monotonic()
+    try:
+        res["value"] = ddplug.run_once(work, scope=scope, name=f"work-{scope}")
+    except ddplug.RunOnceFailed as e:
+        res["failed"] = str(e)
+        res["runner_text"] = e.runner_text
+    except KeyError as e:
+        res["raised_here"] = repr(e)
+    res["waited"] = time.monotonic() - t0
+    # a name that completed returns its recorded outcome at once, work not repeated
+    try:
+        res["again"] = ddplug.run_once(work, scope=scope, name=f"work-{scope}")
+    except (ddplug.RunOnceFailed, KeyError) as e:
+        res["again_failed"] = type(e).__name__
+    # the context-manager form
+    with ddplug.once(f"cm-{scope}", scope) as runner:
+        res["cm_runner"] = runner
+        if runner:
+            time.sleep(0.5)
+            with open(os.path.join(OUT, f"cm-{scope}-{ctx.node_rank}.txt"), "w") as f:
+                f.write("x")
+    res["cm_file_seen"] = os.path.exists(os.path.join(OUT, f"cm-{scope}-{ctx.node_rank}.txt"))
+    return res
+
+
+def runner_dies(ctx: ddplug.Context) -> dict:
+    """Node scope on two "nodes": the runner of node 1 dies inside the work; its
+    node's other rank must learn it (PEER_LOST) long before its timeout."""
+    if ctx.node_rank == 1 and ctx.local_rank == 0:
+        with ddplug.once("doomed", "node") as runner:
+            assert runner
+            write({"dying": True, "rank": ctx.rank})
+            os._exit(3)
+    t0 = time.monotonic()
+    try:
+        with ddplug.once("doomed", "node", timeout_s=60) as runner:
+            pass
+        return {"outcome": "ok", "runner": runner}
+    except ddplug.DdplugError as e:
+        return {"outcome": e.name, "message": str(e), "waited": time.monotonic() - t0}
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    config = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].startswith("{") else None
+    try:
+        ctx = ddplug.Context(config, framework="test")
+        ddplug.context.set_current(ctx)
+        if mode == "collectives":
+            res = collectives(ctx)
+        elif mode == "errors":
+            res = errors(ctx)
+        elif mode == "gradsync":
+            res = gradsync(ctx)
+        elif mode.startswith("runonce-"):
+            _, scope, what = mode.split("-")
+            res = runonce(ctx, scope, what == "fail")
+        elif mode == "runner-dies":
+            res = runner_dies(ctx)
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+        res.update({"rank": ctx.rank, "world_size": ctx.world_size, "plugin": ctx.plugin["name"]})
+        write(res)
+    except Exception as exc:
+        write({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        raise
+    try:
+        ctx.close()
+    except ddplug.DdplugError as exc:
+        print(f"rank {RANK}: close: {exc}", flush=True)
+        sys.exit(4)
+
+
+if __name__ == "__main__":
+    main()

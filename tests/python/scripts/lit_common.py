@@ -1,0 +1,177 @@
+"""Shared pieces of the Lightning test scripts: datasets, samplers in the styles
+of real projects, a tiny model that records what each rank consumed, and the
+per-rank result file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import traceback
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+import lightning.pytorch as pl
+
+FEATURES = 8
+
+
+class SeqDataset(Dataset):
+    """Synthetic variable-length "sequences": sample i has a length in [5, 200]
+    (``lengths``, for bucket samplers), fixed-size features and a linear target."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.n = n
+        self.lengths = torch.randint(5, 201, (n,), generator=g).tolist()
+        self.x = torch.randn(n, FEATURES, generator=g)
+        w = torch.arange(1, FEATURES + 1, dtype=torch.float32) / FEATURES
+        self.y = self.x @ w + 0.01 * torch.randn(n, generator=g)
+        self.epochs_seen: list = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"idx": i, "x": self.x[i], "y": self.y[i], "len": self.lengths[i]}
+
+    def set_epoch(self, epoch: int) -> None:  # ddplug calls it where it exists
+        self.epochs_seen.append(int(epoch))
+
+
+class SoVITSBucketSampler(Sampler):
+    """A rank-aware bucket sampler in the style of GPT-SoVITS' AR bucket sampler:
+    NOT a DistributedSampler subclass; it exposes num_replicas/rank, pads to a
+    multiple of the world size and yields this rank's indices, sorted into length
+    buckets. Lightning's DDP wraps it again (N/G² per rank); ddplug must not."""
+
+    def __init__(self, dataset: SeqDataset, num_replicas: int, rank: int, batch_size: int,
+                 shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.num_samples = math.ceil(len(dataset) / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g).tolist() if self.shuffle else list(range(len(self.dataset)))
+        order += order[: self.total_size - len(order)]
+        mine = order[self.rank: self.total_size: self.num_replicas]
+        # length buckets of batch_size, in shuffled bucket order
+        mine.sort(key=lambda i: self.dataset.lengths[i])
+        buckets = [mine[i: i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+        perm = torch.randperm(len(buckets), generator=g).tolist() if self.shuffle else range(len(buckets))
+        for b in perm:
+            yield from buckets[b]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class VITSBucketBatchSampler(DistributedSampler):
+    """A DistributedSampler subclass that yields batches (VITS-style), meant to be
+    passed as ``batch_sampler=``: Lightning only checks ``dataloader.sampler``."""
+
+    def __init__(self, dataset: SeqDataset, batch_size: int, num_replicas: int, rank: int,
+                 shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.batch_size = batch_size
+        self.lengths = dataset.lengths
+
+    def __iter__(self):
+        mine = list(super().__iter__())
+        mine.sort(key=lambda i: self.lengths[i])
+        batches = [mine[i: i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+        g = torch.Generator().manual_seed(self.seed + self.epoch + 1000)
+        for b in torch.randperm(len(batches), generator=g).tolist():
+            yield batches[b]
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+
+class Recorder(pl.LightningModule):
+    """Linear regression that records every consumed index per epoch, logs a
+    synced validation metric, and can gather/broadcast through the strategy."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(),
+                                       torch.nn.Linear(hidden, 1))
+        self.lr = lr
+        self.seen: dict = {}
+        self.val_seen: dict = {}
+        self.predicted: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.seen.setdefault(str(self.current_epoch), []).append(batch["idx"].tolist())
+        loss = torch.nn.functional.mse_loss(self(batch["x"]), batch["y"])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_seen.setdefault(str(self.current_epoch), []).extend(batch["idx"].tolist())
+        loss = torch.nn.functional.mse_loss(self(batch["x"]), batch["y"])
+        self.log("val_loss", loss, sync_dist=True)
+        self.log("val_rank", float(self.global_rank + 1), sync_dist=True)
+        self.log("val_rank_sum", float(self.global_rank + 1), sync_dist=True, reduce_fx="sum")
+
+    def predict_step(self, batch: dict, batch_idx: int) -> Any:
+        self.predicted.extend(batch["idx"].tolist())
+        return self(batch["x"])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+def params_list(module: torch.nn.Module) -> list:
+    return [p.detach().double().flatten().tolist() for p in module.parameters()]
+
+
+def write_result(rank: int, data: dict) -> None:
+    out = os.environ["DDPLUG_TEST_OUT"]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(data, f)
+
+
+def streams_summary(strategy: Any) -> dict:
+    out = {}
+    for name, s in getattr(strategy, "streams", {}).items():
+        out[name] = {
+            "owner": s.owner,
+            "line": s.decision.line,
+            "length": len(s),
+            "reports": [{"verdict": r.verdict, "summary": r.summary, "epoch": r.epoch,
+                         "covered": r.covered, "deliveries": r.deliveries} for r in s.reports],
+        }
+    return out
+
+
+def guarded(main):
+    """Run main(); on failure write the error into this rank's result and re-raise."""
+    def wrapper() -> None:
+        try:
+            main()
+        except BaseException as exc:
+            rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) + \
+                int(os.environ.get("NODE_RANK", "0")) * int(os.environ.get("DDPLUG_TEST_DEVICES", "1"))
+            try:
+                write_result(rank, {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__,
+                                    "traceback": traceback.format_exc()})
+            except Exception:
+                pass
+            raise
+    return wrapper

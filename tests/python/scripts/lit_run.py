@@ -1,0 +1,148 @@
+"""One Lightning Trainer run for the tests (real subprocess ranks: devices=N).
+
+    python lit_run.py --scenario plain --devices 2 [--strategy ddplug|ddp] ...
+
+Each rank writes $DDPLUG_TEST_OUT/rank<r>.json: what it consumed per epoch and
+step, the owner decisions and audit reports, validation metrics, final
+parameters, predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import lit_common as C
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--scenario", required=True,
+                   choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare"])
+    p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddp"])
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--n", type=int, default=96)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--config", default=None, help="ddplug config (JSON text)")
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--val", action="store_true")
+    p.add_argument("--prepare-scope", default="global", choices=["global", "node"])
+    p.add_argument("--prepare-fail", action="store_true")
+    return p.parse_args()
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.args = args
+        self.ds = C.SeqDataset(args.n)
+        self.val = C.SeqDataset(max(8, args.n // 3), seed=1)
+        self.prepare_data_per_node = args.prepare_scope == "node"
+
+    def prepare_data(self) -> None:
+        if self.args.scenario != "prepare":
+            return
+        marker = os.path.join(os.environ["DDPLUG_TEST_OUT"], "prepared.txt")
+        with open(os.path.join(os.environ["DDPLUG_TEST_OUT"], "prepare_calls.txt"), "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.5)  # slow "download": the other ranks must wait for it
+        if self.args.prepare_fail:
+            raise FileNotFoundError("mirror https://example.invalid/data.tar is unreachable")
+        with open(marker, "w") as f:
+            f.write("ready")
+
+    def setup(self, stage: str) -> None:
+        if self.args.scenario == "prepare":
+            marker = os.path.join(os.environ["DDPLUG_TEST_OUT"], "prepared.txt")
+            self.prepared_seen = os.path.exists(marker)
+
+    def train_dataloader(self) -> DataLoader:
+        a, t = self.args, self.trainer
+        ws, rank = t.world_size, t.global_rank
+        if a.scenario == "sovits":
+            s = C.SoVITSBucketSampler(self.ds, num_replicas=ws, rank=rank, batch_size=a.batch)
+            return DataLoader(self.ds, batch_size=a.batch, sampler=s)
+        if a.scenario == "dsbatch":
+            bs = C.VITSBucketBatchSampler(self.ds, a.batch, num_replicas=ws, rank=rank)
+            return DataLoader(self.ds, batch_sampler=bs)
+        if a.scenario == "parity":
+            s = DistributedSampler(self.ds, num_replicas=ws, rank=rank, shuffle=True, seed=3)
+            return DataLoader(self.ds, batch_size=a.batch, sampler=s)
+        return DataLoader(self.ds, batch_size=a.batch, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.args.batch)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.ds, batch_size=self.args.batch)
+
+
+@C.guarded
+def main() -> None:
+    args = parse()
+    os.environ["DDPLUG_TEST_DEVICES"] = str(args.devices)
+    pl.seed_everything(1234, workers=True)
+    if args.strategy == "ddplug":
+        import ddplug.lightning
+
+        strategy = ddplug.lightning.DdplugStrategy(config=json.loads(args.config) if args.config else None)
+    else:
+        strategy = "ddp"
+    model = C.Recorder()
+    data = Data(args)
+    callbacks = []
+    if args.ckpt_every:
+        callbacks.append(ModelCheckpoint(dirpath=os.path.join(os.environ["DDPLUG_TEST_OUT"], "ckpt"),
+                                         every_n_train_steps=args.ckpt_every, save_top_k=-1,
+                                         filename="{step}"))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
+        max_steps=args.max_steps, accumulate_grad_batches=args.accumulate,
+        limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=0,
+        enable_progress_bar=False, enable_model_summary=False, logger=False,
+        enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks, deterministic=True,
+    )
+    result: dict = {}
+    if args.scenario == "predict":
+        preds = trainer.predict(model, datamodule=data)
+        result["predicted"] = model.predicted
+        result["num_predictions"] = sum(len(p) for p in preds)
+    else:
+        trainer.fit(model, datamodule=data, ckpt_path=args.resume)
+    rank = trainer.global_rank
+    result.update({
+        "rank": rank,
+        "world_size": trainer.world_size,
+        "seen": model.seen,
+        "val_seen": model.val_seen,
+        "params": C.params_list(model),
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "streams": C.streams_summary(trainer.strategy),
+        "global_step": trainer.global_step,
+        "num_training_batches": trainer.num_training_batches,
+        "prepared_seen": getattr(data, "prepared_seen", None),
+        "dataset_epochs": data.ds.epochs_seen,
+    })
+    if args.strategy == "ddplug":
+        result["gathered"] = trainer.strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist()
+        result["broadcast"] = trainer.strategy.broadcast({"from": rank, "list": [1, 2]}, src=1)
+    C.write_result(rank, result)
+    if hasattr(trainer.strategy, "close"):
+        trainer.strategy.close()
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,167 @@
+"""The ddplug strategy under a real Lightning 2.6.6 Trainer with real subprocess
+ranks (devices=N, accelerator="cpu"): split ownership, audit, gradient parity
+with DDP (gloo), synced metrics, checkpoint resume, prepare_data run-once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_script
+
+N, B = 96, 4
+
+
+def flat(steps: list) -> list:
+    return [i for step in steps for i in step]
+
+
+def expected_order(rank: int, world: int, epoch: int, seed: int = 0, shuffle: bool = True) -> list:
+    """ddplug's standalone DistributedSampler gives the order a plugin-owned train
+    stream must follow (same desc, seed and epoch on every machine)."""
+    from ddplug.samplers import DistributedSampler
+
+    s = DistributedSampler(N, rank=rank, num_replicas=world, shuffle=shuffle, seed=seed, batch_size=B)
+    s.set_epoch(epoch)
+    try:
+        return list(s)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
+    run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--val",
+                     out_dir=out).ok()
+    ranks = run.ranks(world)
+    for epoch in ("0", "1"):
+        per_rank = [flat(r["seen"][epoch]) for r in ranks]
+        everything = sorted(i for p in per_rank for i in p)
+        assert everything == list(range(N)), f"epoch {epoch}: every sample exactly once"
+        for r in ranks:
+            assert len(r["seen"][epoch]) == N // (B * world)  # steps per epoch
+    for r in ranks:
+        assert flat(r["seen"]["0"]) != flat(r["seen"]["1"]), "the order changes between epochs"
+        assert flat(r["seen"]["0"]) == expected_order(r["rank"], world, 0)
+        assert flat(r["seen"]["1"]) == expected_order(r["rank"], world, 1)
+        train = r["streams"]["train"]
+        assert train["owner"] == "plugin" and "auto" in train["line"]
+        assert train["reports"] and train["reports"][0]["verdict"] == "PASS", train
+        assert r["dataset_epochs"][:2] == [0, 1], "set_epoch reaches the dataset"
+        # validation: every val sample once over the ranks, synced metrics
+        assert r["metrics"]["val_rank"] == pytest.approx(sum(range(1, world + 1)) / world)
+        assert r["metrics"]["val_rank_sum"] == pytest.approx(sum(range(1, world + 1)))
+        assert r["streams"]["val"]["owner"] == "plugin"
+        assert r["gathered"] == [[k, 10 * k] for k in range(world)]
+        assert r["broadcast"] == {"from": 1, "list": [1, 2]}
+    val = sorted(i for r in ranks for i in r["val_seen"]["1"])
+    assert set(val) == set(range(N // 3)) and len(val) - N // 3 < world  # padding at most world-1
+    assert "owner plugin" in run.stdout and "PASS" in run.stdout
+    # equal parameters everywhere: gradients were synchronized
+    assert all(r["params"] == ranks[0]["params"] for r in ranks)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_aware_bucket_sampler_as_sampler_is_not_split_twice(out: Path, world: int) -> None:
+    run = run_script("lit_run.py", "--scenario", "sovits", "--devices", str(world), "--epochs", "1",
+                     out_dir=out).ok()
+    ranks = run.ranks(world)
+    for r in ranks:
+        assert r["num_training_batches"] == N // (B * world)  # not N / (B * world**2)
+        assert len(r["seen"]["0"]) == N // (B * world)
+        s = r["streams"]["train"]
+        assert s["owner"] == "user" and "SoVITSBucketSampler" in s["line"] and "num_replicas" in s["line"]
+        assert s["reports"][0]["verdict"] == "PASS"
+    assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
+
+
+def test_distributed_sampler_subclass_as_batch_sampler(out: Path) -> None:
+    world = 2
+    run = run_script("lit_run.py", "--scenario", "dsbatch", "--devices", str(world), "--epochs", "1",
+                     out_dir=out).ok()
+    ranks = run.ranks(world)
+    for r in ranks:
+        assert r["num_training_batches"] == N // (B * world)
+        s = r["streams"]["train"]
+        assert s["owner"] == "user" and "VITSBucketBatchSampler" in s["line"] and "DistributedSampler" in s["line"]
+        assert s["reports"][0]["verdict"] == "PASS"
+    assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
+
+
+def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
+    config = json.dumps({"data_split": {"streams": {"train": {"owner": "user"}}}})
+    run = run_script("lit_run.py", "--scenario", "nosplit", "--devices", "2", "--epochs", "1",
+                     "--config", config, out_dir=out)
+    assert run.returncode != 0
+    for r in run.ranks(2):
+        assert r["type"] == "AuditFailed", r
+        assert "no partitioning" in r["error"]
+        assert "owner user (forced by data_split.streams.train.owner" in r["error"]
+        assert "let ddplug split it" in r["error"]
+    assert "no partitioning: every rank saw the same samples" in run.output
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
+    # small buckets: several async allreduces per step; accumulation: no_sync path
+    config = json.dumps({"gradients": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}})
+    common = ["--scenario", "parity", "--devices", str(world), "--epochs", "2", "--accumulate", "2"]
+    ddp = run_script("lit_run.py", *common, "--strategy", "ddp", out_dir=out / "ddp").ok()
+    mine = run_script("lit_run.py", *common, "--config", config, out_dir=out / "ddplug").ok()
+    a, b = ddp.ranks(world), mine.ranks(world)
+    for r in range(world):
+        assert a[r]["seen"] == b[r]["seen"], "same data per rank and step"
+        assert a[r]["global_step"] == b[r]["global_step"]
+        for pa, pb in zip(a[r]["params"], b[r]["params"]):
+            assert pa == pytest.approx(pb, rel=1e-5, abs=1e-6)
+        assert b[r]["streams"]["train"]["owner"] == "user"
+
+
+def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
+    world, steps_per_epoch = 2, N // (B * 2)
+    first = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
+                       "--max-steps", "5", "--ckpt-every", "3", out_dir=out / "a").ok()
+    ckpt = out / "a" / "ckpt" / "step=3.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in (out / "a" / "ckpt").glob("*"))
+    second = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
+                        "--resume", str(ckpt), out_dir=out / "b").ok()
+    for r in range(world):
+        before = first.rank(r)["seen"]["0"][:3]  # the 3 steps the checkpoint holds
+        after = second.rank(r)["seen"]
+        epoch0 = flat(before) + flat(after["0"])
+        assert epoch0 == expected_order(r, world, 0), "resumed at step 3 of epoch 0, nothing repeated or lost"
+        assert flat(after["1"]) == expected_order(r, world, 1)
+        assert len(after["0"]) == steps_per_epoch - 3
+
+
+def test_predict_splits_and_tracks_indices(out: Path) -> None:
+    world = 2
+    run = run_script("lit_run.py", "--scenario", "predict", "--devices", str(world), out_dir=out).ok()
+    ranks = run.ranks(world)
+    assert sorted(i for r in ranks for i in r["predicted"]) == list(range(N))
+    for r in ranks:
+        assert r["streams"]["predict"]["owner"] == "plugin"
+        assert r["num_predictions"] == N // world
+
+
+@pytest.mark.parametrize("scope", ["global", "node"])
+def test_prepare_data_runs_once_and_the_others_wait(out: Path, scope: str) -> None:
+    run = run_script("lit_run.py", "--scenario", "prepare", "--devices", "2", "--epochs", "1",
+                     "--prepare-scope", scope, out_dir=out).ok()
+    assert len((out / "prepare_calls.txt").read_text().split()) == 1
+    for r in run.ranks(2):
+        assert r["prepared_seen"] is True, "setup ran after prepare_data finished, on every rank"
+
+
+@pytest.mark.parametrize("scope", ["global", "node"])
+def test_prepare_data_failure_reaches_every_rank(out: Path, scope: str) -> None:
+    run = run_script("lit_run.py", "--scenario", "prepare", "--devices", "2", "--epochs", "1",
+                     "--prepare-scope", scope, "--prepare-fail", out_dir=out)
+    assert run.returncode != 0
+    r0, r1 = run.ranks(2)
+    assert r0["type"] == "FileNotFoundError" and "example.invalid" in r0["error"]
+    assert r1["type"] == "RunOnceFailed"
+    assert "FileNotFoundError: mirror https://example.invalid/data.tar is unreachable" in r1["error"]
+    assert "Traceback" in r1["error"] and "prepare_data" in r1["error"]

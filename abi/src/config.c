@@ -152,6 +152,7 @@ static int load_text(const char *text, size_t len, const char *origin,
                      ddplug_config **out) {
   pthread_once(&g_alloc_once, init_alloc);
   json_error_t e;
+  memset(&e, 0, sizeof e); /* jansson may fail before it fills e in */
   t_json_alloc_failed = 0;
   json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &e);
   if (!doc) {

@@ -87,6 +87,24 @@ static int unknown_path(const ddplug_config *cfg, const char *path) {
                      origin, path);
 }
 
+/* NOT_FOUND for "<map>.NAME.key" where stream NAME exists but has no such
+ * key, suggesting the closest key of the map's items. */
+static int unknown_item_key(const ddplug_config *cfg, const char *path,
+                            const char *item_path, const char *key) {
+  size_t count;
+  const ddplug__cfg_key *keys = ddplug__config_keys(&count);
+  ddplug__suggest sg;
+  ddplug__suggest_init(&sg, key);
+  for (size_t i = 0; i < count; i++)
+    if (ddplug__config_key_is_child(&keys[i], item_path))
+      ddplug__suggest_offer(&sg, ddplug__config_key_name(&keys[i]),
+                            strlen(ddplug__config_key_name(&keys[i])));
+  const char *best = ddplug__suggest_best(&sg);
+  return ddplug__err(DDPLUG_E_NOT_FOUND, "%s: %s: no such config key%s%s%s",
+                     ddplug_config_origin(cfg), path, best ? " (did you mean '" : "",
+                     best ? best : "", best ? "'?)" : "");
+}
+
 /* Inside a MAP ("data_split.streams"): rest is "NAME" or "NAME.child";
  * a NAME may itself contain dots, so an exact name wins. */
 static int resolve_map(const ddplug_config *cfg, const char *path,
@@ -100,12 +118,13 @@ static int resolve_map(const ddplug_config *cfg, const char *path,
   if (!exact && dot && dot > rest) {
     const ddplug__cfg_key *child =
         ddplug__config_key_child(item_path, dot + 1, strlen(dot + 1));
+    const json_t *entry = get_key(node, rest, (size_t)(dot - rest));
     if (child) {
-      const json_t *entry = get_key(node, rest, (size_t)(dot - rest));
       lk->key = child;
       lk->value = entry ? json_object_get(entry, dot + 1) : NULL;
       return DDPLUG_OK;
     }
+    if (entry) return unknown_item_key(cfg, path, item_path, dot + 1);
   }
   if (!exact && ddplug__config_pattern_match(map->pattern, rest, strlen(rest)) != 1)
     return unknown_path(cfg, path);

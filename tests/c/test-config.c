@@ -385,6 +385,8 @@ TEST(getters_explain_what_is_wrong) {
   CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.test.owner", &s), DDPLUG_E_NOT_FOUND);
   CHECK_CONTAINS(ddplug_last_error(), "not set");
   CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.test", &s), DDPLUG_E_NOT_FOUND);
+  CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.train.ownr", &s), DDPLUG_E_NOT_FOUND);
+  CHECK_EQ_STR(ddplug_last_error(), "t.json: data_split.streams.train.ownr: no such config key (did you mean 'owner'?)");
   CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.bad name", &s), DDPLUG_E_NOT_FOUND);
   CHECK_CONTAINS(ddplug_last_error(), "no such config key");
   CHECK_STATUS(ddplug_config_get_int(cfg, "plugin_options.missing", &i), DDPLUG_E_NOT_FOUND);

@@ -166,9 +166,11 @@ static int resolve(const ddplug_config *cfg, const char *path, const char *fn,
   return DDPLUG_OK;
 }
 
-/* Resolve path and check that the getter for `want` may read it. */
-static int lookup_as(const ddplug_config *cfg, const char *path, kind want,
-                     const char *fn, lookup *lk) {
+/* Resolve path and check that the getter fn, which reads `want` into out,
+ * may read it. */
+static int lookup_as(const ddplug_config *cfg, const char *path, const void *out,
+                     kind want, const char *fn, lookup *lk) {
+  if (!out) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: out is NULL", fn);
   int rc = resolve(cfg, path, fn, lk);
   if (rc != DDPLUG_OK) return rc;
   int free_form = lk->key->type == DDPLUG__CFG_FREE && strchr(path, '.');
@@ -206,9 +208,7 @@ static int lookup_as(const ddplug_config *cfg, const char *path, kind want,
 DDPLUG_API int ddplug_config_get_int(const ddplug_config *cfg,
                                      const char *path, int64_t *out) {
   lookup lk;
-  if (!out)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_config_get_int: out is NULL");
-  int rc = lookup_as(cfg, path, K_INT, "ddplug_config_get_int", &lk);
+  int rc = lookup_as(cfg, path, out, K_INT, "ddplug_config_get_int", &lk);
   if (rc != DDPLUG_OK) return rc;
   if (json_is_integer(lk.value)) {
     *out = json_integer_value(lk.value);
@@ -232,9 +232,7 @@ DDPLUG_API int ddplug_config_get_int(const ddplug_config *cfg,
 DDPLUG_API int ddplug_config_get_double(const ddplug_config *cfg,
                                         const char *path, double *out) {
   lookup lk;
-  if (!out)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_config_get_double: out is NULL");
-  int rc = lookup_as(cfg, path, K_NUMBER, "ddplug_config_get_double", &lk);
+  int rc = lookup_as(cfg, path, out, K_NUMBER, "ddplug_config_get_double", &lk);
   if (rc != DDPLUG_OK) return rc;
   *out = json_number_value(lk.value);
   return DDPLUG_OK;
@@ -246,9 +244,7 @@ DDPLUG_API int ddplug_config_get_double(const ddplug_config *cfg,
 DDPLUG_API int ddplug_config_get_bool(const ddplug_config *cfg,
                                       const char *path, int *out) {
   lookup lk;
-  if (!out)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_config_get_bool: out is NULL");
-  int rc = lookup_as(cfg, path, K_BOOL, "ddplug_config_get_bool", &lk);
+  int rc = lookup_as(cfg, path, out, K_BOOL, "ddplug_config_get_bool", &lk);
   if (rc != DDPLUG_OK) return rc;
   *out = json_is_true(lk.value);
   return DDPLUG_OK;
@@ -260,9 +256,7 @@ DDPLUG_API int ddplug_config_get_bool(const ddplug_config *cfg,
 DDPLUG_API int ddplug_config_get_string(const ddplug_config *cfg,
                                         const char *path, char **out) {
   lookup lk;
-  if (!out)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_config_get_string: out is NULL");
-  int rc = lookup_as(cfg, path, K_STRING, "ddplug_config_get_string", &lk);
+  int rc = lookup_as(cfg, path, out, K_STRING, "ddplug_config_get_string", &lk);
   if (rc != DDPLUG_OK) return rc;
   char *text = json_is_string(lk.value)
                    ? ddplug__strndup(json_string_value(lk.value),

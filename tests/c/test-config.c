@@ -307,111 +307,122 @@ static const char k_getter_config[] =
     " \"plugin_options\": {\"device_map\": {\"0\": \"cuda:0\"}, \"n\": 2.0, \"f\": 0.5,"
     "                      \"s\": \"x\", \"b\": true}}";
 
-TEST(getters_read_typed_values) {
-  ddplug_config *cfg = load(k_getter_config);
-  int64_t i = 0;
-  double d = 0;
-  int b = -1;
+/* Read path with the getter for type ('i', 'd', 'b', 's'); returns its
+ * status, renders the value as text into buf on success, and checks that the
+ * out value stayed untouched on failure. */
+static int read_value(const ddplug_config *cfg, char type, const char *path, char *buf,
+                      size_t cap) {
+  int64_t i = 77;
+  double d = 77;
+  int b = 77, rc;
   char *s = NULL;
-  CHECK_OK(ddplug_config_get_int(cfg, "sampler.bucket.batch_size", &i));
-  CHECK_EQ_INT(i, 8);
-  CHECK_OK(ddplug_config_get_int(cfg, "world.rank", &i));
-  CHECK_EQ_INT(i, 1);
-  CHECK_OK(ddplug_config_get_int(cfg, "gradients.bucket_mb", &i)); /* integral number */
-  CHECK_EQ_INT(i, 50);
-  CHECK_OK(ddplug_config_get_double(cfg, "rendezvous.timeout_s", &d));
-  CHECK(d == 12.5);
-  CHECK_OK(ddplug_config_get_double(cfg, "rendezvous.port", &d)); /* int as double */
-  CHECK(d == 29500.0);
-  CHECK_OK(ddplug_config_get_bool(cfg, "sampler.shuffle", &b));
-  CHECK_EQ_INT(b, 1);
-  CHECK_OK(ddplug_config_get_string(cfg, "plugin", &s));
-  CHECK_EQ_STR(s, "./libddplug-x.so");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "sampler.kind", &s)); /* enum */
-  CHECK_EQ_STR(s, "bucket");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "sampler.bucket.boundaries", &s));
-  CHECK_EQ_STR(s, "[16,64]");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "plugin_options", &s));
-  CHECK_EQ_STR(s, "{\"b\":true,\"device_map\":{\"0\":\"cuda:0\"},\"f\":0.5,\"n\":2.0,\"s\":\"x\"}");
-  CHECK_EQ_STR(s, ddplug__config_plugin_options(cfg));
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "rendezvous", &s));
-  CHECK_EQ_STR(s, "{\"external\":false,\"port\":29500,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":12.5}");
-  ddplug_free(s);
-  /* streams, also one whose name has a dot */
-  CHECK_OK(ddplug_config_get_string(cfg, "data_split.streams.train.owner", &s));
-  CHECK_EQ_STR(s, "user");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "data_split.streams.v1.val.owner", &s));
-  CHECK_EQ_STR(s, "plugin");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_string(cfg, "data_split.streams.v1.val", &s));
-  CHECK_EQ_STR(s, "{\"owner\":\"plugin\"}");
-  ddplug_free(s);
-  /* inside plugin_options, the value decides */
-  CHECK_OK(ddplug_config_get_string(cfg, "plugin_options.device_map.0", &s));
-  CHECK_EQ_STR(s, "cuda:0");
-  ddplug_free(s);
-  CHECK_OK(ddplug_config_get_int(cfg, "plugin_options.n", &i));
-  CHECK_EQ_INT(i, 2);
-  CHECK_OK(ddplug_config_get_bool(cfg, "plugin_options.b", &b));
-  CHECK_EQ_INT(b, 1);
+  switch (type) {
+    case 'i': rc = ddplug_config_get_int(cfg, path, &i); snprintf(buf, cap, "%lld", (long long)i); break;
+    case 'd': rc = ddplug_config_get_double(cfg, path, &d); snprintf(buf, cap, "%g", d); break;
+    case 'b': rc = ddplug_config_get_bool(cfg, path, &b); snprintf(buf, cap, "%d", b); break;
+    default:
+      rc = ddplug_config_get_string(cfg, path, &s);
+      snprintf(buf, cap, "%s", s ? s : "(null)");
+      ddplug_free(s);
+  }
+  if (rc != DDPLUG_OK) CHECK(i == 77 && d == 77 && b == 77 && s == NULL);
+  return rc;
+}
+
+TEST(getters_read_typed_values) {
+  static const struct {
+    char type;
+    const char *path, *want;
+  } reads[] = {
+      {'i', "sampler.bucket.batch_size", "8"},
+      {'i', "world.rank", "1"},
+      {'i', "gradients.bucket_mb", "50"}, /* a number key with an integral value */
+      {'d', "rendezvous.timeout_s", "12.5"},
+      {'d', "rendezvous.port", "29500"}, /* an integer as a double */
+      {'b', "sampler.shuffle", "1"},
+      {'s', "plugin", "./libddplug-x.so"},
+      {'s', "sampler.kind", "bucket"}, /* an enum */
+      {'s', "sampler.bucket.boundaries", "[16,64]"},
+      {'s', "plugin_options", "{\"b\":true,\"device_map\":{\"0\":\"cuda:0\"},\"f\":0.5,\"n\":2.0,\"s\":\"x\"}"},
+      {'s', "rendezvous", "{\"external\":false,\"port\":29500,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":12.5}"},
+      /* streams, also one whose name has a dot */
+      {'s', "data_split.streams.train.owner", "user"},
+      {'s', "data_split.streams.v1.val.owner", "plugin"},
+      {'s', "data_split.streams.v1.val", "{\"owner\":\"plugin\"}"},
+      /* inside plugin_options, the value decides */
+      {'s', "plugin_options.device_map.0", "cuda:0"},
+      {'i', "plugin_options.n", "2"},
+      {'b', "plugin_options.b", "1"},
+  };
+  ddplug_config *cfg = load(k_getter_config);
+  for (size_t r = 0; r < DDPLUG__ARRAY_LEN(reads); r++) {
+    char got[512];
+    CHECK_MSG(read_value(cfg, reads[r].type, reads[r].path, got, sizeof got) == DDPLUG_OK,
+              "%s: %s", reads[r].path, ddplug_last_error());
+    CHECK_MSG(!strcmp(got, reads[r].want), "%s: got '%s', want '%s'", reads[r].path, got,
+              reads[r].want);
+  }
+  CHECK_EQ_STR(ddplug__config_plugin_options(cfg),
+               "{\"b\":true,\"device_map\":{\"0\":\"cuda:0\"},\"f\":0.5,\"n\":2.0,\"s\":\"x\"}");
   ddplug_config_free(cfg);
 }
 
 TEST(getters_explain_what_is_wrong) {
+  static const struct {
+    char type;
+    const char *path;
+    int status;
+    const char *message; /* a part of the last error */
+  } cases[] = {
+      /* unknown paths, with a suggestion where one is close */
+      {'i', "sampler.sed", DDPLUG_E_NOT_FOUND,
+       "t.json: sampler.sed: no such config key (did you mean 'sampler.seed'?)"},
+      {'i', "seed", DDPLUG_E_NOT_FOUND, "seed: no such config key (did you mean 'sampler.seed'?)"},
+      {'i', "nothing.like.it", DDPLUG_E_NOT_FOUND,
+       "t.json: nothing.like.it: no such config key (see abi/schema/ddplug-config.schema.json)"},
+      {'i', "sampler.seed.x", DDPLUG_E_NOT_FOUND, "no such config key"},
+      {'i', "sampler.", DDPLUG_E_NOT_FOUND, "no such config key"},
+      {'i', "", DDPLUG_E_NOT_FOUND, "no such config key"},
+      {'s', "data_split.streams.train.ownr", DDPLUG_E_NOT_FOUND,
+       "t.json: data_split.streams.train.ownr: no such config key (did you mean 'owner'?)"},
+      {'s', "data_split.streams.bad name", DDPLUG_E_NOT_FOUND, "no such config key"},
+      /* optional and absent */
+      {'s', "rendezvous.addr", DDPLUG_E_NOT_FOUND,
+       "t.json: rendezvous.addr: not set (an optional key absent from the config)"},
+      {'i', "world.local_rank", DDPLUG_E_NOT_FOUND, "world.local_rank: not set"},
+      {'s', "data_split.streams.test.owner", DDPLUG_E_NOT_FOUND, "not set"},
+      {'s', "data_split.streams.test", DDPLUG_E_NOT_FOUND, "not set"},
+      {'i', "plugin_options.missing", DDPLUG_E_NOT_FOUND, "plugin_options.missing: not set"},
+      /* wrong type */
+      {'b', "sampler.seed", DDPLUG_E_INVALID_ARGUMENT,
+       "ddplug_config_get_bool: t.json: sampler.seed holds an integer (read it with "
+       "ddplug_config_get_int)"},
+      {'i', "plugin", DDPLUG_E_INVALID_ARGUMENT,
+       "holds a string (read it with ddplug_config_get_string)"},
+      {'s', "sampler.shuffle", DDPLUG_E_INVALID_ARGUMENT, "holds a boolean"},
+      {'d', "sampler", DDPLUG_E_INVALID_ARGUMENT, "holds an object"},
+      {'i', "rendezvous.timeout_s", DDPLUG_E_INVALID_ARGUMENT, "12.5 is not an integer"},
+      {'i', "plugin_options.f", DDPLUG_E_INVALID_ARGUMENT, "0.5 is not an integer"},
+      {'b', "plugin_options.s", DDPLUG_E_INVALID_ARGUMENT, "holds a string"},
+      /* a type mismatch is reported even for an absent optional key */
+      {'b', "rendezvous.addr", DDPLUG_E_INVALID_ARGUMENT, "holds a string"},
+  };
   ddplug_config *cfg = load(k_getter_config);
-  int64_t i = 77;
-  double d = 0;
-  int b = 0;
-  char *s = NULL;
-  CHECK_STATUS(ddplug_config_get_int(cfg, "sampler.sed", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_EQ_STR(ddplug_last_error(), "t.json: sampler.sed: no such config key (did you mean 'sampler.seed'?)");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "seed", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_CONTAINS(ddplug_last_error(), "(did you mean 'sampler.seed'?)");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "nothing.like.it", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_EQ_STR(ddplug_last_error(), "t.json: nothing.like.it: no such config key (see abi/schema/ddplug-config.schema.json)");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "sampler.seed.x", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_STATUS(ddplug_config_get_int(cfg, "sampler.", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_STATUS(ddplug_config_get_int(cfg, "", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_EQ_INT(i, 77);
-  /* optional and absent */
-  CHECK_STATUS(ddplug_config_get_string(cfg, "rendezvous.addr", &s), DDPLUG_E_NOT_FOUND);
-  CHECK_EQ_STR(ddplug_last_error(), "t.json: rendezvous.addr: not set (an optional key absent from the config)");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "world.local_rank", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.test.owner", &s), DDPLUG_E_NOT_FOUND);
-  CHECK_CONTAINS(ddplug_last_error(), "not set");
-  CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.test", &s), DDPLUG_E_NOT_FOUND);
-  CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.train.ownr", &s), DDPLUG_E_NOT_FOUND);
-  CHECK_EQ_STR(ddplug_last_error(), "t.json: data_split.streams.train.ownr: no such config key (did you mean 'owner'?)");
-  CHECK_STATUS(ddplug_config_get_string(cfg, "data_split.streams.bad name", &s), DDPLUG_E_NOT_FOUND);
-  CHECK_CONTAINS(ddplug_last_error(), "no such config key");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "plugin_options.missing", &i), DDPLUG_E_NOT_FOUND);
-  CHECK_CONTAINS(ddplug_last_error(), "plugin_options.missing: not set");
-  CHECK(s == NULL);
-  /* wrong type */
-  CHECK_STATUS(ddplug_config_get_bool(cfg, "sampler.seed", &b), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_EQ_STR(ddplug_last_error(), "ddplug_config_get_bool: t.json: sampler.seed holds an integer (read it with ddplug_config_get_int)");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "plugin", &i), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_CONTAINS(ddplug_last_error(), "holds a string (read it with ddplug_config_get_string)");
-  CHECK_STATUS(ddplug_config_get_string(cfg, "sampler.shuffle", &s), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_STATUS(ddplug_config_get_double(cfg, "sampler", &d), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_STATUS(ddplug_config_get_int(cfg, "rendezvous.timeout_s", &i), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_CONTAINS(ddplug_last_error(), "12.5 is not an integer");
-  CHECK_STATUS(ddplug_config_get_int(cfg, "plugin_options.f", &i), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_STATUS(ddplug_config_get_bool(cfg, "plugin_options.s", &b), DDPLUG_E_INVALID_ARGUMENT);
-  /* a type mismatch is reported even for an absent optional key */
-  CHECK_STATUS(ddplug_config_get_bool(cfg, "rendezvous.addr", &b), DDPLUG_E_INVALID_ARGUMENT);
-  CHECK_EQ_INT(i, 77);
+  for (size_t c = 0; c < DDPLUG__ARRAY_LEN(cases); c++) {
+    char got[512];
+    int rc = read_value(cfg, cases[c].type, cases[c].path, got, sizeof got);
+    CHECK_MSG(rc == cases[c].status, "%s: %s, want %s (%s)", cases[c].path,
+              ddplug_status_name(rc), ddplug_status_name(cases[c].status), ddplug_last_error());
+    CHECK_CONTAINS(ddplug_last_error(), cases[c].message);
+  }
   /* NULL arguments */
+  int64_t i;
   CHECK_STATUS(ddplug_config_get_int(NULL, "sampler.seed", &i), DDPLUG_E_INVALID_ARGUMENT);
   CHECK_STATUS(ddplug_config_get_int(cfg, NULL, &i), DDPLUG_E_INVALID_ARGUMENT);
   CHECK_STATUS(ddplug_config_get_double(cfg, "sampler.seed", NULL), DDPLUG_E_INVALID_ARGUMENT);
   CHECK_STATUS(ddplug_config_get_bool(cfg, "sampler.shuffle", NULL), DDPLUG_E_INVALID_ARGUMENT);
   CHECK_STATUS(ddplug_config_get_string(cfg, "plugin", NULL), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "ddplug_config_get_string: out is NULL");
   ddplug_config_free(cfg);
 }
 

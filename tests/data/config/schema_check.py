@@ -42,7 +42,7 @@ def parse(path):
     try:
         return json.loads(path.read_bytes(), object_pairs_hook=no_duplicates,
                           parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

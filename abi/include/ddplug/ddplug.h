@@ -142,8 +142,13 @@ DDPLUG_API void ddplug_config_free(ddplug_config *cfg);
  * Since 1.0. */
 DDPLUG_API int ddplug_config_to_json(const ddplug_config *cfg, char **out);
 
-/* 64-bit hash of the canonical JSON; equal configs hash equal on every
- * machine. Since 1.0. */
+/* 64-bit hash of the run-wide part of the config: the canonical JSON (as
+ * ddplug_config_to_json) of the effective config WITHOUT "world" and
+ * "log_level", which describe this process rather than the run and may
+ * differ between ranks. Configs that mean the same run hash equal on every
+ * machine (key order, white space, 300 vs 300.0 and spelled-out defaults do
+ * not matter); ddplug_open compares it across ranks. Computed at load:
+ * never fails for a valid cfg. Since 1.0. */
 DDPLUG_API int ddplug_config_hash(const ddplug_config *cfg, uint64_t *out);
 
 /* The name of what the config was loaded from (file path, "<string>",

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "context.h"
 
 /* How long rank 0 keeps the store up for the others to read a verdict or
@@ -18,12 +19,7 @@
 
 static int copy_config(const ddplug_config *in, ddplug_config **out) {
   if (!in) return ddplug_config_load_env(out);
-  char *json = NULL;
-  int s = ddplug_config_to_json(in, &json);
-  if (s != DDPLUG_OK) return s;
-  s = ddplug_config_load_string(json, ddplug_config_origin(in), out);
-  ddplug_free(json);
-  return s;
+  return ddplug__config_clone(in, out);
 }
 
 static int64_t seconds_ms(const ddplug_config *cfg, const char *path,

@@ -67,8 +67,8 @@ DDPLUG_API const char *ddplug_strerror(int status);
 DDPLUG_API const char *ddplug_status_name(int status);
 
 /* The detail sentence of the last call that failed on the calling thread,
- * e.g. "config.json:4:12: unknown key 'sampler.shufle' (did you mean
- * 'shuffle'?)". "" if none failed yet. Thread-local storage owned by the
+ * e.g. "run.json: sampler.shufle: unknown key (did you mean 'shuffle'?)"
+ * or "run.json:4:12: ..." for a syntax error. "" if none failed yet. Thread-local storage owned by the
  * library, valid until the next failing ddplug call on this thread. Since 1.0. */
 DDPLUG_API const char *ddplug_last_error(void);
 

@@ -124,12 +124,14 @@ void ddplug__sbuf_frame_end(ddplug__sbuf *b);
 void ddplug__sbuf_consume(ddplug__sbuf *b, size_t n);
 
 /* A bounds-checked reader over a received frame body. Reading past the end
- * sets `bad` and yields zeros/NULL. */
+ * sets `bad` (1, or DDPLUG__RD_TOO_BIG for a value over 1 MiB) and yields
+ * zeros/NULL from then on. */
 typedef struct ddplug__rd {
   const uint8_t *p;
   size_t left;
   int bad;
 } ddplug__rd;
+#define DDPLUG__RD_TOO_BIG 2
 
 uint8_t ddplug__rd_u8(ddplug__rd *r);
 uint16_t ddplug__rd_u16(ddplug__rd *r);

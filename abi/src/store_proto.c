@@ -201,10 +201,8 @@ const uint8_t *ddplug__rd_key(ddplug__rd *r, uint16_t *len) {
 
 const uint8_t *ddplug__rd_value(ddplug__rd *r, uint32_t *len) {
   uint32_t n = ddplug__rd_u32(r);
-  if (r->bad || n > DDPLUG__STORE_VALUE_MAX) {
-    r->bad = 1;
-    return NULL;
-  }
+  if (!r->bad && n > DDPLUG__STORE_VALUE_MAX) r->bad = DDPLUG__RD_TOO_BIG;
+  if (r->bad) return NULL;
   const uint8_t *p = ddplug__rd_bytes(r, n);
   if (r->bad) return NULL;
   *len = n;
@@ -255,12 +253,12 @@ int ddplug__store_decode_request(const uint8_t *frame, size_t len,
   switch (req->type) {
     case DDPLUG__STORE_AUTH:
       req->has_secret = ddplug__rd_u8(&r);
-      req->nonce = ddplug__rd_bytes(&r, DDPLUG__STORE_NONCE_LEN);
-      req->mac = ddplug__rd_bytes(&r, DDPLUG__SHA256_LEN);
       if (!r.bad && req->has_secret > 1) {
         *why = "bad secret flag";
         return -1;
       }
+      req->nonce = ddplug__rd_bytes(&r, DDPLUG__STORE_NONCE_LEN);
+      req->mac = ddplug__rd_bytes(&r, DDPLUG__SHA256_LEN);
       break;
     case DDPLUG__STORE_SET:
     case DDPLUG__STORE_ON_DISCONNECT:
@@ -318,7 +316,8 @@ int ddplug__store_decode_request(const uint8_t *frame, size_t len,
   }
 #undef KEY_FIELD
   if (r.bad) {
-    *why = "field out of bounds (truncated frame or value over 1 MiB)";
+    *why = r.bad == DDPLUG__RD_TOO_BIG ? "value longer than 1 MiB"
+                                       : "field beyond the end of the frame";
     return -1;
   }
   if (r.left != 0) {

@@ -158,7 +158,9 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
     return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                              "ddplug_wait: timeout %lld ms is negative",
                                              (long long)timeout_ms));
-  ddplug__plugin_err_clear(ctx);
+  /* The plugin's explanation is not cleared here: a plugin may have set it
+   * while starting the request (a synchronous plugin does all its work in
+   * collective_start, which cleared it). */
   int s = ctx->plugin->table.request_wait(ctx->group, req->preq, timeout_ms);
   if (s == DDPLUG_OK) {
     req->finished = 1;
@@ -183,7 +185,6 @@ DDPLUG_API int ddplug_test(ddplug_request *req, int *done) {
     return req->status;
   }
   int32_t d = 0;
-  ddplug__plugin_err_clear(ctx);
   int s = ctx->plugin->table.request_test(ctx->group, req->preq, &d);
   if (s != DDPLUG_OK) {
     *done = 1;

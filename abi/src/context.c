@@ -75,22 +75,22 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
 }
 
 /* Say goodbye through the store and release it. Rank 0 keeps serving until
- * every rank that joined has left (or grace_ms passed). */
+ * every process that connected has left (or grace_ms passed): counted, not
+ * keyed by rank, so a process that claimed a taken rank counts too. */
 static void leave(ddplug_context *ctx, int64_t grace_ms) {
-  if (ctx->store) set_key(ctx, "ddplug/left/");
+  if (ctx->store) {
+    int64_t gone = 0;
+    ddplug_store_add(ctx->store, "ddplug/procs_left", 1, &gone);
+  }
   if (ctx->server && ctx->store) {
     uint64_t deadline = ddplug__deadline_ns(grace_ms);
-    for (int r = 0; r < ctx->world.world_size; r++) {
-      char claim[64], left[64];
-      snprintf(claim, sizeof claim, "ddplug/claim/%d", r);
-      snprintf(left, sizeof left, "ddplug/left/%d", r);
-      void *v = NULL;
-      uint64_t len;
-      if (ddplug_store_get(ctx->store, claim, 0, &v, &len) != DDPLUG_OK) continue;
-      ddplug_free(v);
-      const char *k = left;
-      if (ddplug_store_wait(ctx->store, &k, 1, ddplug__remaining_ms(deadline)) != DDPLUG_OK)
+    for (;;) {
+      int64_t procs = 0, gone = 0;
+      if (ddplug_store_add(ctx->store, "ddplug/procs", 0, &procs) != DDPLUG_OK ||
+          ddplug_store_add(ctx->store, "ddplug/procs_left", 0, &gone) != DDPLUG_OK ||
+          gone >= procs || ddplug__now_ns() >= deadline)
         break;
+      ddplug__sleep_ms(10);
     }
   }
   ddplug_store_close(ctx->plugin_store);

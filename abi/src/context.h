@@ -12,7 +12,9 @@
  *   ddplug/ready/<rank>    rank created its plugin group
  *   ddplug/abort           "<STATUS>|<sentence>": the first failure of the run
  *   ddplug/closing         counter for the close barrier
- *   ddplug/left/<rank>     rank is done with the store (rank 0 may stop it)
+ *   ddplug/procs           counter of processes connected to the store
+ *   ddplug/procs_left      counter of processes done with it (rank 0 stops
+ *                          serving when it reaches ddplug/procs)
  *   p/<plugin>/...         the plugin's keys (host services prefix them)
  *   user/...               the host's keys (ddplug_context_store)
  *

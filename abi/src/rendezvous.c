@@ -502,8 +502,11 @@ out:
 
 static int read_verdict(ddplug_context *ctx) {
   const char *key = "ddplug/verdict";
+  /* Rank 0 publishes its verdict (possibly "ranks 2, 3 never joined") when
+   * the same timeout expires there: wait a little longer than it does. */
+  int64_t grace = DDPLUG__MAX(ctx->rdzv_timeout_ms / 10, (int64_t)2000);
   int s = ddplug__wait_keys(ctx, ctx->store, &key, 1,
-                            ddplug__deadline_ns(ctx->rdzv_timeout_ms), "verdict");
+                            ddplug__deadline_ns(ctx->rdzv_timeout_ms + grace), "verdict");
   if (s == DDPLUG_E_TIMEOUT)
     return ddplug__err(DDPLUG_E_TIMEOUT,
                        "rank 0 did not finish the startup checks within %.1f s "
@@ -633,6 +636,9 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
       return ddplug__err_prefix(s, "rank %d could not reach the rendezvous store at %s:%d",
                                 rank, ctx->store_addr, ctx->store_port);
   }
+  int64_t procs = 0;
+  s = ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs); /* see leave() */
+  if (s != DDPLUG_OK) return s;
   /* If this process dies, the store tells everyone. */
   char lost[DDPLUG__ERRMSG_MAX];
   int n = snprintf(lost, sizeof lost,

@@ -268,10 +268,12 @@ static int run(ddplug_plugin_group *g, const ddplug_coll_args *a) {
   if (s) return s;
 
   ex_header *h = calloc((size_t)ws, sizeof *h);
-  char *tmp = bytes ? malloc(bytes) : NULL;
-  if (!h || (bytes && !tmp)) {
+  char *acc = bytes ? malloc(bytes) : NULL;     /* the running result       */
+  char *peer = bytes ? malloc(bytes) : NULL;    /* one peer's contribution  */
+  if (!h || (bytes && (!acc || !peer))) {
     free(h);
-    free(tmp);
+    free(acc);
+    free(peer);
     return fail(g, DDPLUG_E_NO_MEMORY, "out of memory for %" PRIu64 " bytes", bytes);
   }
   for (int r = 0; r < ws && !s; r++) {
@@ -284,36 +286,41 @@ static int run(ddplug_plugin_group *g, const ddplug_coll_args *a) {
   }
   if (!s) s = check_headers(g, h);
   if (!s && a->kind == DDPLUG_COLL_ALLREDUCE) {
-    /* Reduce in rank order into a temporary, so every rank gets identical bits
-     * and in-place (send == recv) works. */
+    /* Reduce in rank order, so every rank gets identical bits; recv is only
+     * written at the end, so in-place (send == recv) works. */
     for (int r = 0; r < ws && !s; r++) {
-      char *dst = r == 0 ? tmp : a->recv;
-      if (r == g->rank)
-        memcpy(dst, a->send, bytes);
+      const char *src = a->send;
+      if (r != g->rank) {
+        s = get_chunks(g, a->seq, r, peer, bytes);
+        src = peer;
+      }
+      if (s) break;
+      if (r == 0)
+        memcpy(acc, src, bytes);
       else
-        s = get_chunks(g, a->seq, r, dst, bytes);
-      if (!s && r > 0) reduce(tmp, a->recv, a->count, a->dtype, a->op);
+        reduce(acc, src, a->count, a->dtype, a->op);
     }
-    if (!s && a->op == DDPLUG_OP_AVG) divide(tmp, a->count, a->dtype, ws);
-    if (!s) memcpy(a->recv, tmp, bytes);
+    if (!s && a->op == DDPLUG_OP_AVG) divide(acc, a->count, a->dtype, ws);
+    if (!s) memcpy(a->recv, acc, bytes);
   } else if (!s && a->kind == DDPLUG_COLL_BROADCAST && bytes) {
     if (g->rank == a->root)
       memmove(a->recv, a->send, bytes);
     else
       s = get_chunks(g, a->seq, a->root, a->recv, bytes);
   } else if (!s && a->kind == DDPLUG_COLL_ALLGATHER && bytes) {
-    memcpy(tmp, a->send, bytes); /* send may alias our block of recv */
+    memcpy(acc, a->send, bytes); /* send may alias our block of recv */
     for (int r = 0; r < ws && !s; r++) {
       char *dst = (char *)a->recv + (uint64_t)r * bytes;
       if (r == g->rank)
-        memcpy(dst, tmp, bytes);
+        memcpy(dst, acc, bytes);
       else
         s = get_chunks(g, a->seq, r, dst, bytes);
     }
   }
   if (!s) cleanup(g, a->seq, h, bytes);
   free(h);
-  free(tmp);
+  free(acc);
+  free(peer);
   return s;
 }
 

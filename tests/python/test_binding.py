@@ -112,7 +112,7 @@ def test_library_version_matches_the_package() -> None:
 def test_library_not_found_says_where_it_looked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     bogus = tmp_path / "nowhere" / "libddplug.so.1"
     broken = tmp_path / "libddplug.so.1"
-    broken.write_text("not a shared object")
+    broken.write_text("not a shared object\n" * 20)
     monkeypatch.setattr(_lib, "_lib", None)
     monkeypatch.setattr(_lib, "candidates", lambda: [("DDPLUG_LIBRARY", str(bogus)), ("build tree", str(broken))])
     with pytest.raises(_lib.LibraryNotFound) as e:

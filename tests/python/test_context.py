@@ -28,13 +28,14 @@ def test_collectives(out: Path, world: int) -> None:
         assert r["avg"] == pytest.approx([total / world] * 3)
         assert r["max"] == [world - 1, 0]
         assert r["min_np"] == [0, 1, 2, 3]
-        assert r["bool_sum"] == [world, 1]
+        assert r["bool_and"] == [True, False]
         assert r["bcast"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
         assert r["gather"] == [v for k in range(world) for v in (k, k * k)]
         assert r["obj"] == {"hello": "from 0", "r": 0}
         assert r["objs"] == [["rank", k, "x" * (k * 100)] for k in range(world)]
         assert r["async_done"] == [True] * 4
-        assert r["bf16"] == pytest.approx([0.5 * total] * 7, rel=1e-2)
+        if r["plugin"] == "host":
+            assert r["bf16"] == pytest.approx([0.5 * total] * 7, rel=1e-2)
 
 
 def test_argument_errors_are_clear(out: Path) -> None:

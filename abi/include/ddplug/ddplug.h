@@ -422,6 +422,72 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req);
  * (declared in the section below by that work)
  * ======================================================================== */
 
+/* ========================================================================
+ * Run once — work (a download, a preprocessing pass) that exactly one
+ * process per scope performs while the others of the scope wait for its
+ * outcome through the rendezvous store. No collective barrier: waiters
+ * block on a store key, so ranks may arrive minutes apart (slow shared file
+ * systems), and a runner that dies is noticed (its store connection drops)
+ * instead of leaving the others hanging.
+ *
+ * A run-once is named; the name identifies the work within the run. A name
+ * whose outcome is already recorded returns it at once, to every process
+ * of the scope, runner included (the work runs once per run). Names are 1 to
+ * 160 printable ASCII characters without spaces.
+ *
+ * Scopes: DDPLUG_SCOPE_GLOBAL — one process in the run, rank 0.
+ *         DDPLUG_SCOPE_NODE   — one process per node, its local rank 0
+ *                               (nodes as the host-identity exchange found).
+ * ======================================================================== */
+typedef enum ddplug_scope {
+  DDPLUG_SCOPE_UNSET = 0,
+  DDPLUG_SCOPE_GLOBAL = 1,
+  DDPLUG_SCOPE_NODE = 2
+} ddplug_scope;
+
+/* Start run-once `name` in `scope`. Every process of the scope calls it.
+ *  - The runner whose outcome is not yet recorded gets *runner = 1 and OK
+ *    at once; it must do the work and then call ddplug_run_once_end (if it
+ *    dies first, the others get PEER_LOST).
+ *  - Every other process gets *runner = 0 and blocks until the outcome is
+ *    recorded (at most timeout_ms; DDPLUG_TIMEOUT_DEFAULT = config
+ *    "timeouts.collective_s"), then returns it: OK when the work succeeded,
+ *    else the status the runner ended with. *message (may be NULL; released
+ *    with ddplug_free; "" when there is none) receives the runner's message:
+ *    on success what it passed to ddplug_run_once_end (e.g. a serialized
+ *    result), on failure its failure text (e.g. an exception and traceback).
+ *    The last error then names the runner's rank and the run-once.
+ * Errors: INVALID_ARGUMENT (NULL ctx/runner, bad name or scope), TIMEOUT
+ * (naming the runner's rank; the outcome may still come), PEER_LOST (the
+ * runner disconnected without an outcome), ABORTED (the run was aborted),
+ * the runner's status, or a store failure. On failure *runner is 0.
+ * Blocks (waiters only). Thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
+                                     int scope, int64_t timeout_ms,
+                                     int *runner, char **message);
+
+/* Record the runner's outcome of run-once `name`: status OK for success,
+ * any other DDPLUG_E_* for a failure; message (may be NULL: "") is handed to
+ * every waiter (at most 512 KiB; a longer one is cut and says so). Only the
+ * process that got *runner = 1 calls it, once. Errors: INVALID_ARGUMENT
+ * (not the runner of an open run-once of that name and scope), or a store
+ * failure. Does not block on other ranks. Thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_run_once_end(ddplug_context *ctx, const char *name,
+                                   int scope, int status,
+                                   const char *message);
+
+/* The work of ddplug_run_once: returns OK or a DDPLUG_E_* status; may set
+ * *message to a string allocated with malloc (the runtime frees it) that is
+ * handed to the waiters (a result on success, the reason on failure). */
+typedef int (*ddplug_run_once_fn)(void *user, char **message);
+
+/* begin + fn on the runner + end, in one call. Returns what begin returns
+ * to a waiter (OK or the runner's status); on the runner, fn's status. The
+ * message as in begin (the runner gets its own). Since 1.0. */
+DDPLUG_API int ddplug_run_once(ddplug_context *ctx, const char *name,
+                               int scope, ddplug_run_once_fn fn, void *user,
+                               int64_t timeout_ms, char **message);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,10 +15,8 @@ import time
 import traceback
 
 import numpy as np
-import torch
 
 import ddplug
-from ddplug.gradsync import GradientSync, broadcast_module
 
 OUT = os.environ["DDPLUG_TEST_OUT"]
 RANK = int(os.environ["RANK"])
@@ -30,6 +28,8 @@ def write(data: dict) -> None:
 
 
 def collectives(ctx: ddplug.Context) -> dict:
+    import torch
+
     w, r = ctx.world_size, ctx.rank
     res: dict = {}
     t = torch.full((5,), float(r + 1))
@@ -45,8 +45,8 @@ def collectives(ctx: ddplug.Context) -> dict:
     ctx.allreduce(a, "min")
     res["min_np"] = a.tolist()
     b = torch.tensor([True, r == 0])
-    ctx.allreduce(b, "sum")
-    res["bool_sum"] = b.tolist()
+    ctx.allreduce(b, "min")  # logical and
+    res["bool_and"] = b.tolist()
     x = torch.arange(6, dtype=torch.float32) if r == 1 else torch.zeros(6)
     ctx.broadcast(x, root=1)
     res["bcast"] = x.tolist()
@@ -63,13 +63,18 @@ def collectives(ctx: ddplug.Context) -> dict:
         outs.append(q._keep == ())
     res["async_done"] = outs
     ctx.barrier()
-    bf = torch.full((7,), 0.5 * (r + 1), dtype=torch.bfloat16)
-    ctx.allreduce(bf, "sum")
-    res["bf16"] = bf.float().tolist()
+    from ddplug import _names
+
+    if ctx.plugin["dtype_mask"] & (1 << _names.dtypes()["bfloat16"]):
+        bf = torch.full((7,), 0.5 * (r + 1), dtype=torch.bfloat16)
+        ctx.allreduce(bf, "sum")
+        res["bf16"] = bf.float().tolist()
     return res
 
 
 def errors(ctx: ddplug.Context) -> dict:
+    import torch
+
     res: dict = {}
     try:
         ctx.allreduce(torch.zeros(3, dtype=torch.complex64), "sum")
@@ -87,12 +92,17 @@ def errors(ctx: ddplug.Context) -> dict:
 
 
 def gradsync(ctx: ddplug.Context) -> dict:
+    import torch
+
+    from ddplug.gradsync import GradientSync, broadcast_module
+
     torch.manual_seed(100 + ctx.rank)  # different init per rank: the broadcast fixes it
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+                                torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 4))
     model.register_buffer("steps", torch.tensor([ctx.rank * 7.0]))
     broadcast_module(ctx, model)
-    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.01, first_bucket_mb=0.002, average=True)
+    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.01, first_bucket_mb=0.0005, average=True)
     gs.attach()
     g = torch.Generator().manual_seed(0)
     data = torch.randn(ctx.world_size * 3, 8, 32, generator=g)
@@ -119,9 +129,9 @@ def gradsync(ctx: ddplug.Context) -> dict:
     # accumulation: two micro-batches, the first without sync
     model.zero_grad(set_to_none=True)
     with gs.no_sync():
-        model(data[0]).pow(2).mean().backward()
+        model(data[ctx.rank]).pow(2).mean().backward()
     local_first = [p.grad.detach().clone() for p in model.parameters()]
-    model(data[1]).pow(2).mean().backward()
+    model(data[ctx.world_size + ctx.rank]).pow(2).mean().backward()
     gs.finish()
     res.update({
         "grads": grads_per_step, "ref": ref_steps, "syncs": gs.syncs,
@@ -133,10 +143,12 @@ def gradsync(ctx: ddplug.Context) -> dict:
     return res
 
 
-def _functional(model: torch.nn.Module, params: list):
+def _functional(model, params: list):
+    import torch
+
     names = [n for n, _ in model.named_parameters()]
 
-    def f(x: torch.Tensor) -> torch.Tensor:
+    def f(x):
         return torch.func.functional_call(model, dict(zip(names, params)), (x,))
     return f
 
@@ -167,14 +179,15 @@ def runonce(ctx: ddplug.Context, scope: str, fail: bool) -> dict:
         res["again"] = ddplug.run_once(work, scope=scope, name=f"work-{scope}")
     except (ddplug.RunOnceFailed, KeyError) as e:
         res["again_failed"] = type(e).__name__
-    # the context-manager form
+    # the context-manager form: the runner's block is done when the others enter theirs
+    marker = os.path.join(OUT, f"cm-{scope}-{ctx.node_rank if scope == 'node' else 0}.txt")
     with ddplug.once(f"cm-{scope}", scope) as runner:
         res["cm_runner"] = runner
         if runner:
             time.sleep(0.5)
-            with open(os.path.join(OUT, f"cm-{scope}-{ctx.node_rank}.txt"), "w") as f:
+            with open(marker, "w") as f:
                 f.write("x")
-    res["cm_file_seen"] = os.path.exists(os.path.join(OUT, f"cm-{scope}-{ctx.node_rank}.txt"))
+        res["cm_file_seen"] = os.path.exists(marker)
     return res
 
 

@@ -19,8 +19,16 @@ __version__ = "0.1.0"
 from .config import Config  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import DdplugError  # noqa: E402
-from .ownership import rank_aware  # noqa: E402
 from .runonce import RunOnceFailed, once, run_once  # noqa: E402
+
+
+def __getattr__(name: str):
+    # Imported on first use: it needs torch, which the binding alone does not.
+    if name == "rank_aware":
+        from .ownership import rank_aware
+
+        return rank_aware
+    raise AttributeError(f"module 'ddplug' has no attribute {name!r}")
 
 
 def library_version() -> str:

@@ -1,0 +1,270 @@
+/* test-runonce.c — run-once across real processes: one runner per scope (global:
+ * rank 0; node: local rank 0 of each node, nodes simulated with
+ * DDPLUG_HOST_ID), waiters get the runner's message or failure, recorded
+ * outcomes come back at once, a waiter times out naming the runner, a runner
+ * that dies wakes its node with PEER_LOST, and bad arguments are refused. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static const char *g_calls; /* file every runner appends its rank to */
+
+/* The example plugin (collectives through the store) is enough: run-once
+ * only uses the context's store. Short timeouts keep failures quick. */
+static ddplug_context *open_ctx(const char *collective_s) {
+  char json[256];
+  snprintf(json, sizeof json,
+           "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 30}, "
+           "\"timeouts\": {\"collective_s\": %s}}",
+           collective_s ? collective_s : "60");
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string(json, "test", &cfg));
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(cfg, NULL, &ctx));
+  ddplug_config_free(cfg);
+  return ctx;
+}
+
+static int count_calls(void) {
+  FILE *f = fopen(g_calls, "r");
+  if (!f) return 0;
+  int n = 0, c;
+  while ((c = fgetc(f)) != EOF)
+    if (c == '\n') n++;
+  fclose(f);
+  return n;
+}
+
+typedef struct work {
+  int rank;
+  int sleep_ms;
+  int status;
+  const char *text;
+} work;
+
+static int do_work(void *user, char **message) {
+  work *w = user;
+  int fd = open(g_calls, O_WRONLY | O_APPEND | O_CREAT, 0600);
+  if (fd >= 0) {
+    char line[16];
+    int n = snprintf(line, sizeof line, "%d\n", w->rank);
+    if (write(fd, line, (size_t)n) != n) w->status = DDPLUG_E_SYSTEM;
+    close(fd);
+  }
+  usleep((useconds_t)w->sleep_ms * 1000);
+  *message = strdup(w->text);
+  return w->status;
+}
+
+static void set_node(int rank) {
+  setenv("DDPLUG_HOST_ID", rank < 2 ? "node-a" : "node-b", 1);
+  char lr[8];
+  snprintf(lr, sizeof lr, "%d", rank % 2);
+  setenv("LOCAL_RANK", lr, 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+}
+
+/* ---- success, both scopes ---------------------------------------------- */
+
+static void rank_success(int rank, int world, void *arg) {
+  int scope = *(int *)arg;
+  set_node(rank);
+  ddplug_context *ctx = open_ctx(NULL);
+  work w = {rank, 300, DDPLUG_OK, scope == DDPLUG_SCOPE_GLOBAL ? "result-global" : rank < 2 ? "result-a" : "result-b"};
+  char *msg = NULL;
+  CHECK_OK(ddplug_run_once(ctx, "prepare", scope, do_work, &w, 20000, &msg));
+  CHECK(msg != NULL);
+  if (scope == DDPLUG_SCOPE_GLOBAL)
+    CHECK_EQ_STR(msg, "result-global");
+  else
+    CHECK_EQ_STR(msg, rank < 2 ? "result-a" : "result-b");
+  ddplug_free(msg);
+  /* the work of this scope is done when the call returns */
+  if (scope == DDPLUG_SCOPE_GLOBAL) CHECK_EQ_INT(count_calls(), 1);
+  /* recorded: a second call returns at once without running the work */
+  int runner = -1;
+  msg = NULL;
+  CHECK_OK(ddplug_run_once_begin(ctx, "prepare", scope, 0, &runner, &msg));
+  CHECK_EQ_INT(runner, 0);
+  CHECK(msg && strncmp(msg, "result-", 7) == 0);
+  ddplug_free(msg);
+  CHECK_OK(ddplug_barrier(ctx, 20000));
+  CHECK_EQ_INT(count_calls(), scope == DDPLUG_SCOPE_GLOBAL ? 1 : 2);
+  (void)world;
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(global_scope_runs_once_and_shares_the_message, 120) {
+  g_calls = dt_temp_file(".calls", "");
+  int scope = DDPLUG_SCOPE_GLOBAL;
+  CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
+  CHECK_EQ_INT(count_calls(), 1);
+}
+
+TEST_T(node_scope_runs_once_per_node, 120) {
+  g_calls = dt_temp_file(".calls", "");
+  int scope = DDPLUG_SCOPE_NODE;
+  CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
+  CHECK_EQ_INT(count_calls(), 2);
+}
+
+/* ---- failure ------------------------------------------------------------ */
+
+static void rank_failure(int rank, int world, void *arg) {
+  int scope = *(int *)arg;
+  set_node(rank);
+  ddplug_context *ctx = open_ctx(NULL);
+  work w = {rank, 100, DDPLUG_E_SYSTEM, "disk full while unpacking shard 3\nsecond line"};
+  char *msg = NULL;
+  int st = ddplug_run_once(ctx, "unpack", scope, do_work, &w, 20000, &msg);
+  CHECK_STATUS(st, DDPLUG_E_SYSTEM);
+  CHECK(msg != NULL);
+  CHECK_EQ_STR(msg, "disk full while unpacking shard 3\nsecond line");
+  int runner_rank = scope == DDPLUG_SCOPE_GLOBAL ? 0 : (rank < 2 ? 0 : 2);
+  if (rank == runner_rank) {
+    CHECK_CONTAINS(ddplug_last_error(), "the work failed on this process: disk full");
+  } else {
+    char want[128];
+    snprintf(want, sizeof want, "failed on its runner, rank %d: disk full while unpacking shard 3",
+             runner_rank);
+    CHECK_CONTAINS(ddplug_last_error(), want);
+  }
+  ddplug_free(msg);
+  (void)world;
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(failure_reaches_every_waiter_global, 120) {
+  g_calls = dt_temp_file(".calls", "");
+  int scope = DDPLUG_SCOPE_GLOBAL;
+  CHECK_EQ_INT(dt_run_ranks(3, rank_failure, &scope, NULL, 90, NULL), 0);
+}
+
+TEST_T(failure_reaches_every_waiter_node, 120) {
+  g_calls = dt_temp_file(".calls", "");
+  int scope = DDPLUG_SCOPE_NODE;
+  CHECK_EQ_INT(dt_run_ranks(4, rank_failure, &scope, NULL, 90, NULL), 0);
+}
+
+/* ---- timeout, misuse ---------------------------------------------------- */
+
+static void rank_timeout(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  ddplug_context *ctx = open_ctx(NULL);
+  int runner = -1;
+  char *msg = NULL;
+  if (rank == 0) {
+    CHECK_OK(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 1000, &runner, &msg));
+    CHECK_EQ_INT(runner, 1);
+    /* a non-runner may not end it; neither may the runner with a wrong scope */
+    CHECK_STATUS(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_NODE, DDPLUG_OK, NULL),
+                 DDPLUG_E_INVALID_ARGUMENT);
+    CHECK_CONTAINS(ddplug_last_error(), "this process is not running it");
+    usleep(1500 * 1000);
+    CHECK_OK(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, "late"));
+    CHECK_STATUS(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, NULL),
+                 DDPLUG_E_INVALID_ARGUMENT);
+  } else {
+    uint64_t t0 = ddplug__now_ns();
+    CHECK_STATUS(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 300, &runner, &msg),
+                 DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "no outcome from its runner, rank 0, after 0.3 s");
+    CHECK_EQ_INT(runner, 0);
+    CHECK(ddplug__now_ns() - t0 < 1000000000ull);
+    /* the outcome still comes */
+    CHECK_OK(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 20000, &runner, &msg));
+    CHECK_EQ_STR(msg, "late");
+    ddplug_free(msg);
+  }
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(waiter_times_out_naming_the_runner, 120) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_timeout, NULL, NULL, 90, NULL), 0);
+}
+
+static void rank_bad_args(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  (void)rank;
+  ddplug_context *ctx = open_ctx(NULL);
+  int runner = 7;
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "has space", DDPLUG_SCOPE_GLOBAL, 0, &runner, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_EQ_INT(runner, 0);
+  CHECK_CONTAINS(ddplug_last_error(), "run-once name 'has space' must be 1 to 160 printable ASCII");
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "", DDPLUG_SCOPE_GLOBAL, 0, &runner, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "x", 7, 0, &runner, NULL), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "scope 7 is neither");
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "x", DDPLUG_SCOPE_GLOBAL, 0, NULL, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once_begin(NULL, "x", DDPLUG_SCOPE_GLOBAL, 0, &runner, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "x", DDPLUG_SCOPE_GLOBAL, -5, &runner, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once(ctx, "x", DDPLUG_SCOPE_GLOBAL, NULL, NULL, 0, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once_end(ctx, "never-begun", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_run_once_end(ctx, "x", DDPLUG_SCOPE_GLOBAL, 999, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "status 999 is not a ddplug status");
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(bad_arguments_are_refused) {
+  CHECK_EQ_INT(dt_run_ranks(1, rank_bad_args, NULL, NULL, 30, NULL), 0);
+}
+
+/* ---- the runner dies ---------------------------------------------------- */
+
+static int die_work(void *user, char **message) {
+  (void)user;
+  (void)message;
+  _exit(9);
+}
+
+static void rank_dies(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  set_node(rank);
+  ddplug_context *ctx = open_ctx("10");
+  if (rank == 2) {
+    ddplug_run_once(ctx, "doomed", DDPLUG_SCOPE_NODE, die_work, NULL, 20000, NULL);
+    CHECK(!"not reached");
+  }
+  work w = {rank, 0, DDPLUG_OK, "fine"};
+  char *msg = NULL;
+  uint64_t t0 = ddplug__now_ns();
+  int st = ddplug_run_once(ctx, "doomed", DDPLUG_SCOPE_NODE, do_work, &w, 60000, &msg);
+  if (rank == 3) {
+    CHECK_STATUS(st, DDPLUG_E_PEER_LOST);
+    CHECK_CONTAINS(ddplug_last_error(), "its runner, rank 2, disconnected before it finished");
+    CHECK(ddplug__now_ns() - t0 < 30000000000ull);
+  } else {
+    CHECK_OK(st);
+  }
+  ddplug_free(msg);
+  ddplug_abort(ctx, "test over: rank 2 is gone");
+  ddplug_close(ctx);
+}
+
+TEST_T(a_dying_runner_wakes_its_node, 150) {
+  g_calls = dt_temp_file(".calls", "");
+  int statuses[4];
+  dt_run_ranks(4, rank_dies, NULL, NULL, 120, statuses);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2)
+      CHECK(WIFEXITED(statuses[r]) && WEXITSTATUS(statuses[r]) == 9);
+    else
+      CHECK_MSG(WIFEXITED(statuses[r]) && WEXITSTATUS(statuses[r]) == 0, "rank %d failed", r);
+  }
+}

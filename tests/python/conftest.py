@@ -30,6 +30,19 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
+# The plugin the tests run on: "host" (CPU, shared memory) unless told otherwise.
+TEST_PLUGIN = os.environ.get("DDPLUG_TEST_PLUGIN", "host")
+os.environ.setdefault("DDPLUG_CONFIG", json.dumps({"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}))
+
+
+def config(**sections: dict) -> str:
+    """A test config as JSON text: the test plugin, short rendezvous timeout,
+    plus the given sections."""
+    data: dict = {"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}
+    data.update(sections)
+    return json.dumps(data)
+
+
 def free_port() -> int:
     import socket
 

@@ -4,12 +4,11 @@ with DDP (gloo), synced metrics, checkpoint resume, prepare_data run-once."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import config, run_script
 
 N, B = 96, 4
 
@@ -52,7 +51,8 @@ def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
         assert r["dataset_epochs"][:2] == [0, 1], "set_epoch reaches the dataset"
         # validation: every val sample once over the ranks, synced metrics
         assert r["metrics"]["val_rank"] == pytest.approx(sum(range(1, world + 1)) / world)
-        assert r["metrics"]["val_rank_sum"] == pytest.approx(sum(range(1, world + 1)))
+        val_steps = r["streams"]["val"]["length"]  # "sum" adds the epoch's steps, then the ranks
+        assert r["metrics"]["val_rank_sum"] == pytest.approx(val_steps * sum(range(1, world + 1)))
         assert r["streams"]["val"]["owner"] == "plugin"
         assert r["gathered"] == [[k, 10 * k] for k in range(world)]
         assert r["broadcast"] == {"from": 1, "list": [1, 2]}
@@ -91,9 +91,9 @@ def test_distributed_sampler_subclass_as_batch_sampler(out: Path) -> None:
 
 
 def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
-    config = json.dumps({"data_split": {"streams": {"train": {"owner": "user"}}}})
+    cfg = config(data_split={"streams": {"train": {"owner": "user"}}})
     run = run_script("lit_run.py", "--scenario", "nosplit", "--devices", "2", "--epochs", "1",
-                     "--config", config, out_dir=out)
+                     "--config", cfg, out_dir=out)
     assert run.returncode != 0
     for r in run.ranks(2):
         assert r["type"] == "AuditFailed", r
@@ -106,10 +106,10 @@ def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
     # small buckets: several async allreduces per step; accumulation: no_sync path
-    config = json.dumps({"gradients": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}})
+    cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002})
     common = ["--scenario", "parity", "--devices", str(world), "--epochs", "2", "--accumulate", "2"]
     ddp = run_script("lit_run.py", *common, "--strategy", "ddp", out_dir=out / "ddp").ok()
-    mine = run_script("lit_run.py", *common, "--config", config, out_dir=out / "ddplug").ok()
+    mine = run_script("lit_run.py", *common, "--config", cfg, out_dir=out / "ddplug").ok()
     a, b = ddp.ranks(world), mine.ranks(world)
     for r in range(world):
         assert a[r]["seen"] == b[r]["seen"], "same data per rank and step"

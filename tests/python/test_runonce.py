@@ -5,12 +5,11 @@ reach everyone, a runner that dies does not leave its node hanging."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from conftest import run_ranks
+from conftest import config, run_ranks
 
 WORLD = 4
 NODES = {r: {"DDPLUG_HOST_ID": "nodeA" if r < 2 else "nodeB", "LOCAL_RANK": r % 2,
@@ -56,8 +55,7 @@ def test_failure_reaches_every_rank(out: Path, scope: str) -> None:
 
 
 def test_runner_death_wakes_its_node(out: Path) -> None:
-    cfg = json.dumps({"plugin": os.environ.get("DDPLUG_TEST_PLUGIN", "host"), "timeouts": {"collective_s": 15},
-                      "rendezvous": {"timeout_s": 30}})
+    cfg = config(timeouts={"collective_s": 15})
     codes, outs = run_ranks("ctx_worker.py", WORLD, "runner-dies", cfg, out_dir=out, per_rank_env=NODES,
                             timeout=90)
     assert codes[2] == 3

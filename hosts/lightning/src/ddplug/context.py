@@ -184,6 +184,7 @@ class Context:
         }
         self.store = Store(self)
         self._aborted = False
+        self._on_close: list = []
 
     # ---- identity ----------------------------------------------------------
     @property
@@ -217,9 +218,17 @@ class Context:
             raise self._error(status, where)
 
     # ---- lifetime ----------------------------------------------------------
+    def on_close(self, fn) -> None:
+        """Call ``fn()`` first thing in :meth:`close` (release what is bound to
+        the context, e.g. its samplers)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
         """Leave the run (waits for the other ranks to close, at most the
         collective timeout). Idempotent."""
+        callbacks, self._on_close = self._on_close, []
+        for fn in reversed(callbacks):
+            fn()
         h, self._h = self._h, None
         if _current is self:
             set_current(None)

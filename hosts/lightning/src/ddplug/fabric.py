@@ -265,18 +265,14 @@ class DdplugStrategy(ParallelStrategy):
         if self._grad_sync is not None:
             self._grad_sync.detach()
             self._grad_sync = None
-        if self._data is not None:
-            self._data.close()
         super().teardown()
 
     def close(self) -> None:
         """Leave the run now (else at interpreter exit)."""
-        if self._data is not None:
-            self._data.close()
-            self._data = None
         if self._ctx is not None:
-            self._ctx.close()
+            self._ctx.close()  # releases the loaders' samplers first
             self._ctx = None
+        self._data = None
 
     # ------------------------------------------------------------------ helpers
     def _fabric_sampler(self, dataloader: DataLoader) -> Any:

@@ -202,6 +202,8 @@ class DdplugStrategy(ParallelStrategy):
         self.accelerator.setup(trainer)
         self._trainer = trainer
         self._take_over_sampler_injection(trainer)
+        if self._data is not None:
+            self._data.close()  # the previous run's loaders
         self._data = DataSplit(
             self._ctx, "lightning",
             log=self._log_rank_zero,
@@ -357,9 +359,8 @@ class DdplugStrategy(ParallelStrategy):
         if self._grad_sync is not None:
             self._grad_sync.detach()
             self._grad_sync = None
-        if self._data is not None:
-            self._data.close()
-            self._data = None
+        # The loaders stay usable until the next run or close(): Lightning's loops
+        # still ask their length after the strategy's teardown (trainer.py:1099-1106).
         self._restore_sampler_injection()
         self._unpatch_prepare_data()
         aborted = self._ctx is not None and self._ctx._aborted
@@ -373,10 +374,12 @@ class DdplugStrategy(ParallelStrategy):
 
     def close(self) -> None:
         """Leave the run now (otherwise the context is closed at interpreter exit,
-        so that trainer.fit / trainer.test on one Trainer share it)."""
+        so that trainer.fit / trainer.test on one Trainer share it). The managed
+        loaders' samplers are released with it."""
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
+        self._data = None
 
     # ------------------------------------------------------------------ helpers
     def _take_over_sampler_injection(self, trainer: "pl.Trainer") -> None:

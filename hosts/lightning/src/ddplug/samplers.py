@@ -51,12 +51,23 @@ class _CSampler:
         else:
             check(F.ddplug_sampler_new(ctypes.byref(desc), ctypes.byref(out)),
                   f"sampler for stream {desc.stream.decode()!r}")
-        self.h = out
+        self._h = out
         self.context = context
+        self.stream = desc.stream.decode()
         self._keep = keep  # lengths stay alive for the call only, but be safe
 
+    @property
+    def h(self) -> ctypes.c_void_p:
+        if not self._h:
+            raise ValueError(f"ddplug: the sampler of stream {self.stream!r} was closed (its run ended)")
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        return not self._h
+
     def close(self) -> None:
-        h, self.h = self.h, None
+        h, self._h = self._h, None
         if h:
             F.ddplug_sampler_free(h)
 
@@ -156,7 +167,7 @@ class _Base(Sampler):
 
     def __del__(self) -> None:  # pragma: no cover
         c = getattr(self, "_c", None)
-        if c is not None and c.h:
+        if c is not None and not c.closed:
             ctx = c.context
             if ctx is None or not ctx.closed:
                 c.close()

@@ -369,6 +369,7 @@ class DataSplit:
         self._on_report = on_report
         self._should_audit = should_audit
         self.streams: dict = {}
+        ctx.on_close(self.close)  # its samplers must go before the context
         cfg = ctx.config
         try:
             self.settings = cfg.to_dict()

@@ -108,6 +108,16 @@ def _close_at_exit(ctx: Context) -> None:
         pass
 
 
+def raised_everywhere(exc: BaseException) -> bool:
+    """Whether every rank raises ``exc`` by itself (a collective verdict: a failed
+    audit, a split conflict found by agreement, a run-once failure), so aborting
+    the run would only replace the other ranks' clear error with "aborted"."""
+    from .errors import AuditFailed, SplitConflict
+    from .runonce import RunOnceFailed
+
+    return isinstance(exc, (AuditFailed, SplitConflict, RunOnceFailed))
+
+
 def _op_name(reduce_op: Any) -> str:
     if reduce_op is None:
         return "sum"

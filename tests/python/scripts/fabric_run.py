@@ -1,0 +1,62 @@
+"""A Lightning Fabric run with the ddplug strategy (devices=N, real subprocess
+ranks): a plain loader split by the plugin, gradients synchronized (with a
+no_backward_sync accumulation step), collectives, a named eval stream.
+Each rank writes $DDPLUG_TEST_OUT/rank<r>.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.utils.data import DataLoader
+
+import lightning.fabric as lf
+
+import ddplug.fabric
+import lit_common as C
+
+
+@C.guarded
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--config", default=None)
+    args = p.parse_args()
+    strategy = ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
+    fabric = lf.Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
+    fabric.launch()
+    fabric.seed_everything(7)
+    ds, ev = C.SeqDataset(64), C.SeqDataset(20, seed=3)
+    model = torch.nn.Sequential(torch.nn.Linear(C.FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = fabric.setup(model, opt)
+    train = DataLoader(ds, batch_size=4, shuffle=True)
+    evald = ddplug.fabric.name_stream(DataLoader(ev, batch_size=4), "eval")
+    train, evald = fabric.setup_dataloaders(train, evald)
+    seen: dict = {}
+    for epoch in range(2):
+        for i, batch in enumerate(train):
+            seen.setdefault(str(epoch), []).append(batch["idx"].tolist())
+            accumulate = i % 2 == 0
+            with fabric.no_backward_sync(model, enabled=accumulate):
+                loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])
+                fabric.backward(loss)
+            if not accumulate:
+                opt.step()
+                opt.zero_grad()
+    eval_seen = [i for batch in evald for i in batch["idx"].tolist()]
+    total = fabric.all_reduce(torch.tensor(float(len(eval_seen))), reduce_op="sum")
+    gathered = fabric.all_gather(torch.tensor([fabric.global_rank]))
+    s = fabric.strategy
+    C.write_result(fabric.global_rank, {
+        "rank": fabric.global_rank, "seen": seen, "eval_seen": eval_seen, "eval_total": float(total),
+        "gathered": gathered.flatten().tolist(), "params": C.params_list(model),
+        "streams": C.streams_summary(s), "rank_kwargs": s.rank_kwargs,
+        "broadcast": fabric.broadcast([fabric.global_rank, "x"], src=0),
+    })
+    s.close()
+
+
+if __name__ == "__main__":
+    main()

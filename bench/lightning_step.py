@@ -5,8 +5,13 @@ invocation, with the same model, data and seeds.
 
     .venv/bin/python bench/lightning_step.py [--steps 30] [--warmup 5] [--json FILE]
 
-The model is an MLP of ~27 M parameters (~109 MB of fp32 gradients per step) fed
-small batches, so the step is dominated by the gradient allreduce. Each
+Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
+  mlp        1024 -> 6 x (2048 x 2048) -> 10, batch 8 per rank: forward and
+             backward take about as long as the allreduce on 2 shared cores;
+  embedding  a 106,496 x 256 embedding table (dense gradients) + a linear head,
+             batch 8 sequences of 32 tokens: almost no compute, the step is the
+             gradient allreduce (large-vocabulary / recommendation models).
+Each
 configuration runs as its own Lightning job (devices=2, accelerator="cpu",
 Lightning's subprocess launcher, one torch thread per rank); rank 0 times every
 training step (on_train_batch_start -> on_train_batch_end: forward, backward with
@@ -55,14 +60,17 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     kwargs = json.loads(args.kwargs)
 
-    class MLP(pl.LightningModule):
+    class Net(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            layers = [nn.Linear(args.inputs, args.hidden), nn.ReLU()]
-            for _ in range(args.layers):
-                layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-            layers.append(nn.Linear(args.hidden, 10))
-            self.net = nn.Sequential(*layers)
+            if args.model == "mlp":
+                layers = [nn.Linear(args.inputs, args.hidden), nn.ReLU()]
+                for _ in range(args.layers):
+                    layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+                layers.append(nn.Linear(args.hidden, 10))
+                self.net = nn.Sequential(*layers)
+            else:
+                self.net = nn.Sequential(nn.EmbeddingBag(args.vocab, 256, mode="mean"), nn.Linear(256, 10))
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -84,7 +92,11 @@ def worker(args: argparse.Namespace) -> None:
     pl.seed_everything(0)
     g = torch.Generator().manual_seed(0)
     n = args.batch * 2 * (args.steps + args.warmup)
-    data = TensorDataset(torch.randn(n, args.inputs, generator=g), torch.randint(0, 10, (n,), generator=g))
+    if args.model == "mlp":
+        inputs = torch.randn(n, args.inputs, generator=g)
+    else:
+        inputs = torch.randint(0, args.vocab, (n, 32), generator=g)
+    data = TensorDataset(inputs, torch.randint(0, 10, (n,), generator=g))
     if args.strategy == "ddplug":
         sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
         import ddplug.lightning
@@ -95,7 +107,7 @@ def worker(args: argparse.Namespace) -> None:
 
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
     timer = Timer()
-    model = MLP()
+    model = Net()
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps + args.warmup,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[timer])
@@ -116,12 +128,15 @@ def main() -> None:
     p.add_argument("--inputs", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6, help="hidden x hidden layers")
+    p.add_argument("--vocab", type=int, default=106496, help="embedding rows")
+    p.add_argument("--models", default="embedding,mlp", help="comma-separated: embedding, mlp")
     p.add_argument("--json", default=None, help="also write the results here")
-    p.add_argument("--only", default=None, help="comma-separated substrings of configuration names")
+    p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
@@ -133,36 +148,50 @@ def main() -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env["CUDA_VISIBLE_DEVICES"] = ""
-    rows = []
     configs = CONFIGS
     if args.only:
-        keys = args.only.split(",")
+        keys = args.only.split(";")
         configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
-    for name, strategy, kwargs in configs:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "times.json")
-            cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
-                   "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
-                   "--layers", str(args.layers)]
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-            if proc.returncode != 0 or not os.path.exists(out):
-                print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{name}: failed (exit {proc.returncode})")
-            data = json.load(open(out))
-        t = data["times"]
-        rows.append({"config": name, "strategy": strategy, "kwargs": kwargs, "params": data["params"],
-                     "steps": len(t), "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
-                     "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)})
+    report: dict = {"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "models": {}}
+    for model in args.models.split(","):
+        rows = []
+        for name, strategy, kwargs in configs:
+            rows.append(run_config(args, env, model, name, strategy, kwargs))
+        report["models"][model] = rows
+        print_table(args, model, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strategy: str, kwargs: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
+               "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", model,
+               "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
+               "--layers", str(args.layers), "--vocab", str(args.vocab)]
+        print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0 or not os.path.exists(out):
+            print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"{model}: {name}: failed (exit {proc.returncode})")
+        with open(out) as f:
+            data = json.load(f)
+    t = data["times"]
+    return {"config": name, "strategy": strategy, "kwargs": kwargs, "params": data["params"], "steps": len(t),
+            "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
+            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)}
+
+
+def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
     base = next((r["median_ms"] for r in rows if r["config"] == "ddp (gloo), default"), None)
-    ddp_rows = [r for r in rows if r["strategy"] == "ddp"]
-    best = min((r["median_ms"] for r in ddp_rows), default=None)
+    best = min((r["median_ms"] for r in rows if r["strategy"] == "ddp"), default=None)
     for r in rows:
         r["vs_ddp_default"] = r["median_ms"] / base if base else None
         r["vs_gloo_best"] = r["median_ms"] / best if best else None
     params = rows[0]["params"] if rows else 0
-    print(f"\nLightning training step, 2 CPU ranks, MLP {params / 1e6:.1f} M parameters"
+    print(f"\nLightning training step, 2 CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
           f" {args.steps} timed steps after {args.warmup} warm-up\n")
     print(f"| {'configuration':<30} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
@@ -172,12 +201,7 @@ def main() -> None:
         vd = f"{r['vs_ddp_default']:.2f}x" if r["vs_ddp_default"] else "-"
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
         print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
-              f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "params": params,
-                       "rows": rows}, f, indent=2)
-
+              f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -7,10 +7,12 @@ allreduce started during backward, the way DDP's reducer does it.
   starts early), the others ``bucket_mb`` (config "gradients").
 * A post-accumulate-grad hook on every parameter copies its gradient into its
   bucket slot and makes ``param.grad`` a view of that slot (later steps then
-  accumulate in place, no copy). When every gradient of a bucket is in, the
-  bucket's allreduce starts asynchronously (``ddplug_iallreduce``) while backward
-  goes on. Buckets are started strictly in order, so every rank issues the same
-  collectives in the same order.
+  accumulate in place, no copy). A parameter alone in its bucket (one at least
+  as large as the bucket size) skips the copy: its own gradient is reduced in
+  place. When every gradient of a bucket is in, the bucket's allreduce starts
+  asynchronously (``ddplug_iallreduce``) while backward goes on. Buckets are
+  started strictly in order, so every rank issues the same collectives in the
+  same order.
 * :meth:`GradientSync.finish` — called after backward, before the optimizer
   step — starts what is left (parameters that got no gradient contribute zeros),
   waits for every bucket and averages when "gradients.average" is true (op "avg"
@@ -44,13 +46,24 @@ class _Slot:
 @dataclass
 class _Bucket:
     index: int
-    flat: torch.Tensor
+    flat: Optional[torch.Tensor]  # None for a single-parameter bucket (reduced in place)
     slots: List[_Slot] = field(default_factory=list)
     pending: int = 0
     request: Optional[Request] = None
+    work: Optional[torch.Tensor] = None  # what is being reduced this round
+
+    @property
+    def solo(self) -> bool:
+        return self.flat is None
 
     def view(self, slot: _Slot) -> torch.Tensor:
+        assert self.flat is not None
         return self.flat[slot.offset: slot.offset + slot.numel].view(slot.param.shape)
+
+    @property
+    def nbytes(self) -> int:
+        p = self.slots[0].param
+        return sum(s.numel for s in self.slots) * p.element_size()
 
 
 def broadcast_module(ctx: Context, module: torch.nn.Module, root: int = 0, chunk_mb: float = 64) -> None:
@@ -129,7 +142,7 @@ class GradientSync:
 
     def bucket_sizes(self) -> list:
         """Bytes per bucket, in the order they are started."""
-        return [b.flat.numel() * b.flat.element_size() for b in self.buckets]
+        return [b.nbytes for b in self.buckets]
 
     # ---- hooks -------------------------------------------------------------------
     def attach(self) -> None:
@@ -164,10 +177,15 @@ class GradientSync:
             return
         if grad.is_sparse:
             raise RuntimeError("ddplug: sparse gradients are not supported by the gradient sync")
-        view = slot.bucket.view(slot)
-        if grad.data_ptr() != view.data_ptr() or grad.stride() != view.stride():
-            view.copy_(grad)
-            param.grad = view
+        if slot.bucket.solo:
+            if not grad.is_contiguous():
+                param.grad = grad = grad.contiguous()
+            slot.bucket.work = grad
+        else:
+            view = slot.bucket.view(slot)
+            if grad.data_ptr() != view.data_ptr() or grad.stride() != view.stride():
+                view.copy_(grad)
+                param.grad = view
         slot.ready = True
         slot.bucket.pending -= 1
         if slot.bucket.pending == 0:
@@ -179,7 +197,13 @@ class GradientSync:
             self._next += 1
 
     def _start(self, bucket: _Bucket) -> None:
-        bucket.request = self.ctx.iallreduce(bucket.flat, self.op)
+        if bucket.solo:
+            if bucket.work is None:  # no gradient this round: contribute zeros
+                slot = bucket.slots[0]
+                bucket.work = torch.zeros_like(slot.param, memory_format=torch.contiguous_format)
+        else:
+            bucket.work = bucket.flat
+        bucket.request = self.ctx.iallreduce(bucket.work, self.op)
 
     # ---- completion ----------------------------------------------------------------
     def finish(self) -> None:
@@ -191,7 +215,8 @@ class GradientSync:
         for bucket in self.buckets[self._next:]:
             for slot in bucket.slots:
                 if not slot.ready:
-                    bucket.view(slot).zero_()
+                    if not bucket.solo:
+                        bucket.view(slot).zero_()
                     missing.append(slot)
             bucket.pending = 0
             self._start(bucket)
@@ -200,14 +225,14 @@ class GradientSync:
             req, bucket.request = bucket.request, None
             if req is not None:
                 req.wait()
-            if self.average and self.op == "sum":
-                bucket.flat.div_(self.ctx.world_size)
+            if self.average and self.op == "sum" and bucket.work is not None:
+                bucket.work.div_(self.ctx.world_size)
         for slot in missing:
-            view = slot.bucket.view(slot)
-            if slot.param.grad is None and bool(view.any()):
-                slot.param.grad = view  # another rank produced a gradient
-            elif slot.param.grad is not None and slot.param.grad.data_ptr() != view.data_ptr():
-                slot.param.grad.copy_(view)
+            reduced = slot.bucket.work if slot.bucket.solo else slot.bucket.view(slot)
+            if slot.param.grad is None and bool(reduced.any()):
+                slot.param.grad = reduced  # another rank produced a gradient
+            elif slot.param.grad is not None and slot.param.grad.data_ptr() != reduced.data_ptr():
+                slot.param.grad.copy_(reduced)
         self._reset()
         self.syncs += 1
 
@@ -216,6 +241,8 @@ class GradientSync:
         self._round = False
         for bucket in self.buckets:
             bucket.pending = len(bucket.slots)
+            if bucket.solo:
+                bucket.work = None
             for slot in bucket.slots:
                 slot.ready = False
 
@@ -244,7 +271,7 @@ def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
     buckets = []
     for i, members in enumerate(closed):
         total = sum(p.numel() for p in members)
-        flat = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
+        flat = None if len(members) == 1 else torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
         bucket = _Bucket(i, flat)
         off = 0
         for p in members:

@@ -199,7 +199,7 @@ class StreamBatchSampler:
 
     def _fan_out_epoch(self, epoch: int) -> None:
         seen = set()
-        for obj in (self.index_sampler, self._user_batch_sampler, self._dataset):
+        for obj in (self.index_sampler, self._inner, self._user_batch_sampler, self._dataset):
             if obj is None or id(obj) in seen:
                 continue
             seen.add(id(obj))

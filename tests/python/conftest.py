@@ -21,6 +21,7 @@ SRC = ROOT / "hosts" / "lightning" / "src"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 sys.path.insert(0, str(SRC))
+sys.path.insert(0, str(SCRIPTS))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(SCRIPTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
 os.environ.setdefault("DDPLUG_LOG", "warn")

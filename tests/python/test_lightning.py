@@ -77,6 +77,33 @@ def test_rank_aware_bucket_sampler_as_sampler_is_not_split_twice(out: Path, worl
     assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
 
 
+def test_bucket_sampler_from_config(out: Path) -> None:
+    import bisect
+
+    import lit_common
+
+    world, bounds = 2, [50, 100, 150]
+    cfg = config(sampler={"kind": "bucket", "seed": 5, "bucket": {"boundaries": bounds, "batch_size": 4}},
+                 data_split={"audit": "every_epoch"})
+    run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--config", cfg,
+                     out_dir=out).ok()
+    ranks = run.ranks(world)
+    lengths = lit_common.SeqDataset(N).lengths
+    for r in ranks:
+        s = r["streams"]["train"]
+        assert s["owner"] == "plugin"
+        assert [rep["verdict"] for rep in s["reports"]] == ["PASS", "PASS"]
+        assert flat(r["seen"]["0"]) != flat(r["seen"]["1"]), "set_epoch reaches the bucket sampler"
+        assert r["dataset_epochs"][:2] == [0, 1]
+        for epoch in ("0", "1"):
+            assert len(r["seen"][epoch]) == len(ranks[0]["seen"][epoch]), "equal steps on every rank"
+            for batch in r["seen"][epoch]:
+                assert len(batch) == 4
+                assert len({bisect.bisect_left(bounds, lengths[i]) for i in batch}) == 1, "one bucket per batch"
+    for epoch in ("0", "1"):
+        assert set(i for r in ranks for i in flat(r["seen"][epoch])) == set(range(N))
+
+
 def test_distributed_sampler_subclass_as_batch_sampler(out: Path) -> None:
     world = 2
     run = run_script("lit_run.py", "--scenario", "dsbatch", "--devices", str(world), "--epochs", "1",

@@ -103,8 +103,26 @@ def find_rank_aware(loader: Any) -> tuple:
     return None, None, None
 
 
-def forced_owner(ctx: Context, stream: str) -> tuple:
-    """(owner name or None, who decided) as the runtime sees it before any claim."""
+def forced_owner(settings: dict, stream: str, origin: str = "the config") -> tuple:
+    """(owner or None, the config key that forces it) from the effective config
+    ``settings``: ``data_split.streams.<stream>.owner``, else
+    ``data_split.owner``; "auto" forces nothing. (Read from the config, not from
+    ``ddplug_split_owner``, which also reports earlier claims.)"""
+    split = settings.get("data_split", {}) or {}
+    per_stream = (split.get("streams", {}) or {}).get(stream, {}) or {}
+    owner = per_stream.get("owner")
+    if owner and owner != "auto":
+        return owner, f"data_split.streams.{stream}.owner in {origin}"
+    if per_stream.get("owner") == "auto":
+        return None, None
+    owner = split.get("owner")
+    if owner and owner != "auto":
+        return owner, f"data_split.owner in {origin}"
+    return None, None
+
+
+def claimed_owner(ctx: Context, stream: str) -> tuple:
+    """(owner name or None, claimant) as the runtime sees it now."""
     owner = ctypes.c_int(0)
     who = ctypes.create_string_buffer(512)
     ctx._check(F.ddplug_split_owner(ctx.handle, stream.encode(), ctypes.byref(owner), who, len(who)),
@@ -114,15 +132,17 @@ def forced_owner(ctx: Context, stream: str) -> tuple:
     return _names.owner_name(owner.value), who.value.decode("utf-8", "replace")
 
 
-def resolve(ctx: Context, loader: Any, stream: str, *, iterable: bool = False) -> Decision:
-    """Decide the owner of ``loader``'s stream (not yet claimed)."""
-    forced, by = forced_owner(ctx, stream)
+def resolve(settings: dict, loader: Any, stream: str, *, iterable: bool = False,
+            origin: str = "the config") -> Decision:
+    """Decide the owner of ``loader``'s stream (not yet claimed) from the loader
+    and the effective config ``settings``."""
+    forced, by = forced_owner(settings, stream, origin)
     where, obj, why = find_rank_aware(loader)
     if iterable:
         reason = "an IterableDataset: it must split itself across ranks (no sampler to replace)"
         return Decision(stream, forced or "user", reason, by, "dataset", getattr(loader, "dataset", None))
     if forced == "user":
-        reason = f"{where} {type(obj).__name__} is {why}" if obj is not None else \
+        reason = f"{where} {type(obj).__name__}: {why}" if obj is not None else \
             "no rank-aware sampler found: the dataset or sampler must split by itself"
         return Decision(stream, "user", reason, by, where, obj)
     if forced == "plugin":
@@ -133,7 +153,7 @@ def resolve(ctx: Context, loader: Any, stream: str, *, iterable: bool = False) -
     if forced == "framework":
         return Decision(stream, "framework", "the framework's DistributedSampler splits", by, None)
     if obj is not None:
-        return Decision(stream, "user", f"{where} {type(obj).__name__} is {why}", None, where, obj)
+        return Decision(stream, "user", f"{where} {type(obj).__name__}: {why}", None, where, obj)
     return Decision(stream, "plugin", "no rank-aware sampler: ddplug's sampler splits", None, None)
 
 

@@ -319,22 +319,22 @@ def _rebuild(loader: DataLoader, batch_sampler: Any) -> DataLoader:
     """The same DataLoader (class, dataset, workers, collate_fn, ...) with
     ``batch_sampler`` — Lightning's re-instantiation (the one its sampler injection
     uses), with the batching arguments replaced wherever they were passed."""
-    from lightning.fabric.utilities.data import (
-        _get_dataloader_init_args_and_kwargs,
-        _reinstantiate_wrapped_cls,
-        _replace_value_in_saved_args,
-    )
+    from lightning.fabric.utilities.data import _get_dataloader_init_args_and_kwargs
 
     probe = copy.copy(loader)
     object.__setattr__(probe, "batch_sampler", None)  # resolve as a plain loader
     args, kwargs = _get_dataloader_init_args_and_kwargs(probe, None)
-    names = getattr(loader, "__pl_saved_arg_names", ())
-    defaults = getattr(loader, "__pl_saved_default_kwargs", {})
+    names = tuple(getattr(loader, "__pl_saved_arg_names", ()))
+    args = list(args)
     for key, value in (("batch_sampler", batch_sampler), ("sampler", None), ("shuffle", None),
                        ("batch_size", 1), ("drop_last", False)):
-        done, args, kwargs = _replace_value_in_saved_args(key, value, args, kwargs, defaults, names)
-        if not done:
+        if key in names:  # passed positionally: replace it there, never twice
+            args[names.index(key)] = value
+            kwargs.pop(key, None)
+        else:
             kwargs[key] = value
+    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+
     return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
 
 
@@ -373,6 +373,7 @@ class DataSplit:
         cfg = ctx.config
         try:
             self.settings = cfg.to_dict()
+            self.origin = cfg.origin
         finally:
             cfg.close()
 
@@ -438,7 +439,7 @@ class DataSplit:
             self.log(decision.line)
             return loader
         iterable = isinstance(loader.dataset, IterableDataset)
-        decision = ownership.resolve(self.ctx, loader, stream, iterable=iterable)
+        decision = ownership.resolve(self.settings, loader, stream, iterable=iterable, origin=self.origin)
         if iterable:
             if decision.owner != "user":
                 raise ValueError(

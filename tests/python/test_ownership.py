@@ -1,0 +1,202 @@
+"""Owner resolution and DataLoader re-creation, in one process (a world of one):
+what counts as rank-aware, what the config forces, what the runtime refuses, and
+that the managed loader keeps the user's DataLoader class and arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler
+
+import ddplug
+from ddplug import errors, ownership
+from ddplug.streams import DataSplit, StreamBatchSampler, _allowances
+
+from conftest import TEST_PLUGIN
+
+
+class Items(Dataset):
+    def __init__(self, n: int = 20) -> None:
+        self.n = n
+        self.lengths = [5 + (i * 7) % 40 for i in range(n)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from range(5)
+
+
+class DuckSampler(torch.utils.data.Sampler):
+    """Rank-aware by convention only (GPT-SoVITS style)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.num_replicas, self.rank = n, 1, 0
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class MyLoader(DataLoader):
+    """A DataLoader subclass with an extra argument, as users write them."""
+
+    def __init__(self, dataset, batch_size, tag, **kw) -> None:
+        self.tag = tag
+        super().__init__(dataset, batch_size=batch_size, **kw)
+
+
+def ctx_with(**sections) -> ddplug.Context:
+    cfg = {"plugin": TEST_PLUGIN}
+    cfg.update(sections)
+    return ddplug.Context(cfg, framework="test")
+
+
+@pytest.fixture
+def ctx():
+    c = ctx_with()
+    yield c
+    c.close()
+
+
+def split(ctx: ddplug.Context, lines: list) -> DataSplit:
+    return DataSplit(ctx, "test", log=lines.append)
+
+
+def test_what_counts_as_rank_aware() -> None:
+    ds = Items()
+    assert "DistributedSampler" in ownership.why_rank_aware(DistributedSampler(ds, num_replicas=2, rank=0))
+    assert ownership.why_rank_aware(DuckSampler(3)) == "exposes num_replicas=1, rank=0"
+    assert ownership.why_rank_aware(RandomSampler(ds)) is None
+    declared = ownership.rank_aware(RandomSampler(ds))
+    assert ownership.why_rank_aware(declared) == "declared rank-aware"
+    assert ownership.why_rank_aware(ownership.rank_aware(DuckSampler(3), False)) is None
+    # batch_sampler= is looked at (Lightning looks only at .sampler)
+    vits = DataLoader(ds, batch_sampler=BatchSampler(DistributedSampler(ds, 2, 0), 2, False))
+    where, obj, why = ownership.find_rank_aware(vits)
+    assert where == "batch_sampler.sampler" and isinstance(obj, DistributedSampler)
+    assert ownership.find_rank_aware(DataLoader(ds, batch_size=2, shuffle=True)) == (None, None, None)
+
+
+def test_plain_loader_becomes_plugin_owned_and_keeps_its_class(ctx: ddplug.Context) -> None:
+    lines: list = []
+    loader = MyLoader(Items(), 4, "mine", collate_fn=lambda b: torch.tensor(b), drop_last=False)
+    managed = split(ctx, lines).prepare(loader, "train")
+    assert type(managed) is MyLoader and managed.tag == "mine"
+    assert isinstance(managed.batch_sampler, StreamBatchSampler) and managed.batch_sampler.owner == "plugin"
+    batches = [b.tolist() for b in managed]
+    assert sorted(i for b in batches for i in b) == list(range(20)) and len(batches) == 5
+    assert callable(managed.state_dict) and managed.state_dict()["position"] == 5
+    assert "owner plugin (auto" in lines[0] and "5 batches per epoch" in lines[0]
+
+
+def test_positional_arguments_are_replaced_in_place(ctx: ddplug.Context) -> None:
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+
+    with _replace_dunder_methods(DataLoader, "dataset"):  # as Lightning's hooks capture them
+        loader = DataLoader(Items(), 3, True)
+    managed = split(ctx, []).prepare(loader, "train")
+    assert sorted(i for b in managed for i in b.tolist()) == list(range(20))
+    assert len(managed) == 7
+
+
+def test_rank_aware_sampler_is_left_alone(ctx: ddplug.Context) -> None:
+    sampler = DuckSampler(20)
+    managed = split(ctx, []).prepare(DataLoader(Items(), batch_size=5, sampler=sampler), "train")
+    stream = managed.batch_sampler
+    assert stream.owner == "user" and "DuckSampler: exposes num_replicas=1" in stream.decision.reason
+    assert [b.tolist() for b in managed] == [list(range(k, k + 5)) for k in range(0, 20, 5)]
+
+
+def test_iterable_dataset_is_user_owned(ctx: ddplug.Context) -> None:
+    lines: list = []
+    loader = DataLoader(Stream(), batch_size=2)
+    assert split(ctx, lines).prepare(loader, "train") is loader
+    assert "IterableDataset" in lines[0] and "no audit" in lines[0]
+
+
+def test_config_forces_owner_and_conflicting_claims_fail() -> None:
+    c = ctx_with(data_split={"streams": {"train": {"owner": "plugin"}}})
+    try:
+        ds = Items()
+        forced = split(c, []).prepare(DataLoader(ds, batch_size=4, sampler=DuckSampler(20)), "train")
+        assert forced.batch_sampler.owner == "plugin"
+        assert forced.batch_sampler.decision.forced_by.startswith("data_split.streams.train.owner")
+        # "val" is auto: a rank-aware sampler makes it user-owned, then a plain loader
+        # claiming the same stream for the plugin is a conflict naming both claimants
+        s = split(c, [])
+        s.prepare(DataLoader(ds, batch_size=4, sampler=DuckSampler(20)), "val")
+        with pytest.raises(errors.SplitConflict) as e:
+            s.prepare(DataLoader(ds, batch_size=4), "val")
+        assert "user" in str(e.value) and "plugin" in str(e.value)
+    finally:
+        c.close()
+
+
+def test_iterable_dataset_cannot_be_forced_to_plugin() -> None:
+    c = ctx_with(data_split={"owner": "plugin"})
+    try:
+        with pytest.raises(ValueError, match="only the dataset itself can split"):
+            split(c, []).prepare(DataLoader(Stream(), batch_size=2), "train")
+    finally:
+        c.close()
+
+
+def test_bucket_kind_needs_lengths() -> None:
+    c = ctx_with(sampler={"kind": "bucket", "bucket": {"batch_size": 4, "num_buckets": 2}})
+    try:
+        class NoLengths(Dataset):
+            def __len__(self) -> int:
+                return 8
+
+            def __getitem__(self, i: int) -> int:
+                return i
+
+        with pytest.raises(ValueError, match="needs per-sample lengths"):
+            split(c, []).prepare(DataLoader(NoLengths(), batch_size=2), "train")
+        managed = split(c, []).prepare(DataLoader(Items(), batch_size=2), "train")
+        assert all(len(b) == 4 for b in managed)
+    finally:
+        c.close()
+
+
+def test_resume_position_and_epoch(ctx: ddplug.Context) -> None:
+    managed = split(ctx, []).prepare(DataLoader(Items(), batch_size=4, shuffle=True), "train")
+    stream = managed.batch_sampler
+    stream.set_epoch(3)
+    full = [b.tolist() for b in managed]
+    stream.load_state_dict({"ddplug_stream": "train", "epoch": 3, "position": 2, "world_size": 1})
+    assert [b.tolist() for b in managed] == full[2:]
+    assert stream.state_dict()["epoch"] == 3
+    stream.load_state_dict({"ddplug_stream": "train", "epoch": 3, "position": 5, "world_size": 1})
+    assert [b.tolist() for b in managed] != full, "a finished epoch resumes at the next one"
+
+
+def test_allowances() -> None:
+    ds = Items(10)
+    # DistributedSampler over 10 samples on 4 ranks pads 2
+    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 3, False)
+    assert _allowances(10, 4, inner.sampler, inner) == (2, 0)
+    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 2, True)  # 3 per rank -> 1 batch of 2
+    assert _allowances(10, 4, inner.sampler, inner) == (0, 2)
+    # every rank reads everything: nothing is allowed, the audit must see it
+    inner = BatchSampler(RandomSampler(ds), 2, False)
+    assert _allowances(10, 2, None, inner) == (0, 0)
+    declared = DuckSampler(10)
+    declared.ddplug_audit_allowance = (3, 1)
+    assert _allowances(10, 2, declared, declared) == (3, 1)
+
+
+def test_config_helper_is_valid_json() -> None:
+    from conftest import config
+
+    assert json.loads(config(sampler={"seed": 1}))["sampler"] == {"seed": 1}

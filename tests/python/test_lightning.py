@@ -4,11 +4,12 @@ with DDP (gloo), synced metrics, checkpoint resume, prepare_data run-once."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from conftest import config, run_script
+from conftest import config, run_ranks, run_script
 
 N, B = 96, 4
 
@@ -147,9 +148,11 @@ def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
 
 
 def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
+    # a DataLoader worker prefetches ahead of the loop: the checkpoint must hold
+    # what the loop consumed, not what the sampler handed out
     world, steps_per_epoch = 2, N // (B * 2)
     first = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
-                       "--max-steps", "5", "--ckpt-every", "3", out_dir=out / "a").ok()
+                       "--max-steps", "5", "--ckpt-every", "3", "--workers", "1", out_dir=out / "a").ok()
     ckpt = out / "a" / "ckpt" / "step=3.ckpt"
     assert ckpt.exists(), sorted(p.name for p in (out / "a" / "ckpt").glob("*"))
     second = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
@@ -192,3 +195,26 @@ def test_prepare_data_failure_reaches_every_rank(out: Path, scope: str) -> None:
     assert r1["type"] == "RunOnceFailed"
     assert "FileNotFoundError: mirror https://example.invalid/data.tar is unreachable" in r1["error"]
     assert "Traceback" in r1["error"] and "prepare_data" in r1["error"]
+
+
+def test_torchrun_launched_on_two_nodes(out: Path) -> None:
+    """torchrun-style processes (TorchElasticEnvironment), 2 simulated nodes x 2
+    devices: global ranks, sampler kwargs and node-scope prepare_data."""
+    nodes, devices = 2, 2
+    world = nodes * devices
+    per_rank = {r: {"GROUP_RANK": r // devices, "LOCAL_RANK": r % devices, "LOCAL_WORLD_SIZE": devices,
+                    "DDPLUG_HOST_ID": f"node{r // devices}", "TORCHELASTIC_RUN_ID": "ddplug-test"}
+                for r in range(world)}
+    codes, outs = run_ranks("lit_run.py", world, "--scenario", "prepare", "--devices", str(devices),
+                            "--nodes", str(nodes), "--epochs", "1", "--prepare-scope", "node",
+                            out_dir=out, per_rank_env=per_rank, timeout=240)
+    assert codes == [0] * world, "\n".join(outs)[-6000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    for r in ranks:
+        assert r["lightning_world"]["environment"] == "TorchElasticEnvironment"
+        assert r["ddplug_world"] == {"rank": r["rank"], "world_size": world, "local_rank": r["rank"] % devices,
+                                     "node_rank": r["rank"] // devices, "num_nodes": nodes}
+        assert r["sampler_kwargs"] == {"num_replicas": world, "rank": r["rank"]}
+        assert r["prepared_seen"] is True
+    assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
+    assert len((out / "prepare_calls.txt").read_text().split()) == nodes, "once per node"

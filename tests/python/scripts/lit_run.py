@@ -29,6 +29,7 @@ def parse() -> argparse.Namespace:
                    choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare"])
     p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddp"])
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--n", type=int, default=96)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
@@ -38,6 +39,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--resume", default=None)
     p.add_argument("--val", action="store_true")
+    p.add_argument("--workers", type=int, default=0, help="train DataLoader num_workers")
     p.add_argument("--prepare-scope", default="global", choices=["global", "node"])
     p.add_argument("--prepare-fail", action="store_true")
     return p.parse_args()
@@ -80,7 +82,7 @@ class Data(pl.LightningDataModule):
         if a.scenario == "parity":
             s = DistributedSampler(self.ds, num_replicas=ws, rank=rank, shuffle=True, seed=3)
             return DataLoader(self.ds, batch_size=a.batch, sampler=s)
-        return DataLoader(self.ds, batch_size=a.batch, shuffle=True)
+        return DataLoader(self.ds, batch_size=a.batch, shuffle=True, num_workers=a.workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.args.batch)
@@ -108,7 +110,7 @@ def main() -> None:
                                          every_n_train_steps=args.ckpt_every, save_top_k=-1,
                                          filename="{step}"))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
+        accelerator="cpu", devices=args.devices, num_nodes=args.nodes, strategy=strategy, max_epochs=args.epochs,
         max_steps=args.max_steps, accumulate_grad_batches=args.accumulate,
         limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=0,
         enable_progress_bar=False, enable_model_summary=False, logger=False,
@@ -136,6 +138,12 @@ def main() -> None:
         "dataset_epochs": data.ds.epochs_seen,
     })
     if args.strategy == "ddplug":
+        ctx = trainer.strategy.context
+        result["ddplug_world"] = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+                                  "node_rank": ctx.node_rank, "num_nodes": ctx.num_nodes}
+        result["lightning_world"] = {"local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
+                                     "environment": type(trainer.strategy.cluster_environment).__name__}
+        result["sampler_kwargs"] = trainer.distributed_sampler_kwargs
         result["gathered"] = trainer.strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist()
         result["broadcast"] = trainer.strategy.broadcast({"from": rank, "list": [1, 2]}, src=1)
     C.write_result(rank, result)

@@ -95,6 +95,7 @@ static void rank_success(int rank, int world, void *arg) {
   CHECK(msg && strncmp(msg, "result-", 7) == 0);
   ddplug_free(msg);
   CHECK_OK(ddplug_barrier(ctx, 20000));
+  /* every rank is past its run-once: one call per scope, none repeated */
   CHECK_EQ_INT(count_calls(), scope == DDPLUG_SCOPE_GLOBAL ? 1 : 2);
   (void)world;
   CHECK_OK(ddplug_close(ctx));
@@ -104,14 +105,12 @@ TEST_T(global_scope_runs_once_and_shares_the_message, 120) {
   g_calls = dt_temp_file(".calls", "");
   int scope = DDPLUG_SCOPE_GLOBAL;
   CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
-  CHECK_EQ_INT(count_calls(), 1);
 }
 
 TEST_T(node_scope_runs_once_per_node, 120) {
   g_calls = dt_temp_file(".calls", "");
   int scope = DDPLUG_SCOPE_NODE;
   CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
-  CHECK_EQ_INT(count_calls(), 2);
 }
 
 /* ---- failure ------------------------------------------------------------ */

@@ -414,8 +414,125 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req);
 
 /* ========================================================================
  * Data split ownership, samplers, audit — see issue "Data-split ownership".
- * (declared in the section below by that work)
+ *
+ * Exactly one layer splits each data stream ("train", "val", ...): the
+ * plugin (ddplug's samplers or the plugin's own), the framework (its
+ * DistributedSampler injection) or the user (a rank-aware sampler). The
+ * samplers below are ddplug's; the audit proves, per epoch, from what every
+ * rank actually consumed, that the split was right.
  * ======================================================================== */
+
+/* ---- samplers ----------------------------------------------------------
+
+   A sampler yields this rank's share of one epoch of a stream as dataset
+   indices. Two kinds (ddplug_sampler_desc.kind, plugin.h):
+
+   DDPLUG_SAMPLER_DISTRIBUTED — an index sampler with the semantics of
+     torch.utils.data.DistributedSampler: the epoch's order is a keyed
+     pseudo-random permutation of [0, N) for (seed, epoch) when shuffle is 1,
+     else 0, 1, ..., N-1; it is padded by repeating its start up to
+     world·ceil(N/world) positions, or cut to world·floor(N/world) with
+     drop_last; rank r takes positions r, r+world, r+2·world, ... Every rank
+     yields the same count. next() fills up to cap indices (chunks).
+   DDPLUG_SAMPLER_BUCKET — a batch sampler over per-sample lengths: samples
+     are grouped into length buckets (explicit ascending upper bounds, plus a
+     bucket for longer samples, or num_buckets quantile buckets), each bucket
+     is shuffled per epoch and padded by repetition (or cut, drop_last) to
+     whole global batches, and the order of batches is shuffled the same way
+     on every rank. Every rank yields the same number of batches of exactly
+     batch_size indices; each sample is in at most one batch per epoch apart
+     from the declared padding. next() returns one batch per call.
+
+   The permutation is a 4-round Feistel network on ceil(log2 N) bits with
+   cycle walking (abi/src/sampler_feistel.c documents it): O(1) memory and
+   O(1) epoch start whatever N, any position resumes directly, the same
+   indices on every machine and run for the same desc, seed and epoch.
+   The bucket sampler keeps its bucket membership (4 bytes per sample below
+   2^32 samples, else 8); it does not keep lengths or desc pointers.
+   A sampler handle is used from one thread at a time; distinct samplers
+   are independent.
+
+   Fill a desc with DDPLUG_SAMPLER_DESC_INIT, then set its fields:
+     kind, num_samples (N; indices are in [0, N), N < 2^63), shuffle (0/1),
+     seed, drop_last (0: pad by repetition; 1: drop), stream (name, for
+     messages and ownership; NULL = "train"), rank and world_size (0/0 = a
+     single rank; the context-bound constructor takes them from the
+     context), and for DDPLUG_SAMPLER_BUCKET: lengths[N], batch_size (per
+     rank, >= 1), and boundaries[num_boundaries] (strictly ascending) or
+     boundaries = NULL with num_buckets >= 1 quantile buckets. For the
+     distributed kind batch_size is optional: when set, the audit counts one
+     step per batch_size indices (else one per index).
+   ---------------------------------------------------------------------- */
+typedef struct ddplug_sampler ddplug_sampler;
+
+#define DDPLUG_SAMPLER_DESC_INIT                                         \
+  {sizeof(ddplug_sampler_desc), DDPLUG_PLUGIN_ABI_VERSION, 0, 0, 0, 0, 0, \
+   0, 0, 0, NULL, NULL, NULL, 0, 0, 0}
+
+/* Create a standalone sampler (no context, no ownership, no audit) from
+ * desc, which is copied (lengths are read during the call only; stream is
+ * copied). The epoch is 0 and the position 0 until set_epoch/seek.
+ * Returns OK; INVALID_ARGUMENT naming the field (unknown kind, rank out of
+ * range, NULL lengths, boundaries not ascending, batch_size 0, ...),
+ * ABI_MISMATCH for a desc of another major version, NO_MEMORY. On failure
+ * *out is untouched. Does not block. Since 1.0. */
+DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
+                                  ddplug_sampler **out);
+
+/* Start epoch `epoch` at position 0: O(1) (keys derived from seed and
+ * epoch). Call it at the start of every epoch — the audit reports a shuffled
+ * stream whose order did not change as "epoch not advanced". Since 1.0. */
+DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch);
+
+/* Deliver the next indices into out[0..cap): the distributed kind fills
+ * min(cap, remaining) indices; the bucket kind one batch (exactly
+ * batch_size indices; INVALID_ARGUMENT if cap < batch_size, nothing
+ * consumed). *n = how many; 0 at the end of the epoch. Since 1.0. */
+DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
+                                   uint64_t cap, uint64_t *n);
+
+/* Make the next index (distributed) or batch (bucket) delivered the
+ * position-th of this epoch (0-based), exactly as if that many had been
+ * consumed: resuming at a position yields the uninterrupted order. O(1).
+ * position == length is the end; beyond it INVALID_ARGUMENT. Since 1.0. */
+DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position);
+
+/* Indices (distributed) or batches (bucket) this rank yields per epoch,
+ * the same on every rank. Since 1.0. */
+DDPLUG_API int ddplug_sampler_length(const ddplug_sampler *s,
+                                     uint64_t *length);
+
+/* Indices (distributed) or batches (bucket) consumed so far this epoch.
+ * Since 1.0. */
+DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
+                                       uint64_t *position);
+
+/* What a sampler is and declares about one epoch (all ranks together). */
+typedef struct ddplug_sampler_info {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t kind;            /* ddplug_sampler_kind                          */
+  int32_t rank;
+  int32_t world_size;
+  int32_t from_plugin;     /* 1: the plugin's sampler slots serve it       */
+  uint64_t num_samples;
+  uint64_t batch_size;     /* bucket: per rank; distributed: as given      */
+  uint64_t length;         /* per rank per epoch (ddplug_sampler_length)   */
+  uint64_t epoch;
+  uint64_t position;
+  uint64_t padded;         /* deliveries repeating a sample (padding)      */
+  uint64_t dropped;        /* samples left out by drop_last                */
+  char stream[64];
+} ddplug_sampler_info;
+#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
+
+/* Fill *info. padded/dropped are 0 for a plugin-supplied sampler (the slots
+ * do not declare them). Since 1.0. */
+DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
+                                       ddplug_sampler_info *info);
+
+/* Release s. NULL is a no-op. Since 1.0. */
+DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s);
 
 #ifdef __cplusplus
 }

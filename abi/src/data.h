@@ -120,4 +120,143 @@ int ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
                               const int64_t *idx, uint64_t n);
 void ddplug__sampler_release_hook(ddplug_sampler *s);
 
+/* ---- split ownership and per-stream state (split_owner.c) --------------- */
+
+#define DDPLUG__CLAIMANT_MAX 160
+
+enum ddplug__audit_mode {
+  DDPLUG__AUDIT_OFF = 0,
+  DDPLUG__AUDIT_FIRST_EPOCH = 1,
+  DDPLUG__AUDIT_EVERY_EPOCH = 2
+};
+
+/* A stream's owner forced by the config, and the config key that did it. */
+typedef struct ddplug__forced_owner {
+  char stream[DDPLUG__STREAM_MAX + 1]; /* "" = the default for all streams */
+  int owner;                           /* DDPLUG_OWNER_*; UNSET = auto      */
+  char by[DDPLUG__CLAIMANT_MAX];       /* "data_split.streams.train.owner in
+                                          config.json"                     */
+} ddplug__forced_owner;
+
+/* What the config decides for the data-split layer (split_context.c reads
+ * it from the context's config; tests build it directly). */
+typedef struct ddplug__data_policy {
+  ddplug__forced_owner fallback;  /* data_split.owner                      */
+  ddplug__forced_owner *streams;  /* data_split.streams.<name>.owner       */
+  uint32_t nstreams;
+  int audit_mode;                 /* ddplug__audit_mode                    */
+  int on_violation_warn;          /* 0: error, 1: warn                      */
+  uint64_t exact_max;             /* data_split.audit_exact_max            */
+} ddplug__data_policy;
+
+typedef struct ddplug__stream {
+  char name[DDPLUG__STREAM_MAX + 1];
+  int owner;                         /* DDPLUG_OWNER_*, UNSET until claimed */
+  char claimant[DDPLUG__CLAIMANT_MAX];
+  uint64_t audits_begun;             /* audits begun for this stream       */
+  uint64_t agree_calls;              /* ddplug_split_agree calls so far    */
+  int has_prev;                      /* order fingerprint of the last epoch */
+  uint64_t prev_epoch, prev_fingerprint;
+  struct ddplug_audit *active;       /* the audit open on it, if any       */
+} ddplug__stream;
+
+/* The context's data-split state (ctx->data). Thread-safe (one mutex). */
+typedef struct ddplug__data_state {
+  void *mutex; /* pthread_mutex_t */
+  ddplug__data_policy policy;
+  ddplug__stream *streams;
+  uint32_t nstreams, cap;
+} ddplug__data_state;
+
+/* Takes ownership of policy->streams (also on failure). */
+int ddplug__data_state_new(ddplug__data_policy *policy,
+                           ddplug__data_state **out);
+void ddplug__data_state_free(void *state);
+void ddplug__data_lock(ddplug__data_state *st);
+void ddplug__data_unlock(ddplug__data_state *st);
+/* The stream's entry, created on first use; NULL (last error set) when out
+ * of memory. Call with the lock held. */
+ddplug__stream *ddplug__data_stream(ddplug__data_state *st, const char *name);
+/* The config's forced owner of a stream (owner UNSET when none/auto). */
+const ddplug__forced_owner *ddplug__data_forced(const ddplug__data_state *st,
+                                                const char *stream);
+/* The claim rules: see ddplug_split_claim. Takes the lock. */
+int ddplug__split_claim(ddplug__data_state *st, const char *stream, int owner,
+                        const char *claimant);
+/* The resolved owner (a claim, else a forced owner, else UNSET) and who
+ * decided it ("" when unset). Takes the lock. */
+void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
+                           int *owner, char *claimant, size_t cap);
+
+/* The agreement check on gathered owners: owners[r] and claimants[r] of
+ * every rank. OK when all equal; else SPLIT_CONFLICT naming the ranks that
+ * differ from the majority. */
+int ddplug__split_agree_check(const char *stream, int world,
+                              const int *owners,
+                              const char *const *claimants);
+
+/* ---- audit (audit_record.c, audit_diagnose.c, audit_run.c) ------------- */
+
+enum ddplug__audit_scope {
+  DDPLUG__SCOPE_SKIP = 0,  /* not audited: counts only, no communication  */
+  DDPLUG__SCOPE_ORDER = 1, /* steps and order only                        */
+  DDPLUG__SCOPE_FULL = 2   /* steps, order, coverage                      */
+};
+
+/* One rank's contribution to the finish, exchanged by allgather. */
+typedef struct ddplug__audit_stats {
+  int64_t stream_hash, epoch, num_samples, scope;
+  int64_t steps, deliveries, tracked_deliveries, distinct;
+  int64_t out_of_range, order_repeated, epoch_behind, shuffle;
+  int64_t allowed_padding, allowed_missing, tracked, coverage_ok;
+} ddplug__audit_stats;
+#define DDPLUG__AUDIT_NSTATS \
+  ((uint64_t)(sizeof(ddplug__audit_stats) / sizeof(int64_t)))
+
+struct ddplug_audit {
+  ddplug_context *ctx;          /* NULL in unit tests                      */
+  ddplug__data_state *state;    /* the context's data state (or a test's)  */
+  char stream[DDPLUG__STREAM_MAX + 1];
+  int rank, world;
+  int scope;                    /* ddplug__audit_scope                     */
+  int finished;
+  uint64_t n, epoch;
+  ddplug_audit_options opts;    /* declared by the host (or a sampler)     */
+  int exact;                    /* 1: every sample tracked                 */
+  uint64_t tracked;             /* M: samples tracked                      */
+  ddplug__feistel subset;       /* sampled mode: i tracked iff pi(i) < M   */
+  uint64_t *bits;               /* [words] tracked samples seen            */
+  uint64_t words;
+  uint64_t steps, deliveries, tracked_deliveries, out_of_range;
+  uint64_t fingerprint;         /* order hash of the deliveries            */
+  int has_prev;                 /* the stream's previous epoch's order     */
+  uint64_t prev_epoch, prev_fingerprint;
+  int fed_by_sampler, fed_by_host;
+  int epoch_behind;             /* a sampler fed it from an older epoch    */
+  uint64_t sampler_epoch;
+};
+
+/* Allocate an audit (no registration): scope decides whether a bitmap of
+ * min(n, exact_max) bits is allocated. */
+int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
+                        const ddplug_audit_options *opts, int scope,
+                        uint64_t exact_max, int rank, int world,
+                        ddplug_audit **out);
+/* Record n indices as `steps` steps (0 for more samples of the current
+ * step). Never fails. */
+void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
+                       uint64_t steps);
+/* This rank's stats for the finish. */
+void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s);
+uint64_t ddplug__audit_stream_hash(const char *stream);
+
+/* Build the report from every rank's stats (all[world]) and, for a full
+ * scope with coverage, the tracked union/intersection counts and up to
+ * nmissing example indices never seen. */
+void ddplug__audit_diagnose(const char *stream,
+                            const ddplug__audit_stats *all, int world,
+                            uint64_t covered, uint64_t common,
+                            const uint64_t *missing, int nmissing,
+                            ddplug_audit_report *r);
+
 #endif /* DDPLUG_DATA_H */

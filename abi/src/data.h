@@ -112,13 +112,12 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
 void ddplug__sampler_declared(const ddplug_sampler *s, uint64_t *padded,
                               uint64_t *dropped);
 
-/* Context binding (sampler_context.c); no-ops for a standalone sampler.
- * epoch_hook runs after set_epoch; feed_hook after next delivered n indices
- * starting at position `before`; release_hook before the sampler is freed. */
-void ddplug__sampler_epoch_hook(ddplug_sampler *s);
-int ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
+/* Context binding (sampler_context.c): after next delivered n indices
+ * starting at position `before`, record them in the stream's open audit (a
+ * no-op for a standalone sampler). Problems are logged, never returned:
+ * next() has consumed the indices already. */
+void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
                               const int64_t *idx, uint64_t n);
-void ddplug__sampler_release_hook(ddplug_sampler *s);
 
 /* ---- split ownership and per-stream state (split_owner.c) --------------- */
 
@@ -188,6 +187,10 @@ int ddplug__split_claim(ddplug__data_state *st, const char *stream, int owner,
 void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
                            int *owner, char *claimant, size_t cap);
 
+/* The context's data state, created from its config on first use
+ * (split_context.c). */
+int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out);
+
 /* The agreement check on gathered owners: owners[r] and claimants[r] of
  * every rank. OK when all equal; else SPLIT_CONFLICT naming the ranks that
  * differ from the majority. */
@@ -232,6 +235,7 @@ struct ddplug_audit {
   int has_prev;                 /* the stream's previous epoch's order     */
   uint64_t prev_epoch, prev_fingerprint;
   int fed_by_sampler, fed_by_host;
+  int warned_double_feed;
   int epoch_behind;             /* a sampler fed it from an older epoch    */
   uint64_t sampler_epoch;
 };

@@ -171,7 +171,6 @@ DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch) {
                                     (unsigned long long)epoch);
   s->epoch = epoch;
   s->pos = 0;
-  ddplug__sampler_epoch_hook(s);
   return DDPLUG_OK;
 }
 
@@ -197,8 +196,7 @@ DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
   }
   uint64_t before = s->pos;
   s->pos += s->desc.kind == DDPLUG_SAMPLER_BUCKET ? (got > 0) : got;
-  st = ddplug__sampler_feed_hook(s, before, out, got);
-  if (st) return st;
+  ddplug__sampler_feed_hook(s, before, out, got);
   *n = got;
   return DDPLUG_OK;
 }
@@ -275,7 +273,6 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
 
 DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s) {
   if (!s) return;
-  ddplug__sampler_release_hook(s);
   if (s->impl && s->destroy) s->destroy(s->impl);
   ddplug__free(s);
 }

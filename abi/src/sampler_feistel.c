@@ -170,9 +170,11 @@ static void map_window(const ddplug__feistel *f, uint64_t start,
     encrypt_progression(f, start + (uint64_t)b * stride, stride, y + b);
   uint32_t np = 0;
   for (uint32_t t = 0; t < m; t++) {
+    uint64_t v = y[t];
+    out[t] = (int64_t)v;
     pend[np] = t;
-    vals[np] = y[t];
-    np += y[t] >= n;
+    vals[np] = v;
+    np += v >= n;
   }
   while (np > 0) {
     uint32_t padded = (np + BLOCK - 1) / BLOCK * BLOCK;
@@ -182,14 +184,13 @@ static void map_window(const ddplug__feistel *f, uint64_t start,
     for (uint32_t k = 0; k < np; k++) {
       uint32_t t = pend[k];
       uint64_t v = vals[k];
-      y[t] = v;
+      out[t] = (int64_t)v;
       pend[keep] = t;
       vals[keep] = v;
       keep += v >= n;
     }
     np = keep;
   }
-  for (uint32_t t = 0; t < m; t++) out[t] = (int64_t)y[t];
 }
 
 void ddplug__feistel_map(const ddplug__feistel *f, uint64_t start,

@@ -684,7 +684,8 @@ typedef struct ddplug_audit_report {
   char summary[512];          /* one line: "audit train epoch 0: PASS ..." */
   char text[4096];            /* multi-line, for logs                      */
 } ddplug_audit_report;
-#define DDPLUG_AUDIT_REPORT_INIT {sizeof(ddplug_audit_report), DDPLUG_ABI_VERSION}
+#define DDPLUG_AUDIT_REPORT_INIT \
+  {.struct_size = sizeof(ddplug_audit_report), .abi_version = DDPLUG_ABI_VERSION}
 
 /* Open the audit of epoch `epoch` of stream (num_samples = N). Always gives
  * a handle (free it with ddplug_audit_free), also when the config says not

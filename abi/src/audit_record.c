@@ -105,3 +105,26 @@ void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s) {
   s->tracked = (int64_t)a->tracked;
   s->coverage_ok = a->bits != NULL;
 }
+
+/* Take the audit off its stream and remember its order for the next epoch. */
+void ddplug__audit_unregister(ddplug_audit *a) {
+  if (!a->state) return;
+  ddplug__data_lock(a->state);
+  ddplug__stream *s = ddplug__data_stream(a->state, a->stream);
+  if (s && s->active == a) {
+    s->active = NULL;
+    if (a->deliveries > 0) {
+      s->has_prev = 1;
+      s->prev_epoch = a->epoch;
+      s->prev_fingerprint = a->fingerprint;
+    }
+  }
+  ddplug__data_unlock(a->state);
+}
+
+DDPLUG_API void ddplug_audit_free(ddplug_audit *a) {
+  if (!a) return;
+  if (!a->finished) ddplug__audit_unregister(a);
+  ddplug__free(a->bits);
+  ddplug__free(a);
+}

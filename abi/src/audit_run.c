@@ -99,22 +99,6 @@ DDPLUG_API int ddplug_audit_record(ddplug_audit *a, const int64_t *indices,
   return DDPLUG_OK;
 }
 
-/* Take the audit off its stream and remember its order for the next epoch. */
-static void unregister(ddplug_audit *a) {
-  if (!a->state) return;
-  ddplug__data_lock(a->state);
-  ddplug__stream *s = ddplug__data_stream(a->state, a->stream);
-  if (s && s->active == a) {
-    s->active = NULL;
-    if (a->deliveries > 0) {
-      s->has_prev = 1;
-      s->prev_epoch = a->epoch;
-      s->prev_fingerprint = a->fingerprint;
-    }
-  }
-  ddplug__data_unlock(a->state);
-}
-
 static int run_coll(ddplug_context *ctx, int kind, const void *send, void *recv,
                     uint64_t count, int op, int64_t timeout_ms) {
   ddplug_request *req = NULL;
@@ -201,7 +185,7 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
                        "is already finished",
                        a->stream, (unsigned long long)a->epoch);
   a->finished = 1;
-  unregister(a);
+  ddplug__audit_unregister(a);
   ddplug_context *ctx = a->ctx;
   ddplug__audit_stats local;
   ddplug__audit_local_stats(a, &local);
@@ -238,13 +222,6 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
     return DDPLUG_OK;
   }
   return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_AUDIT_FAILED, "%s", report->summary));
-}
-
-DDPLUG_API void ddplug_audit_free(ddplug_audit *a) {
-  if (!a) return;
-  if (!a->finished) unregister(a);
-  ddplug__free(a->bits);
-  ddplug__free(a);
 }
 
 #endif /* __has_include("context.h") */

@@ -250,6 +250,9 @@ int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
  * step). Never fails. */
 void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
                        uint64_t steps);
+/* Take the audit off its stream (if registered) and keep its order
+ * fingerprint there for the next epoch's check. */
+void ddplug__audit_unregister(ddplug_audit *a);
 /* This rank's stats for the finish. */
 void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s);
 uint64_t ddplug__audit_stream_hash(const char *stream);

@@ -76,24 +76,39 @@ typedef struct diag {
   size_t used;
 } diag;
 
+/* Append to one diagnosis line. */
+static void dcat(diag *x, const char *fmt, ...) DDPLUG__PRINTF(2, 3);
+static void dcat(diag *x, const char *fmt, ...) {
+  if (x->used + 1 >= sizeof x->line) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(x->line + x->used, sizeof x->line - x->used, fmt, ap);
+  va_end(ap);
+  if (n > 0) x->used = DDPLUG__MIN(x->used + (size_t)n, sizeof x->line - 1);
+}
+
+/* Record a violation: its bit, and the line to write it in. */
+static diag *raise_violation(ddplug_audit_report *v, diag *d, int verdict) {
+  v->violations |= 1u << verdict;
+  return &d[verdict];
+}
+
 static void uneven(const ddplug__audit_stats *all, int world, diag *d) {
   int64_t m = mode_steps(all, world);
   int listed = 0;
   for (int r = 0; r < world; r++) {
     if (all[r].steps == m) continue;
     if (listed == 0)
-      cat(d->line, sizeof d->line, &d->used,
-          "uneven batches: rank %d has %lld steps, others %lld (will hang)", r,
+      dcat(d, "uneven batches: rank %d has %lld steps, others %lld (will hang)", r,
           (long long)all[r].steps, (long long)m);
     else if (listed < 4)
-      cat(d->line, sizeof d->line, &d->used, "; rank %d has %lld", r,
+      dcat(d, "; rank %d has %lld", r,
           (long long)all[r].steps);
     listed++;
   }
   if (listed > 4)
-    cat(d->line, sizeof d->line, &d->used, "; %d more ranks differ", listed - 4);
-  cat(d->line, sizeof d->line, &d->used,
-      " — every rank must take the same number of steps: use a sampler that "
+    dcat(d, "; %d more ranks differ", listed - 4);
+  dcat(d, " — every rank must take the same number of steps: use a sampler that "
       "pads or drops to equal lengths per rank");
 }
 
@@ -109,8 +124,7 @@ static void not_advanced(const ddplug__audit_stats *all, int world,
     n++;
   }
   if (n > 8) cat(ranks, sizeof ranks, &used, " and %d more", n - 8);
-  cat(d->line, sizeof d->line, &d->used,
-      "epoch not advanced: rank(s) %s delivered epoch %llu in %s although "
+  dcat(d, "epoch not advanced: rank(s) %s delivered epoch %llu in %s although "
       "shuffling is on — call set_epoch(epoch) on the sampler at the start of "
       "every epoch",
       ranks, (unsigned long long)epoch,
@@ -173,10 +187,8 @@ void ddplug__audit_diagnose(const char *stream,
   if (scope == DDPLUG__SCOPE_SKIP) {
     v.verdict = DDPLUG_AUDIT_SKIPPED;
   } else {
-    if (v.steps_min != v.steps_max) {
-      v.violations |= 1u << DDPLUG_AUDIT_UNEVEN;
-      uneven(all, world, &d[DDPLUG_AUDIT_UNEVEN]);
-    }
+    if (v.steps_min != v.steps_max)
+      uneven(all, world, raise_violation(&v, d, DDPLUG_AUDIT_UNEVEN));
     if (coverage) {
       double miss_ok = slack((double)v.allowed_missing / scale, exact);
       double pad_ok = slack((double)v.allowed_padding / scale, exact);
@@ -187,9 +199,7 @@ void ddplug__audit_diagnose(const char *stream,
       int mostly_disjoint = (double)repeats_tracked <= pad_ok + 0.1 * (double)covered;
       double per_g = (double)v.num_samples / world;
       if (world > 1 && covered >= 2 && common == covered) {
-        v.violations |= 1u << DDPLUG_AUDIT_NO_PARTITION;
-        diag *x = &d[DDPLUG_AUDIT_NO_PARTITION];
-        cat(x->line, sizeof x->line, &x->used,
+        dcat(raise_violation(&v, d, DDPLUG_AUDIT_NO_PARTITION),
             "no partitioning: every rank saw the same samples (each of the %d "
             "ranks saw the same %llu of %llu) — nothing split the data: use "
             "ddplug's sampler, or let exactly one layer (framework or "
@@ -199,9 +209,7 @@ void ddplug__audit_diagnose(const char *stream,
       } else if (world > 1 && missing_some && mostly_disjoint && per_g >= 1 &&
                  (double)v.covered <= 1.5 * per_g &&
                  (double)v.covered >= per_g / 1.5) {
-        v.violations |= 1u << DDPLUG_AUDIT_DOUBLE_PARTITION;
-        diag *x = &d[DDPLUG_AUDIT_DOUBLE_PARTITION];
-        cat(x->line, sizeof x->line, &x->used,
+        dcat(raise_violation(&v, d, DDPLUG_AUDIT_DOUBLE_PARTITION),
             "double partitioning: ranks together saw %llu of %llu samples "
             "(about N/%d with %d ranks) — the data was split twice (e.g. a "
             "rank-aware sampler and the framework's DistributedSampler): let "
@@ -209,24 +217,21 @@ void ddplug__audit_diagnose(const char *stream,
             (unsigned long long)v.covered, (unsigned long long)v.num_samples,
             world, world);
       } else if (missing_some) {
-        v.violations |= 1u << DDPLUG_AUDIT_MISSING;
-        diag *x = &d[DDPLUG_AUDIT_MISSING];
-        cat(x->line, sizeof x->line, &x->used,
+        diag *x = raise_violation(&v, d, DDPLUG_AUDIT_MISSING);
+        dcat(x,
             "missing samples: ranks together saw %llu of %llu samples; %llu "
             "never delivered (declared dropped: %llu)",
             (unsigned long long)v.covered, (unsigned long long)v.num_samples,
             (unsigned long long)(v.num_samples > v.covered ? v.num_samples - v.covered : 0),
             (unsigned long long)v.allowed_missing);
         for (int k = 0; k < nmissing; k++)
-          cat(x->line, sizeof x->line, &x->used, k ? ", %llu" : " — e.g. sample %llu",
+          dcat(x, k ? ", %llu" : " — e.g. sample %llu",
               (unsigned long long)missing[k]);
-        if (!exact) cat(x->line, sizeof x->line, &x->used, " (estimated from %llu tracked samples)",
+        if (!exact) dcat(x, " (estimated from %llu tracked samples)",
                         (unsigned long long)tracked);
       }
       if (!disjoint && !(v.violations & (1u << DDPLUG_AUDIT_NO_PARTITION))) {
-        v.violations |= 1u << DDPLUG_AUDIT_OVERLAP;
-        diag *x = &d[DDPLUG_AUDIT_OVERLAP];
-        cat(x->line, sizeof x->line, &x->used,
+        dcat(raise_violation(&v, d, DDPLUG_AUDIT_OVERLAP),
             "overlap: %llu deliveries repeated a sample already delivered "
             "(declared padding: %llu) — the ranks' shares intersect: check "
             "the rank and world size the split uses",
@@ -236,10 +241,9 @@ void ddplug__audit_diagnose(const char *stream,
     int shuffled_lag = 0;
     for (int k = 0; k < world; k++)
       shuffled_lag |= all[k].order_repeated || all[k].epoch_behind;
-    if (shuffled_lag) {
-      v.violations |= 1u << DDPLUG_AUDIT_EPOCH_NOT_ADVANCED;
-      not_advanced(all, world, v.epoch, &d[DDPLUG_AUDIT_EPOCH_NOT_ADVANCED]);
-    }
+    if (shuffled_lag)
+      not_advanced(all, world, v.epoch,
+                   raise_violation(&v, d, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED));
     v.verdict = DDPLUG_AUDIT_PASS;
     for (int k = DDPLUG_AUDIT_UNEVEN; k < DDPLUG_AUDIT_VERDICT_COUNT_; k++)
       if (v.violations & (1u << k)) {

@@ -84,15 +84,9 @@ struct ddplug_sampler {
   ddplug_sampler_desc desc; /* validated copy; lengths/boundaries cleared */
   char stream[DDPLUG__STREAM_MAX + 1];
   ddplug_plugin_sampler *impl;
-  /* the slots driving impl: a default's, or the plugin's */
-  int (*set_epoch)(ddplug_plugin_sampler *s, uint64_t epoch);
-  int (*next)(ddplug_plugin_sampler *s, int64_t *out, uint64_t cap,
-              uint64_t *n);
-  int (*seek)(ddplug_plugin_sampler *s, uint64_t position);
-  int (*length)(ddplug_plugin_sampler *s, uint64_t *length);
-  void (*destroy)(ddplug_plugin_sampler *s);
-  void (*declared)(ddplug_plugin_sampler *s, uint64_t *padded,
-                   uint64_t *dropped); /* NULL for a plugin's sampler */
+  /* the slots driving impl: a default's, or the plugin's (create unused;
+   * declared NULL for a plugin's sampler) */
+  ddplug__sampler_ops ops;
   uint64_t len, epoch, pos;
   ddplug_context *ctx; /* context-bound samplers only */
 };

@@ -130,13 +130,8 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
                                        : &ddplug__distributed_ops;
   int st = ops->create(d, &s->impl);
   if (st) return ddplug__err_prefix(st, "stream '%s'", d->stream);
-  s->set_epoch = ops->set_epoch;
-  s->next = ops->next;
-  s->seek = ops->seek;
-  s->length = ops->length;
-  s->destroy = ops->destroy;
-  s->declared = ops->declared;
-  return s->length(s->impl, &s->len);
+  s->ops = *ops;
+  return s->ops.length(s->impl, &s->len);
 }
 
 DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
@@ -166,7 +161,7 @@ static int check_handle(const ddplug_sampler *s, const char *what) {
 DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch) {
   int st = check_handle(s, "ddplug_sampler_set_epoch");
   if (st) return st;
-  st = s->set_epoch(s->impl, epoch);
+  st = s->ops.set_epoch(s->impl, epoch);
   if (st) return ddplug__err_prefix(st, "stream '%s' set_epoch(%llu)", s->stream,
                                     (unsigned long long)epoch);
   s->epoch = epoch;
@@ -185,7 +180,7 @@ DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
                        s->stream);
   uint64_t got = 0;
   if (s->pos < s->len) {
-    st = s->next(s->impl, out, cap, &got);
+    st = s->ops.next(s->impl, out, cap, &got);
     if (st) return ddplug__err_prefix(st, "stream '%s' next", s->stream);
     if (got > cap)
       return ddplug__err(DDPLUG_E_INTERNAL,
@@ -210,7 +205,7 @@ DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position) {
                        "past the end of the epoch (length %llu on rank %d)",
                        s->stream, (unsigned long long)position,
                        (unsigned long long)s->len, s->desc.rank);
-  st = s->seek(s->impl, position);
+  st = s->ops.seek(s->impl, position);
   if (st) return ddplug__err_prefix(st, "stream '%s' seek", s->stream);
   s->pos = position;
   return DDPLUG_OK;
@@ -239,7 +234,7 @@ DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
 void ddplug__sampler_declared(const ddplug_sampler *s, uint64_t *padded,
                               uint64_t *dropped) {
   *padded = *dropped = 0;
-  if (s->declared) s->declared(s->impl, padded, dropped);
+  if (s->ops.declared) s->ops.declared(s->impl, padded, dropped);
 }
 
 DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
@@ -257,7 +252,7 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
   v.kind = s->desc.kind;
   v.rank = s->desc.rank;
   v.world_size = s->desc.world_size;
-  v.from_plugin = s->declared == NULL;
+  v.from_plugin = s->ops.declared == NULL;
   v.num_samples = s->desc.num_samples;
   v.batch_size = s->desc.batch_size;
   v.length = s->len;
@@ -273,6 +268,6 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
 
 DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s) {
   if (!s) return;
-  if (s->impl && s->destroy) s->destroy(s->impl);
+  if (s->impl && s->ops.destroy) s->ops.destroy(s->impl);
   ddplug__free(s);
 }

@@ -27,13 +27,11 @@ static int use_plugin(ddplug_context *ctx, ddplug_sampler *s,
     ddplug__plugin_err_take(ctx, st, "sampler_create");
     return ddplug__err_prefix(st, "stream '%s': the plugin's sampler", d->stream);
   }
-  s->set_epoch = t->sampler_set_epoch;
-  s->next = t->sampler_next;
-  s->seek = t->sampler_seek;
-  s->length = t->sampler_length;
-  s->destroy = t->sampler_destroy;
-  s->declared = NULL;
-  st = s->length(s->impl, &s->len);
+  ddplug__sampler_ops ops = {NULL, t->sampler_set_epoch, t->sampler_next,
+                             t->sampler_seek, t->sampler_length,
+                             t->sampler_destroy, NULL};
+  s->ops = ops;
+  st = s->ops.length(s->impl, &s->len);
   if (st) return ddplug__err(st, "stream '%s': the plugin's sampler_length failed", d->stream);
   return DDPLUG_OK;
 }
@@ -110,18 +108,18 @@ static int replay(ddplug_sampler *s, ddplug_audit *a, uint64_t upto,
   uint64_t cap = s->desc.kind == DDPLUG_SAMPLER_BUCKET ? s->desc.batch_size : REPLAY_CHUNK;
   int64_t *tmp = cap > REPLAY_CHUNK ? ddplug__malloc(sizeof *tmp * cap) : buf;
   if (!tmp) return ddplug__err(DDPLUG_E_NO_MEMORY, "sampler audit replay: out of memory");
-  int st = s->seek(s->impl, 0);
+  int st = s->ops.seek(s->impl, 0);
   uint64_t pos = 0;
   while (st == DDPLUG_OK && pos < upto) {
     uint64_t want = s->desc.kind == DDPLUG_SAMPLER_BUCKET ? cap : DDPLUG__MIN(cap, upto - pos);
     uint64_t got = 0;
-    st = s->next(s->impl, tmp, want, &got);
+    st = s->ops.next(s->impl, tmp, want, &got);
     if (st || got == 0) break;
     uint64_t adv = s->desc.kind == DDPLUG_SAMPLER_BUCKET ? 1 : got;
     ddplug__audit_add(a, tmp, got, steps_between(s, pos, pos + adv));
     pos += adv;
   }
-  if (st == DDPLUG_OK) st = s->seek(s->impl, resume);
+  if (st == DDPLUG_OK) st = s->ops.seek(s->impl, resume);
   if (tmp != buf) ddplug__free(tmp);
   return st ? ddplug__err_prefix(st, "stream '%s': replaying the epoch into its audit", s->stream)
             : DDPLUG_OK;

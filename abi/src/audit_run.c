@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if __has_include("context.h") /* the runtime context (lands with main) */
 #include "context.h"
 #include "data.h"
 
@@ -223,5 +222,3 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   }
   return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_AUDIT_FAILED, "%s", report->summary));
 }
-
-#endif /* __has_include("context.h") */

@@ -5,10 +5,8 @@
  * SPDX-License-Identifier: Apache-2.0 */
 #include <string.h>
 
-#include "data.h"
-
-#if __has_include("context.h") /* the runtime context (lands with main) */
 #include "context.h"
+#include "data.h"
 
 #define REPLAY_CHUNK 4096
 
@@ -155,16 +153,3 @@ void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
   }
   ddplug__audit_add(a, idx, n, steps_between(s, before, s->pos));
 }
-
-#else /* no runtime context yet: standalone samplers only */
-
-void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
-                              const int64_t *idx, uint64_t n) {
-  (void)s;
-  (void)before;
-  (void)idx;
-  (void)n;
-}
-
-#endif /* __has_include("context.h") */
-

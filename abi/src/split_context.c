@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if __has_include("context.h") /* the runtime context (lands with main) */
 #include "context.h"
 #include "data.h"
 
@@ -244,5 +243,3 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
   ddplug__free(claimants);
   return st ? ddplug__ctx_fail(ctx, st) : DDPLUG_OK;
 }
-
-#endif /* __has_include("context.h") */

@@ -13,7 +13,6 @@
  * slots (tests/plugins/sampler-plugin). */
 #include <stdlib.h>
 
-#if __has_include("context.h") /* the runtime context (lands with main) */
 
 #include "data.h"
 #include "harness.h"
@@ -568,5 +567,3 @@ static void rank_plugin_slots(int rank, int world, void *arg) {
 TEST_T(a_plugin_supplies_its_own_sampler_through_the_slots, 150) {
   run(rank_plugin_slots, NULL);
 }
-
-#endif /* __has_include("context.h"); tests/cmake/audit.cmake disables the test without it */

@@ -191,6 +191,8 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   local.coverage_ok = local.coverage_ok && plugin_can_cover(ctx);
   if (a->scope == DDPLUG__SCOPE_SKIP) {
     ddplug__audit_diagnose(a->stream, &local, 1, 0, 0, NULL, 0, report);
+    if (DDPLUG_HAS_FIELD(report, ddplug_audit_report, world_size))
+      report->world_size = a->world;
     return DDPLUG_OK;
   }
   int world = a->world;

@@ -63,22 +63,22 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
   int owner;
   char claimant[DDPLUG__CLAIMANT_MAX];
   ddplug__split_resolve(data, d.stream, &owner, claimant, sizeof claimant);
-  if (owner == DDPLUG_OWNER_UNSET || owner == DDPLUG_OWNER_PLUGIN)
-    st = ddplug__split_claim(data, d.stream, DDPLUG_OWNER_PLUGIN, "ddplug sampler");
-  else
-    st = ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
-                     "stream '%s' is split by %s (%s): the plugin's sampler "
-                     "refuses to split a stream it does not own — use the %s's "
-                     "sampler for it, or make the plugin its owner",
-                     d.stream, ddplug_owner_name(owner), claimant,
-                     ddplug_owner_name(owner));
-  if (st) return ddplug__ctx_fail(ctx, st);
+  if (owner != DDPLUG_OWNER_UNSET && owner != DDPLUG_OWNER_PLUGIN)
+    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
+        "stream '%s' is split by %s (%s): the plugin's sampler refuses to "
+        "split a stream it does not own — use the %s's sampler for it, or "
+        "make the plugin its owner",
+        d.stream, ddplug_owner_name(owner), claimant, ddplug_owner_name(owner)));
   ddplug_sampler *s;
   if ((st = ddplug__sampler_alloc(&d, &s))) return ddplug__ctx_fail(ctx, st);
   if (plugin_has_sampler(&ctx->plugin->table))
     st = use_plugin(ctx, s, &s->desc);
   else
     st = ddplug__sampler_use_default(s, &d);
+  /* claim last, so that a failed call leaves the ownership as it was (a
+   * concurrent claim for another owner still makes this one fail) */
+  if (st == DDPLUG_OK)
+    st = ddplug__split_claim(data, d.stream, DDPLUG_OWNER_PLUGIN, "ddplug sampler");
   if (st) {
     ddplug_sampler_free(s);
     return ddplug__ctx_fail(ctx, st);

@@ -557,9 +557,14 @@ static void rank_plugin_slots(int rank, int world, void *arg) {
   d.lengths = lengths;
   d.batch_size = 1;
   d.num_buckets = 1;
+  d.stream = "bucketed";
   ddplug_sampler *b = NULL;
   CHECK_STATUS(ddplug_context_sampler_new(ctx, &d, &b), DDPLUG_E_UNSUPPORTED);
   CHECK_CONTAINS(ddplug_last_error(), "sampler-plugin serves only DDPLUG_SAMPLER_DISTRIBUTED");
+  CHECK(b == NULL);
+  int owner;
+  CHECK_OK(ddplug_split_owner(ctx, "bucketed", &owner, NULL, 0));
+  CHECK_EQ_INT(owner, DDPLUG_OWNER_UNSET); /* the failed call claimed nothing */
   ddplug_sampler_free(s);
   CHECK_OK(ddplug_close(ctx));
 }

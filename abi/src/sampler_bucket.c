@@ -229,9 +229,21 @@ static int bucket_next(ddplug_plugin_sampler *ps, int64_t *out, uint64_t cap,
     ddplug__feistel_init(&pi, ni, s->seed, s->epoch,
                          DDPLUG__SALT_BUCKET + ((uint64_t)lo << 32));
   uint64_t p0 = (j * s->world + s->rank) * s->bs;
+  if (p0 + s->bs <= ni) { /* no padding in this batch: one run */
+    if (s->shuffle) {
+      ddplug__feistel_map(&pi, p0, 1, s->bs, out);
+    } else {
+      for (uint64_t t = 0; t < s->bs; t++) out[t] = (int64_t)(p0 + t);
+    }
+  } else { /* padding: positions wrap around the bucket */
+    uint64_t p = p0 % ni;
+    for (uint64_t t = 0; t < s->bs; t++) {
+      out[t] = (int64_t)(s->shuffle ? ddplug__feistel_apply(&pi, p) : p);
+      if (++p == ni) p = 0;
+    }
+  }
   for (uint64_t t = 0; t < s->bs; t++) {
-    uint64_t p = (p0 + t) % ni;
-    if (s->shuffle) p = ddplug__feistel_apply(&pi, p);
+    uint64_t p = (uint64_t)out[t];
     out[t] = (int64_t)(s->members64 ? s->members64[base + p]
                                     : s->members32[base + p]);
   }

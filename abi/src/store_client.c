@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,8 @@ struct ddplug_store {
   int lost_status;     /* non-zero once broken: the status to report */
   char lost_msg[512];  /* ... and why */
   uint32_t next_id;
-  int64_t default_timeout_ms;
+  _Atomic int64_t default_timeout_ms;
+  pid_t pid;           /* the process that connected */
   char where[320];     /* "H:P" for messages */
   uint8_t *in;         /* received bytes; in[in_pos..in_len) unread */
   size_t in_len, in_pos, in_cap;
@@ -81,6 +83,12 @@ static int closed_by_server(ddplug_store *st) {
               st->where);
 }
 
+/* A handle inherited across fork() shares its socket with the parent: a
+ * child must not speak on it (its BYE would cancel the parent's disconnect
+ * keys, its replies would be read by the wrong process), nor take its mutex
+ * (another parent thread may have held it at the fork). */
+static int forked_away(const ddplug_store *st) { return getpid() != st->pid; }
+
 static int check_usable(ddplug_store *st) {
   if (st->lost_status == 0) return DDPLUG_OK;
   return ddplug__err(st->lost_status, "%s", st->lost_msg);
@@ -98,6 +106,11 @@ static int read_frame(ddplug_store *st, uint64_t deadline_ns, uint8_t *type,
     memmove(st->in, st->in + st->in_pos, st->in_len - st->in_pos);
     st->in_len -= st->in_pos;
     st->in_pos = 0;
+  }
+  if (st->in_len == 0 && st->in_cap > 256 * 1024) { /* after a big value */
+    ddplug__free(st->in);
+    st->in = NULL;
+    st->in_cap = 0;
   }
   for (;;) {
     size_t need = DDPLUG__STORE_HDR_LEN;
@@ -247,14 +260,24 @@ static int check_value(const char *call, const char *what, const char *key,
 static int check_handle(const char *call, const ddplug_store *st) {
   if (!st)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: st is NULL", call);
+  if (forked_away(st))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: this rendezvous store handle (%s) was opened by "
+                       "process %d and cannot be used in forked process %d; "
+                       "connect again in the child",
+                       call, st->where, (int)st->pid, (int)getpid());
   return DDPLUG_OK;
 }
+
+/* Longest wait a call honours (the wire carries u32 milliseconds, about
+ * 49 days); longer timeouts are clamped to it. */
+#define TIMEOUT_CAP_MS ((int64_t)UINT32_MAX)
 
 /* The effective timeout of a call, or INVALID_ARGUMENT. */
 static int resolve_timeout(const char *call, const ddplug_store *st,
                            int64_t timeout_ms, int64_t *out) {
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) {
-    *out = st->default_timeout_ms;
+    *out = atomic_load(&st->default_timeout_ms);
     return DDPLUG_OK;
   }
   if (timeout_ms < 0)
@@ -263,7 +286,7 @@ static int resolve_timeout(const char *call, const ddplug_store *st,
                        "number of milliseconds, 0 to poll, or "
                        "DDPLUG_TIMEOUT_DEFAULT)",
                        call, (long long)timeout_ms);
-  *out = timeout_ms;
+  *out = DDPLUG__MIN(timeout_ms, TIMEOUT_CAP_MS);
   return DDPLUG_OK;
 }
 
@@ -450,6 +473,9 @@ static void store_free(ddplug_store *st) {
  * refused, or the server could not prove it knows the secret),
  * ABI_MISMATCH (another store protocol version), PEER_LOST (the server
  * closed the connection or is not a ddplug store), NO_MEMORY.
+ * Timeouts beyond 2^32-1 ms (about 49 days) are clamped to it; so are those
+ * of the other calls. A handle belongs to the process that connected: in a
+ * forked child every call fails with INVALID_ARGUMENT (connect again there).
  * Blocks at most as said. Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_connect(const char *addr, int port,
                                     const char *secret, int64_t timeout_ms,
@@ -471,6 +497,7 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "%s: timeout_ms %lld is negative", call,
                        (long long)timeout_ms);
+  timeout_ms = DDPLUG__MIN(timeout_ms, TIMEOUT_CAP_MS);
   ddplug_store *st = ddplug__calloc(1, sizeof *st);
   if (!st || ddplug__errslot_init(&st->err) != DDPLUG_OK) {
     ddplug__free(st);
@@ -479,7 +506,8 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
   }
   pthread_mutex_init(&st->mu, NULL);
   st->fd = -1;
-  st->default_timeout_ms = DDPLUG__STORE_DEFAULT_TIMEOUT_MS;
+  st->pid = getpid();
+  atomic_store(&st->default_timeout_ms, DDPLUG__STORE_DEFAULT_TIMEOUT_MS);
   ddplug__store_format_where(st->where, sizeof st->where, addr, port);
 
   uint64_t start = ddplug__now_ns();
@@ -526,11 +554,17 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
 /* ddplug_store_close — say goodbye (so the server does not apply this
  * connection's on_disconnect keys), close the connection and free st.
  * Waits at most 2 s (or the default timeout if smaller) for the server to
- * acknowledge; a broken connection is just closed. NULL is a no-op. No
+ * acknowledge; a broken connection is just closed. In a process forked
+ * after connecting, it only releases this process's copy (the parent's
+ * connection and its disconnect keys are untouched). NULL is a no-op. No
  * other thread may use st during or after the call. Leaves the calling
  * thread's last error as it was. Since 1.0. */
 DDPLUG_API void ddplug_store_close(ddplug_store *st) {
   if (!st) return;
+  if (forked_away(st)) { /* release this process's copies only */
+    store_free(st);
+    return;
+  }
   pthread_mutex_lock(&st->mu);
   if (st->lost_status == 0 && st->fd >= 0) {
     char saved[DDPLUG__ERRMSG_MAX];
@@ -538,9 +572,8 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
     uint32_t id = req_begin(st, DDPLUG__STORE_BYE);
     uint8_t code;
     ddplug__rd rd;
-    transact(st, id,
-             ddplug__deadline_ns(DDPLUG__MIN(st->default_timeout_ms, 2000)),
-             &code, &rd);
+    int64_t ms = DDPLUG__MIN(atomic_load(&st->default_timeout_ms), 2000);
+    transact(st, id, ddplug__deadline_ns(ms), &code, &rd);
     ddplug__set_last_error(saved);
   }
   pthread_mutex_unlock(&st->mu);
@@ -567,7 +600,7 @@ static int no_answer(ddplug_store *st, const char *call, const char *key,
  * timeout and expect a reply code. */
 static int simple_call(ddplug_store *st, const char *call, const char *key,
                        uint32_t id, uint8_t *code, ddplug__rd *rd) {
-  int64_t ms = st->default_timeout_ms;
+  int64_t ms = atomic_load(&st->default_timeout_ms);
   int rc = transact(st, id, ddplug__deadline_ns(ms), code, rd);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0)
     return no_answer(st, call, key, ms);
@@ -918,8 +951,6 @@ int ddplug__store_set_default_timeout(ddplug_store *st, int64_t ms) {
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "store default timeout must be positive (got %lld ms)",
                        (long long)ms);
-  pthread_mutex_lock(&st->mu);
-  st->default_timeout_ms = ms;
-  pthread_mutex_unlock(&st->mu);
+  atomic_store(&st->default_timeout_ms, ms);
   return DDPLUG_OK;
 }

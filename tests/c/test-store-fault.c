@@ -489,3 +489,62 @@ TEST(on_disconnect_never_overwrites_a_present_key) {
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }
+
+/* ---- fork ------------------------------------------------------------------ */
+
+typedef struct fork_arg {
+  ddplug_store *st;
+  ddplug_store_server *srv;
+} fork_arg;
+
+static void child_misuses_parent_handle(void *p) {
+  fork_arg *a = p;
+  CHECK_STATUS(ddplug_store_set(a->st, "k", "child", 5), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "cannot be used in forked process");
+  CHECK_CONTAINS(ddplug_last_error(), "connect again in the child");
+  ddplug_store_close(a->st); /* must not say BYE on the parent's behalf */
+}
+
+TEST(a_forked_child_cannot_use_or_close_the_parents_connection) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  CHECK_OK(ddplug_store_on_disconnect(st, "dead/parent", "x", 1));
+  fork_arg a = {st, NULL};
+  pid_t pid = dt_fork(child_misuses_parent_handle, &a);
+  int status;
+  CHECK(dt_wait_pid(pid, 10000, &status) == 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
+  /* Had the child sent BYE, the server would now refuse this connection. */
+  CHECK_OK(ddplug_store_set(st, "k", "parent", 6));
+  void *v = NULL;
+  CHECK_STATUS(ddplug_store_get(st, "dead/parent", 0, &v, NULL), DDPLUG_E_TIMEOUT);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+static void child_stops_parent_server(void *p) {
+  fork_arg *a = p;
+  ddplug_store_server_stop(a->srv); /* releases the child's copy only */
+}
+
+TEST(server_stop_in_a_forked_child_leaves_the_parent_serving) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  CHECK_OK(ddplug__store_set_default_timeout(st, 5000)); /* fail fast */
+  fork_arg a = {NULL, srv};
+  pid_t pid = dt_fork(child_stops_parent_server, &a);
+  int status;
+  CHECK(dt_wait_pid(pid, 10000, &status) == 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
+  void *v = NULL;
+  CHECK_OK(ddplug_store_set(st, "k", "v", 1));
+  CHECK_OK(ddplug_store_get(st, "k", 1000, &v, NULL));
+  ddplug_free(v);
+  ddplug_store *late = st_connect(port, NULL);
+  CHECK_OK(ddplug_store_set(late, "k2", "v", 1));
+  ddplug_store_close(late);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}

@@ -272,6 +272,43 @@ TEST(a_malformed_connection_fires_its_disconnect_keys) {
   ddplug_store_server_stop(srv);
 }
 
+/* Per-connection limits: parked requests and disconnect-key bytes. */
+TEST(a_connection_over_its_limits_is_closed) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  int fd = raw_connect(port);
+  raw_auth(fd);
+  ddplug__sbuf b = {0};
+  for (uint32_t i = 0; i < 257; i++) { /* one over 256 parked GETs */
+    ddplug__sbuf_frame_begin(&b, DDPLUG__STORE_GET, i + 2);
+    ddplug__sbuf_u32(&b, 60000);
+    ddplug__sbuf_key(&b, "never", 5);
+    ddplug__sbuf_frame_end(&b);
+  }
+  raw_send(fd, b.data, b.len);
+  ddplug__sbuf_free(&b);
+  CHECK(raw_closed_within(fd, 5000));
+  close(fd);
+  healthy(st, 1);
+
+  /* 17 disconnect keys of 1 MiB: over the 16 MiB a connection may hold. */
+  ddplug_store *greedy = st_connect(port, NULL);
+  char *mib = calloc(1, DDPLUG__STORE_VALUE_MAX);
+  int rc = DDPLUG_OK;
+  for (int i = 0; i < 17 && rc == DDPLUG_OK; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "greedy/%d", i);
+    rc = ddplug_store_on_disconnect(greedy, key, mib, DDPLUG__STORE_VALUE_MAX);
+  }
+  free(mib);
+  CHECK_STATUS(rc, DDPLUG_E_PEER_LOST);
+  ddplug_store_close(greedy);
+  healthy(st, 2);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
 static long rss_kib(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   long pages = 0, resident = 0;

@@ -222,6 +222,19 @@ static int bad_reply(ddplug_store *st, const char *call) {
               st->where);
 }
 
+/* GET and WAIT: send the request built so far; the server answers by
+ * timeout_ms, and the client waits for that answer up to
+ * DDPLUG__STORE_REPLY_GRACE_MS longer. *waited_s: how long the call took. */
+static int timed_call(ddplug_store *st, uint32_t id, int64_t timeout_ms,
+                      uint8_t *code, ddplug__rd *rd, double *waited_s) {
+  uint64_t start = ddplug__now_ns();
+  int rc = transact(st, id,
+                    ddplug__deadline_ns(timeout_ms + DDPLUG__STORE_REPLY_GRACE_MS),
+                    code, rd);
+  *waited_s = (double)(ddplug__now_ns() - start) / 1e9;
+  return rc;
+}
+
 /* ---- argument checks ----------------------------------------------------- */
 
 static int check_key(const char *call, const char *what, const char *key) {
@@ -320,13 +333,8 @@ static int finish(ddplug_store *st, int rc) {
  * getaddrinfo error) saying why. */
 static int try_connect(const char *host, int port, uint64_t deadline_ns,
                        int *err, int *gai) {
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  *gai = getaddrinfo(host, portstr, &hints, &res);
+  struct addrinfo *res = NULL;
+  *gai = ddplug__store_resolve(host, port, 0, &res);
   if (*gai != 0) {
     *err = *gai == EAI_SYSTEM ? errno : 0;
     return -1;
@@ -395,15 +403,7 @@ static int handshake(ddplug_store *st, const char *secret,
                              "store handshake");
   size_t slen = secret ? strlen(secret) : 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  uint8_t msg[sizeof DDPLUG__STORE_MAC_CLIENT + 2 * DDPLUG__STORE_NONCE_LEN];
-  size_t n = sizeof DDPLUG__STORE_MAC_CLIENT - 1;
-  if (slen) {
-    memcpy(msg, DDPLUG__STORE_MAC_CLIENT, n);
-    memcpy(msg + n, snonce, sizeof snonce);
-    memcpy(msg + n + sizeof snonce, cnonce, sizeof cnonce);
-    ddplug__hmac_sha256(secret, slen, msg, n + 2 * DDPLUG__STORE_NONCE_LEN,
-                        NULL, 0, mac);
-  }
+  if (slen) ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac);
   uint32_t id = req_begin(st, DDPLUG__STORE_AUTH);
   ddplug__sbuf_u8(&st->req, slen > 0);
   ddplug__sbuf_put(&st->req, cnonce, sizeof cnonce);
@@ -434,11 +434,7 @@ static int handshake(ddplug_store *st, const char *secret,
   if (code != DDPLUG__STORE_R_OK || !smac || rd.left != 0)
     return bad_reply(st, "ddplug_store_connect");
   if (slen) {
-    memcpy(msg, DDPLUG__STORE_MAC_SERVER, n);
-    memcpy(msg + n, cnonce, sizeof cnonce);
-    memcpy(msg + n + sizeof cnonce, snonce, sizeof snonce);
-    ddplug__hmac_sha256(secret, slen, msg, n + 2 * DDPLUG__STORE_NONCE_LEN,
-                        NULL, 0, mac);
+    ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac);
     if (!ddplug__ct_equal(mac, smac, sizeof mac))
       return lose(st, DDPLUG_E_CONFIG,
                   "rendezvous store at %s could not prove that it knows the "
@@ -607,15 +603,9 @@ static int simple_call(ddplug_store *st, const char *call, const char *key,
   return rc;
 }
 
-/* ddplug_store_set — set key (1..255 bytes) to value[0..len) (at most
- * 1 MiB, copied; value may be NULL when len is 0). Wakes every GET/WAIT
- * waiting for key. Blocks at most st's default timeout (300 s unless the
- * runtime changed it) for the server's acknowledgement. Errors:
- * INVALID_ARGUMENT (naming the argument), PEER_LOST, TIMEOUT, NO_MEMORY.
- * Thread-safe. Since 1.0. */
-DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
-                                const void *value, uint64_t len) {
-  static const char call[] = "ddplug_store_set";
+/* SET and ON_DISCONNECT: a key and a value, answered by a bare OK. */
+static int key_value_call(ddplug_store *st, const char *call, uint8_t type,
+                          const char *key, const void *value, uint64_t len) {
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key)) ||
@@ -623,7 +613,7 @@ DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
     return arg_fail(st, rc);
   pthread_mutex_lock(&st->mu);
   if ((rc = check_usable(st)) == DDPLUG_OK) {
-    uint32_t id = req_begin(st, DDPLUG__STORE_SET);
+    uint32_t id = req_begin(st, type);
     ddplug__sbuf_key(&st->req, key, strlen(key));
     ddplug__sbuf_value(&st->req, value, (size_t)len);
     uint8_t code;
@@ -633,6 +623,18 @@ DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
       rc = bad_reply(st, call);
   }
   return finish(st, rc);
+}
+
+/* ddplug_store_set — set key (1..255 bytes) to value[0..len) (at most
+ * 1 MiB, copied; value may be NULL when len is 0). Wakes every GET/WAIT
+ * waiting for key. Blocks at most st's default timeout (300 s unless the
+ * runtime changed it) for the server's acknowledgement. Errors:
+ * INVALID_ARGUMENT (naming the argument), PEER_LOST, TIMEOUT, NO_MEMORY.
+ * Thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
+                                const void *value, uint64_t len) {
+  return key_value_call(st, "ddplug_store_set", DDPLUG__STORE_SET, key, value,
+                        len);
 }
 
 /* ddplug_store_get — wait at most timeout_ms (0 = do not wait,
@@ -660,16 +662,13 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
                                     "%s: value is NULL (key '%s')", call, key));
   pthread_mutex_lock(&st->mu);
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
-  uint64_t start = ddplug__now_ns();
   uint32_t id = req_begin(st, DDPLUG__STORE_GET);
-  ddplug__sbuf_u32(&st->req, (uint32_t)DDPLUG__MIN(t, (int64_t)UINT32_MAX));
+  ddplug__sbuf_u32(&st->req, (uint32_t)t);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   uint8_t code;
   ddplug__rd rd;
-  rc = transact(st, id,
-                ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS), &code,
-                &rd);
-  double waited = (double)(ddplug__now_ns() - start) / 1e9;
+  double waited;
+  rc = timed_call(st, id, t, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for key '%s': the "
@@ -872,18 +871,15 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
   pthread_mutex_lock(&st->mu);
   if ((rc = check_usable(st)) != DDPLUG_OK || nkeys == 0)
     return finish(st, rc);
-  uint64_t start = ddplug__now_ns();
   uint32_t id = req_begin(st, DDPLUG__STORE_WAIT);
-  ddplug__sbuf_u32(&st->req, (uint32_t)DDPLUG__MIN(t, (int64_t)UINT32_MAX));
+  ddplug__sbuf_u32(&st->req, (uint32_t)t);
   ddplug__sbuf_u16(&st->req, (uint16_t)nkeys);
   for (uint32_t i = 0; i < nkeys; i++)
     ddplug__sbuf_key(&st->req, keys[i], strlen(keys[i]));
   uint8_t code;
   ddplug__rd rd;
-  rc = transact(st, id,
-                ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS), &code,
-                &rd);
-  double waited = (double)(ddplug__now_ns() - start) / 1e9;
+  double waited;
+  rc = timed_call(st, id, t, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for %u key(s) "
@@ -914,29 +910,14 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
  * (if key is absent then) when this connection ends without
  * ddplug_store_close: the process was killed, crashed or its connection
  * was reset. Several registrations per connection are allowed (at most
- * 4096); a clean ddplug_store_close drops them all. Errors:
- * INVALID_ARGUMENT, PEER_LOST, TIMEOUT (st's default timeout). Thread-safe.
- * Since 1.0. */
+ * 1024 holding at most 16 MiB of keys and values; beyond that the server
+ * closes the connection, and the call returns PEER_LOST). A clean
+ * ddplug_store_close drops them all. Errors: INVALID_ARGUMENT, PEER_LOST,
+ * TIMEOUT (st's default timeout). Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_on_disconnect(ddplug_store *st, const char *key,
                                           const void *value, uint64_t len) {
-  static const char call[] = "ddplug_store_on_disconnect";
-  int rc = check_handle(call, st);
-  if (rc) return rc;
-  if ((rc = check_key(call, "key", key)) ||
-      (rc = check_value(call, "value", key, value, len)))
-    return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
-  if ((rc = check_usable(st)) == DDPLUG_OK) {
-    uint32_t id = req_begin(st, DDPLUG__STORE_ON_DISCONNECT);
-    ddplug__sbuf_key(&st->req, key, strlen(key));
-    ddplug__sbuf_value(&st->req, value, (size_t)len);
-    uint8_t code;
-    ddplug__rd rd;
-    rc = simple_call(st, call, key, id, &code, &rd);
-    if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
-      rc = bad_reply(st, call);
-  }
-  return finish(st, rc);
+  return key_value_call(st, "ddplug_store_on_disconnect",
+                        DDPLUG__STORE_ON_DISCONNECT, key, value, len);
 }
 
 /* ddplug_store_error — the detail sentence of the last failed call on st

@@ -246,7 +246,9 @@ static void reply_simple(ddplug_store_server *s, conn *c, uint32_t id,
   reply_end(s, c);
 }
 
-/* The table calls this when a parked GET/WAIT is complete or expired. */
+/* Answer a GET/WAIT waiter: complete (the value, or OK) or expired (GET:
+ * TIMEOUT; WAIT: TIMEOUT and the keys still missing). Frees w. The table
+ * calls this when a parked request is complete or expires. */
 static void on_waiter_ready(void *ctx, ddplug__store_waiter *w) {
   ddplug_store_server *s = ctx;
   conn *c = ddplug__store_waiter_owner(w);
@@ -285,18 +287,12 @@ static void handle_auth(ddplug_store_server *s, conn *c,
                         const ddplug__store_req *q) {
   uint8_t reason = 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  uint8_t msg[sizeof DDPLUG__STORE_MAC_CLIENT + 2 * DDPLUG__STORE_NONCE_LEN];
   if (s->secret && !q->has_secret) {
     reason = DDPLUG__STORE_REFUSE_NO_SECRET;
   } else if (!s->secret && q->has_secret) {
     reason = DDPLUG__STORE_REFUSE_UNEXPECTED;
   } else if (s->secret) {
-    size_t n = sizeof DDPLUG__STORE_MAC_CLIENT - 1;
-    memcpy(msg, DDPLUG__STORE_MAC_CLIENT, n);
-    memcpy(msg + n, c->nonce, DDPLUG__STORE_NONCE_LEN);
-    memcpy(msg + n + DDPLUG__STORE_NONCE_LEN, q->nonce, DDPLUG__STORE_NONCE_LEN);
-    ddplug__hmac_sha256(s->secret, s->secret_len, msg,
-                        n + 2 * DDPLUG__STORE_NONCE_LEN, NULL, 0, mac);
+    ddplug__store_auth_mac(s->secret, s->secret_len, 0, c->nonce, q->nonce, mac);
     if (!ddplug__ct_equal(mac, q->mac, sizeof mac))
       reason = DDPLUG__STORE_REFUSE_BAD_MAC;
   }
@@ -314,14 +310,8 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   }
   /* Prove to the client that this server knows the secret too. */
   memset(mac, 0, sizeof mac);
-  if (s->secret) {
-    size_t n = sizeof DDPLUG__STORE_MAC_SERVER - 1;
-    memcpy(msg, DDPLUG__STORE_MAC_SERVER, n);
-    memcpy(msg + n, q->nonce, DDPLUG__STORE_NONCE_LEN);
-    memcpy(msg + n + DDPLUG__STORE_NONCE_LEN, c->nonce, DDPLUG__STORE_NONCE_LEN);
-    ddplug__hmac_sha256(s->secret, s->secret_len, msg,
-                        n + 2 * DDPLUG__STORE_NONCE_LEN, NULL, 0, mac);
-  }
+  if (s->secret)
+    ddplug__store_auth_mac(s->secret, s->secret_len, 1, c->nonce, q->nonce, mac);
   c->authed = 1;
   s->nhandshaking--;
   reply_begin(c, q->id, DDPLUG__STORE_R_OK);
@@ -329,8 +319,10 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   reply_end(s, c);
 }
 
-/* GET/WAIT: answer now if possible, otherwise park until the keys appear
- * or the deadline passes. */
+/* GET/WAIT: answer at once when every key is present (the common case,
+ * without allocating); otherwise park until the keys appear or the deadline
+ * passes — with timeout 0 the deadline has passed already, and the waiter is
+ * answered (TIMEOUT, naming the missing keys) right away. */
 static void handle_wait(ddplug_store_server *s, conn *c,
                         const ddplug__store_req *q, const uint8_t *keys,
                         size_t keys_len, uint32_t nkeys) {
@@ -342,25 +334,12 @@ static void handle_wait(ddplug_store_server *s, conn *c,
     const uint8_t *k = ddplug__store_next_key(&r, &klen);
     if (!ddplug__store_table_get(s->table, k, klen, &vlen)) missing++;
   }
-  if (missing == 0 || q->timeout_ms == 0) {
+  if (missing == 0) {
+    reply_begin(c, q->id, DDPLUG__STORE_R_OK);
     if (q->type == DDPLUG__STORE_GET) {
       uint32_t vlen = 0;
       const uint8_t *v = ddplug__store_table_get(s->table, q->key, q->klen, &vlen);
-      reply_begin(c, q->id, v ? DDPLUG__STORE_R_OK : DDPLUG__STORE_R_TIMEOUT);
-      if (v) ddplug__sbuf_value(&c->out, v, vlen);
-    } else if (missing == 0) {
-      reply_begin(c, q->id, DDPLUG__STORE_R_OK);
-    } else {
-      reply_begin(c, q->id, DDPLUG__STORE_R_TIMEOUT);
-      ddplug__sbuf_u16(&c->out, (uint16_t)missing);
-      r = (ddplug__rd){keys, keys_len, 0};
-      for (uint32_t i = 0; i < nkeys; i++) {
-        uint16_t klen = 0;
-        uint32_t vlen;
-        const uint8_t *k = ddplug__store_next_key(&r, &klen);
-        if (!ddplug__store_table_get(s->table, k, klen, &vlen))
-          ddplug__sbuf_key(&c->out, k, klen);
-      }
+      ddplug__sbuf_value(&c->out, v, vlen);
     }
     reply_end(s, c);
     return;
@@ -379,6 +358,7 @@ static void handle_wait(ddplug_store_server *s, conn *c,
     return;
   }
   c->nparked++;
+  if (q->timeout_ms == 0) on_waiter_ready(s, w);
 }
 
 static void handle_add(ddplug_store_server *s, conn *c,
@@ -761,13 +741,8 @@ static int listen_on(const struct addrinfo *ai, int *port, int *err) {
  * addresses first (a hostname such as "localhost" often resolves to ::1
  * first, but launchers hand out IPv4 addresses), then IPv6. */
 static int open_listener(ddplug_store_server *s, const char *addr, int port) {
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  int g = getaddrinfo(addr, portstr, &hints, &res);
+  struct addrinfo *res = NULL;
+  int g = ddplug__store_resolve(addr, port, 1, &res);
   if (g != 0)
     return ddplug__err(DDPLUG_E_CONFIG,
                        "rendezvous store cannot serve on %s: cannot resolve "

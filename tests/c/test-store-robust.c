@@ -178,10 +178,7 @@ static void healthy(ddplug_store *st, int i) {
   char val[32];
   snprintf(val, sizeof val, "value-%d", i);
   CHECK_OK(ddplug_store_set(st, "healthy", val, strlen(val)));
-  void *v = NULL;
-  CHECK_OK(ddplug_store_get(st, "healthy", 1000, &v, NULL));
-  CHECK_EQ_STR((char *)v, val);
-  ddplug_free(v);
+  st_expect_value(st, "healthy", 1000, val);
   CHECK_OK(ddplug_store_add(st, "healthy/count", 1, NULL));
 }
 
@@ -264,10 +261,7 @@ TEST(a_malformed_connection_fires_its_disconnect_keys) {
   ddplug__sbuf_free(&b);
   CHECK(raw_closed_within(fd, 5000));
   close(fd);
-  void *v = NULL;
-  CHECK_OK(ddplug_store_get(st, "dead/raw", 5000, &v, NULL));
-  CHECK_EQ_STR((char *)v, "bye");
-  ddplug_free(v);
+  st_expect_value(st, "dead/raw", 5000, "bye");
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }

@@ -271,6 +271,14 @@ void ddplug__store_table_drop_owner(ddplug__store_table *t, void *owner);
  * UINT64_MAX if no waiter is parked. */
 uint64_t ddplug__store_table_expire(ddplug__store_table *t, uint64_t now_ns);
 
+/* ---- server internals (store_server.c) ----------------------------------- */
+
+/* How long a new connection may take to authenticate before the server
+ * drops it (default 30 s); applies to connections accepted afterwards.
+ * ms <= 0 is ignored. Thread-safe. */
+void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
+                                               int64_t ms);
+
 /* ---- client internals (store_client.c) ----------------------------------- */
 
 /* The timeout used for DDPLUG_TIMEOUT_DEFAULT and by the calls that take no

@@ -32,7 +32,8 @@
 
 #include "store.h"
 
-/* A connection must authenticate within this long after accept. */
+/* A connection must authenticate within this long after accept, unless
+ * changed with ddplug__store_server_set_handshake_timeout. */
 #define HANDSHAKE_TIMEOUT_MS 30000
 /* Stop reading a connection while this much of its output is unsent. */
 #define OUT_HIGH_WATER (4u * 1024u * 1024u)
@@ -75,6 +76,7 @@ struct ddplug_store_server {
   int listen_fd, wake_fd, ep;
   int port;
   pid_t pid;        /* the process that started the server thread */
+  _Atomic int64_t handshake_timeout_ms;
   int forked_copy;  /* freeing a fork's copy: leave the shared epoll alone */
   atomic_int stop;
   pthread_t thread;
@@ -596,7 +598,8 @@ static void accept_one(ddplug_store_server *s, int fd,
   }
   c->fd = fd;
   ddplug__store_format_sockaddr(c->peer, sizeof c->peer, sa);
-  c->handshake_deadline_ns = ddplug__deadline_ns(HANDSHAKE_TIMEOUT_MS);
+  c->handshake_deadline_ns =
+      ddplug__deadline_ns(atomic_load(&s->handshake_timeout_ms));
   c->events = EPOLLIN;
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
   if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -809,6 +812,7 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
     return ddplug__err(DDPLUG_E_NO_MEMORY,
                        "out of memory starting the rendezvous store");
   s->listen_fd = s->wake_fd = s->ep = -1;
+  atomic_store(&s->handshake_timeout_ms, HANDSHAKE_TIMEOUT_MS);
   ddplug__store_format_where(s->where, sizeof s->where, addr, port);
   int rc = DDPLUG_OK;
   if (secret && *secret) {
@@ -855,6 +859,11 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
                s->secret ? "shared secret required" : "no shared secret");
   *out = s;
   return DDPLUG_OK;
+}
+
+void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
+                                               int64_t ms) {
+  if (srv && ms > 0) atomic_store(&srv->handshake_timeout_ms, ms);
 }
 
 /* The port srv listens on (the chosen one when started with port 0), or 0

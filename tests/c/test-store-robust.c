@@ -266,6 +266,25 @@ TEST(a_malformed_connection_fires_its_disconnect_keys) {
   ddplug_store_server_stop(srv);
 }
 
+TEST(a_connection_that_never_authenticates_is_dropped) {
+  ddplug_store_server *srv = st_serve(NULL);
+  ddplug__store_server_set_handshake_timeout(srv, 200);
+  int port = ddplug_store_server_port(srv);
+  int idle = raw_connect(port); /* reads the challenge, never answers */
+  uint8_t buf[64];
+  CHECK_EQ_INT(raw_recv_frame(idle, buf, sizeof buf), 33);
+  int authed = raw_connect(port); /* authenticates, then idles: stays */
+  raw_auth(authed);
+  CHECK(raw_closed_within(idle, 5000));
+  CHECK(!raw_closed_within(authed, 400));
+  close(idle);
+  close(authed);
+  ddplug_store *st = st_connect(port, NULL);
+  healthy(st, 1);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
 /* Per-connection limits: parked requests and disconnect-key bytes. */
 TEST(a_connection_over_its_limits_is_closed) {
   ddplug_store_server *srv = st_serve(NULL);

@@ -390,6 +390,8 @@ static void startup_rank(int rank, int world, void *p) {
 TEST_T(startup_of_64_clients_before_the_server, 120) {
   startup_arg a = {dt_free_port()};
   /* The server comes up 300 ms after the ranks (on the port they use). */
+  fflush(stdout); /* a child must not repeat buffered output */
+  fflush(stderr);
   pid_t pid = fork();
   if (pid == 0) {
     int failed = dt_run_ranks(STARTUP_RANKS, startup_rank, &a, NULL, 100, NULL);
@@ -462,6 +464,8 @@ TEST(connect_to_nothing_times_out_naming_the_address) {
 
 TEST(connect_retries_until_the_server_is_up) {
   int port = dt_free_port();
+  fflush(stdout); /* a child must not repeat buffered output */
+  fflush(stderr);
   pid_t pid = fork();
   if (pid == 0) {
     ddplug__sleep_ms(400);

@@ -56,13 +56,21 @@ static int read_streams(const ddplug_config *cfg, const char *origin,
   json_object_foreach(obj, name, val) {
     const char *o = json_string_value(json_object_get(val, "owner"));
     ddplug__forced_owner *f = &p->streams[p->nstreams];
-    if (!o || parse_owner(o, &f->owner) != 0 ||
-        strlen(name) > DDPLUG__STREAM_MAX) {
+    if (strlen(name) > DDPLUG__STREAM_MAX) {
+      int rc = ddplug__err(DDPLUG_E_CONFIG,
+                           "%s: data_split.streams: stream name '%s' is longer "
+                           "than %d characters",
+                           origin, name, DDPLUG__STREAM_MAX);
       json_decref(obj);
-      return ddplug__err(DDPLUG_E_CONFIG,
-                         "%s: data_split.streams.%s.owner must be auto, plugin, "
-                         "framework or user",
-                         origin, name);
+      return rc;
+    }
+    if (!o || parse_owner(o, &f->owner) != 0) {
+      int rc = ddplug__err(DDPLUG_E_CONFIG,
+                           "%s: data_split.streams.%s.owner must be auto, "
+                           "plugin, framework or user",
+                           origin, name);
+      json_decref(obj);
+      return rc;
     }
     ddplug__strlcpy(f->stream, name, sizeof f->stream);
     snprintf(f->by, sizeof f->by, "data_split.streams.%s.owner in %s", name, origin);

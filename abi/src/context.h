@@ -15,6 +15,8 @@
  *   ddplug/procs           counter of processes connected to the store
  *   ddplug/procs_left      counter of processes done with it (rank 0 stops
  *                          serving when it reaches ddplug/procs)
+ *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (split_context.c)
+ *   ddplug/runonce/...     run-once status (runonce.c)
  *   p/<plugin>/...         the plugin's keys (host services prefix them)
  *   user/...               the host's keys (ddplug_context_store)
  *

@@ -119,9 +119,11 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
     snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)a->seq, g->rank);
     st = s->store_set(s->host, key, mine, strlen(mine));
     if (st == DDPLUG_OK) {
+      /* Rank 0 gives up on a missing rank after the timeout and says so in
+       * its verdict: wait longer than that for the verdict. */
       snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)a->seq);
       st = s->store_get(s->host, key, verdict, sizeof verdict - 1, &len,
-                        ddplug_nccl__left_ms(deadline));
+                        ddplug_nccl__left_ms(deadline) + g->timeout_ms);
     }
     if (st != DDPLUG_OK)
       return ddplug_nccl__fail(s, st,
@@ -129,7 +131,7 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
                                "mismatch verdict from rank 0 within %.1f s "
                                "(%s; has rank 0 reached this collective?)",
                                (unsigned long long)a->seq, mine, g->rank,
-                               (double)g->timeout_ms / 1e3,
+                               2.0 * (double)g->timeout_ms / 1e3,
                                ddplug_nccl__status_name(st));
   }
   verdict[len < sizeof verdict ? len : sizeof verdict - 1] = '\0';

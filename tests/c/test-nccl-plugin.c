@@ -1,0 +1,831 @@
+/* test-nccl-plugin.c — the nccl plugin without a GPU and without the
+ * runtime: the built libddplug-nccl.so loads (no driver needed) and
+ * describes itself; plugin_options validation; device choice; the
+ * duplicate-GPU verdict; the cross-rank agreement and mismatch protocols
+ * and the group's failure/abort state, driven through an in-process fake of
+ * the host services (ranks are threads sharing one fake store); and
+ * group_create failing cleanly with "no CUDA device visible" here.
+ *
+ * Links the plugin's objects (tests/cmake/nccl.cmake); when the plugin is
+ * not built (no CUDA or NCCL found) every case skips (exit 77). */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "harness.h"
+
+#ifndef DDPLUG_TEST_NCCL
+
+TEST(nccl_plugin_not_built) {
+  dt_skip("the nccl plugin was not built (no CUDA toolkit or NCCL found)");
+}
+
+#else
+
+#include "nccl_plugin.h"
+
+/* ---- a fake of the host services: one store shared by thread-ranks ---- */
+
+#define FS_MAX 512
+typedef struct fake_store {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int n;
+  char *keys[FS_MAX];
+  char *vals[FS_MAX];
+  uint64_t lens[FS_MAX];
+} fake_store;
+
+typedef struct fake_rank {
+  fake_store *st;
+  int rank;
+  int err_status;
+  char err[DDPLUG_NCCL__MSG_MAX + 256];
+  ddplug_host_services svc;
+} fake_rank;
+
+static int fs_find(fake_store *s, const char *key) {
+  for (int i = 0; i < s->n; i++)
+    if (strcmp(s->keys[i], key) == 0) return i;
+  return -1;
+}
+
+static void fs_put(fake_store *s, const char *key, const void *v, uint64_t len) {
+  int i = fs_find(s, key);
+  if (i < 0) {
+    CHECK(s->n < FS_MAX);
+    i = s->n++;
+    s->keys[i] = strdup(key);
+  } else {
+    free(s->vals[i]);
+  }
+  s->vals[i] = malloc(len + 1);
+  memcpy(s->vals[i], v, len);
+  s->vals[i][len] = '\0';
+  s->lens[i] = len;
+  pthread_cond_broadcast(&s->cv);
+}
+
+static int fs_set(void *host, const char *key, const void *v, uint64_t len) {
+  fake_rank *r = host;
+  pthread_mutex_lock(&r->st->mu);
+  fs_put(r->st, key, v, len);
+  pthread_mutex_unlock(&r->st->mu);
+  return DDPLUG_OK;
+}
+
+static void deadline_ts(struct timespec *ts, int64_t ms) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  ts->tv_sec += ms / 1000;
+  ts->tv_nsec += (ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+static int fs_get(void *host, const char *key, void *buf, uint64_t cap,
+                  uint64_t *len, int64_t timeout_ms) {
+  fake_rank *r = host;
+  fake_store *s = r->st;
+  struct timespec ts;
+  deadline_ts(&ts, timeout_ms);
+  pthread_mutex_lock(&s->mu);
+  int i;
+  while ((i = fs_find(s, key)) < 0) {
+    if (timeout_ms <= 0 || pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0) {
+      if ((i = fs_find(s, key)) >= 0) break;
+      pthread_mutex_unlock(&s->mu);
+      r->svc.set_error(r, DDPLUG_E_TIMEOUT, "fake store: key missing");
+      return DDPLUG_E_TIMEOUT;
+    }
+  }
+  *len = s->lens[i];
+  if (s->lens[i] > cap) {
+    pthread_mutex_unlock(&s->mu);
+    return DDPLUG_E_INVALID_ARGUMENT;
+  }
+  memcpy(buf, s->vals[i], s->lens[i]);
+  pthread_mutex_unlock(&s->mu);
+  return DDPLUG_OK;
+}
+
+static int fs_add(void *host, const char *key, int64_t delta, int64_t *result) {
+  fake_rank *r = host;
+  pthread_mutex_lock(&r->st->mu);
+  int i = fs_find(r->st, key);
+  int64_t v = i < 0 ? 0 : strtoll(r->st->vals[i], NULL, 10);
+  v += delta;
+  char buf[32];
+  int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
+  fs_put(r->st, key, buf, (uint64_t)n);
+  pthread_mutex_unlock(&r->st->mu);
+  if (result) *result = v;
+  return DDPLUG_OK;
+}
+
+static int fs_wait(void *host, const char *const *keys, uint32_t nkeys,
+                   int64_t timeout_ms) {
+  for (uint32_t k = 0; k < nkeys; k++) {
+    char buf[8];
+    uint64_t len;
+    int st = fs_get(host, keys[k], buf, sizeof buf, &len, timeout_ms);
+    if (st != DDPLUG_OK && st != DDPLUG_E_INVALID_ARGUMENT) return st;
+  }
+  return DDPLUG_OK;
+}
+
+static int fs_delete(void *host, const char *key) {
+  fake_rank *r = host;
+  pthread_mutex_lock(&r->st->mu);
+  int i = fs_find(r->st, key);
+  if (i >= 0) {
+    free(r->st->keys[i]);
+    free(r->st->vals[i]);
+    r->st->n--;
+    r->st->keys[i] = r->st->keys[r->st->n];
+    r->st->vals[i] = r->st->vals[r->st->n];
+    r->st->lens[i] = r->st->lens[r->st->n];
+  }
+  pthread_mutex_unlock(&r->st->mu);
+  return DDPLUG_OK;
+}
+
+static void fs_log(void *host, int32_t level, const char *message) {
+  fake_rank *r = host;
+  if (getenv("DT_VERBOSE")) fprintf(stderr, "  [r%d L%d] %s\n", r->rank, level, message);
+}
+
+static uint64_t fs_clock(void *host) {
+  (void)host;
+  return ddplug_nccl__now_ns();
+}
+
+static void fs_set_error(void *host, int32_t status, const char *message) {
+  fake_rank *r = host;
+  r->err_status = status;
+  snprintf(r->err, sizeof r->err, "%s", message);
+}
+
+static fake_store *store_new(void) {
+  fake_store *s = calloc(1, sizeof *s);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  return s;
+}
+
+static void store_free(fake_store *s) {
+  for (int i = 0; i < s->n; i++) {
+    free(s->keys[i]);
+    free(s->vals[i]);
+  }
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+static int store_has(fake_store *s, const char *key) {
+  pthread_mutex_lock(&s->mu);
+  int i = fs_find(s, key);
+  pthread_mutex_unlock(&s->mu);
+  return i >= 0;
+}
+
+static void rank_init(fake_rank *r, fake_store *s, int rank) {
+  memset(r, 0, sizeof *r);
+  r->st = s;
+  r->rank = rank;
+  r->svc = (ddplug_host_services){sizeof(ddplug_host_services),
+                                  DDPLUG_PLUGIN_ABI_VERSION,
+                                  r,
+                                  fs_set,
+                                  fs_get,
+                                  fs_add,
+                                  fs_wait,
+                                  fs_delete,
+                                  fs_log,
+                                  fs_clock,
+                                  fs_set_error};
+}
+
+/* The init a runtime would pass: world ranks on one node "node-a". */
+typedef struct fake_world {
+  int32_t node_of[8], local_of[8];
+  int64_t pid_of[8];
+  ddplug_group_init init[8];
+} fake_world;
+
+static void world_init(fake_world *w, int world, const char *options,
+                       int64_t timeout_ms) {
+  memset(w, 0, sizeof *w);
+  for (int r = 0; r < world; r++) {
+    w->node_of[r] = 0;
+    w->local_of[r] = r;
+    w->pid_of[r] = 1000 + r;
+  }
+  for (int r = 0; r < world; r++) {
+    ddplug_group_init *in = &w->init[r];
+    in->struct_size = sizeof *in;
+    in->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+    in->rank = r;
+    in->world_size = world;
+    in->local_rank = r;
+    in->local_world_size = world;
+    in->node_rank = 0;
+    in->num_nodes = 1;
+    in->node_of_rank = w->node_of;
+    in->local_rank_of = w->local_of;
+    in->pid_of_rank = w->pid_of;
+    in->host_id = "node-a";
+    in->run_id = "test";
+    in->options_json = options;
+    in->timeout_ms = timeout_ms;
+    in->log_level = DDPLUG_LOG_WARN;
+  }
+}
+
+/* Runs fn(arg_i) on world threads and joins them. */
+static void run_threads(int world, void *(*fn)(void *), void *args, size_t size) {
+  pthread_t t[8];
+  for (int i = 0; i < world; i++)
+    CHECK(pthread_create(&t[i], NULL, fn, (char *)args + (size_t)i * size) == 0);
+  for (int i = 0; i < world; i++) pthread_join(t[i], NULL);
+}
+
+/* ---- the built shared object ------------------------------------------ */
+
+static const char *plugin_path(void) {
+  static char path[4096];
+  snprintf(path, sizeof path, "%s/lib/libddplug-nccl.so", dt_build_dir());
+  return path;
+}
+
+TEST(shared_object_loads_without_a_driver_and_describes_itself) {
+  void *h = dlopen(plugin_path(), RTLD_NOW | RTLD_LOCAL);
+  CHECK_MSG(h != NULL, "dlopen %s: %s", plugin_path(), dlerror());
+  ddplug_plugin_entry_fn entry =
+      (ddplug_plugin_entry_fn)dlsym(h, DDPLUG_PLUGIN_ENTRY_SYMBOL);
+  CHECK(entry != NULL);
+  const ddplug_plugin *t = entry(DDPLUG_PLUGIN_ABI_VERSION);
+  CHECK(t != NULL);
+  CHECK_EQ_STR(t->name, "nccl");
+  CHECK_EQ_STR(t->version, DDPLUG_LIB_VERSION_STRING);
+  CHECK_CONTAINS(t->description, "NCCL");
+  CHECK_EQ_INT(t->struct_size, sizeof(ddplug_plugin));
+  CHECK_EQ_INT(DDPLUG_VERSION_MAJOR_OF(t->abi_version), DDPLUG_PLUGIN_ABI_MAJOR);
+  uint64_t want = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY |
+                  DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_ABORT |
+                  DDPLUG_CAP_STREAMS;
+  CHECK_EQ_INT(t->caps, want);
+  for (int d = 1; d < DDPLUG_DTYPE_COUNT_; d++)
+    CHECK_MSG(t->dtype_mask & DDPLUG_DTYPE_BIT(d), "dtype %d missing", d);
+  CHECK(t->dtype_mask & DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16));
+  CHECK(!(t->op_mask & DDPLUG_OP_BIT(DDPLUG_OP_BOR)));
+  CHECK(!(t->op_mask & DDPLUG_OP_BIT(DDPLUG_OP_BAND)));
+  CHECK(t->op_mask & DDPLUG_OP_BIT(DDPLUG_OP_AVG));
+  /* Masks are what the code maps to NCCL types and ops. */
+  CHECK_EQ_INT(t->dtype_mask, ddplug_nccl__dtype_mask());
+  CHECK_EQ_INT(t->op_mask, ddplug_nccl__op_mask());
+  CHECK(t->group_create && t->group_destroy && t->group_abort &&
+        t->collective_start && t->request_wait && t->request_test &&
+        t->request_free);
+  CHECK(t->sampler_create == NULL);
+  /* Another major: no table. Only the entry point is exported. */
+  CHECK(entry(DDPLUG_MAKE_VERSION(2, 0)) == NULL);
+  CHECK(dlsym(h, "ddplug_nccl__group_create") == NULL);
+  CHECK(dlsym(h, "ddplug_nccl__fail") == NULL);
+  dlclose(h);
+}
+
+/* ---- plugin_options --------------------------------------------------- */
+
+TEST(options_parse_valid) {
+  ddplug_nccl_options o;
+  char err[512] = "";
+  CHECK_OK(ddplug_nccl__options_parse(
+      "{\"device_map\":[1,0,3],\"allow_shared_gpu\":true,\"check_mismatch\":false}",
+      &o, err, sizeof err));
+  CHECK_EQ_INT(o.device_map_len, 3);
+  CHECK_EQ_INT(o.device_map[0], 1);
+  CHECK_EQ_INT(o.device_map[2], 3);
+  CHECK_EQ_INT(o.allow_shared_gpu, 1);
+  CHECK_EQ_INT(o.check_mismatch, 0);
+  ddplug_nccl__options_free(&o);
+  CHECK_OK(ddplug_nccl__options_parse("{}", &o, err, sizeof err));
+  CHECK(o.device_map == NULL && !o.allow_shared_gpu && !o.check_mismatch);
+  CHECK_OK(ddplug_nccl__options_parse(NULL, &o, err, sizeof err));
+  CHECK_OK(ddplug_nccl__options_parse("", &o, err, sizeof err));
+}
+
+/* Data-driven: bad plugin_options and the exact sentence each produces. */
+static const struct {
+  const char *json, *error;
+} bad_options[] = {
+    {"{\"devcie_map\":[0]}",
+     "plugin_options.devcie_map: unknown option of the nccl plugin (known: "
+     "allow_shared_gpu, check_mismatch, device_map)"},
+    {"{\"device_map\":\"0,1\"}",
+     "plugin_options.device_map: expected an array of CUDA device ordinals "
+     "(one per local rank), got a string"},
+    {"{\"device_map\":[0,-1]}",
+     "plugin_options.device_map[1]: -1 is not a CUDA device ordinal (0..1023)"},
+    {"{\"device_map\":[0,1.5]}",
+     "plugin_options.device_map[1]: expected a CUDA device ordinal (an "
+     "integer >= 0), got a number"},
+    {"{\"device_map\":[]}",
+     "plugin_options.device_map: empty; give one CUDA device ordinal per local "
+     "rank, or leave the key out"},
+    {"{\"allow_shared_gpu\":1}",
+     "plugin_options.allow_shared_gpu: expected true or false, got an integer"},
+    {"{\"check_mismatch\":\"yes\"}",
+     "plugin_options.check_mismatch: expected true or false, got a string"},
+    {"[1]", "plugin_options: expected an object, got an array"},
+    {"{\"check_mismatch\":true,\"check_mismatch\":false}",
+     "plugin_options: not valid JSON (duplicate object key"},
+    {"{\"device_map\":[0,", "plugin_options: not valid JSON ("},
+};
+
+TEST(options_errors_name_the_key) {
+  for (size_t i = 0; i < sizeof bad_options / sizeof bad_options[0]; i++) {
+    ddplug_nccl_options o;
+    char err[512] = "";
+    CHECK_EQ_INT(ddplug_nccl__options_parse(bad_options[i].json, &o, err, sizeof err),
+                 DDPLUG_E_CONFIG);
+    CHECK_MSG(strncmp(err, bad_options[i].error, strlen(bad_options[i].error)) == 0,
+              "options %s:\n  got      '%s'\n  expected '%s'", bad_options[i].json,
+              err, bad_options[i].error);
+    CHECK(o.device_map == NULL);
+  }
+}
+
+/* ---- device choice ---------------------------------------------------- */
+
+TEST(pick_device_rules) {
+  ddplug_nccl_options none = {0}, shared = {0};
+  shared.allow_shared_gpu = 1;
+  int32_t map[3] = {2, 0, 1};
+  ddplug_nccl_options mapped = {map, 3, 0, 0};
+  char err[512];
+  int32_t d = -1;
+  /* one visible device (the launcher bound it): always 0 */
+  CHECK_OK(ddplug_nccl__pick_device(&none, 3, 4, 1, &d, err, sizeof err));
+  CHECK_EQ_INT(d, 0);
+  /* local rank → device */
+  CHECK_OK(ddplug_nccl__pick_device(&none, 2, 4, 4, &d, err, sizeof err));
+  CHECK_EQ_INT(d, 2);
+  /* more ranks than devices: error, or round robin when sharing is allowed */
+  CHECK_EQ_INT(ddplug_nccl__pick_device(&none, 2, 3, 2, &d, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "local rank 2 of 3 on this node has no GPU of its own");
+  CHECK_CONTAINS(err, "plugin_options.allow_shared_gpu=true");
+  CHECK_OK(ddplug_nccl__pick_device(&shared, 2, 3, 2, &d, err, sizeof err));
+  CHECK_EQ_INT(d, 0);
+  /* device_map */
+  CHECK_OK(ddplug_nccl__pick_device(&mapped, 0, 3, 3, &d, err, sizeof err));
+  CHECK_EQ_INT(d, 2);
+  CHECK_EQ_INT(ddplug_nccl__pick_device(&mapped, 0, 3, 2, &d, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "plugin_options.device_map[0] = 2, but this process sees "
+                      "only 2 CUDA devices");
+  CHECK_EQ_INT(ddplug_nccl__pick_device(&mapped, 1, 4, 3, &d, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "plugin_options.device_map has 3 entries but this node "
+                      "runs 4 ranks");
+}
+
+TEST(no_device_text_says_why) {
+  char buf[1024];
+  ddplug_nccl__no_device_text(cudaErrorInsufficientDriver, buf, sizeof buf);
+  CHECK_CONTAINS(buf, "no CUDA device visible (");
+  CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES");
+  CHECK_CONTAINS(buf, "driver: ");
+  CHECK_CONTAINS(buf, "cudaErrorInsufficientDriver");
+  CHECK_CONTAINS(buf, "use the \"host\" plugin");
+  setenv("CUDA_VISIBLE_DEVICES", "7", 1);
+  ddplug_nccl__no_device_text(cudaErrorNoDevice, buf, sizeof buf);
+  CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES=\"7\"");
+  int dv = -1;
+  if (cudaDriverGetVersion(&dv) == cudaSuccess && dv == 0)
+    CHECK_CONTAINS(buf, "driver: none loaded");
+}
+
+/* ---- device records and the duplicate-GPU verdict --------------------- */
+
+static ddplug_nccl_devrec rec(int rank, int ordinal, const char *uuid,
+                              const char *host, int version, int env) {
+  ddplug_nccl_devrec r;
+  memset(&r, 0, sizeof r);
+  r.rank = rank;
+  r.ordinal = ordinal;
+  r.nccl_version = version;
+  r.multi_rank_env = env;
+  snprintf(r.uuid, sizeof r.uuid, "%s", uuid);
+  snprintf(r.pci, sizeof r.pci, "0000:3b:00.0");
+  snprintf(r.name, sizeof r.name, "NVIDIA H100 80GB HBM3");
+  snprintf(r.host, sizeof r.host, "%s", host);
+  return r;
+}
+
+TEST(device_record_round_trip) {
+  ddplug_nccl_devrec a = rec(5, 1, "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+                             "node-b", 23007, 1), b;
+  char buf[1024];
+  size_t n = ddplug_nccl__devrec_format(&a, buf, sizeof buf);
+  CHECK(n > 0 && n < sizeof buf);
+  CHECK_EQ_INT(ddplug_nccl__devrec_parse(buf, n, &b), 0);
+  CHECK_EQ_INT(b.rank, 5);
+  CHECK_EQ_INT(b.ordinal, 1);
+  CHECK_EQ_INT(b.nccl_version, 23007);
+  CHECK_EQ_INT(b.multi_rank_env, 1);
+  CHECK_EQ_STR(b.uuid, a.uuid);
+  CHECK_EQ_STR(b.host, "node-b");
+  CHECK_EQ_STR(b.name, a.name);
+  CHECK_EQ_INT(ddplug_nccl__devrec_parse("rank=1\nordinal=0\n", 18, &b), -1);
+}
+
+#define U0 "GPU-00000000-0000-0000-0000-000000000000"
+#define U1 "GPU-11111111-1111-1111-1111-111111111111"
+
+TEST(duplicate_gpu_names_both_ranks_and_the_device) {
+  char err[1024];
+  int shared = -1;
+  ddplug_nccl_devrec ok[3] = {rec(0, 0, U0, "node-a", 23007, 0),
+                              rec(1, 1, U1, "node-a", 23007, 0),
+                              rec(2, 0, U0, "node-b", 23007, 0)};
+  CHECK_OK(ddplug_nccl__check_devices(ok, 3, 0, &shared, err, sizeof err));
+  CHECK_EQ_INT(shared, 0);
+
+  /* Two processes with CUDA_VISIBLE_DEVICES pointing at the same GPU. */
+  ddplug_nccl_devrec dup[2] = {rec(0, 0, U1, "node-a", 23007, 0),
+                               rec(1, 0, U1, "node-a", 23007, 0)};
+  CHECK_EQ_INT(ddplug_nccl__check_devices(dup, 2, 0, &shared, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "ranks 0 and 1 are bound to the same GPU " U1
+                      " (NVIDIA H100 80GB HBM3, PCI 0000:3b:00.0) on host node-a "
+                      "(rank 0 as cuda:0, rank 1 as cuda:0)");
+  CHECK_CONTAINS(err, "plugin_options.allow_shared_gpu=true");
+
+  ddplug_nccl_devrec three[3] = {rec(0, 0, U0, "h", 23007, 0),
+                                 rec(1, 0, U0, "h", 23007, 0),
+                                 rec(2, 0, U0, "h", 23007, 0)};
+  CHECK_EQ_INT(ddplug_nccl__check_devices(three, 3, 0, NULL, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "ranks 0, 1 and 2 are bound to the same GPU");
+}
+
+TEST(shared_gpu_needs_nccl_2_30_and_the_env) {
+  char err[1024];
+  int shared = -1;
+  ddplug_nccl_devrec good[2] = {rec(0, 0, U0, "h", 23007, 1),
+                                rec(1, 0, U0, "h", 23007, 1)};
+  CHECK_OK(ddplug_nccl__check_devices(good, 2, 1, &shared, err, sizeof err));
+  CHECK_EQ_INT(shared, 1);
+  ddplug_nccl_devrec old[2] = {rec(0, 0, U0, "h", 22703, 1),
+                               rec(1, 0, U0, "h", 22703, 1)};
+  CHECK_EQ_INT(ddplug_nccl__check_devices(old, 2, 1, &shared, err, sizeof err),
+               DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(err, "rank 0 runs NCCL 2.27.3, which cannot put two ranks on one GPU");
+  ddplug_nccl_devrec noenv[2] = {rec(0, 0, U0, "h", 23007, 1),
+                                 rec(1, 0, U0, "h", 23007, 0)};
+  CHECK_EQ_INT(ddplug_nccl__check_devices(noenv, 2, 1, &shared, err, sizeof err),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(err, "rank 1 runs without NCCL_MULTI_RANK_GPU_ENABLE=1");
+}
+
+/* ---- agreement across thread-ranks ------------------------------------ */
+
+typedef struct agree_arg {
+  fake_rank fr;
+  int world, local_status;
+  int64_t timeout_ms;
+  int result;
+  char msg[DDPLUG_NCCL__MSG_MAX];
+} agree_arg;
+
+static void *agree_thread(void *p) {
+  agree_arg *a = p;
+  char local[64];
+  snprintf(local, sizeof local, "broken on purpose (%d)", a->fr.rank);
+  uint64_t dl = ddplug_nccl__now_ns() + (uint64_t)a->timeout_ms * 1000000ull;
+  a->result = ddplug_nccl__agree(&a->fr.svc, "t", a->fr.rank, a->world,
+                                 a->local_status, local, dl, a->msg, sizeof a->msg);
+  return NULL;
+}
+
+TEST(agree_reports_a_failure_on_every_rank) {
+  fake_store *s = store_new();
+  agree_arg a[3];
+  for (int r = 0; r < 3; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].world = 3;
+    a[r].timeout_ms = 10000;
+    a[r].local_status = r == 1 ? DDPLUG_E_UNSUPPORTED : DDPLUG_OK;
+  }
+  run_threads(3, agree_thread, a, sizeof a[0]);
+  for (int r = 0; r < 3; r++) {
+    CHECK_EQ_INT(a[r].result, DDPLUG_E_UNSUPPORTED);
+    CHECK_EQ_STR(a[r].msg, "rank 1: broken on purpose (1)");
+  }
+  store_free(s);
+}
+
+TEST(agree_all_ok_and_two_failures) {
+  fake_store *s = store_new();
+  agree_arg a[3];
+  for (int r = 0; r < 3; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].world = 3;
+    a[r].timeout_ms = 10000;
+  }
+  run_threads(3, agree_thread, a, sizeof a[0]);
+  for (int r = 0; r < 3; r++) CHECK_OK(a[r].result);
+  store_free(s);
+
+  s = store_new();
+  for (int r = 0; r < 3; r++) {
+    rank_init(&a[r].fr, s, r);
+    a[r].local_status = r == 0 ? DDPLUG_OK : DDPLUG_E_CONFIG;
+  }
+  run_threads(3, agree_thread, a, sizeof a[0]);
+  CHECK_EQ_INT(a[0].result, DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(a[0].msg, "(and 1 more rank failed)");
+  CHECK_EQ_STR(a[1].msg, "rank 1: broken on purpose (1)"); /* own cause */
+  CHECK_EQ_STR(a[2].msg, "rank 2: broken on purpose (2)");
+  store_free(s);
+}
+
+TEST(agree_names_ranks_that_never_arrive) {
+  fake_store *s = store_new();
+  agree_arg a[3];
+  for (int r = 0; r < 2; r++) { /* rank 2 never comes */
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].world = 3;
+    a[r].timeout_ms = 300;
+  }
+  run_threads(2, agree_thread, a, sizeof a[0]);
+  for (int r = 0; r < 2; r++) {
+    CHECK_EQ_INT(a[r].result, DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(a[r].msg, "nccl setup (t): rank 2 did not arrive in time");
+  }
+  store_free(s);
+}
+
+/* ---- group_create without a GPU --------------------------------------- */
+
+typedef struct create_arg {
+  fake_rank fr;
+  const ddplug_group_init *init;
+  const ddplug_plugin *table; /* NULL: the linked objects */
+  int result;
+  ddplug_plugin_group *group;
+} create_arg;
+
+static void *create_thread(void *p) {
+  create_arg *a = p;
+  a->group = NULL;
+  a->result = a->table ? a->table->group_create(a->init, &a->fr.svc, &a->group)
+                       : ddplug_nccl__group_create(a->init, &a->fr.svc, &a->group);
+  return NULL;
+}
+
+static int have_gpu(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+TEST(group_create_fails_cleanly_without_a_gpu_one_rank) {
+  if (have_gpu()) dt_skip("a GPU is visible: the no-GPU path cannot be shown");
+  void *h = dlopen(plugin_path(), RTLD_NOW | RTLD_LOCAL);
+  CHECK_MSG(h != NULL, "dlopen: %s", dlerror());
+  ddplug_plugin_entry_fn entry =
+      (ddplug_plugin_entry_fn)dlsym(h, DDPLUG_PLUGIN_ENTRY_SYMBOL);
+  fake_store *s = store_new();
+  fake_world w;
+  world_init(&w, 1, "{}", 5000);
+  create_arg a;
+  memset(&a, 0, sizeof a);
+  rank_init(&a.fr, s, 0);
+  a.init = &w.init[0];
+  a.table = entry(DDPLUG_PLUGIN_ABI_VERSION);
+  create_thread(&a);
+  CHECK_EQ_INT(a.result, DDPLUG_E_UNSUPPORTED);
+  CHECK(a.group == NULL);
+  CHECK_EQ_INT(a.fr.err_status, DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(a.fr.err, "nccl: rank 0: no CUDA device visible (CUDA_VISIBLE_DEVICES");
+  CHECK_CONTAINS(a.fr.err, "driver: ");
+  dt_note("%s", a.fr.err);
+  store_free(s);
+  dlclose(h);
+}
+
+TEST(group_create_fails_on_every_rank_without_a_gpu) {
+  if (have_gpu()) dt_skip("a GPU is visible: the no-GPU path cannot be shown");
+  fake_store *s = store_new();
+  fake_world w;
+  world_init(&w, 2, "{\"allow_shared_gpu\":true}", 5000);
+  create_arg a[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].init = &w.init[r];
+  }
+  run_threads(2, create_thread, a, sizeof a[0]);
+  for (int r = 0; r < 2; r++) {
+    CHECK_EQ_INT(a[r].result, DDPLUG_E_UNSUPPORTED);
+    CHECK(a[r].group == NULL);
+    char want[64];
+    snprintf(want, sizeof want, "nccl: rank %d: no CUDA device visible", r);
+    CHECK_CONTAINS(a[r].fr.err, want);
+  }
+  /* Both ranks left the setup phase together. */
+  CHECK(store_has(s, "setup/left-all"));
+  store_free(s);
+}
+
+TEST(group_create_checks_options_before_the_device) {
+  fake_store *s = store_new();
+  fake_world w;
+  world_init(&w, 2, "{\"device_map\":[0,0],\"nope\":1}", 5000);
+  create_arg a[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].init = &w.init[r];
+  }
+  run_threads(2, create_thread, a, sizeof a[0]);
+  for (int r = 0; r < 2; r++) {
+    CHECK_EQ_INT(a[r].result, DDPLUG_E_CONFIG);
+    CHECK_CONTAINS(a[r].fr.err, "plugin_options.nope: unknown option of the nccl plugin");
+  }
+  store_free(s);
+}
+
+TEST(group_create_rejects_bad_arguments) {
+  fake_store *s = store_new();
+  fake_rank fr;
+  rank_init(&fr, s, 0);
+  fake_world w;
+  world_init(&w, 2, "{}", 1000);
+  ddplug_plugin_group *g = NULL;
+  w.init[0].rank = 2;
+  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &fr.svc, &g),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(fr.err, "rank 2 of world 2");
+  w.init[0].rank = 0;
+  w.init[0].struct_size = 16;
+  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &fr.svc, &g),
+               DDPLUG_E_ABI_MISMATCH);
+  ddplug_host_services small = fr.svc;
+  small.struct_size = 16;
+  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &small, &g),
+               DDPLUG_E_ABI_MISMATCH);
+  CHECK(g == NULL);
+  store_free(s);
+}
+
+/* ---- failure state, abort propagation, mismatch check ----------------- */
+
+/* A group as group_create leaves it, minus NCCL and CUDA (comm NULL). */
+static ddplug_plugin_group *bare_group(fake_rank *fr, int rank, int world,
+                                       int64_t timeout_ms) {
+  ddplug_plugin_group *g = calloc(1, sizeof *g);
+  g->svc = &fr->svc;
+  g->rank = rank;
+  g->world = world;
+  g->timeout_ms = timeout_ms;
+  g->log_level = DDPLUG_LOG_WARN;
+  g->device = 0;
+  pthread_mutex_init(&g->comm_mu, NULL);
+  atomic_init(&g->failed, 0);
+  return g;
+}
+
+static void bare_free(ddplug_plugin_group *g) {
+  pthread_mutex_destroy(&g->comm_mu);
+  free(g);
+}
+
+static ddplug_coll_args allreduce_args(uint64_t seq, uint64_t count) {
+  ddplug_coll_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+  a.kind = DDPLUG_COLL_ALLREDUCE;
+  a.dtype = DDPLUG_FLOAT32;
+  a.op = DDPLUG_OP_SUM;
+  a.count = count;
+  a.seq = seq;
+  return a;
+}
+
+TEST(abort_is_published_and_later_calls_fail) {
+  fake_store *s = store_new();
+  fake_rank r0, r1;
+  rank_init(&r0, s, 0);
+  rank_init(&r1, s, 1);
+  ddplug_plugin_group *g0 = bare_group(&r0, 0, 2, 5000);
+  ddplug_plugin_group *g1 = bare_group(&r1, 1, 2, 5000);
+  CHECK_OK(ddplug_nccl__group_abort(g0, "user pressed ctrl-c"));
+  CHECK(atomic_load(&g0->failed));
+  char buf[256];
+  uint64_t len = 0;
+  CHECK_OK(fs_get(&r0, "abort", buf, sizeof buf - 1, &len, 0));
+  buf[len] = '\0';
+  CHECK_EQ_STR(buf, "rank 0: aborted on rank 0: user pressed ctrl-c");
+  /* Every later call on the aborted group says so, before touching CUDA. */
+  ddplug_coll_args a = allreduce_args(1, 4);
+  ddplug_plugin_request *req = NULL;
+  CHECK_EQ_INT(ddplug_nccl__collective_start(g0, &a, &req), DDPLUG_E_ABORTED);
+  CHECK(req == NULL);
+  CHECK_CONTAINS(r0.err, "the nccl group failed earlier and cannot be used any "
+                         "more (ABORTED: aborted on rank 0: user pressed ctrl-c)");
+  /* The peer sees it at its next look at the store. */
+  CHECK_EQ_INT(ddplug_nccl__check_peer_abort(g1), DDPLUG_E_ABORTED);
+  CHECK_CONTAINS(r1.err, "aborted through the store by rank 0: aborted on rank 0");
+  /* A second abort keeps the first reason. */
+  CHECK_OK(ddplug_nccl__group_abort(g1, "later"));
+  CHECK_OK(fs_get(&r0, "abort", buf, sizeof buf - 1, &len, 0));
+  buf[len] = '\0';
+  CHECK_CONTAINS(buf, "user pressed ctrl-c");
+  bare_free(g0);
+  bare_free(g1);
+  store_free(s);
+}
+
+typedef struct mm_arg {
+  fake_rank fr;
+  ddplug_plugin_group *g;
+  ddplug_coll_args a;
+  int result;
+} mm_arg;
+
+static void *mm_thread(void *p) {
+  mm_arg *m = p;
+  m->result = ddplug_nccl__check_mismatch(m->g, &m->a);
+  return NULL;
+}
+
+TEST(mismatch_check_names_the_rank_and_both_calls) {
+  fake_store *s = store_new();
+  mm_arg m[3];
+  for (int r = 0; r < 3; r++) {
+    memset(&m[r], 0, sizeof m[r]);
+    rank_init(&m[r].fr, s, r);
+    m[r].g = bare_group(&m[r].fr, r, 3, 5000);
+  }
+  /* seq 1 agrees */
+  for (int r = 0; r < 3; r++) m[r].a = allreduce_args(1, 10);
+  run_threads(3, mm_thread, m, sizeof m[0]);
+  for (int r = 0; r < 3; r++) CHECK_OK(m[r].result);
+  /* seq 2: rank 2 reduces 12 elements */
+  for (int r = 0; r < 3; r++) m[r].a = allreduce_args(2, r == 2 ? 12 : 10);
+  run_threads(3, mm_thread, m, sizeof m[0]);
+  for (int r = 0; r < 3; r++) {
+    CHECK_EQ_INT(m[r].result, DDPLUG_E_MISMATCH);
+    CHECK_EQ_STR(m[r].fr.err,
+                 "collective seq 2 differs across ranks: rank 2 called "
+                 "allreduce(count=12, float32, sum) but rank 0 called "
+                 "allreduce(count=10, float32, sum)");
+  }
+  /* seq 3: rank 1 broadcasts instead */
+  for (int r = 0; r < 3; r++) {
+    m[r].a = allreduce_args(3, 10);
+    if (r == 1) {
+      m[r].a.kind = DDPLUG_COLL_BROADCAST;
+      m[r].a.op = 0;
+    }
+  }
+  run_threads(3, mm_thread, m, sizeof m[0]);
+  CHECK_EQ_INT(m[1].result, DDPLUG_E_MISMATCH);
+  CHECK_CONTAINS(m[1].fr.err, "rank 1 called broadcast(count=10, float32, root=0)");
+  /* Old keys are cleaned up: only the last verdict remains. */
+  CHECK(!store_has(s, "mm/1/verdict"));
+  CHECK(!store_has(s, "mm/2/1"));
+  CHECK(store_has(s, "mm/3/verdict"));
+  for (int r = 0; r < 3; r++) bare_free(m[r].g);
+  store_free(s);
+}
+
+TEST(mismatch_check_times_out_naming_the_missing_rank) {
+  fake_store *s = store_new();
+  mm_arg m[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&m[r], 0, sizeof m[r]);
+    rank_init(&m[r].fr, s, r);
+    m[r].g = bare_group(&m[r].fr, r, 3, 300); /* rank 2 never calls */
+    m[r].a = allreduce_args(1, 10);
+  }
+  run_threads(2, mm_thread, m, sizeof m[0]);
+  for (int r = 0; r < 2; r++) {
+    CHECK_EQ_INT(m[r].result, DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 0.3 s");
+  }
+  for (int r = 0; r < 2; r++) bare_free(m[r].g);
+  store_free(s);
+}
+
+#endif /* DDPLUG_TEST_NCCL */

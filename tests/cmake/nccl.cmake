@@ -1,0 +1,26 @@
+# The nccl plugin's tests (tests/c/test-nccl-*.c). They exit 77 (skipped)
+# where they cannot run: every one when the plugin is not built; the GPU
+# cases when no CUDA device is visible.
+foreach(_t test-nccl-plugin test-nccl-open test-nccl-gpu)
+  if(TARGET ${_t})
+    set_tests_properties(${_t} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endforeach()
+
+if(TARGET ddplug_nccl_objs)
+  # test-nccl-plugin reaches the plugin's internals: link its objects.
+  if(TARGET test-nccl-plugin)
+    target_link_libraries(test-nccl-plugin PRIVATE ddplug_nccl_objs ${CMAKE_DL_LIBS})
+    target_compile_definitions(test-nccl-plugin PRIVATE DDPLUG_TEST_NCCL=1)
+    add_dependencies(test-nccl-plugin ddplug-nccl)
+  endif()
+  # The runtime-level tests only need the CUDA runtime (for device buffers
+  # and to see whether a GPU is there) and the plugin built.
+  foreach(_t test-nccl-open test-nccl-gpu)
+    if(TARGET ${_t})
+      target_link_libraries(${_t} PRIVATE CUDA::cudart_static)
+      target_compile_definitions(${_t} PRIVATE DDPLUG_TEST_NCCL=1)
+      add_dependencies(${_t} ddplug-nccl)
+    endif()
+  endforeach()
+endif()

@@ -107,6 +107,32 @@ int ddplug__parse_i64(const char *s, int64_t *out);
 /* Edit distance, capped at cap+1 (for "did you mean"). */
 int ddplug__edit_distance(const char *a, const char *b, int cap);
 
+/* ---- world discovery (world.c) ------------------------------------------- */
+
+/* Environment lookup used by world discovery (getenv in production, a table
+ * in tests). Returns NULL for an unset variable. */
+typedef const char *(*ddplug__env_fn)(const char *name, void *user);
+int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn env,
+                               void *env_user, ddplug_world *out);
+
+/* ---- plugin loading (loader.c) ------------------------------------------- */
+
+typedef struct ddplug__plugin {
+  void *dl;                 /* dlopen handle                              */
+  ddplug_plugin table;      /* the plugin's table lifted to the latest ABI:
+                               slots it did not know are NULL             */
+  uint32_t built_abi;       /* abi_version the plugin was built against   */
+  uint32_t built_size;      /* its struct_size                            */
+  char path[4096];          /* the file loaded                            */
+} ddplug__plugin;
+
+/* Find, load and validate a plugin (see ddplug_plugin_inspect). On failure
+ * *out is untouched and nothing stays loaded. */
+int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out);
+void ddplug__plugin_unload(ddplug__plugin *p);
+/* Fill a public info struct (honouring its struct_size) from a plugin. */
+void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info);
+
 /* ---- config internals (config.c) ---------------------------------------- */
 
 /* "plugin_options" of cfg as compact JSON text (owned by cfg, "{}" if none). */

@@ -1,0 +1,141 @@
+/* test-world.c — world discovery from a table of environments: torchrun,
+ * Lightning's launcher, SLURM, single process, precedence, and every kind
+ * of inconsistent input with the variables named. */
+#include "harness.h"
+#include "internal.h"
+
+typedef struct envcase {
+  const char *name;
+  const char *env[16]; /* "NAME=value", NULL-terminated */
+  int status;
+  /* expected on success */
+  int rank, world_size, local_rank, local_world_size, node_rank;
+  const char *source, *addr;
+  int port;
+  /* expected on failure: substring of the error */
+  const char *error;
+} envcase;
+
+static const char *table_get(const char *name, void *user) {
+  const char *const *env = user;
+  size_t n = strlen(name);
+  for (int i = 0; env[i]; i++)
+    if (!strncmp(env[i], name, n) && env[i][n] == '=') return env[i] + n + 1;
+  return NULL;
+}
+
+static const envcase cases[] = {
+    {"nothing set: single process", {NULL}, DDPLUG_OK, 0, 1, 0, 1, 0, "single", "", 0, NULL},
+    {"torchrun",
+     {"RANK=3", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
+      "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", NULL},
+     DDPLUG_OK, 3, 8, 1, 2, 1, "torchrun", "10.0.0.1", 29500, NULL},
+    {"torchrun without local variables",
+     {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1234", NULL},
+     DDPLUG_OK, 0, 2, -1, -1, -1, "torchrun", "h", 1234, NULL},
+    {"torchrun beats Lightning and SLURM",
+     {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "NODE_RANK=0", "SLURM_PROCID=0",
+      "SLURM_NTASKS=4", "MASTER_ADDR=a", "MASTER_PORT=5", NULL},
+     DDPLUG_OK, 1, 2, 1, -1, -1, "torchrun", "a", 5, NULL},
+    {"Lightning launcher, node 0",
+     {"LOCAL_RANK=1", "NODE_RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+      "MASTER_PORT=40000", NULL},
+     DDPLUG_OK, 1, 2, 1, -1, 0, "lightning", "127.0.0.1", 40000, NULL},
+    {"Lightning launcher, node 1 with LOCAL_WORLD_SIZE",
+     {"LOCAL_RANK=1", "NODE_RANK=1", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2",
+      "MASTER_ADDR=m", "MASTER_PORT=7", NULL},
+     DDPLUG_OK, 3, 4, 1, 2, 1, "lightning", "m", 7, NULL},
+    {"SLURM with launch node address and job-id port",
+     {"SLURM_PROCID=5", "SLURM_NTASKS=8", "SLURM_LOCALID=1", "SLURM_NODEID=2",
+      "SLURM_LAUNCH_NODE_IPADDR=192.168.1.9", "SLURM_JOB_ID=123456", NULL},
+     DDPLUG_OK, 5, 8, 1, -1, 2, "slurm", "192.168.1.9", 10000 + 123456 % 20000, NULL},
+    {"SLURM, MASTER_ADDR/PORT win",
+     {"SLURM_PROCID=0", "SLURM_NTASKS=2", "MASTER_ADDR=x", "MASTER_PORT=99",
+      "SLURM_LAUNCH_NODE_IPADDR=y", "SLURM_JOB_ID=1", NULL},
+     DDPLUG_OK, 0, 2, -1, -1, -1, "slurm", "x", 99, NULL},
+    {"world of one needs no address", {"RANK=0", "WORLD_SIZE=1", NULL},
+     DDPLUG_OK, 0, 1, -1, -1, -1, "torchrun", "", 0, NULL},
+    /* ---- inconsistent input ---- */
+    {"rank not below world size", {"RANK=4", "WORLD_SIZE=4", "MASTER_ADDR=a", "MASTER_PORT=1", NULL},
+     DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "RANK=4 is not below WORLD_SIZE=4 (torchrun variables): every rank must be in 0..3"},
+    {"negative rank", {"RANK=-1", "WORLD_SIZE=4", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "RANK=-1 is negative (torchrun variables)"},
+    {"non-numeric world size", {"RANK=0", "WORLD_SIZE=four", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0,
+     NULL, NULL, 0, "WORLD_SIZE=four is not an integer (torchrun variables)"},
+    {"zero world size", {"RANK=0", "WORLD_SIZE=0", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "WORLD_SIZE=0 is out of range 1..65536"},
+    {"RANK without WORLD_SIZE", {"RANK=0", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "RANK is set but WORLD_SIZE is not"},
+    {"WORLD_SIZE alone", {"WORLD_SIZE=4", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "WORLD_SIZE=4 is set but neither RANK (torchrun) nor LOCAL_RANK"},
+    {"missing master address", {"RANK=0", "WORLD_SIZE=4", "MASTER_PORT=1", NULL}, DDPLUG_E_CONFIG,
+     0, 0, 0, 0, 0, NULL, NULL, 0,
+     "world size is 4 (torchrun) but no rendezvous address is set: set MASTER_ADDR"},
+    {"missing master port", {"RANK=0", "WORLD_SIZE=4", "MASTER_ADDR=a", NULL}, DDPLUG_E_CONFIG,
+     0, 0, 0, 0, 0, NULL, NULL, 0, "but no rendezvous port is set: set MASTER_PORT"},
+    {"port out of range", {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=70000", NULL},
+     DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0, "MASTER_PORT=70000 is out of range 0..65535"},
+    {"local rank not below local world size",
+     {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=a",
+      "MASTER_PORT=1", NULL},
+     DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0, "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"},
+    {"Lightning node 1 without processes per node",
+     {"LOCAL_RANK=0", "NODE_RANK=1", "WORLD_SIZE=4", "MASTER_ADDR=a", "MASTER_PORT=1", NULL},
+     DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "NODE_RANK=1 and LOCAL_RANK=0 are set without RANK or LOCAL_WORLD_SIZE"},
+    {"Lightning rank beyond world",
+     {"LOCAL_RANK=1", "NODE_RANK=1", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=a",
+      "MASTER_PORT=1", NULL},
+     DDPLUG_E_CONFIG, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "NODE_RANK=1, LOCAL_RANK=1 give rank 3, which is not below WORLD_SIZE=2"},
+    {"SLURM rank beyond tasks", {"SLURM_PROCID=2", "SLURM_NTASKS=2", NULL}, DDPLUG_E_CONFIG,
+     0, 0, 0, 0, 0, NULL, NULL, 0, "SLURM_PROCID=2 is not below SLURM_NTASKS=2 (SLURM variables)"},
+    {"SLURM without any address", {"SLURM_PROCID=0", "SLURM_NTASKS=2", NULL}, DDPLUG_E_CONFIG,
+     0, 0, 0, 0, 0, NULL, NULL, 0, "world size is 2 (slurm) but no rendezvous address is set"},
+};
+
+TEST(environment_table) {
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const envcase *c = &cases[i];
+    ddplug_world w = DDPLUG_WORLD_INIT;
+    int s = ddplug__world_discover_env(NULL, table_get, (void *)c->env, &w);
+    CHECK_MSG(s == c->status, "case '%s': status %s, expected %s (%s)", c->name,
+              ddplug_status_name(s), ddplug_status_name(c->status), ddplug_last_error());
+    if (s != DDPLUG_OK) {
+      CHECK_MSG(strstr(ddplug_last_error(), c->error) != NULL,
+                "case '%s': error '%s' does not contain '%s'", c->name,
+                ddplug_last_error(), c->error);
+      continue;
+    }
+    CHECK_MSG(w.rank == c->rank && w.world_size == c->world_size &&
+                  w.local_rank == c->local_rank &&
+                  w.local_world_size == c->local_world_size &&
+                  w.node_rank == c->node_rank,
+              "case '%s': got rank %d/%d local %d/%d node %d", c->name, w.rank,
+              w.world_size, w.local_rank, w.local_world_size, w.node_rank);
+    CHECK_MSG(!strcmp(w.source, c->source), "case '%s': source %s", c->name, w.source);
+    CHECK_MSG(!strcmp(w.master_addr, c->addr), "case '%s': addr '%s'", c->name, w.master_addr);
+    CHECK_MSG(w.master_port == c->port, "case '%s': port %d", c->name, w.master_port);
+  }
+}
+
+TEST(public_entry_reads_the_process_environment) {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "3", 1);
+  setenv("MASTER_ADDR", "example.invalid", 1);
+  setenv("MASTER_PORT", "4242", 1);
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug_world_discover(NULL, &w));
+  CHECK_EQ_INT(w.rank, 1);
+  CHECK_EQ_INT(w.world_size, 3);
+  CHECK_EQ_STR(w.master_addr, "example.invalid");
+}
+
+TEST(struct_size_is_honoured) {
+  ddplug_world w;
+  memset(&w, 0, sizeof w);
+  CHECK_STATUS(ddplug_world_discover(NULL, &w), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "DDPLUG_WORLD_INIT");
+  CHECK_STATUS(ddplug_world_discover(NULL, NULL), DDPLUG_E_INVALID_ARGUMENT);
+}

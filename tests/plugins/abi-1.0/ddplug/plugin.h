@@ -1,0 +1,262 @@
+/*
+ * FROZEN SNAPSHOT of abi/include/ddplug/plugin.h as of plugin ABI 1.0, kept
+ * so a test plugin can be built exactly as an old third-party plugin was
+ * (NCCL's pattern of vendoring the versioned header a plugin was built with).
+ * Never edit: it is the proof that the runtime still loads 1.0 tables.
+ */
+/*
+ * ddplug/plugin.h — the plugin ABI: what a backend implements and exports.
+ *
+ * A plugin is a shared object named libddplug-<name>.so that exports exactly
+ * one symbol, ddplug_plugin_entry_v<MAJOR> (today: ddplug_plugin_entry_v1),
+ * returning a pointer to a const ddplug_plugin table that lives as long as
+ * the shared object is loaded. Everything else in the plugin should be hidden
+ * (-fvisibility=hidden). A plugin includes only this header (and common.h);
+ * it never calls libddplug's functions: what it needs from the runtime —
+ * the rendezvous store, logging, the clock, error reporting — comes in the
+ * ddplug_host_services table handed to group_create.
+ *
+ * Versioning (the SQLite / NCCL pattern):
+ *   - Every table and struct starts {uint32_t struct_size; uint32_t
+ *     abi_version;}. Fields and slots are only ever appended within a major
+ *     version; a comment marks where each minor version ends.
+ *   - The runtime copies min(struct_size, sizeof) bytes of a plugin's table
+ *     into its own latest struct and treats the slots the plugin did not know
+ *     as NULL (or the documented default). A plugin built against ABI 1.0 is
+ *     loaded by a 1.1 runtime unchanged.
+ *   - A plugin reading a host-provided struct (ddplug_group_init,
+ *     ddplug_host_services, ddplug_coll_args, ddplug_sampler_desc) must check
+ *     struct_size before touching a field added after the minor version it
+ *     was built against; DDPLUG_HAS_FIELD() does that.
+ *
+ * Blocking contract: group_create and group_destroy may block (with the
+ * timeout in ddplug_group_init); collective start slots must not wait for
+ * peers beyond enqueueing the operation when DDPLUG_CAP_ASYNC is set;
+ * request_wait blocks at most its timeout; request_test never blocks.
+ *
+ * Threading: the runtime calls the slots of one group from one thread at a
+ * time, except group_abort, which may be called from any thread at any time
+ * (the runtime's failure watcher calls it) and must make blocked calls on
+ * other threads return DDPLUG_E_ABORTED or DDPLUG_E_PEER_LOST promptly.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef DDPLUG_PLUGIN_H
+#define DDPLUG_PLUGIN_H
+
+#include "ddplug/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDPLUG_PLUGIN_ABI_MAJOR 1
+#define DDPLUG_PLUGIN_ABI_MINOR 0
+#define DDPLUG_PLUGIN_ABI_VERSION \
+  DDPLUG_MAKE_VERSION(DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR)
+
+/* True when a versioned struct pointed to by p is large enough to hold
+ * field f (so the writer knew about it). */
+#define DDPLUG_HAS_FIELD(p, type, f) \
+  ((p)->struct_size >= offsetof(type, f) + sizeof(((type *)0)->f))
+
+/* Opaque plugin-owned objects. The plugin defines these structs. */
+typedef struct ddplug_plugin_group ddplug_plugin_group;
+typedef struct ddplug_plugin_request ddplug_plugin_request;
+
+/* ------------------------------------------------------------------------ */
+/* Host services: what the runtime lends a plugin. All function pointers are
+ * non-NULL in a table the runtime hands out. Keys are plain C strings of at
+ * most 255 bytes; the runtime prefixes them with a per-run, per-plugin
+ * namespace, so a plugin may use short names ("addr/3", "ncclid").
+ * Values are at most 1 MiB. Store calls are thread-safe. Every store call
+ * returns a status; on failure it has stored the detail with set_error.    */
+typedef struct ddplug_host_services {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  void *host; /* first argument of every call below */
+
+  /* Set key to value (copied). */
+  int (*store_set)(void *host, const char *key, const void *value,
+                   uint64_t len);
+  /* Wait until key exists (at most timeout_ms) and copy up to cap bytes of
+   * its value into buf; *len receives the full length (which may exceed cap:
+   * then DDPLUG_E_INVALID_ARGUMENT and nothing is copied). */
+  int (*store_get)(void *host, const char *key, void *buf, uint64_t cap,
+                   uint64_t *len, int64_t timeout_ms);
+  /* Atomically add delta to the integer stored at key (missing = 0) and
+   * return the new value in *result (may be NULL). */
+  int (*store_add)(void *host, const char *key, int64_t delta,
+                   int64_t *result);
+  /* Wait until every one of keys[0..nkeys) exists, at most timeout_ms. */
+  int (*store_wait)(void *host, const char *const *keys, uint32_t nkeys,
+                    int64_t timeout_ms);
+  /* Remove key; a missing key is not an error. */
+  int (*store_delete)(void *host, const char *key);
+
+  /* Emit one log line at level (DDPLUG_LOG_*); the runtime adds the rank
+   * and the plugin's name. message need not end in a newline. */
+  void (*log)(void *host, int32_t level, const char *message);
+  /* Monotonic clock in nanoseconds. */
+  uint64_t (*clock_ns)(void *host);
+  /* Record the human sentence explaining the status the plugin is about to
+   * return (which rank, which sequence number, what to do). The runtime
+   * shows it as the last-error text. Thread-safe. */
+  void (*set_error)(void *host, int32_t status, const char *message);
+  /* ---- end of ABI 1.0 ---- */
+} ddplug_host_services;
+
+/* ------------------------------------------------------------------------ */
+/* What the runtime knows about this rank and the world when it creates the
+ * plugin's group. Arrays have world_size entries and stay valid until
+ * group_destroy returns. Locality (node_of_rank) was discovered by exchanging
+ * host identity through the store, never from environment counts.         */
+typedef struct ddplug_group_init {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;       /* index of this rank among ranks on its node */
+  int32_t local_world_size; /* ranks on this node                         */
+  int32_t node_rank;        /* index of this node, 0..num_nodes-1          */
+  int32_t num_nodes;
+  const int32_t *node_of_rank;  /* node index of every rank               */
+  const int32_t *local_rank_of; /* local rank of every rank               */
+  const int64_t *pid_of_rank;   /* process id of every rank (on its node) */
+  const char *host_id;      /* this node's identity string                */
+  const char *run_id;       /* same on every rank of this run; [A-Za-z0-9_]
+                               only, at most 32 chars: safe in shm names   */
+  const char *options_json; /* config "plugin_options" as JSON text ("{}") */
+  int64_t timeout_ms;       /* default collective timeout (config)         */
+  int32_t log_level;        /* threshold; log() filters anyway             */
+  int32_t reserved0;
+  /* ---- end of ABI 1.0 ---- */
+} ddplug_group_init;
+
+/* ------------------------------------------------------------------------ */
+/* One collective call. The runtime validates arguments (non-NULL buffers
+ * where count > 0, dtype/op in the plugin's masks, root in range) before the
+ * plugin sees them, and assigns seq: the n-th collective on a group has
+ * seq = n on every rank, so a plugin can detect mismatches by comparing
+ * (seq, kind, count, dtype, op, root) across ranks.
+ *   allreduce: send and recv hold count elements; send == recv is in-place.
+ *   broadcast: root's send is copied to every rank's recv (count elements);
+ *              send == recv allowed; non-root ranks' send is ignored.
+ *   allgather: send holds count elements; recv holds count * world_size,
+ *              rank r's block at offset r * count; send may equal
+ *              recv + rank * count (in-place).
+ *   barrier:   count == 0, buffers NULL.                                   */
+typedef enum ddplug_coll_kind {
+  DDPLUG_COLL_UNSET = 0,
+  DDPLUG_COLL_ALLREDUCE = 1,
+  DDPLUG_COLL_BROADCAST = 2,
+  DDPLUG_COLL_ALLGATHER = 3,
+  DDPLUG_COLL_BARRIER = 4
+} ddplug_coll_kind;
+
+typedef struct ddplug_coll_args {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t kind;       /* ddplug_coll_kind                              */
+  int32_t dtype;      /* ddplug_dtype (barrier: 0)                     */
+  int32_t op;         /* ddplug_op (allreduce only, else 0)            */
+  int32_t root;       /* broadcast only, else 0                        */
+  const void *send;
+  void *recv;
+  uint64_t count;     /* elements per rank                             */
+  uint64_t seq;       /* 1, 2, 3, ... per group, identical across ranks */
+  void *stream;       /* device plugins: e.g. a cudaStream_t; else NULL */
+  int32_t mem;        /* ddplug_mem                                    */
+  int32_t reserved0;
+  /* ---- end of ABI 1.0 ---- */
+} ddplug_coll_args;
+
+/* ------------------------------------------------------------------------ */
+/* The plugin table. Identity first, then capabilities, then slots, each
+ * commented with its contract. A slot marked (optional) may be NULL; the
+ * runtime turns a call of a NULL optional slot into DDPLUG_E_UNSUPPORTED
+ * or into its own default. Every other slot is mandatory: a table missing
+ * one is refused at load time with the slot's name.                        */
+typedef struct ddplug_plugin {
+  uint32_t struct_size;  /* sizeof(ddplug_plugin) as the plugin was built  */
+  uint32_t abi_version;  /* DDPLUG_PLUGIN_ABI_VERSION as the plugin was built */
+
+  /* Identity: static strings owned by the plugin. name matches the file
+   * name's <name> part; version is the plugin's own release string. */
+  const char *name;
+  const char *version;
+  const char *description;
+
+  uint64_t caps;         /* DDPLUG_CAP_* */
+  uint32_t dtype_mask;   /* DDPLUG_DTYPE_BIT(d) for every supported dtype */
+  uint32_t op_mask;      /* DDPLUG_OP_BIT(o) for every supported op       */
+
+  /* --- process group ---------------------------------------------------- */
+
+  /* Create this rank's member of the process group. Collective: every rank
+   * calls it; it may exchange addresses through svc's store and blocks at
+   * most init->timeout_ms. svc and init stay valid until group_destroy.
+   * On success *out is the group; on failure *out is untouched, nothing is
+   * left allocated, and set_error has explained the status. */
+  int (*group_create)(const ddplug_group_init *init,
+                      const ddplug_host_services *svc,
+                      ddplug_plugin_group **out);
+
+  /* Release the group and everything it owns (shared memory, sockets,
+   * threads). Requests not yet freed are freed. Never blocks on peers for
+   * longer than the group's timeout; safe after an abort or a peer loss. */
+  int (*group_destroy)(ddplug_plugin_group *group);
+
+  /* (optional) Abort: make every blocked or future call on this group
+   * return DDPLUG_E_ABORTED (or PEER_LOST if that is what happened) and, as
+   * far as the plugin can, tell the peers. Callable from any thread, also
+   * concurrently with a blocked collective. reason may be NULL. */
+  int (*group_abort)(ddplug_plugin_group *group, const char *reason);
+
+  /* --- collectives ----------------------------------------------------- */
+
+  /* Start the collective described by args (kind selects which) and return
+   * a request in *req. Buffers must stay valid until the request completes.
+   * With DDPLUG_CAP_ASYNC the call returns without waiting for peers;
+   * without it the call may complete the operation before returning. On
+   * failure *req is untouched and nothing was started. Collectives on one
+   * group complete in the order they were started. */
+  int (*collective_start)(ddplug_plugin_group *group,
+                          const ddplug_coll_args *args,
+                          ddplug_plugin_request **req);
+
+  /* Wait for req to complete, at most timeout_ms (> 0; 0 polls). Returns
+   * DDPLUG_OK when done, DDPLUG_E_TIMEOUT when not yet (req stays pending
+   * and may be waited again), or the operation's failure (PEER_LOST,
+   * MISMATCH, ABORTED, ...), which is final for req. */
+  int (*request_wait)(ddplug_plugin_group *group, ddplug_plugin_request *req,
+                      int64_t timeout_ms);
+
+  /* Never blocks: *done = 1 and DDPLUG_OK when complete; *done = 0 and
+   * DDPLUG_OK while pending; the failure status if it failed. */
+  int (*request_test)(ddplug_plugin_group *group, ddplug_plugin_request *req,
+                      int32_t *done);
+
+  /* Release req. A pending request is first completed or abandoned as the
+   * plugin documents; the runtime only frees requests that finished,
+   * failed, or whose group was aborted. */
+  void (*request_free)(ddplug_plugin_group *group, ddplug_plugin_request *req);
+
+  /* ---- end of ABI 1.0 ---- */
+
+} ddplug_plugin;
+
+/* Sizes of the table at the end of each minor version, for the loader. */
+#define DDPLUG_PLUGIN_SIZE_1_0 sizeof(ddplug_plugin)
+
+/* The entry point a plugin exports. host_abi_version is the runtime's
+ * DDPLUG_PLUGIN_ABI_VERSION, so a plugin may return a table suited to it (or
+ * NULL if it cannot serve that runtime: the loader then reports an ABI
+ * mismatch). The returned table is const and static. */
+typedef const ddplug_plugin *(*ddplug_plugin_entry_fn)(uint32_t host_abi_version);
+#define DDPLUG_PLUGIN_ENTRY_SYMBOL "ddplug_plugin_entry_v1"
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDPLUG_PLUGIN_H */

@@ -513,17 +513,26 @@ static void *agree_thread(void *p) {
   return NULL;
 }
 
-TEST(agree_reports_a_failure_on_every_rank) {
+/* Ranks 0..arrive-1 of world agree on phase "t"; rank r's local outcome is
+ * status[r] (NULL: all OK). Returns the store (free it). */
+static fake_store *agree_run(agree_arg *a, int world, int arrive,
+                             int64_t timeout_ms, const int *status) {
   fake_store *s = store_new();
-  agree_arg a[3];
-  for (int r = 0; r < 3; r++) {
+  for (int r = 0; r < arrive; r++) {
     memset(&a[r], 0, sizeof a[r]);
     rank_init(&a[r].fr, s, r);
-    a[r].world = 3;
-    a[r].timeout_ms = 10000;
-    a[r].local_status = r == 1 ? DDPLUG_E_UNSUPPORTED : DDPLUG_OK;
+    a[r].world = world;
+    a[r].timeout_ms = timeout_ms;
+    a[r].local_status = status ? status[r] : DDPLUG_OK;
   }
-  run_threads(3, agree_thread, a, sizeof a[0]);
+  run_threads(arrive, agree_thread, a, sizeof a[0]);
+  return s;
+}
+
+TEST(agree_reports_a_failure_on_every_rank) {
+  agree_arg a[3];
+  const int status[3] = {DDPLUG_OK, DDPLUG_E_UNSUPPORTED, DDPLUG_OK};
+  fake_store *s = agree_run(a, 3, 3, 10000, status);
   for (int r = 0; r < 3; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_UNSUPPORTED);
     CHECK_EQ_STR(a[r].msg, "rank 1: broken on purpose (1)");
@@ -532,24 +541,14 @@ TEST(agree_reports_a_failure_on_every_rank) {
 }
 
 TEST(agree_all_ok_and_two_failures) {
-  fake_store *s = store_new();
   agree_arg a[3];
-  for (int r = 0; r < 3; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    rank_init(&a[r].fr, s, r);
-    a[r].world = 3;
-    a[r].timeout_ms = 10000;
-  }
-  run_threads(3, agree_thread, a, sizeof a[0]);
+  fake_store *s = agree_run(a, 3, 3, 10000, NULL);
   for (int r = 0; r < 3; r++) CHECK_OK(a[r].result);
+  CHECK(!store_has(s, "t/left-all")); /* success needs no second round */
   store_free(s);
 
-  s = store_new();
-  for (int r = 0; r < 3; r++) {
-    rank_init(&a[r].fr, s, r);
-    a[r].local_status = r == 0 ? DDPLUG_OK : DDPLUG_E_CONFIG;
-  }
-  run_threads(3, agree_thread, a, sizeof a[0]);
+  const int status[3] = {DDPLUG_OK, DDPLUG_E_CONFIG, DDPLUG_E_CONFIG};
+  s = agree_run(a, 3, 3, 10000, status);
   CHECK_EQ_INT(a[0].result, DDPLUG_E_CONFIG);
   CHECK_CONTAINS(a[0].msg, "(and 1 more rank failed)");
   CHECK_EQ_STR(a[1].msg, "rank 1: broken on purpose (1)"); /* own cause */
@@ -558,15 +557,8 @@ TEST(agree_all_ok_and_two_failures) {
 }
 
 TEST(agree_names_ranks_that_never_arrive) {
-  fake_store *s = store_new();
   agree_arg a[3];
-  for (int r = 0; r < 2; r++) { /* rank 2 never comes */
-    memset(&a[r], 0, sizeof a[r]);
-    rank_init(&a[r].fr, s, r);
-    a[r].world = 3;
-    a[r].timeout_ms = 300;
-  }
-  run_threads(2, agree_thread, a, sizeof a[0]);
+  fake_store *s = agree_run(a, 3, 2, 300, NULL); /* rank 2 never comes */
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(a[r].msg, "nccl setup (t): rank 2 did not arrive in time");
@@ -592,6 +584,22 @@ static void *create_thread(void *p) {
   return NULL;
 }
 
+/* world thread-ranks call group_create with plugin_options `options`
+ * through table (NULL: the linked objects). Returns the store. */
+static fake_store *create_run(create_arg *a, fake_world *w, int world,
+                              const char *options, const ddplug_plugin *table) {
+  fake_store *s = store_new();
+  world_init(w, world, options, 5000);
+  for (int r = 0; r < world; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].init = &w->init[r];
+    a[r].table = table;
+  }
+  run_threads(world, create_thread, a, sizeof a[0]);
+  return s;
+}
+
 static int have_gpu(void) {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -603,37 +611,25 @@ TEST(group_create_fails_cleanly_without_a_gpu_one_rank) {
   CHECK_MSG(h != NULL, "dlopen: %s", dlerror());
   ddplug_plugin_entry_fn entry =
       (ddplug_plugin_entry_fn)dlsym(h, DDPLUG_PLUGIN_ENTRY_SYMBOL);
-  fake_store *s = store_new();
+  create_arg a[1];
   fake_world w;
-  world_init(&w, 1, "{}", 5000);
-  create_arg a;
-  memset(&a, 0, sizeof a);
-  rank_init(&a.fr, s, 0);
-  a.init = &w.init[0];
-  a.table = entry(DDPLUG_PLUGIN_ABI_VERSION);
-  create_thread(&a);
-  CHECK_EQ_INT(a.result, DDPLUG_E_UNSUPPORTED);
-  CHECK(a.group == NULL);
-  CHECK_EQ_INT(a.fr.err_status, DDPLUG_E_UNSUPPORTED);
-  CHECK_CONTAINS(a.fr.err, "nccl: rank 0: no CUDA device visible (CUDA_VISIBLE_DEVICES");
-  CHECK_CONTAINS(a.fr.err, "driver: ");
-  dt_note("%s", a.fr.err);
+  fake_store *s = create_run(a, &w, 1, "{}", entry(DDPLUG_PLUGIN_ABI_VERSION));
+  CHECK_EQ_INT(a[0].result, DDPLUG_E_UNSUPPORTED);
+  CHECK(a[0].group == NULL);
+  CHECK_EQ_INT(a[0].fr.err_status, DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(a[0].fr.err,
+                 "nccl: rank 0: no CUDA device visible (CUDA_VISIBLE_DEVICES");
+  CHECK_CONTAINS(a[0].fr.err, "driver: ");
+  dt_note("%s", a[0].fr.err);
   store_free(s);
   dlclose(h);
 }
 
 TEST(group_create_fails_on_every_rank_without_a_gpu) {
   if (have_gpu()) dt_skip("a GPU is visible: the no-GPU path cannot be shown");
-  fake_store *s = store_new();
-  fake_world w;
-  world_init(&w, 2, "{\"allow_shared_gpu\":true}", 5000);
   create_arg a[2];
-  for (int r = 0; r < 2; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    rank_init(&a[r].fr, s, r);
-    a[r].init = &w.init[r];
-  }
-  run_threads(2, create_thread, a, sizeof a[0]);
+  fake_world w;
+  fake_store *s = create_run(a, &w, 2, "{\"allow_shared_gpu\":true}", NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_UNSUPPORTED);
     CHECK(a[r].group == NULL);
@@ -647,19 +643,14 @@ TEST(group_create_fails_on_every_rank_without_a_gpu) {
 }
 
 TEST(group_create_checks_options_before_the_device) {
-  fake_store *s = store_new();
-  fake_world w;
-  world_init(&w, 2, "{\"device_map\":[0,0],\"nope\":1}", 5000);
   create_arg a[2];
-  for (int r = 0; r < 2; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    rank_init(&a[r].fr, s, r);
-    a[r].init = &w.init[r];
-  }
-  run_threads(2, create_thread, a, sizeof a[0]);
+  fake_world w;
+  fake_store *s =
+      create_run(a, &w, 2, "{\"device_map\":[0,0],\"nope\":1}", NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_CONFIG);
-    CHECK_CONTAINS(a[r].fr.err, "plugin_options.nope: unknown option of the nccl plugin");
+    CHECK_CONTAINS(a[r].fr.err,
+                   "plugin_options.nope: unknown option of the nccl plugin");
   }
   store_free(s);
 }
@@ -769,14 +760,25 @@ static void *mm_thread(void *p) {
   return NULL;
 }
 
-TEST(mismatch_check_names_the_rank_and_both_calls) {
+/* n thread-ranks of a world of `world`, each with a bare group. */
+static fake_store *mm_init(mm_arg *m, int n, int world, int64_t timeout_ms) {
   fake_store *s = store_new();
-  mm_arg m[3];
-  for (int r = 0; r < 3; r++) {
+  for (int r = 0; r < n; r++) {
     memset(&m[r], 0, sizeof m[r]);
     rank_init(&m[r].fr, s, r);
-    m[r].g = bare_group(&m[r].fr, r, 3, 5000);
+    m[r].g = bare_group(&m[r].fr, r, world, timeout_ms);
   }
+  return s;
+}
+
+static void mm_free(mm_arg *m, int n, fake_store *s) {
+  for (int r = 0; r < n; r++) bare_free(m[r].g);
+  store_free(s);
+}
+
+TEST(mismatch_check_names_the_rank_and_both_calls) {
+  mm_arg m[3];
+  fake_store *s = mm_init(m, 3, 3, 5000);
   /* seq 1 agrees */
   for (int r = 0; r < 3; r++) m[r].a = allreduce_args(1, 10);
   run_threads(3, mm_thread, m, sizeof m[0]);
@@ -792,13 +794,9 @@ TEST(mismatch_check_names_the_rank_and_both_calls) {
                  "allreduce(count=10, float32, sum)");
   }
   /* seq 3: rank 1 broadcasts instead */
-  for (int r = 0; r < 3; r++) {
-    m[r].a = allreduce_args(3, 10);
-    if (r == 1) {
-      m[r].a.kind = DDPLUG_COLL_BROADCAST;
-      m[r].a.op = 0;
-    }
-  }
+  for (int r = 0; r < 3; r++) m[r].a = allreduce_args(3, 10);
+  m[1].a.kind = DDPLUG_COLL_BROADCAST;
+  m[1].a.op = 0;
   run_threads(3, mm_thread, m, sizeof m[0]);
   CHECK_EQ_INT(m[1].result, DDPLUG_E_MISMATCH);
   CHECK_CONTAINS(m[1].fr.err, "rank 1 called broadcast(count=10, float32, root=0)");
@@ -806,26 +804,19 @@ TEST(mismatch_check_names_the_rank_and_both_calls) {
   CHECK(!store_has(s, "mm/1/verdict"));
   CHECK(!store_has(s, "mm/2/1"));
   CHECK(store_has(s, "mm/3/verdict"));
-  for (int r = 0; r < 3; r++) bare_free(m[r].g);
-  store_free(s);
+  mm_free(m, 3, s);
 }
 
 TEST(mismatch_check_times_out_naming_the_missing_rank) {
-  fake_store *s = store_new();
   mm_arg m[2];
-  for (int r = 0; r < 2; r++) {
-    memset(&m[r], 0, sizeof m[r]);
-    rank_init(&m[r].fr, s, r);
-    m[r].g = bare_group(&m[r].fr, r, 3, 300); /* rank 2 never calls */
-    m[r].a = allreduce_args(1, 10);
-  }
+  fake_store *s = mm_init(m, 2, 3, 300); /* rank 2 never calls */
+  for (int r = 0; r < 2; r++) m[r].a = allreduce_args(1, 10);
   run_threads(2, mm_thread, m, sizeof m[0]);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(m[r].result, DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 0.3 s");
   }
-  for (int r = 0; r < 2; r++) bare_free(m[r].g);
-  store_free(s);
+  mm_free(m, 2, s);
 }
 
 #endif /* DDPLUG_TEST_NCCL */

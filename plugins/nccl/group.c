@@ -337,6 +337,8 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
     ddplug_nccl__fmt(err, sizeof err, "rank %d: cudaSetDevice(%d) failed: %s: %s",
                      g->rank, g->device, cudaGetErrorName(ce),
                      cudaGetErrorString(ce));
+    /* The others wait for the id: a value of another size tells them why. */
+    if (g->rank == 0) (void)svc->store_set(svc->host, "id", err, strlen(err));
   } else {
     st = bootstrap_id(g, &id, deadline, err, sizeof err);
   }

@@ -472,6 +472,7 @@ int ddplug_nccl__request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
   if (!g || !r) return DDPLUG_E_INVALID_ARGUMENT;
   if (r->state != DDPLUG_NCCL__PENDING) return req_final(g, r);
   if (timeout_ms < 0) timeout_ms = g->timeout_ms;
+  if (timeout_ms > ((int64_t)1 << 40)) timeout_ms = (int64_t)1 << 40; /* no overflow */
   uint64_t start = ddplug_nccl__now_ns();
   uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
   uint64_t dog = r->start_ns + (uint64_t)g->timeout_ms * 1000000ull;

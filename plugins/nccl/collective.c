@@ -450,9 +450,12 @@ static int watchdog(ddplug_plugin_group *g, ddplug_plugin_request *r,
       "stuck, dead, or issued different collectives (NCCL cannot tell which); "
       "the group cannot be used any more: close the context",
       r->what, (double)g->timeout_ms / 1e3, s, g->rank);
-  req_fail_from_group(g, r, DDPLUG_E_TIMEOUT);
+  pthread_mutex_lock(&g->comm_mu);
+  ddplug_nccl__fmt(r->msg, sizeof r->msg, "%s", g->fail_msg);
+  pthread_mutex_unlock(&g->comm_mu);
+  r->state = DDPLUG_NCCL__FAILED;
   r->status = DDPLUG_E_ABORTED; /* what later waits on r report */
-  return DDPLUG_E_TIMEOUT;
+  return ddplug_nccl__fail(g->svc, DDPLUG_E_TIMEOUT, "%s", r->msg);
 }
 
 /* The request_wait slot (see plugin.h and README.md). Polls the request's

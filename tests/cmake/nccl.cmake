@@ -24,3 +24,11 @@ if(TARGET ddplug_nccl_objs)
     endif()
   endforeach()
 endif()
+
+# `ddplug info nccl` reports the plugin (loads without a GPU or driver).
+if(TARGET ddplug-nccl AND TARGET ddplug_cmd)
+  add_test(NAME nccl-info COMMAND ddplug_cmd info nccl)
+  set_tests_properties(nccl-info PROPERTIES ENVIRONMENT "${DDPLUG_TEST_ENV}"
+    PASS_REGULAR_EXPRESSION "plugin +nccl.*capabilities +host-memory, device-memory, async, multi-node, abort, streams.*dtypes +float32, float64, float16, bfloat16, int8, uint8, int32, int64.*ops +sum, avg, min, max, prod"
+    TIMEOUT 60)
+endif()

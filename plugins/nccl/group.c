@@ -39,7 +39,7 @@ int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
   char text[DDPLUG_NCCL__MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
+  ddplug_nccl__vfmt(text, sizeof text, fmt, ap);
   va_end(ap);
 
   pthread_mutex_lock(&g->comm_mu);

@@ -58,6 +58,8 @@ const char *ddplug_nccl__status_name(int status);
 /* snprintf that never overflows and tolerates cap == 0. */
 void ddplug_nccl__fmt(char *buf, size_t cap, const char *fmt, ...)
     DDPLUG_NCCL__PRINTF(3, 4);
+void ddplug_nccl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap)
+    DDPLUG_NCCL__PRINTF(3, 0);
 /* CLOCK_MONOTONIC in ns, and ms left until deadline_ns (>= 0). */
 uint64_t ddplug_nccl__now_ns(void);
 int64_t ddplug_nccl__left_ms(uint64_t deadline_ns);

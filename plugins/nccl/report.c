@@ -18,7 +18,7 @@ int ddplug_nccl__fail(const ddplug_host_services *svc, int status,
   char buf[DDPLUG_NCCL__MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  ddplug_nccl__vfmt(buf, sizeof buf, fmt, ap);
   va_end(ap);
   if (svc && svc->set_error) svc->set_error(svc->host, status, buf);
   return status;
@@ -32,7 +32,7 @@ void ddplug_nccl__log(const ddplug_host_services *svc, int32_t threshold,
   char buf[DDPLUG_NCCL__MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  ddplug_nccl__vfmt(buf, sizeof buf, fmt, ap);
   va_end(ap);
   svc->log(svc->host, level, buf);
 }
@@ -50,12 +50,15 @@ const char *ddplug_nccl__status_name(int status) {
   }
 }
 
-/* Bounded snprintf; a zero-capacity buffer is left alone. */
+/* Bounded (v)snprintf; a zero-capacity buffer is left alone. */
+void ddplug_nccl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) {
+  if (buf && cap > 0) vsnprintf(buf, cap, fmt, ap);
+}
+
 void ddplug_nccl__fmt(char *buf, size_t cap, const char *fmt, ...) {
-  if (!buf || cap == 0) return;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, cap, fmt, ap);
+  ddplug_nccl__vfmt(buf, cap, fmt, ap);
   va_end(ap);
 }
 

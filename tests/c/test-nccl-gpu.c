@@ -376,6 +376,20 @@ TEST_T(shared_gpu_without_the_nccl_env_is_refused, 120) {
 
 /* ---- timeout, abort, mismatch ------------------------------------------ */
 
+/* The rank that stays out of the failed collective: after `delay_s` it
+ * calls a barrier, which must fail with the run's reason containing
+ * `needle` (the run was aborted meanwhile). */
+static void late_rank_barrier(ddplug_context *ctx, unsigned delay_s,
+                              const char *needle) {
+  sleep(delay_s);
+  double t0 = now_s();
+  int st = ddplug_barrier(ctx, 60000);
+  dt_note("rank 1: barrier returned %s after %.2f s: %s", ddplug_status_name(st),
+          now_s() - t0, ddplug_last_error());
+  CHECK_MSG(st != DDPLUG_OK, "rank 1's barrier succeeded in an aborted run");
+  CHECK_CONTAINS(ddplug_last_error(), needle);
+}
+
 static void timeout_rank(int rank, int world, void *arg) {
   (void)world;
   (void)arg;
@@ -392,14 +406,9 @@ static void timeout_rank(int rank, int world, void *arg) {
     st = ddplug_allreduce(ctx, d, d, 1024, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
     CHECK_EQ_INT(st, DDPLUG_E_ABORTED);
   } else {
-    sleep(4); /* past rank 0's collective timeout (2 s) */
-    double t0 = now_s();
-    int st = ddplug_barrier(ctx, 30000);
-    dt_note("rank 1: barrier returned %s after %.2f s: %s",
-            ddplug_status_name(st), now_s() - t0, ddplug_last_error());
-    /* The run was aborted with rank 0's status (TIMEOUT) and reason. */
-    CHECK_MSG(st != DDPLUG_OK, "rank 1's barrier succeeded after rank 0 timed out");
-    CHECK_CONTAINS(ddplug_last_error(), "collective timeout");
+    /* past rank 0's collective timeout (2 s); the run was aborted with
+     * rank 0's status (TIMEOUT) and reason */
+    late_rank_barrier(ctx, 4, "collective timeout");
   }
   (void)ddplug_close(ctx);
 }
@@ -445,13 +454,7 @@ static void abort_rank(int rank, int world, void *arg) {
   } else {
     /* Join no collective while rank 0's is pending (a barrier would pair
      * with it inside NCCL); by the time this runs, the run is aborted. */
-    sleep(2);
-    double t0 = now_s();
-    int st = ddplug_barrier(ctx, 60000);
-    dt_note("rank 1: barrier returned %s after %.2f s: %s",
-            ddplug_status_name(st), now_s() - t0, ddplug_last_error());
-    CHECK_EQ_INT(st, DDPLUG_E_ABORTED);
-    CHECK_CONTAINS(ddplug_last_error(), "test abort from another thread");
+    late_rank_barrier(ctx, 2, "test abort from another thread");
   }
   (void)ddplug_close(ctx);
 }

@@ -98,16 +98,28 @@ int ddplug_nccl__group_failed_status(ddplug_plugin_group *g, int original) {
                            ddplug_nccl__status_name(st), msg);
 }
 
-/* See nccl_plugin.h. One store round trip. */
+/* See nccl_plugin.h. One or two store round trips, no waiting. The wait
+ * with timeout 0 (rather than a plain get) also reports a run the runtime
+ * has aborted (a rank that failed elsewhere, died, or called ddplug_abort):
+ * host services' waits end with the run's status once it is aborted. */
 int ddplug_nccl__check_peer_abort(ddplug_plugin_group *g) {
   const ddplug_host_services *s = g->svc;
+  const char *key[1] = {"abort"};
+  int st = s->store_wait(s->host, key, 1, 0);
+  if (st == DDPLUG_E_TIMEOUT) return DDPLUG_OK; /* nobody aborted */
+  if (st != DDPLUG_OK)
+    return ddplug_nccl__group_fail(g, st, 0,
+                                   "the run was aborted or lost its store (%s) "
+                                   "while rank %d waited on NCCL",
+                                   ddplug_nccl__status_name(st), g->rank);
   char buf[DDPLUG_NCCL__MSG_MAX + 64];
   uint64_t len = 0;
   if (s->store_get(s->host, "abort", buf, sizeof buf - 1, &len, 0) != DDPLUG_OK)
-    return DDPLUG_OK;
+    len = 0;
   buf[len < sizeof buf ? len : sizeof buf - 1] = '\0';
   return ddplug_nccl__group_fail(g, DDPLUG_E_ABORTED, 0,
-                                 "aborted through the store by %s", buf);
+                                 "aborted through the store by %s",
+                                 len ? buf : "another rank");
 }
 
 cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g) {

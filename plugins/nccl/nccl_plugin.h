@@ -267,8 +267,9 @@ int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
 /* Set svc's last error to the group's failure and return ABORTED (or the
  * original status when `original`). */
 int ddplug_nccl__group_failed_status(ddplug_plugin_group *g, int original);
-/* Look (without waiting) whether a peer published an abort; if so, fail
- * the group with its reason and return DDPLUG_E_ABORTED, else OK. */
+/* Look (without waiting) whether a peer published an abort, or the run
+ * was aborted; if so, fail the group with the reason and return its status
+ * (ABORTED, or the run's), else OK. */
 int ddplug_nccl__check_peer_abort(ddplug_plugin_group *g);
 /* Make the group's device current on the calling thread. cudaError_t. */
 cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g);

@@ -35,6 +35,7 @@ typedef struct fake_store {
   char *keys[FS_MAX];
   char *vals[FS_MAX];
   uint64_t lens[FS_MAX];
+  int run_status; /* non-OK: the "runtime" aborted the run (waits end) */
 } fake_store;
 
 typedef struct fake_rank {
@@ -127,6 +128,8 @@ static int fs_add(void *host, const char *key, int64_t delta, int64_t *result) {
 
 static int fs_wait(void *host, const char *const *keys, uint32_t nkeys,
                    int64_t timeout_ms) {
+  fake_rank *r = host;
+  if (r->st->run_status != DDPLUG_OK) return r->st->run_status;
   for (uint32_t k = 0; k < nkeys; k++) {
     char buf[8];
     uint64_t len;
@@ -744,6 +747,24 @@ TEST(abort_is_published_and_later_calls_fail) {
   CHECK_CONTAINS(buf, "user pressed ctrl-c");
   bare_free(g0);
   bare_free(g1);
+  store_free(s);
+}
+
+TEST(a_run_aborted_by_the_runtime_fails_the_group) {
+  fake_store *s = store_new();
+  fake_rank r0;
+  rank_init(&r0, s, 0);
+  ddplug_plugin_group *g = bare_group(&r0, 0, 2, 5000);
+  CHECK_OK(ddplug_nccl__check_peer_abort(g)); /* nothing happened yet */
+  CHECK(!atomic_load(&g->failed));
+  s->run_status = DDPLUG_E_PEER_LOST; /* e.g. rank 1 was killed */
+  CHECK_EQ_INT(ddplug_nccl__check_peer_abort(g), DDPLUG_E_PEER_LOST);
+  CHECK(atomic_load(&g->failed));
+  CHECK_CONTAINS(r0.err, "the run was aborted or lost its store (PEER_LOST)");
+  ddplug_coll_args a = allreduce_args(1, 4);
+  ddplug_plugin_request *req = NULL;
+  CHECK_EQ_INT(ddplug_nccl__collective_start(g, &a, &req), DDPLUG_E_ABORTED);
+  bare_free(g);
   store_free(s);
 }
 

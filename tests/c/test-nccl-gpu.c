@@ -30,6 +30,8 @@ TEST(nccl_plugin_not_built) {
 
 #include <cuda_runtime_api.h>
 
+#include "nccl_test_values.h"
+
 /* ---- helpers ------------------------------------------------------------ */
 
 /* Visible CUDA devices, asked in a throwaway child process. */
@@ -69,116 +71,11 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* float <-> half / bfloat16 (round to nearest even; test values are small
- * integers and halves, exact in every type). */
-static uint16_t f2h(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  if ((x & 0x7fffffffu) == 0) return sign;
-  int32_t e = (int32_t)((x >> 23) & 0xffu) - 127 + 15;
-  uint32_t m = (x & 0x7fffffu) >> 13, rest = x & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (m & 1u))) {
-    if (++m == 0x400u) {
-      m = 0;
-      e++;
-    }
-  }
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) return sign; /* not used by these tests */
-  return (uint16_t)(sign | ((uint32_t)e << 10) | m);
-}
-
-static float h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-  if (e == 0 && m == 0) x = sign;
-  else if (e == 31) x = sign | 0x7f800000u | (m << 13);
-  else if (e == 0) { /* subnormal */
-    float f = (float)m / 1024.0f / 16384.0f;
-    return sign ? -f : f;
-  } else x = sign | ((e - 15 + 127) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
-static uint16_t f2bf(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static void put(int dt, void *buf, size_t i, double v) {
-  switch (dt) {
-    case DDPLUG_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case DDPLUG_FLOAT64: ((double *)buf)[i] = v; break;
-    case DDPLUG_FLOAT16: ((uint16_t *)buf)[i] = f2h((float)v); break;
-    case DDPLUG_BFLOAT16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
-    case DDPLUG_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case DDPLUG_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case DDPLUG_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DDPLUG_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  }
-}
-
-static double get(int dt, const void *buf, size_t i) {
-  switch (dt) {
-    case DDPLUG_FLOAT32: return ((const float *)buf)[i];
-    case DDPLUG_FLOAT64: return ((const double *)buf)[i];
-    case DDPLUG_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
-    case DDPLUG_BFLOAT16: return bf2f(((const uint16_t *)buf)[i]);
-    case DDPLUG_INT8: return ((const int8_t *)buf)[i];
-    case DDPLUG_UINT8: return ((const uint8_t *)buf)[i];
-    case DDPLUG_INT32: return ((const int32_t *)buf)[i];
-    case DDPLUG_INT64: return (double)((const int64_t *)buf)[i];
-  }
-  return 0;
-}
-
-static int is_int(int dt) {
-  return dt == DDPLUG_INT8 || dt == DDPLUG_UINT8 || dt == DDPLUG_INT32 ||
-         dt == DDPLUG_INT64;
-}
-
-/* Rank r's value at i: 1..5, so that sums, products of two and halves are
- * exact in every dtype. */
-static double value(int rank, size_t i) {
-  return (double)(((i * 7u) + (size_t)rank * 3u) % 5u) + 1.0;
-}
-
-/* The reference for op over every rank's value at i. */
-static double reference(int dt, int op, int world, size_t i) {
-  double acc = value(0, i);
-  for (int r = 1; r < world; r++) {
-    double v = value(r, i);
-    switch (op) {
-      case DDPLUG_OP_SUM:
-      case DDPLUG_OP_AVG: acc += v; break;
-      case DDPLUG_OP_PROD: acc *= v; break;
-      case DDPLUG_OP_MIN: acc = v < acc ? v : acc; break;
-      case DDPLUG_OP_MAX: acc = v > acc ? v : acc; break;
-    }
-  }
-  if (op == DDPLUG_OP_AVG) {
-    if (is_int(dt)) return (double)((int64_t)acc / (int64_t)world);
-    return acc / world;
-  }
-  return acc;
-}
-
 static void check_result(const char *what, int dt, int op, const void *out,
                          size_t n, int world) {
   for (size_t i = 0; i < n; i++) {
-    double want = reference(dt, op, world, i), got = get(dt, out, i);
+    double want = tv_round(dt, tv_reference(dt, op, world, i));
+    double got = tv_get(dt, out, i);
     CHECK_MSG(got == want, "%s %s %s: element %zu is %g, expected %g", what,
               ddplug_dtype_name(dt), ddplug_op_name(op), i, got, want);
   }
@@ -233,7 +130,7 @@ static void every_dtype_and_op(ddplug_context *ctx, int rank, int world) {
     CUDA_OK(cudaMalloc(&din, n * es));
     CUDA_OK(cudaMalloc(&dout, n * es * (size_t)world));
     CUDA_OK(cudaMallocHost(&pinned, n * es));
-    for (size_t i = 0; i < n; i++) put(dt, in, i, value(rank, i));
+    for (size_t i = 0; i < n; i++) tv_put(dt, in, i, tv_value(rank, i));
     for (int op = 1; op < DDPLUG_OP_COUNT_; op++) {
       if (!(info.op_mask & DDPLUG_OP_BIT(op))) continue;
       /* device buffers, out of place, on a caller stream */
@@ -263,14 +160,14 @@ static void every_dtype_and_op(ddplug_context *ctx, int rank, int world) {
     CHECK_OK(ddplug_broadcast(ctx, din, din, n, dt, root, s));
     CUDA_OK(cudaMemcpy(out, din, n * es, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++)
-      CHECK_MSG(get(dt, out, i) == value(root, i), "broadcast %s element %zu",
+      CHECK_MSG(tv_get(dt, out, i) == tv_value(root, i), "broadcast %s element %zu",
                 ddplug_dtype_name(dt), i);
     memset(out, 0, n * es * (size_t)world);
     memcpy(out + (size_t)rank * n * es, in, n * es);
     CHECK_OK(ddplug_allgather(ctx, out + (size_t)rank * n * es, out, n, dt, NULL));
     for (int r = 0; r < world; r++)
       for (size_t i = 0; i < n; i++)
-        CHECK_MSG(get(dt, out + (size_t)r * n * es, i) == value(r, i),
+        CHECK_MSG(tv_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
                   "allgather %s block %d element %zu", ddplug_dtype_name(dt), r, i);
     CUDA_OK(cudaFree(din));
     CUDA_OK(cudaFree(dout));

@@ -1,7 +1,7 @@
 # The nccl plugin's tests (tests/c/test-nccl-*.c). They exit 77 (skipped)
 # where they cannot run: every one when the plugin is not built; the GPU
 # cases when no CUDA device is visible.
-foreach(_t test-nccl-plugin test-nccl-open test-nccl-gpu)
+foreach(_t test-nccl-plugin test-nccl-open test-nccl-gpu test-nccl-fake)
   if(TARGET ${_t})
     set_tests_properties(${_t} PROPERTIES SKIP_RETURN_CODE 77)
   endif()
@@ -23,6 +23,19 @@ if(TARGET ddplug_nccl_objs)
       add_dependencies(${_t} ddplug-nccl)
     endif()
   endforeach()
+  # test-nccl-fake: the plugin's sources against an in-process fake of the
+  # CUDA runtime and NCCL (tests/nccl-fake), instead of the real libraries.
+  if(TARGET test-nccl-fake)
+    get_property(_src GLOBAL PROPERTY DDPLUG_NCCL_SOURCES)
+    get_property(_inc GLOBAL PROPERTY DDPLUG_NCCL_INCLUDE_DIRS)
+    target_sources(test-nccl-fake PRIVATE ${_src}
+                   ${PROJECT_SOURCE_DIR}/tests/nccl-fake/fake_cuda_nccl.c)
+    target_include_directories(test-nccl-fake SYSTEM PRIVATE ${_inc})
+    target_include_directories(test-nccl-fake PRIVATE
+      ${PROJECT_SOURCE_DIR}/plugins/nccl ${PROJECT_SOURCE_DIR}/tests/nccl-fake)
+    target_link_libraries(test-nccl-fake PRIVATE PkgConfig::JANSSON Threads::Threads)
+    target_compile_definitions(test-nccl-fake PRIVATE DDPLUG_TEST_NCCL=1)
+  endif()
 endif()
 
 # `ddplug info nccl` reports the plugin (loads without a GPU or driver).

@@ -411,8 +411,8 @@ static int finalize_comm(ddplug_plugin_group *g) {
  * healthy (bounded by the collective timeout; aborts past it), else it was
  * aborted already. Then releases requests, pools, stream and memory. GPU
  * memory that in-flight copies may still touch (only after an abort, and
- * only if they do not finish within 10 s) is leaked with a warning rather
- * than freed. Returns OK, or the finalize failure (the group is released
+ * only if they do not finish within the collective timeout, at most 10 s)
+ * is leaked with a warning rather than freed. Returns OK, or the finalize failure (the group is released
  * anyway). Not callable concurrently with other slots of the group. */
 int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
   if (!g) return DDPLUG_OK;
@@ -421,7 +421,10 @@ int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
   if (!atomic_load(&g->failed)) (void)ddplug_nccl__check_peer_abort(g);
   if (!atomic_load(&g->failed)) st = finalize_comm(g);
 
-  uint64_t deadline = ddplug_nccl__now_ns() + 10000000000ull;
+  /* Bounded wait for GPU copies into staging memory (only after an abort
+   * can they still be running): the collective timeout, at most 10 s. */
+  int64_t grace_ms = g->timeout_ms < 10000 ? g->timeout_ms : 10000;
+  uint64_t deadline = ddplug_nccl__now_ns() + (uint64_t)grace_ms * 1000000ull;
   while (g->live) {
     ddplug_plugin_request *r = g->live;
     g->live = r->next;
@@ -444,8 +447,9 @@ int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
   if (leaked)
     ddplug_nccl__log(g->svc, g->log_level, DDPLUG_LOG_WARN,
                      "left %d staging buffer%s allocated: GPU copies into them "
-                     "did not finish within 10 s after the group failed",
-                     leaked, leaked == 1 ? "" : "s");
+                     "did not finish within %lld ms (requests freed while "
+                     "pending, or an abort)",
+                     leaked, leaked == 1 ? "" : "s", (long long)grace_ms);
   if (g->scratch && !leaked) {
     (void)cudaFree(g->scratch);
   }

@@ -259,6 +259,73 @@ TEST(async_requests_on_two_streams) {
   store_free(s);
 }
 
+/* ---- staging buffers: growth, reuse, fenced release -------------------- */
+
+static int host_allreduce(frank *f, float *buf, size_t n, int32_t mem,
+                          ddplug_plugin_request **req) {
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(f->rank + 1);
+  ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, buf, buf, n, DDPLUG_FLOAT32,
+                            DDPLUG_OP_SUM, 0, NULL);
+  a.mem = mem;
+  return ddplug_nccl__collective_start(f->g, &a, req);
+}
+
+static void staging_body(frank *f) {
+  const size_t big = 100000; /* 400 KB: outgrows the first 64 KiB stage */
+  float *h = malloc(big * sizeof *h);
+  ddplug_plugin_request *req = NULL;
+  size_t sizes[3] = {10, big, 10};
+  for (int k = 0; k < 3; k++) {
+    CHECK_OK(host_allreduce(f, h, sizes[k], DDPLUG_MEM_HOST, &req));
+    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+    ddplug_nccl__request_free(f->g, req);
+    CHECK(h[0] == 3.0f && h[sizes[k] - 1] == 3.0f);
+  }
+  int stages = 0;
+  for (ddplug_nccl_stage *s = f->g->pool.stages; s; s = s->next) stages++;
+  CHECK_EQ_INT(stages, 1); /* the small idle stage was replaced, then reused */
+
+  /* request_test while the peer has not joined; a pending request freed
+   * keeps its stage fenced until the GPU (here: the fake) is done. */
+  if (f->rank == 0) {
+    CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
+    int32_t done = 1;
+    CHECK_OK(ddplug_nccl__request_test(f->g, req, &done));
+    CHECK_EQ_INT(done, 0);
+    ddplug_nccl__request_free(f->g, req);
+    CHECK(f->g->pool.stages->fence != NULL || f->g->pool.stages->next != NULL);
+  }
+  pthread_barrier_wait(&g_sync);
+  if (f->rank == 1) { /* joins the allreduce rank 0 abandoned */
+    CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
+    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+    ddplug_nccl__request_free(f->g, req);
+  }
+  pthread_barrier_wait(&g_sync);
+  /* The fenced stage is reclaimed once its event completed. */
+  CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
+  CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+  ddplug_nccl__request_free(f->g, req);
+  for (ddplug_nccl_stage *s = f->g->pool.stages; s; s = s->next)
+    CHECK(s->fence == NULL && !s->busy);
+  /* Finally rank 0 abandons one that rank 1 never joins: destroy waits for
+   * the fence (bounded by the timeout), then leaks rather than frees. */
+  if (f->rank == 0) {
+    CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
+    ddplug_nccl__request_free(f->g, req);
+  }
+  free(h);
+}
+
+TEST(staging_buffers_grow_are_reused_and_fenced) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 400, staging_body, NULL);
+  all_created(f, 2);
+  store_free(s);
+}
+
 /* ---- NCCL init and enqueue answering ncclInProgress --------------------- */
 
 static void one_allreduce(frank *f) {

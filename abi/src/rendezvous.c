@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "context.h"
+#include "store.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -635,6 +636,8 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     if (s != DDPLUG_OK)
       return ddplug__err_prefix(s, "rank %d could not reach the rendezvous store at %s:%d",
                                 rank, ctx->store_addr, ctx->store_port);
+    /* Calls without their own timeout (set, add, ...) wait at most this. */
+    ddplug__store_set_default_timeout(*conns[i], ctx->rdzv_timeout_ms);
   }
   int64_t procs = 0;
   s = ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs); /* see leave() */

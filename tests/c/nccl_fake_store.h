@@ -244,4 +244,24 @@ static inline void run_threads(int world, void *(*fn)(void *), void *args, size_
   for (int i = 0; i < world; i++) pthread_join(t[i], NULL);
 }
 
+/* The ddplug_coll_args the runtime would pass for one collective. */
+static inline ddplug_coll_args coll_args(int kind, const void *send, void *recv,
+                                         uint64_t count, int dtype, int op,
+                                         int root, void *stream, uint64_t seq) {
+  ddplug_coll_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+  a.kind = kind;
+  a.dtype = dtype;
+  a.op = op;
+  a.root = root;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.seq = seq;
+  a.stream = stream;
+  return a;
+}
+
 #endif /* DDPLUG_NCCL_FAKE_STORE_H */

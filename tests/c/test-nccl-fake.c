@@ -81,24 +81,12 @@ static void all_created(frank *f, int world) {
               ddplug_nccl__status_name(f[r].created), f[r].fr.err);
 }
 
+/* The next collective of this thread-rank (sequence numbers 1, 2, ...). */
 static ddplug_coll_args coll(int kind, const void *send, void *recv,
                              uint64_t count, int dtype, int op, int root,
                              void *stream) {
   static __thread uint64_t seq;
-  ddplug_coll_args a;
-  memset(&a, 0, sizeof a);
-  a.struct_size = sizeof a;
-  a.abi_version = DDPLUG_PLUGIN_ABI_VERSION;
-  a.kind = kind;
-  a.dtype = dtype;
-  a.op = op;
-  a.root = root;
-  a.send = send;
-  a.recv = recv;
-  a.count = count;
-  a.seq = ++seq;
-  a.stream = stream;
-  return a;
+  return coll_args(kind, send, recv, count, dtype, op, root, stream, ++seq);
 }
 
 /* Start, wait (the group's timeout), free; returns the status. */

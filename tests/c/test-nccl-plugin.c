@@ -474,16 +474,8 @@ static void bare_free(ddplug_plugin_group *g) {
 }
 
 static ddplug_coll_args allreduce_args(uint64_t seq, uint64_t count) {
-  ddplug_coll_args a;
-  memset(&a, 0, sizeof a);
-  a.struct_size = sizeof a;
-  a.abi_version = DDPLUG_PLUGIN_ABI_VERSION;
-  a.kind = DDPLUG_COLL_ALLREDUCE;
-  a.dtype = DDPLUG_FLOAT32;
-  a.op = DDPLUG_OP_SUM;
-  a.count = count;
-  a.seq = seq;
-  return a;
+  return coll_args(DDPLUG_COLL_ALLREDUCE, NULL, NULL, count, DDPLUG_FLOAT32,
+                   DDPLUG_OP_SUM, 0, NULL, seq);
 }
 
 TEST(abort_is_published_and_later_calls_fail) {

@@ -109,7 +109,9 @@ int main(int argc, char **argv) {
   }
   uint64_t per_rank = 0;
   ddplug_sampler_length(sampler, &per_rank);
-  const int64_t steps = (int64_t)(per_rank / BATCH);
+  /* Every sample of the epoch: the last batch may be short. (Dropping it is
+   * exactly what the audit reports as "missing samples".) */
+  const int64_t steps = (int64_t)((per_rank + BATCH - 1) / BATCH);
   if (w.rank == 0) {
     int owner = 0;
     char claimant[128] = "";

@@ -71,7 +71,8 @@ int ddplug_nccl__pick_device(const ddplug_nccl_options *o, int32_t local_rank,
                    "this process sees %d CUDA devices (%s). Start at most %d "
                    "ranks per node, map ranks to GPUs with "
                    "plugin_options.device_map, or let ranks share GPUs with "
-                   "plugin_options.allow_shared_gpu=true (NCCL >= 2.30, "
+                   "checks.duplicate_gpu = \"warn\" or \"allow\" (or "
+                   "plugin_options.allow_shared_gpu=true; NCCL >= 2.30, "
                    "NCCL_MULTI_RANK_GPU_ENABLE=1)",
                    local_rank, local_world, count,
                    visible_devices(vis, sizeof vis), count);
@@ -244,9 +245,9 @@ int ddplug_nccl__check_devices(const ddplug_nccl_devrec *recs, int32_t n,
                          "%s are bound to the same GPU %s (%s, PCI %s) on host "
                          "%s (%s): NCCL needs one GPU per rank. Give each rank "
                          "its own GPU (CUDA_VISIBLE_DEVICES or "
-                         "plugin_options.device_map), or set "
-                         "plugin_options.allow_shared_gpu=true (NCCL >= 2.30 "
-                         "with NCCL_MULTI_RANK_GPU_ENABLE=1)",
+                         "plugin_options.device_map), or allow sharing with "
+                         "checks.duplicate_gpu = \"warn\" or \"allow\" (NCCL "
+                         ">= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1)",
                          who, d->uuid, d->name, d->pci, d->host, how);
         return DDPLUG_E_CONFIG;
       }

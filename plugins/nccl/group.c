@@ -135,6 +135,13 @@ static int local_setup(ddplug_plugin_group *g, char *err, size_t cap) {
   const ddplug_group_init *in = g->init;
   int st = ddplug_nccl__options_parse(in->options_json, &g->opts, err, cap);
   if (st != DDPLUG_OK) return st;
+  /* The run's config (checks.duplicate_gpu, ABI 1.1) may allow shared GPUs
+   * too; plugin_options.allow_shared_gpu allows them silently. */
+  if (DDPLUG_HAS_FIELD(in, ddplug_group_init, duplicate_gpu) && !g->opts.allow_shared_gpu &&
+      (in->duplicate_gpu == DDPLUG_CHECK_WARN || in->duplicate_gpu == DDPLUG_CHECK_ALLOW)) {
+    g->opts.allow_shared_gpu = 1;
+    g->warn_shared_gpu = in->duplicate_gpu == DDPLUG_CHECK_WARN;
+  }
   int count = 0;
   cudaError_t ce = cudaGetDeviceCount(&count);
   if (ce != cudaSuccess || count <= 0) {
@@ -184,6 +191,10 @@ static int check_node_devices(ddplug_plugin_group *g, uint64_t deadline,
   if (st == DDPLUG_OK)
     st = ddplug_nccl__check_devices(recs, n, g->opts.allow_shared_gpu,
                                     &g->shared_gpu, err, cap);
+  if (st == DDPLUG_OK && g->shared_gpu && g->warn_shared_gpu && g->rank == 0)
+    g->svc->log(g->svc->host, DDPLUG_LOG_WARN,
+                "ranks share a GPU (allowed by checks.duplicate_gpu = \"warn\"): "
+                "they compete for its memory and compute");
   free(recs);
   return st;
 }

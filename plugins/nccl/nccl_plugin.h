@@ -239,6 +239,7 @@ struct ddplug_plugin_group {
   ddplug_nccl_devrec self;
   int32_t device;
   int shared_gpu;
+  int warn_shared_gpu;               /* checks.duplicate_gpu = "warn"       */
 
   /* comm is read and used under comm_mu by the slot thread and cleared
    * (after ncclCommAbort) under comm_mu by group_abort from any thread. */

@@ -56,10 +56,14 @@ static void *frank_thread(void *p) {
 
 /* world thread-ranks: create (plugin_options opts, collective timeout
  * timeout_ms), run body, destroy. Returns the store (free it). */
+/* checks.duplicate_gpu as the runtime passes it (0: unset). */
+static int32_t g_duplicate_gpu;
+
 static fake_store *run_ranks(frank *f, fake_world *w, int world, const char *opts,
                              int64_t timeout_ms, body_fn body, void *arg) {
   fake_store *s = store_new();
   world_init(w, world, opts, timeout_ms);
+  for (int r = 0; r < world; r++) w->init[r].duplicate_gpu = g_duplicate_gpu;
   pthread_barrier_init(&g_sync, NULL, (unsigned)world);
   for (int r = 0; r < world; r++) {
     memset(&f[r], 0, sizeof f[r]);
@@ -400,6 +404,26 @@ TEST(two_ranks_on_one_gpu_are_refused_then_allowed) {
   for (int r = 0; r < 2; r++) CHECK_EQ_INT(f[r].created, DDPLUG_E_UNSUPPORTED);
   CHECK_CONTAINS(f[1].fr.err, "runs NCCL 2.27.3, which cannot put two ranks on one GPU");
   store_free(s);
+}
+
+TEST(config_duplicate_gpu_warn_or_allow_lets_ranks_share) {
+  fake_reset();
+  fake.devices = 1;
+  frank f[2];
+  fake_world w;
+  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+  g_duplicate_gpu = DDPLUG_CHECK_ERROR; /* the default: refused */
+  fake_store *s = run_ranks(f, &w, 2, "{}", 3000, NULL, NULL);
+  for (int r = 0; r < 2; r++) CHECK_EQ_INT(f[r].created, DDPLUG_E_CONFIG);
+  store_free(s);
+  const int32_t policies[] = {DDPLUG_CHECK_WARN, DDPLUG_CHECK_ALLOW};
+  for (int i = 0; i < 2; i++) {
+    g_duplicate_gpu = policies[i];
+    s = run_ranks(f, &w, 2, "{}", 10000, one_allreduce, NULL);
+    all_created(f, 2);
+    store_free(s);
+  }
+  g_duplicate_gpu = 0;
 }
 
 TEST(device_map_picks_the_device) {

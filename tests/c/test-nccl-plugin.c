@@ -151,7 +151,7 @@ TEST(pick_device_rules) {
   CHECK_EQ_INT(ddplug_nccl__pick_device(&none, 2, 3, 2, &d, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "local rank 2 of 3 on this node has no GPU of its own");
-  CHECK_CONTAINS(err, "plugin_options.allow_shared_gpu=true");
+  CHECK_CONTAINS(err, "checks.duplicate_gpu = \"warn\" or \"allow\"");
   CHECK_OK(ddplug_nccl__pick_device(&shared, 2, 3, 2, &d, err, sizeof err));
   CHECK_EQ_INT(d, 0);
   /* device_map */
@@ -237,7 +237,7 @@ TEST(duplicate_gpu_names_both_ranks_and_the_device) {
   CHECK_CONTAINS(err, "ranks 0 and 1 are bound to the same GPU " U1
                       " (NVIDIA H100 80GB HBM3, PCI 0000:3b:00.0) on host node-a "
                       "(rank 0 as cuda:0, rank 1 as cuda:0)");
-  CHECK_CONTAINS(err, "plugin_options.allow_shared_gpu=true");
+  CHECK_CONTAINS(err, "checks.duplicate_gpu = \"warn\" or \"allow\"");
 
   ddplug_nccl_devrec three[3] = {rec(0, 0, U0, "h", 23007, 0),
                                  rec(1, 0, U0, "h", 23007, 0),

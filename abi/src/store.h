@@ -175,6 +175,16 @@ int ddplug__store_decode_request(const uint8_t *frame, size_t len,
 /* Iterate the keys of a decoded WAIT (already validated by decode). */
 const uint8_t *ddplug__store_next_key(ddplug__rd *r, uint16_t *len);
 
+/* The handshake MACs (see the wire format in store_proto.c): the client's
+ * proof (server_proof 0) = HMAC(secret, "ddplug-store-v1 client" || snonce
+ * || cnonce); the server's (1) = HMAC(secret, "ddplug-store-v1 server" ||
+ * cnonce || snonce). */
+void ddplug__store_auth_mac(const void *secret, size_t secret_len,
+                            int server_proof,
+                            const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                            const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                            uint8_t out[DDPLUG__SHA256_LEN]);
+
 /* Parse a whole decimal int64 ("-12"; no spaces, no '+'): 0 or -1. */
 int ddplug__store_parse_int(const uint8_t *s, size_t len, int64_t *out);
 
@@ -186,6 +196,11 @@ void ddplug__store_format_where(char *buf, size_t cap, const char *host,
 /* "a.b.c.d:P" / "[v6]:P" of a socket address, for logs. */
 void ddplug__store_format_sockaddr(char *buf, size_t cap,
                                    const struct sockaddr *sa);
+/* getaddrinfo for a TCP host:port (passive: for bind). Returns its code;
+ * on success *res is freed with freeaddrinfo. May block in the resolver. */
+struct addrinfo;
+int ddplug__store_resolve(const char *host, int port, int passive,
+                          struct addrinfo **res);
 /* Non-blocking, close-on-exec, TCP_NODELAY and keepalive on fd. */
 int ddplug__store_tune_socket(int fd);
 /* Fill buf with n random bytes (getrandom, then /dev/urandom). 0 or -1. */
@@ -255,6 +270,14 @@ void ddplug__store_table_drop_owner(ddplug__store_table *t, void *owner);
  * keys still missing). Returns the earliest remaining deadline, or
  * UINT64_MAX if no waiter is parked. */
 uint64_t ddplug__store_table_expire(ddplug__store_table *t, uint64_t now_ns);
+
+/* ---- server internals (store_server.c) ----------------------------------- */
+
+/* How long a new connection may take to authenticate before the server
+ * drops it (default 30 s); applies to connections accepted afterwards.
+ * ms <= 0 is ignored. Thread-safe. */
+void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
+                                               int64_t ms);
 
 /* ---- client internals (store_client.c) ----------------------------------- */
 

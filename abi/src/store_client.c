@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,8 @@ struct ddplug_store {
   int lost_status;     /* non-zero once broken: the status to report */
   char lost_msg[512];  /* ... and why */
   uint32_t next_id;
-  int64_t default_timeout_ms;
+  _Atomic int64_t default_timeout_ms;
+  pid_t pid;           /* the process that connected */
   char where[320];     /* "H:P" for messages */
   uint8_t *in;         /* received bytes; in[in_pos..in_len) unread */
   size_t in_len, in_pos, in_cap;
@@ -81,6 +83,12 @@ static int closed_by_server(ddplug_store *st) {
               st->where);
 }
 
+/* A handle inherited across fork() shares its socket with the parent: a
+ * child must not speak on it (its BYE would cancel the parent's disconnect
+ * keys, its replies would be read by the wrong process), nor take its mutex
+ * (another parent thread may have held it at the fork). */
+static int forked_away(const ddplug_store *st) { return getpid() != st->pid; }
+
 static int check_usable(ddplug_store *st) {
   if (st->lost_status == 0) return DDPLUG_OK;
   return ddplug__err(st->lost_status, "%s", st->lost_msg);
@@ -98,6 +106,11 @@ static int read_frame(ddplug_store *st, uint64_t deadline_ns, uint8_t *type,
     memmove(st->in, st->in + st->in_pos, st->in_len - st->in_pos);
     st->in_len -= st->in_pos;
     st->in_pos = 0;
+  }
+  if (st->in_len == 0 && st->in_cap > 256 * 1024) { /* after a big value */
+    ddplug__free(st->in);
+    st->in = NULL;
+    st->in_cap = 0;
   }
   for (;;) {
     size_t need = DDPLUG__STORE_HDR_LEN;
@@ -209,6 +222,19 @@ static int bad_reply(ddplug_store *st, const char *call) {
               st->where);
 }
 
+/* GET and WAIT: send the request built so far; the server answers by
+ * timeout_ms, and the client waits for that answer up to
+ * DDPLUG__STORE_REPLY_GRACE_MS longer. *waited_s: how long the call took. */
+static int timed_call(ddplug_store *st, uint32_t id, int64_t timeout_ms,
+                      uint8_t *code, ddplug__rd *rd, double *waited_s) {
+  uint64_t start = ddplug__now_ns();
+  int rc = transact(st, id,
+                    ddplug__deadline_ns(timeout_ms + DDPLUG__STORE_REPLY_GRACE_MS),
+                    code, rd);
+  *waited_s = (double)(ddplug__now_ns() - start) / 1e9;
+  return rc;
+}
+
 /* ---- argument checks ----------------------------------------------------- */
 
 static int check_key(const char *call, const char *what, const char *key) {
@@ -247,14 +273,24 @@ static int check_value(const char *call, const char *what, const char *key,
 static int check_handle(const char *call, const ddplug_store *st) {
   if (!st)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: st is NULL", call);
+  if (forked_away(st))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: this rendezvous store handle (%s) was opened by "
+                       "process %d and cannot be used in forked process %d; "
+                       "connect again in the child",
+                       call, st->where, (int)st->pid, (int)getpid());
   return DDPLUG_OK;
 }
+
+/* Longest wait a call honours (the wire carries u32 milliseconds, about
+ * 49 days); longer timeouts are clamped to it. */
+#define TIMEOUT_CAP_MS ((int64_t)UINT32_MAX)
 
 /* The effective timeout of a call, or INVALID_ARGUMENT. */
 static int resolve_timeout(const char *call, const ddplug_store *st,
                            int64_t timeout_ms, int64_t *out) {
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) {
-    *out = st->default_timeout_ms;
+    *out = atomic_load(&st->default_timeout_ms);
     return DDPLUG_OK;
   }
   if (timeout_ms < 0)
@@ -263,7 +299,7 @@ static int resolve_timeout(const char *call, const ddplug_store *st,
                        "number of milliseconds, 0 to poll, or "
                        "DDPLUG_TIMEOUT_DEFAULT)",
                        call, (long long)timeout_ms);
-  *out = timeout_ms;
+  *out = DDPLUG__MIN(timeout_ms, TIMEOUT_CAP_MS);
   return DDPLUG_OK;
 }
 
@@ -297,13 +333,8 @@ static int finish(ddplug_store *st, int rc) {
  * getaddrinfo error) saying why. */
 static int try_connect(const char *host, int port, uint64_t deadline_ns,
                        int *err, int *gai) {
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  *gai = getaddrinfo(host, portstr, &hints, &res);
+  struct addrinfo *res = NULL;
+  *gai = ddplug__store_resolve(host, port, 0, &res);
   if (*gai != 0) {
     *err = *gai == EAI_SYSTEM ? errno : 0;
     return -1;
@@ -372,15 +403,7 @@ static int handshake(ddplug_store *st, const char *secret,
                              "store handshake");
   size_t slen = secret ? strlen(secret) : 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  uint8_t msg[sizeof DDPLUG__STORE_MAC_CLIENT + 2 * DDPLUG__STORE_NONCE_LEN];
-  size_t n = sizeof DDPLUG__STORE_MAC_CLIENT - 1;
-  if (slen) {
-    memcpy(msg, DDPLUG__STORE_MAC_CLIENT, n);
-    memcpy(msg + n, snonce, sizeof snonce);
-    memcpy(msg + n + sizeof snonce, cnonce, sizeof cnonce);
-    ddplug__hmac_sha256(secret, slen, msg, n + 2 * DDPLUG__STORE_NONCE_LEN,
-                        NULL, 0, mac);
-  }
+  if (slen) ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac);
   uint32_t id = req_begin(st, DDPLUG__STORE_AUTH);
   ddplug__sbuf_u8(&st->req, slen > 0);
   ddplug__sbuf_put(&st->req, cnonce, sizeof cnonce);
@@ -411,11 +434,7 @@ static int handshake(ddplug_store *st, const char *secret,
   if (code != DDPLUG__STORE_R_OK || !smac || rd.left != 0)
     return bad_reply(st, "ddplug_store_connect");
   if (slen) {
-    memcpy(msg, DDPLUG__STORE_MAC_SERVER, n);
-    memcpy(msg + n, cnonce, sizeof cnonce);
-    memcpy(msg + n + sizeof cnonce, snonce, sizeof snonce);
-    ddplug__hmac_sha256(secret, slen, msg, n + 2 * DDPLUG__STORE_NONCE_LEN,
-                        NULL, 0, mac);
+    ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac);
     if (!ddplug__ct_equal(mac, smac, sizeof mac))
       return lose(st, DDPLUG_E_CONFIG,
                   "rendezvous store at %s could not prove that it knows the "
@@ -450,6 +469,9 @@ static void store_free(ddplug_store *st) {
  * refused, or the server could not prove it knows the secret),
  * ABI_MISMATCH (another store protocol version), PEER_LOST (the server
  * closed the connection or is not a ddplug store), NO_MEMORY.
+ * Timeouts beyond 2^32-1 ms (about 49 days) are clamped to it; so are those
+ * of the other calls. A handle belongs to the process that connected: in a
+ * forked child every call fails with INVALID_ARGUMENT (connect again there).
  * Blocks at most as said. Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_connect(const char *addr, int port,
                                     const char *secret, int64_t timeout_ms,
@@ -471,6 +493,7 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "%s: timeout_ms %lld is negative", call,
                        (long long)timeout_ms);
+  timeout_ms = DDPLUG__MIN(timeout_ms, TIMEOUT_CAP_MS);
   ddplug_store *st = ddplug__calloc(1, sizeof *st);
   if (!st || ddplug__errslot_init(&st->err) != DDPLUG_OK) {
     ddplug__free(st);
@@ -479,7 +502,8 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
   }
   pthread_mutex_init(&st->mu, NULL);
   st->fd = -1;
-  st->default_timeout_ms = DDPLUG__STORE_DEFAULT_TIMEOUT_MS;
+  st->pid = getpid();
+  atomic_store(&st->default_timeout_ms, DDPLUG__STORE_DEFAULT_TIMEOUT_MS);
   ddplug__store_format_where(st->where, sizeof st->where, addr, port);
 
   uint64_t start = ddplug__now_ns();
@@ -526,11 +550,17 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
 /* ddplug_store_close — say goodbye (so the server does not apply this
  * connection's on_disconnect keys), close the connection and free st.
  * Waits at most 2 s (or the default timeout if smaller) for the server to
- * acknowledge; a broken connection is just closed. NULL is a no-op. No
+ * acknowledge; a broken connection is just closed. In a process forked
+ * after connecting, it only releases this process's copy (the parent's
+ * connection and its disconnect keys are untouched). NULL is a no-op. No
  * other thread may use st during or after the call. Leaves the calling
  * thread's last error as it was. Since 1.0. */
 DDPLUG_API void ddplug_store_close(ddplug_store *st) {
   if (!st) return;
+  if (forked_away(st)) { /* release this process's copies only */
+    store_free(st);
+    return;
+  }
   pthread_mutex_lock(&st->mu);
   if (st->lost_status == 0 && st->fd >= 0) {
     char saved[DDPLUG__ERRMSG_MAX];
@@ -538,9 +568,8 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
     uint32_t id = req_begin(st, DDPLUG__STORE_BYE);
     uint8_t code;
     ddplug__rd rd;
-    transact(st, id,
-             ddplug__deadline_ns(DDPLUG__MIN(st->default_timeout_ms, 2000)),
-             &code, &rd);
+    int64_t ms = DDPLUG__MIN(atomic_load(&st->default_timeout_ms), 2000);
+    transact(st, id, ddplug__deadline_ns(ms), &code, &rd);
     ddplug__set_last_error(saved);
   }
   pthread_mutex_unlock(&st->mu);
@@ -567,11 +596,33 @@ static int no_answer(ddplug_store *st, const char *call, const char *key,
  * timeout and expect a reply code. */
 static int simple_call(ddplug_store *st, const char *call, const char *key,
                        uint32_t id, uint8_t *code, ddplug__rd *rd) {
-  int64_t ms = st->default_timeout_ms;
+  int64_t ms = atomic_load(&st->default_timeout_ms);
   int rc = transact(st, id, ddplug__deadline_ns(ms), code, rd);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0)
     return no_answer(st, call, key, ms);
   return rc;
+}
+
+/* SET and ON_DISCONNECT: a key and a value, answered by a bare OK. */
+static int key_value_call(ddplug_store *st, const char *call, uint8_t type,
+                          const char *key, const void *value, uint64_t len) {
+  int rc = check_handle(call, st);
+  if (rc) return rc;
+  if ((rc = check_key(call, "key", key)) ||
+      (rc = check_value(call, "value", key, value, len)))
+    return arg_fail(st, rc);
+  pthread_mutex_lock(&st->mu);
+  if ((rc = check_usable(st)) == DDPLUG_OK) {
+    uint32_t id = req_begin(st, type);
+    ddplug__sbuf_key(&st->req, key, strlen(key));
+    ddplug__sbuf_value(&st->req, value, (size_t)len);
+    uint8_t code;
+    ddplug__rd rd;
+    rc = simple_call(st, call, key, id, &code, &rd);
+    if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
+      rc = bad_reply(st, call);
+  }
+  return finish(st, rc);
 }
 
 /* ddplug_store_set — set key (1..255 bytes) to value[0..len) (at most
@@ -582,24 +633,8 @@ static int simple_call(ddplug_store *st, const char *call, const char *key,
  * Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
                                 const void *value, uint64_t len) {
-  static const char call[] = "ddplug_store_set";
-  int rc = check_handle(call, st);
-  if (rc) return rc;
-  if ((rc = check_key(call, "key", key)) ||
-      (rc = check_value(call, "value", key, value, len)))
-    return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
-  if ((rc = check_usable(st)) == DDPLUG_OK) {
-    uint32_t id = req_begin(st, DDPLUG__STORE_SET);
-    ddplug__sbuf_key(&st->req, key, strlen(key));
-    ddplug__sbuf_value(&st->req, value, (size_t)len);
-    uint8_t code;
-    ddplug__rd rd;
-    rc = simple_call(st, call, key, id, &code, &rd);
-    if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
-      rc = bad_reply(st, call);
-  }
-  return finish(st, rc);
+  return key_value_call(st, "ddplug_store_set", DDPLUG__STORE_SET, key, value,
+                        len);
 }
 
 /* ddplug_store_get — wait at most timeout_ms (0 = do not wait,
@@ -627,16 +662,13 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
                                     "%s: value is NULL (key '%s')", call, key));
   pthread_mutex_lock(&st->mu);
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
-  uint64_t start = ddplug__now_ns();
   uint32_t id = req_begin(st, DDPLUG__STORE_GET);
-  ddplug__sbuf_u32(&st->req, (uint32_t)DDPLUG__MIN(t, (int64_t)UINT32_MAX));
+  ddplug__sbuf_u32(&st->req, (uint32_t)t);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   uint8_t code;
   ddplug__rd rd;
-  rc = transact(st, id,
-                ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS), &code,
-                &rd);
-  double waited = (double)(ddplug__now_ns() - start) / 1e9;
+  double waited;
+  rc = timed_call(st, id, t, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for key '%s': the "
@@ -839,18 +871,15 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
   pthread_mutex_lock(&st->mu);
   if ((rc = check_usable(st)) != DDPLUG_OK || nkeys == 0)
     return finish(st, rc);
-  uint64_t start = ddplug__now_ns();
   uint32_t id = req_begin(st, DDPLUG__STORE_WAIT);
-  ddplug__sbuf_u32(&st->req, (uint32_t)DDPLUG__MIN(t, (int64_t)UINT32_MAX));
+  ddplug__sbuf_u32(&st->req, (uint32_t)t);
   ddplug__sbuf_u16(&st->req, (uint16_t)nkeys);
   for (uint32_t i = 0; i < nkeys; i++)
     ddplug__sbuf_key(&st->req, keys[i], strlen(keys[i]));
   uint8_t code;
   ddplug__rd rd;
-  rc = transact(st, id,
-                ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS), &code,
-                &rd);
-  double waited = (double)(ddplug__now_ns() - start) / 1e9;
+  double waited;
+  rc = timed_call(st, id, t, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for %u key(s) "
@@ -881,29 +910,14 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
  * (if key is absent then) when this connection ends without
  * ddplug_store_close: the process was killed, crashed or its connection
  * was reset. Several registrations per connection are allowed (at most
- * 4096); a clean ddplug_store_close drops them all. Errors:
- * INVALID_ARGUMENT, PEER_LOST, TIMEOUT (st's default timeout). Thread-safe.
- * Since 1.0. */
+ * 1024 holding at most 16 MiB of keys and values; beyond that the server
+ * closes the connection, and the call returns PEER_LOST). A clean
+ * ddplug_store_close drops them all. Errors: INVALID_ARGUMENT, PEER_LOST,
+ * TIMEOUT (st's default timeout). Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_on_disconnect(ddplug_store *st, const char *key,
                                           const void *value, uint64_t len) {
-  static const char call[] = "ddplug_store_on_disconnect";
-  int rc = check_handle(call, st);
-  if (rc) return rc;
-  if ((rc = check_key(call, "key", key)) ||
-      (rc = check_value(call, "value", key, value, len)))
-    return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
-  if ((rc = check_usable(st)) == DDPLUG_OK) {
-    uint32_t id = req_begin(st, DDPLUG__STORE_ON_DISCONNECT);
-    ddplug__sbuf_key(&st->req, key, strlen(key));
-    ddplug__sbuf_value(&st->req, value, (size_t)len);
-    uint8_t code;
-    ddplug__rd rd;
-    rc = simple_call(st, call, key, id, &code, &rd);
-    if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
-      rc = bad_reply(st, call);
-  }
-  return finish(st, rc);
+  return key_value_call(st, "ddplug_store_on_disconnect",
+                        DDPLUG__STORE_ON_DISCONNECT, key, value, len);
 }
 
 /* ddplug_store_error — the detail sentence of the last failed call on st
@@ -918,8 +932,6 @@ int ddplug__store_set_default_timeout(ddplug_store *st, int64_t ms) {
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "store default timeout must be positive (got %lld ms)",
                        (long long)ms);
-  pthread_mutex_lock(&st->mu);
-  st->default_timeout_ms = ms;
-  pthread_mutex_unlock(&st->mu);
+  atomic_store(&st->default_timeout_ms, ms);
   return DDPLUG_OK;
 }

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -41,6 +42,17 @@ void ddplug__store_format_sockaddr(char *buf, size_t cap,
     port = ntohs(in6->sin6_port);
   }
   ddplug__store_format_where(buf, cap, host, port);
+}
+
+int ddplug__store_resolve(const char *host, int port, int passive,
+                          struct addrinfo **res) {
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  struct addrinfo hints = {0};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  return getaddrinfo(host, portstr, &hints, res);
 }
 
 /* Keepalive lets either side notice a peer whose machine vanished without

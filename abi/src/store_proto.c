@@ -327,6 +327,21 @@ int ddplug__store_decode_request(const uint8_t *frame, size_t len,
   return 0;
 }
 
+void ddplug__store_auth_mac(const void *secret, size_t secret_len,
+                            int server_proof,
+                            const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                            const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                            uint8_t out[DDPLUG__SHA256_LEN]) {
+  const char *ctx = server_proof ? DDPLUG__STORE_MAC_SERVER : DDPLUG__STORE_MAC_CLIENT;
+  uint8_t nonces[2 * DDPLUG__STORE_NONCE_LEN];
+  /* Each side's proof ends with its own nonce. */
+  memcpy(nonces, server_proof ? cnonce : snonce, DDPLUG__STORE_NONCE_LEN);
+  memcpy(nonces + DDPLUG__STORE_NONCE_LEN, server_proof ? snonce : cnonce,
+         DDPLUG__STORE_NONCE_LEN);
+  ddplug__hmac_sha256(secret, secret_len, ctx, strlen(ctx), nonces,
+                      sizeof nonces, out);
+}
+
 int ddplug__store_parse_int(const uint8_t *s, size_t len, int64_t *out) {
   size_t i = 0;
   int neg = 0;

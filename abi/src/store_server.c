@@ -32,13 +32,15 @@
 
 #include "store.h"
 
-/* A connection must authenticate within this long after accept. */
+/* A connection must authenticate within this long after accept, unless
+ * changed with ddplug__store_server_set_handshake_timeout. */
 #define HANDSHAKE_TIMEOUT_MS 30000
 /* Stop reading a connection while this much of its output is unsent. */
 #define OUT_HIGH_WATER (4u * 1024u * 1024u)
 /* Per-connection bounds against a client that floods the server. */
 #define MAX_PARKED_PER_CONN 256u
-#define MAX_REGS_PER_CONN 4096u
+#define MAX_REGS_PER_CONN 1024u
+#define MAX_REG_BYTES_PER_CONN (16u * 1024u * 1024u)
 /* How long to stop accepting after running out of file descriptors. */
 #define ACCEPT_PAUSE_MS 100
 #define IN_MIN_CAP 4096u
@@ -65,6 +67,7 @@ typedef struct conn {
   ddplug__sbuf out;          /* replies not yet sent: out.data[out_off..] */
   size_t out_off;
   uint32_t nparked, nregs;
+  size_t reg_bytes;
   reg *regs;
   char peer[64];
 } conn;
@@ -72,6 +75,9 @@ typedef struct conn {
 struct ddplug_store_server {
   int listen_fd, wake_fd, ep;
   int port;
+  pid_t pid;        /* the process that started the server thread */
+  _Atomic int64_t handshake_timeout_ms;
+  int forked_copy;  /* freeing a fork's copy: leave the shared epoll alone */
   atomic_int stop;
   pthread_t thread;
   char where[320];
@@ -172,6 +178,7 @@ static void free_regs(conn *c) {
     ddplug__free(r);
   }
   c->nregs = 0;
+  c->reg_bytes = 0;
 }
 
 /* Release everything of c. fire: apply its on_disconnect registrations. */
@@ -184,7 +191,9 @@ static void conn_free(ddplug_store_server *s, conn *c, int fire) {
   }
   free_regs(c);
   if (!c->authed) s->nhandshaking--;
-  epoll_ctl(s->ep, EPOLL_CTL_DEL, c->fd, NULL);
+  /* After fork the epoll instance is shared with the parent: removing the
+   * fd there would unregister the parent's connection. */
+  if (!s->forked_copy) epoll_ctl(s->ep, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
   if (c->prev)
     c->prev->next = c->next;
@@ -239,7 +248,9 @@ static void reply_simple(ddplug_store_server *s, conn *c, uint32_t id,
   reply_end(s, c);
 }
 
-/* The table calls this when a parked GET/WAIT is complete or expired. */
+/* Answer a GET/WAIT waiter: complete (the value, or OK) or expired (GET:
+ * TIMEOUT; WAIT: TIMEOUT and the keys still missing). Frees w. The table
+ * calls this when a parked request is complete or expires. */
 static void on_waiter_ready(void *ctx, ddplug__store_waiter *w) {
   ddplug_store_server *s = ctx;
   conn *c = ddplug__store_waiter_owner(w);
@@ -278,18 +289,12 @@ static void handle_auth(ddplug_store_server *s, conn *c,
                         const ddplug__store_req *q) {
   uint8_t reason = 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  uint8_t msg[sizeof DDPLUG__STORE_MAC_CLIENT + 2 * DDPLUG__STORE_NONCE_LEN];
   if (s->secret && !q->has_secret) {
     reason = DDPLUG__STORE_REFUSE_NO_SECRET;
   } else if (!s->secret && q->has_secret) {
     reason = DDPLUG__STORE_REFUSE_UNEXPECTED;
   } else if (s->secret) {
-    size_t n = sizeof DDPLUG__STORE_MAC_CLIENT - 1;
-    memcpy(msg, DDPLUG__STORE_MAC_CLIENT, n);
-    memcpy(msg + n, c->nonce, DDPLUG__STORE_NONCE_LEN);
-    memcpy(msg + n + DDPLUG__STORE_NONCE_LEN, q->nonce, DDPLUG__STORE_NONCE_LEN);
-    ddplug__hmac_sha256(s->secret, s->secret_len, msg,
-                        n + 2 * DDPLUG__STORE_NONCE_LEN, NULL, 0, mac);
+    ddplug__store_auth_mac(s->secret, s->secret_len, 0, c->nonce, q->nonce, mac);
     if (!ddplug__ct_equal(mac, q->mac, sizeof mac))
       reason = DDPLUG__STORE_REFUSE_BAD_MAC;
   }
@@ -307,14 +312,8 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   }
   /* Prove to the client that this server knows the secret too. */
   memset(mac, 0, sizeof mac);
-  if (s->secret) {
-    size_t n = sizeof DDPLUG__STORE_MAC_SERVER - 1;
-    memcpy(msg, DDPLUG__STORE_MAC_SERVER, n);
-    memcpy(msg + n, q->nonce, DDPLUG__STORE_NONCE_LEN);
-    memcpy(msg + n + DDPLUG__STORE_NONCE_LEN, c->nonce, DDPLUG__STORE_NONCE_LEN);
-    ddplug__hmac_sha256(s->secret, s->secret_len, msg,
-                        n + 2 * DDPLUG__STORE_NONCE_LEN, NULL, 0, mac);
-  }
+  if (s->secret)
+    ddplug__store_auth_mac(s->secret, s->secret_len, 1, c->nonce, q->nonce, mac);
   c->authed = 1;
   s->nhandshaking--;
   reply_begin(c, q->id, DDPLUG__STORE_R_OK);
@@ -322,8 +321,10 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   reply_end(s, c);
 }
 
-/* GET/WAIT: answer now if possible, otherwise park until the keys appear
- * or the deadline passes. */
+/* GET/WAIT: answer at once when every key is present (the common case,
+ * without allocating); otherwise park until the keys appear or the deadline
+ * passes — with timeout 0 the deadline has passed already, and the waiter is
+ * answered (TIMEOUT, naming the missing keys) right away. */
 static void handle_wait(ddplug_store_server *s, conn *c,
                         const ddplug__store_req *q, const uint8_t *keys,
                         size_t keys_len, uint32_t nkeys) {
@@ -335,25 +336,12 @@ static void handle_wait(ddplug_store_server *s, conn *c,
     const uint8_t *k = ddplug__store_next_key(&r, &klen);
     if (!ddplug__store_table_get(s->table, k, klen, &vlen)) missing++;
   }
-  if (missing == 0 || q->timeout_ms == 0) {
+  if (missing == 0) {
+    reply_begin(c, q->id, DDPLUG__STORE_R_OK);
     if (q->type == DDPLUG__STORE_GET) {
       uint32_t vlen = 0;
       const uint8_t *v = ddplug__store_table_get(s->table, q->key, q->klen, &vlen);
-      reply_begin(c, q->id, v ? DDPLUG__STORE_R_OK : DDPLUG__STORE_R_TIMEOUT);
-      if (v) ddplug__sbuf_value(&c->out, v, vlen);
-    } else if (missing == 0) {
-      reply_begin(c, q->id, DDPLUG__STORE_R_OK);
-    } else {
-      reply_begin(c, q->id, DDPLUG__STORE_R_TIMEOUT);
-      ddplug__sbuf_u16(&c->out, (uint16_t)missing);
-      r = (ddplug__rd){keys, keys_len, 0};
-      for (uint32_t i = 0; i < nkeys; i++) {
-        uint16_t klen = 0;
-        uint32_t vlen;
-        const uint8_t *k = ddplug__store_next_key(&r, &klen);
-        if (!ddplug__store_table_get(s->table, k, klen, &vlen))
-          ddplug__sbuf_key(&c->out, k, klen);
-      }
+      ddplug__sbuf_value(&c->out, v, vlen);
     }
     reply_end(s, c);
     return;
@@ -372,6 +360,7 @@ static void handle_wait(ddplug_store_server *s, conn *c,
     return;
   }
   c->nparked++;
+  if (q->timeout_ms == 0) on_waiter_ready(s, w);
 }
 
 static void handle_add(ddplug_store_server *s, conn *c,
@@ -424,8 +413,9 @@ static void handle_cas(ddplug_store_server *s, conn *c,
 
 static void handle_on_disconnect(ddplug_store_server *s, conn *c,
                                  const ddplug__store_req *q) {
-  if (c->nregs >= MAX_REGS_PER_CONN) {
-    conn_kill(s, c, "too many disconnect keys");
+  if (c->nregs >= MAX_REGS_PER_CONN ||
+      c->reg_bytes + q->klen + q->vlen > MAX_REG_BYTES_PER_CONN) {
+    conn_kill(s, c, "too many disconnect keys (over 1024 or 16 MiB)");
     return;
   }
   reg *r = ddplug__calloc(1, sizeof *r + q->klen);
@@ -444,6 +434,7 @@ static void handle_on_disconnect(ddplug_store_server *s, conn *c,
   r->next = c->regs;
   c->regs = r;
   c->nregs++;
+  c->reg_bytes += (size_t)q->klen + q->vlen;
   reply_simple(s, c, q->id, DDPLUG__STORE_R_OK);
 }
 
@@ -607,7 +598,8 @@ static void accept_one(ddplug_store_server *s, int fd,
   }
   c->fd = fd;
   ddplug__store_format_sockaddr(c->peer, sizeof c->peer, sa);
-  c->handshake_deadline_ns = ddplug__deadline_ns(HANDSHAKE_TIMEOUT_MS);
+  c->handshake_deadline_ns =
+      ddplug__deadline_ns(atomic_load(&s->handshake_timeout_ms));
   c->events = EPOLLIN;
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
   if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -725,46 +717,49 @@ static void *server_main(void *arg) {
 
 /* ---- public API ---------------------------------------------------------- */
 
-/* Bind and listen on the first address of addr:port that works. */
+/* A listening socket on one resolved address: the fd and its port, or -1
+ * with *err set. */
+static int listen_on(const struct addrinfo *ai, int *port, int *err) {
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = errno;
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 4096) != 0 ||
+      getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+    *err = errno;
+    close(fd);
+    return -1;
+  }
+  *port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                   : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  return fd;
+}
+
+/* Bind and listen on the first address of addr:port that works: IPv4
+ * addresses first (a hostname such as "localhost" often resolves to ::1
+ * first, but launchers hand out IPv4 addresses), then IPv6. */
 static int open_listener(ddplug_store_server *s, const char *addr, int port) {
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  int g = getaddrinfo(addr, portstr, &hints, &res);
+  struct addrinfo *res = NULL;
+  int g = ddplug__store_resolve(addr, port, 1, &res);
   if (g != 0)
     return ddplug__err(DDPLUG_E_CONFIG,
                        "rendezvous store cannot serve on %s: cannot resolve "
                        "'%s': %s (check rendezvous.addr / MASTER_ADDR)",
                        s->where, addr, gai_strerror(g));
   int err = 0;
-  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    0);
-    if (fd < 0) {
-      err = errno;
-      continue;
+  for (int want_v4 = 1; want_v4 >= 0 && s->listen_fd < 0; want_v4--) {
+    for (struct addrinfo *ai = res; ai && s->listen_fd < 0; ai = ai->ai_next) {
+      if ((ai->ai_family == AF_INET) == want_v4)
+        s->listen_fd = listen_on(ai, &s->port, &err);
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 4096) == 0) {
-      struct sockaddr_storage ss;
-      socklen_t sl = sizeof ss;
-      if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        s->port = ss.ss_family == AF_INET6
-                      ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                      : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        s->listen_fd = fd;
-        freeaddrinfo(res);
-        return DDPLUG_OK;
-      }
-    }
-    err = errno;
-    close(fd);
   }
   freeaddrinfo(res);
+  if (s->listen_fd >= 0) return DDPLUG_OK;
   return ddplug__err_errno(
       DDPLUG_E_SYSTEM, err,
       "rendezvous store cannot listen on %s%s", s->where,
@@ -787,7 +782,10 @@ static void server_free(ddplug_store_server *s) {
 
 /* ddplug_store_serve — start a rendezvous store server.
  * addr: where to listen: NULL or "" (every IPv4 interface, like "0.0.0.0"),
- * an IPv4/IPv6 literal or a hostname. port: 0..65535 (0 picks a free port;
+ * an IPv4/IPv6 literal ("::" is every interface, IPv4 too where the system
+ * allows dual-stack) or a hostname (its first IPv4 address, else its first
+ * IPv6 address; resolving it may block as long as the system resolver
+ * does). port: 0..65535 (0 picks a free port;
  * see ddplug_store_server_port). secret: NULL or "" for none; otherwise
  * clients must prove they know it (HMAC-SHA256 challenge-response), and
  * clients that offer a secret to a server without one are refused too.
@@ -814,6 +812,7 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
     return ddplug__err(DDPLUG_E_NO_MEMORY,
                        "out of memory starting the rendezvous store");
   s->listen_fd = s->wake_fd = s->ep = -1;
+  atomic_store(&s->handshake_timeout_ms, HANDSHAKE_TIMEOUT_MS);
   ddplug__store_format_where(s->where, sizeof s->where, addr, port);
   int rc = DDPLUG_OK;
   if (secret && *secret) {
@@ -826,6 +825,7 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
     if (!s->table) rc = ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory");
   }
   if (rc == DDPLUG_OK) rc = open_listener(s, addr, port);
+  s->pid = getpid();
   if (rc == DDPLUG_OK) {
     ddplug__store_format_where(s->where, sizeof s->where, addr, s->port);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -861,6 +861,11 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
   return DDPLUG_OK;
 }
 
+void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
+                                               int64_t ms) {
+  if (srv && ms > 0) atomic_store(&srv->handshake_timeout_ms, ms);
+}
+
 /* The port srv listens on (the chosen one when started with port 0), or 0
  * if srv is NULL. Never blocks; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_store_server_port(const ddplug_store_server *srv) {
@@ -871,9 +876,18 @@ DDPLUG_API int ddplug_store_server_port(const ddplug_store_server *srv) {
  * every connection (clients then get PEER_LOST; no on_disconnect key is
  * applied), free all keys and srv. NULL is a no-op. Blocks only until the
  * thread has left its loop (it wakes at once). Must not race with another
- * call on srv. Since 1.0. */
+ * call on srv. In a process forked from the one that started the server it
+ * only releases that process's copies; the server keeps running in its own
+ * process. Since 1.0. */
 DDPLUG_API void ddplug_store_server_stop(ddplug_store_server *srv) {
   if (!srv) return;
+  if (getpid() != srv->pid) {
+    /* A forked child's copy: the thread does not exist here and the
+     * parent's server must keep running. Release this process's copies. */
+    srv->forked_copy = 1;
+    server_free(srv);
+    return;
+  }
   atomic_store(&srv->stop, 1);
   uint64_t one = 1;
   ssize_t w;

@@ -285,7 +285,7 @@ static int run(ddplug_plugin_group *g, const ddplug_coll_args *a) {
            a->seq, kind_name(a->kind), r, (double)g->timeout_ms / 1000.0);
   }
   if (!s) s = check_headers(g, h);
-  if (!s && a->kind == DDPLUG_COLL_ALLREDUCE) {
+  if (!s && a->kind == DDPLUG_COLL_ALLREDUCE && bytes) {
     /* Reduce in rank order, so every rank gets identical bits; recv is only
      * written at the end, so in-place (send == recv) works. */
     for (int r = 0; r < ws && !s; r++) {

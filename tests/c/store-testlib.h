@@ -34,6 +34,26 @@ static inline ddplug_store *st_connect(int port, const char *secret) {
   return st;
 }
 
+/* key must hold the string want, waiting at most timeout_ms for it. */
+static inline void st_expect_value(ddplug_store *st, const char *key,
+                                   int64_t timeout_ms, const char *want) {
+  void *v = NULL;
+  uint64_t len = 0;
+  CHECK_OK(ddplug_store_get(st, key, timeout_ms, &v, &len));
+  CHECK_EQ_STR((char *)v, want);
+  CHECK_EQ_INT(len, strlen(want));
+  ddplug_free(v);
+}
+
+/* Wait at most timeout_ms for the forked child pid; it must exit with 0. */
+static inline void st_join_child(pid_t pid, int timeout_ms, const char *what) {
+  int status = 0;
+  CHECK_MSG(dt_wait_pid(pid, timeout_ms, &status) == 0, "%s (pid %d) hung", what,
+            (int)pid);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "%s (pid %d) failed (wait status %d)", what, (int)pid, status);
+}
+
 static inline double st_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -127,19 +147,25 @@ static inline long raw_recv_frame(int fd, uint8_t *buf, size_t cap) {
   return (long)len - 6;
 }
 
-/* Read the CHALLENGE and authenticate without a secret. */
-static inline void raw_auth(int fd) {
-  uint8_t buf[256];
-  CHECK_EQ_INT(raw_recv_frame(fd, buf, sizeof buf), 33);
-  CHECK_EQ_INT(buf[5], DDPLUG__STORE_CHALLENGE);
+/* Send an AUTH frame with the secret flag and an all-zero nonce and MAC
+ * (right for a server without a secret, wrong for one with). */
+static inline void raw_send_auth(int fd, int has_secret) {
   ddplug__sbuf b = {0};
   ddplug__sbuf_frame_begin(&b, DDPLUG__STORE_AUTH, 1);
-  ddplug__sbuf_u8(&b, 0);
+  ddplug__sbuf_u8(&b, (uint8_t)has_secret);
   uint8_t zeros[64] = {0};
   ddplug__sbuf_put(&b, zeros, 64);
   ddplug__sbuf_frame_end(&b);
   raw_send(fd, b.data, b.len);
   ddplug__sbuf_free(&b);
+}
+
+/* Read the CHALLENGE and authenticate without a secret. */
+static inline void raw_auth(int fd) {
+  uint8_t buf[256];
+  CHECK_EQ_INT(raw_recv_frame(fd, buf, sizeof buf), 33);
+  CHECK_EQ_INT(buf[5], DDPLUG__STORE_CHALLENGE);
+  raw_send_auth(fd, 0);
   long n = raw_recv_frame(fd, buf, sizeof buf);
   CHECK_EQ_INT(n, 33);
   CHECK_EQ_INT(buf[10], DDPLUG__STORE_R_OK);

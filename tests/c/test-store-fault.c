@@ -78,10 +78,7 @@ TEST_T(server_killed_while_clients_block_gives_peer_lost, 30) {
     CHECK_CONTAINS(ddplug_last_error(), where);
     ddplug_store_close(a[i].st);
   }
-  int status;
-  CHECK(dt_wait_pid(other, 20000, &status) == 0);
-  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "the client process did not get PEER_LOST");
+  st_join_child(other, 20000, "the client process expecting PEER_LOST");
 }
 
 TEST(server_stop_with_clients_connected) {
@@ -140,10 +137,7 @@ TEST(secret_right_works_wrong_or_missing_refused) {
   expect_refused(port, "", msg); /* "" means no secret */
   expect_refused(port, "s3cret-value-and-more", msg);
   /* The authenticated client was not disturbed. */
-  void *v = NULL;
-  CHECK_OK(ddplug_store_get(st, "k", 0, &v, NULL));
-  CHECK_EQ_STR((char *)v, "v");
-  ddplug_free(v);
+  st_expect_value(st, "k", 0, "v");
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }
@@ -195,13 +189,7 @@ TEST(raw_client_cannot_skip_authentication) {
   /* Replaying a MAC made for another nonce fails: all-zero MAC here. */
   fd = raw_connect(port);
   CHECK_EQ_INT(raw_recv_frame(fd, buf, sizeof buf), 33);
-  ddplug__sbuf_frame_begin(&b, DDPLUG__STORE_AUTH, 1);
-  ddplug__sbuf_u8(&b, 1);
-  uint8_t zeros[64] = {0};
-  ddplug__sbuf_put(&b, zeros, 64);
-  ddplug__sbuf_frame_end(&b);
-  raw_send(fd, b.data, b.len);
-  ddplug__sbuf_free(&b);
+  raw_send_auth(fd, 1);
   CHECK_EQ_INT(raw_recv_frame(fd, buf, sizeof buf), 2);
   CHECK_EQ_INT(buf[10], DDPLUG__STORE_R_REFUSED);
   CHECK_EQ_INT(buf[11], DDPLUG__STORE_REFUSE_BAD_MAC);
@@ -286,17 +274,26 @@ static void accept_auth(int fd, int has_secret, uint8_t mac_byte) {
   send_frame(fd, &b);
 }
 
+/* Connecting to a fake server running script must fail with status and a
+ * last error containing text. */
+static void expect_connect_fails(fake_script script, const char *secret,
+                                 int64_t timeout_ms, int status,
+                                 const char *text) {
+  fake f;
+  fake_start(&f, script, NULL);
+  ddplug_store *st = NULL;
+  CHECK_STATUS(ddplug_store_connect("127.0.0.1", f.port, secret, timeout_ms, &st),
+               status);
+  CHECK(st == NULL);
+  CHECK_CONTAINS(ddplug_last_error(), text);
+  fake_stop(&f);
+}
+
 static void impostor_script(int fd, void *arg) { accept_auth(fd, 1, 0x55); }
 
 TEST(impostor_server_is_refused_by_the_client) {
-  fake f;
-  fake_start(&f, impostor_script, NULL);
-  ddplug_store *st = NULL;
-  CHECK_STATUS(ddplug_store_connect("127.0.0.1", f.port, "secret", 5000, &st),
-               DDPLUG_E_CONFIG);
-  CHECK_CONTAINS(ddplug_last_error(), "could not prove that it knows the shared secret");
-  CHECK(st == NULL);
-  fake_stop(&f);
+  expect_connect_fails(impostor_script, "secret", 5000, DDPLUG_E_CONFIG,
+                       "could not prove that it knows the shared secret");
 }
 
 static void version2_script(int fd, void *arg) {
@@ -305,13 +302,8 @@ static void version2_script(int fd, void *arg) {
 }
 
 TEST(server_with_another_protocol_version_is_named) {
-  fake f;
-  fake_start(&f, version2_script, NULL);
-  ddplug_store *st = NULL;
-  CHECK_STATUS(ddplug_store_connect("127.0.0.1", f.port, NULL, 5000, &st),
-               DDPLUG_E_ABI_MISMATCH);
-  CHECK_CONTAINS(ddplug_last_error(), "speaks store protocol version 2, this rank speaks 1");
-  fake_stop(&f);
+  expect_connect_fails(version2_script, NULL, 5000, DDPLUG_E_ABI_MISMATCH,
+                       "speaks store protocol version 2, this rank speaks 1");
 }
 
 static void http_script(int fd, void *arg) {
@@ -320,26 +312,16 @@ static void http_script(int fd, void *arg) {
 }
 
 TEST(a_service_that_is_not_a_store_is_detected) {
-  fake f;
-  fake_start(&f, http_script, NULL);
-  ddplug_store *st = NULL;
-  CHECK_STATUS(ddplug_store_connect("127.0.0.1", f.port, NULL, 5000, &st),
-               DDPLUG_E_PEER_LOST);
-  CHECK_CONTAINS(ddplug_last_error(), "sent a malformed frame");
-  CHECK_CONTAINS(ddplug_last_error(), "is another service listening on that port?");
-  fake_stop(&f);
+  expect_connect_fails(http_script, NULL, 5000, DDPLUG_E_PEER_LOST,
+                       "sent a malformed frame (length 1213486160): is another "
+                       "service listening on that port?");
 }
 
 static void silent_script(int fd, void *arg) { (void)fd; }
 
 TEST(a_silent_server_times_out_the_handshake) {
-  fake f;
-  fake_start(&f, silent_script, NULL);
-  ddplug_store *st = NULL;
-  CHECK_STATUS(ddplug_store_connect("127.0.0.1", f.port, NULL, 200, &st),
-               DDPLUG_E_TIMEOUT);
-  CHECK_CONTAINS(ddplug_last_error(), "accepted the connection but sent no greeting");
-  fake_stop(&f);
+  expect_connect_fails(silent_script, NULL, 200, DDPLUG_E_TIMEOUT,
+                       "accepted the connection but sent no greeting");
 }
 
 /* The server answers a GET only after the client gave up locally, then
@@ -432,12 +414,8 @@ TEST(on_disconnect_fires_when_a_client_is_killed) {
   CHECK_STATUS(ddplug_store_get(st, "dead/1", 0, &v, NULL), DDPLUG_E_TIMEOUT);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
-  CHECK_OK(ddplug_store_get(st, "dead/1", 10000, &v, NULL));
-  CHECK_EQ_STR((char *)v, "rank 1 died");
-  ddplug_free(v);
-  CHECK_OK(ddplug_store_get(st, "dead/any", 10000, &v, NULL));
-  CHECK_EQ_STR((char *)v, "1");
-  ddplug_free(v);
+  st_expect_value(st, "dead/1", 10000, "rank 1 died");
+  st_expect_value(st, "dead/any", 10000, "1");
   pthread_join(th, NULL);
   CHECK_OK(w.rc);
   ddplug_store_close(w.st);
@@ -450,20 +428,15 @@ TEST(on_disconnect_fires_on_exit_without_close_not_on_clean_close) {
   int port = ddplug_store_server_port(srv);
   ddplug_store *st = st_connect(port, NULL);
   dying_arg clean = {port, 1, "gone/clean", "x"};
-  pid_t pid = dt_fork(dying_main, &clean);
-  int status;
-  CHECK(dt_wait_pid(pid, 10000, &status) == 0 && WEXITSTATUS(status) == 0);
+  st_join_child(dt_fork(dying_main, &clean), 10000, "the cleanly closing client");
   void *v = NULL;
   /* Give a wrong implementation time to fire anyway. */
   CHECK_STATUS(ddplug_store_get(st, "gone/clean", 500, &v, NULL), DDPLUG_E_TIMEOUT);
   CHECK_STATUS(ddplug_store_get(st, "dead/any", 0, &v, NULL), DDPLUG_E_TIMEOUT);
 
   dying_arg unclean = {port, 2, "gone/exit", "y"};
-  pid = dt_fork(dying_main, &unclean);
-  CHECK(dt_wait_pid(pid, 10000, &status) == 0 && WEXITSTATUS(status) == 0);
-  CHECK_OK(ddplug_store_get(st, "gone/exit", 10000, &v, NULL));
-  CHECK_EQ_STR((char *)v, "y");
-  ddplug_free(v);
+  st_join_child(dt_fork(dying_main, &unclean), 10000, "the exiting client");
+  st_expect_value(st, "gone/exit", 10000, "y");
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }
@@ -483,9 +456,60 @@ TEST(on_disconnect_never_overwrites_a_present_key) {
   /* dead/any fires in the same server step as dead/x. */
   CHECK_OK(ddplug_store_get(st, "dead/any", 10000, &v, NULL));
   ddplug_free(v);
-  CHECK_OK(ddplug_store_get(st, "dead/x", 0, &v, NULL));
-  CHECK_EQ_STR((char *)v, "orig");
+  st_expect_value(st, "dead/x", 0, "orig");
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+/* ---- fork ------------------------------------------------------------------ */
+
+typedef struct fork_arg {
+  ddplug_store *st;
+  ddplug_store_server *srv;
+} fork_arg;
+
+static void child_misuses_parent_handle(void *p) {
+  fork_arg *a = p;
+  CHECK_STATUS(ddplug_store_set(a->st, "k", "child", 5), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "cannot be used in forked process");
+  CHECK_CONTAINS(ddplug_last_error(), "connect again in the child");
+  ddplug_store_close(a->st); /* must not say BYE on the parent's behalf */
+}
+
+TEST(a_forked_child_cannot_use_or_close_the_parents_connection) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  CHECK_OK(ddplug_store_on_disconnect(st, "dead/parent", "x", 1));
+  fork_arg a = {st, NULL};
+  st_join_child(dt_fork(child_misuses_parent_handle, &a), 10000, "the child");
+  /* Had the child sent BYE, the server would now refuse this connection. */
+  CHECK_OK(ddplug_store_set(st, "k", "parent", 6));
+  void *v = NULL;
+  CHECK_STATUS(ddplug_store_get(st, "dead/parent", 0, &v, NULL), DDPLUG_E_TIMEOUT);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+static void child_stops_parent_server(void *p) {
+  fork_arg *a = p;
+  ddplug_store_server_stop(a->srv); /* releases the child's copy only */
+}
+
+TEST(server_stop_in_a_forked_child_leaves_the_parent_serving) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  CHECK_OK(ddplug__store_set_default_timeout(st, 5000)); /* fail fast */
+  fork_arg a = {NULL, srv};
+  st_join_child(dt_fork(child_stops_parent_server, &a), 10000, "the child");
+  void *v = NULL;
+  CHECK_OK(ddplug_store_set(st, "k", "v", 1));
+  CHECK_OK(ddplug_store_get(st, "k", 1000, &v, NULL));
   ddplug_free(v);
+  ddplug_store *late = st_connect(port, NULL);
+  CHECK_OK(ddplug_store_set(late, "k2", "v", 1));
+  ddplug_store_close(late);
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }

@@ -232,10 +232,17 @@ static size_t keys_of(uint8_t *out, const char *const *keys, int n) {
 
 #define K(s) (const uint8_t *)(s), strlen(s)
 
+/* A table whose ready callback records into s. */
+static ddplug__store_table *seen_table(seen *s) {
+  memset(s, 0, sizeof *s);
+  s->t = ddplug__store_table_new(on_ready, s);
+  CHECK(s->t != NULL);
+  return s->t;
+}
+
 TEST(table_waiters_wake_exactly_when_all_keys_exist) {
-  seen s = {0};
-  ddplug__store_table *t = ddplug__store_table_new(on_ready, &s);
-  s.t = t;
+  seen s;
+  ddplug__store_table *t = seen_table(&s);
   uint8_t enc[64];
   const char *ab[] = {"a", "b"};
   size_t n = keys_of(enc, ab, 2);
@@ -262,9 +269,8 @@ TEST(table_waiters_wake_exactly_when_all_keys_exist) {
 }
 
 TEST(table_expiry_is_in_deadline_order_and_drop_owner_frees) {
-  seen s = {0};
-  ddplug__store_table *t = ddplug__store_table_new(on_ready, &s);
-  s.t = t;
+  seen s;
+  ddplug__store_table *t = seen_table(&s);
   uint8_t enc[16];
   const char *x[] = {"x"};
   size_t n = keys_of(enc, x, 1);
@@ -289,9 +295,8 @@ TEST(table_expiry_is_in_deadline_order_and_drop_owner_frees) {
 }
 
 TEST(table_many_keys_grow_and_free_with_parked_waiters) {
-  seen s = {0};
-  ddplug__store_table *t = ddplug__store_table_new(on_ready, &s);
-  s.t = t;
+  seen s;
+  ddplug__store_table *t = seen_table(&s);
   char key[32];
   for (int i = 0; i < 5000; i++) {
     int n = snprintf(key, sizeof key, "k/%d", i);

@@ -178,10 +178,7 @@ static void healthy(ddplug_store *st, int i) {
   char val[32];
   snprintf(val, sizeof val, "value-%d", i);
   CHECK_OK(ddplug_store_set(st, "healthy", val, strlen(val)));
-  void *v = NULL;
-  CHECK_OK(ddplug_store_get(st, "healthy", 1000, &v, NULL));
-  CHECK_EQ_STR((char *)v, val);
-  ddplug_free(v);
+  st_expect_value(st, "healthy", 1000, val);
   CHECK_OK(ddplug_store_add(st, "healthy/count", 1, NULL));
 }
 
@@ -264,10 +261,63 @@ TEST(a_malformed_connection_fires_its_disconnect_keys) {
   ddplug__sbuf_free(&b);
   CHECK(raw_closed_within(fd, 5000));
   close(fd);
-  void *v = NULL;
-  CHECK_OK(ddplug_store_get(st, "dead/raw", 5000, &v, NULL));
-  CHECK_EQ_STR((char *)v, "bye");
-  ddplug_free(v);
+  st_expect_value(st, "dead/raw", 5000, "bye");
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+TEST(a_connection_that_never_authenticates_is_dropped) {
+  ddplug_store_server *srv = st_serve(NULL);
+  ddplug__store_server_set_handshake_timeout(srv, 200);
+  int port = ddplug_store_server_port(srv);
+  int idle = raw_connect(port); /* reads the challenge, never answers */
+  uint8_t buf[64];
+  CHECK_EQ_INT(raw_recv_frame(idle, buf, sizeof buf), 33);
+  int authed = raw_connect(port); /* authenticates, then idles: stays */
+  raw_auth(authed);
+  CHECK(raw_closed_within(idle, 5000));
+  CHECK(!raw_closed_within(authed, 400));
+  close(idle);
+  close(authed);
+  ddplug_store *st = st_connect(port, NULL);
+  healthy(st, 1);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+/* Per-connection limits: parked requests and disconnect-key bytes. */
+TEST(a_connection_over_its_limits_is_closed) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int port = ddplug_store_server_port(srv);
+  ddplug_store *st = st_connect(port, NULL);
+  int fd = raw_connect(port);
+  raw_auth(fd);
+  ddplug__sbuf b = {0};
+  for (uint32_t i = 0; i < 257; i++) { /* one over 256 parked GETs */
+    ddplug__sbuf_frame_begin(&b, DDPLUG__STORE_GET, i + 2);
+    ddplug__sbuf_u32(&b, 60000);
+    ddplug__sbuf_key(&b, "never", 5);
+    ddplug__sbuf_frame_end(&b);
+  }
+  raw_send(fd, b.data, b.len);
+  ddplug__sbuf_free(&b);
+  CHECK(raw_closed_within(fd, 5000));
+  close(fd);
+  healthy(st, 1);
+
+  /* 17 disconnect keys of 1 MiB: over the 16 MiB a connection may hold. */
+  ddplug_store *greedy = st_connect(port, NULL);
+  char *mib = calloc(1, DDPLUG__STORE_VALUE_MAX);
+  int rc = DDPLUG_OK;
+  for (int i = 0; i < 17 && rc == DDPLUG_OK; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "greedy/%d", i);
+    rc = ddplug_store_on_disconnect(greedy, key, mib, DDPLUG__STORE_VALUE_MAX);
+  }
+  free(mib);
+  CHECK_STATUS(rc, DDPLUG_E_PEER_LOST);
+  ddplug_store_close(greedy);
+  healthy(st, 2);
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
 }

@@ -21,12 +21,9 @@ shuffles (RandomSampler) is split with the config's shuffle; others keep order.
 
 from __future__ import annotations
 
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Optional, Union
 
-import torch
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.nn import Module
 from torch.utils.data import DataLoader, RandomSampler
@@ -40,13 +37,12 @@ from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessS
 from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import TBroadcast, _BackwardSyncControl
 from lightning.fabric.utilities.distributed import ReduceOp
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from . import _host
+from ._strategy import DdplugParallel
 from .audit import Report
 from .config import ConfigSource
-from .context import Context
-from .gradsync import GradientSync, broadcast_module
+from .gradsync import broadcast_module
 from .streams import DataSplit, StreamBatchSampler
 
 _STREAM_ATTR = "ddplug_stream"
@@ -71,7 +67,7 @@ class _DdplugBackwardSyncControl(_BackwardSyncControl):
         return gs.no_sync()
 
 
-class DdplugStrategy(ParallelStrategy):
+class DdplugStrategy(DdplugParallel, ParallelStrategy):
     """Multi-process data parallelism for Fabric through libddplug.
 
     Args:
@@ -99,33 +95,13 @@ class DdplugStrategy(ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision=precision,
         )
-        self._config_source = config
-        self._timeout_s = timeout_s
-        self._num_nodes = 1
-        self._ctx: Optional[Context] = None
-        self._grad_sync: Optional[GradientSync] = None
-        self._data: Optional[DataSplit] = None
+        self._ddplug_init(config, timeout_s)
         self._loaders = 0
         self._backward_sync_control = _DdplugBackwardSyncControl(self)
 
     # ------------------------------------------------------------------ properties
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+    # root_device, num_nodes, num_processes, rank_kwargs, context, streams:
+    # DdplugParallel.
 
     @property
     @override
@@ -133,55 +109,19 @@ class DdplugStrategy(ParallelStrategy):
         """None: Fabric must not inject its DistributedSampler (see module doc)."""
         return None
 
-    @property
-    def rank_kwargs(self) -> dict:
-        """{"num_replicas", "rank"} (global) for a user's own rank-aware sampler."""
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
-
-    @property
-    def context(self) -> Optional[Context]:
-        return self._ctx
-
-    @property
-    def streams(self) -> dict:
-        return dict(self._data.streams) if self._data is not None else {}
-
     # ------------------------------------------------------------------ lifecycle
     @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
         self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
-    def _set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
-
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        self._set_world_ranks()
+        self._assign_world_ranks()
         if self._ctx is None or self._ctx.closed:
-            env = self.cluster_environment
-            self._ctx = _host.open_context(
-                self._config_source,
-                rank=self.global_rank,
-                world_size=self.world_size,
-                local_rank=self.local_rank,
-                local_world_size=self.num_processes,
-                node_rank=self.node_rank,
-                main_address=getattr(env, "main_address", None) if self.world_size > 1 else None,
-                main_port=getattr(env, "main_port", None) if self.world_size > 1 else None,
-                device=self.root_device,
-                framework=f"lightning.fabric {lf.__version__}",
-                timeout_s=self._timeout_s,
-            )
-            self._data = DataSplit(self._ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report)
-            if self.global_rank == 0:
-                p = self._ctx.plugin
-                self._print(f"ddplug: plugin {p['name']} {p['version']}, {self.world_size} ranks on"
-                            f" {self._ctx.num_nodes} node(s)")
+            ctx = self._open_context(f"lightning.fabric {lf.__version__}")
+            self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report)
 
     @override
     def setup_module(self, module: Module) -> Module:
@@ -219,9 +159,7 @@ class DdplugStrategy(ParallelStrategy):
 
     @override
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        gs = self._grad_sync
-        if gs is not None and gs.enabled and gs._round:
-            gs.finish()  # a plain loss.backward() instead of fabric.backward()
+        self._finish_pending_sync()  # a plain loss.backward() instead of fabric.backward()
         return super().optimizer_step(optimizer, **kwargs)
 
     # ------------------------------------------------------------------ collectives
@@ -230,26 +168,19 @@ class DdplugStrategy(ParallelStrategy):
         self, tensor: Union[Tensor, Any], group: Optional[Any] = None,
         reduce_op: Optional[Union[ReduceOp, str]] = "mean",
     ) -> Union[Tensor, Any]:
-        if not isinstance(tensor, Tensor) or self._ctx is None or self._ctx.closed:
-            return tensor
-        return _host.reduce(self._ctx, tensor, reduce_op)
+        return self._reduce(tensor, reduce_op)
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
-        if self._ctx is None or self._ctx.closed:
-            return tensor.unsqueeze(0)
-        return _host.all_gather(self._ctx, tensor, sync_grads)
+        return self._all_gather(tensor, sync_grads)
 
     @override
     def barrier(self, name: Optional[str] = None) -> None:
-        if self._ctx is not None and not self._ctx.closed:
-            self._ctx.barrier()
+        self._barrier()
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        if self._ctx is None or self._ctx.closed:
-            return obj
-        return self._ctx.broadcast_object(obj, src)
+        return self._broadcast(obj, src)
 
     # ------------------------------------------------------------------ registration, teardown
     @classmethod
@@ -267,13 +198,6 @@ class DdplugStrategy(ParallelStrategy):
             self._grad_sync = None
         super().teardown()
 
-    def close(self) -> None:
-        """Leave the run now (else at interpreter exit)."""
-        if self._ctx is not None:
-            self._ctx.close()  # releases the loaders' samplers first
-            self._ctx = None
-        self._data = None
-
     # ------------------------------------------------------------------ helpers
     def _fabric_sampler(self, dataloader: DataLoader) -> Any:
         """Fabric's own sampler choice, for owner "framework" (fabric.py:1176-1182)."""
@@ -284,14 +208,6 @@ class DdplugStrategy(ParallelStrategy):
     def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
         if self.global_rank == 0:
             self._print(report.text or report.summary)
-
-    def _log_rank_zero(self, line: str) -> None:
-        if self.global_rank == 0:
-            self._print(f"ddplug: {line}")
-
-    @staticmethod
-    def _print(text: str) -> None:
-        print(text, file=sys.stdout, flush=True)
 
 
 DdplugStrategy.register_strategies(STRATEGY_REGISTRY)

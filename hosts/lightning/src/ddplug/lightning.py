@@ -32,12 +32,10 @@ What it does that DDPStrategy does not:
 from __future__ import annotations
 
 import logging
-import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Generator, Optional, Union
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -53,20 +51,19 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.strategies.strategy import TBroadcast
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from . import _host
+from ._strategy import DdplugParallel
 from .audit import Report
 from .config import ConfigSource
-from .context import Context
-from .gradsync import GradientSync, broadcast_module
+from .gradsync import broadcast_module
 from .runonce import once
 from .streams import DataSplit, StreamBatchSampler
 
 log = logging.getLogger(__name__)
 
 
-class DdplugStrategy(ParallelStrategy):
+class DdplugStrategy(DdplugParallel, ParallelStrategy):
     """Multi-process data parallelism through libddplug (see the module doc).
 
     Args:
@@ -97,12 +94,7 @@ class DdplugStrategy(ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self._config_source = config
-        self._timeout_s = timeout_s
-        self._num_nodes = 1
-        self._ctx: Optional[Context] = None
-        self._grad_sync: Optional[GradientSync] = None
-        self._data: Optional[DataSplit] = None
+        self._ddplug_init(config, timeout_s)
         self._trainer: Optional["pl.Trainer"] = None
         self._user_use_distributed_sampler: Optional[bool] = None
         self._stream_counters: dict = {}
@@ -110,29 +102,13 @@ class DdplugStrategy(ParallelStrategy):
         self._prepare_data_patched: Optional[tuple] = None
 
     # ------------------------------------------------------------------ properties
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+    # root_device, num_nodes, num_processes, context, streams: DdplugParallel.
 
     @property
     @override
     def distributed_sampler_kwargs(self) -> dict:
         """Global ranks, for users who build their own rank-aware samplers."""
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+        return self.rank_kwargs
 
     @property
     def is_distributed(self) -> bool:
@@ -140,16 +116,6 @@ class DdplugStrategy(ParallelStrategy):
         :meth:`reduce` (lightning/pytorch/core/module.py:543 reads it through the
         accelerator connector, accelerator_connector.py:553-568)."""
         return True
-
-    @property
-    def context(self) -> Optional[Context]:
-        """The ddplug context of this run (None before setup_environment)."""
-        return self._ctx
-
-    @property
-    def streams(self) -> dict:
-        """{stream name: StreamBatchSampler} of the managed DataLoaders."""
-        return dict(self._data.streams) if self._data is not None else {}
 
     # ------------------------------------------------------------------ lifecycle
     @override
@@ -160,10 +126,7 @@ class DdplugStrategy(ParallelStrategy):
     def set_world_ranks(self) -> None:
         """Global rank and world size from node rank, local rank and processes per
         node, as DDPStrategy does; called by the accelerator connector."""
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
+        self._assign_world_ranks()
 
     @override
     def setup_environment(self) -> None:
@@ -171,28 +134,7 @@ class DdplugStrategy(ParallelStrategy):
         reset_seed()
         self.set_world_ranks()
         self._runs += 1
-        if self._ctx is None or self._ctx.closed:
-            env = self.cluster_environment
-            self._ctx = _host.open_context(
-                self._config_source,
-                rank=self.global_rank,
-                world_size=self.world_size,
-                local_rank=self.local_rank,
-                local_world_size=self.num_processes,
-                node_rank=self.node_rank,
-                main_address=getattr(env, "main_address", None) if self.world_size > 1 else None,
-                main_port=getattr(env, "main_port", None) if self.world_size > 1 else None,
-                device=self.root_device,
-                framework=f"lightning {pl.__version__}",
-                timeout_s=self._timeout_s,
-            )
-            if self.global_rank == 0:
-                p = self._ctx.plugin
-                self._print(
-                    f"ddplug: plugin {p['name']} {p['version']} (plugin ABI"
-                    f" {_abi(p['plugin_abi_version'])}), {self.world_size} ranks on"
-                    f" {self._ctx.num_nodes} node(s), library {_lib_version()}"
-                )
+        self._open_context(f"lightning {pl.__version__}")
         self._patch_prepare_data()
 
     @override
@@ -269,9 +211,7 @@ class DdplugStrategy(ParallelStrategy):
 
     @override
     def pre_backward(self, closure_loss: Tensor) -> None:
-        gs = self._grad_sync
-        if gs is not None and gs.enabled and gs._round:
-            gs.finish()  # a previous backward's round that nobody finished
+        self._finish_pending_sync()  # a previous backward's round that nobody finished
 
     @override
     def post_backward(self, closure_loss: Tensor) -> None:
@@ -298,9 +238,7 @@ class DdplugStrategy(ParallelStrategy):
         model: Optional[Union["pl.LightningModule", torch.nn.Module]] = None,
         **kwargs: Any,
     ) -> Any:
-        gs = self._grad_sync
-        if gs is not None and gs.enabled and gs._round:
-            gs.finish()  # gradients from a backward outside Lightning's
+        self._finish_pending_sync()  # gradients from a backward outside Lightning's
         return super().optimizer_step(optimizer, closure, model, **kwargs)
 
     # ------------------------------------------------------------------ collectives
@@ -311,9 +249,7 @@ class DdplugStrategy(ParallelStrategy):
     ) -> Union[Tensor, Any]:
         """In place, like DDPStrategy.reduce: "mean"/"avg" averages, "sum" sums,
         ReduceOp values map to ddplug's ops. Non-tensors come back unchanged."""
-        if not isinstance(tensor, Tensor) or self._ctx is None or self._ctx.closed:
-            return tensor
-        return _host.reduce(self._ctx, tensor, reduce_op)
+        return self._reduce(tensor, reduce_op)
 
     @override
     def barrier(self, name: Optional[str] = None) -> None:
@@ -322,21 +258,16 @@ class DdplugStrategy(ParallelStrategy):
             # processes them (fit_loop.py:238-255, evaluation_loop.py:170-192):
             # restart the stream numbering of that stage.
             self._stream_counters.pop(name[: -len("_dataloader()")], None)
-        if self._ctx is not None and not self._ctx.closed:
-            self._ctx.barrier()
+        self._barrier()
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        if self._ctx is None or self._ctx.closed:
-            return obj
-        return self._ctx.broadcast_object(obj, src)
+        return self._broadcast(obj, src)
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         """Shape (world_size, *tensor.shape), rank order."""
-        if self._ctx is None or self._ctx.closed:
-            return tensor.unsqueeze(0)
-        return _host.all_gather(self._ctx, tensor, sync_grads)
+        return self._all_gather(tensor, sync_grads)
 
     # ------------------------------------------------------------------ registration, teardown
     @classmethod
@@ -371,15 +302,6 @@ class DdplugStrategy(ParallelStrategy):
             except Exception as exc:  # the abort is the error that matters
                 log.debug("ddplug: close after abort: %s", exc)
             self._ctx = None
-
-    def close(self) -> None:
-        """Leave the run now (otherwise the context is closed at interpreter exit,
-        so that trainer.fit / trainer.test on one Trainer share it). The managed
-        loaders' samplers are released with it."""
-        if self._ctx is not None:
-            self._ctx.close()
-            self._ctx = None
-        self._data = None
 
     # ------------------------------------------------------------------ helpers
     def _take_over_sampler_injection(self, trainer: "pl.Trainer") -> None:
@@ -473,24 +395,6 @@ class DdplugStrategy(ParallelStrategy):
         else:
             connector.prepare_data = original
         self._prepare_data_patched = None
-
-    def _log_rank_zero(self, line: str) -> None:
-        if self.global_rank == 0:
-            self._print(f"ddplug: {line}")
-
-    @staticmethod
-    def _print(text: str) -> None:
-        print(text, file=sys.stdout, flush=True)
-
-
-def _abi(v: int) -> str:
-    return f"{v >> 16}.{v & 0xFFFF}"
-
-
-def _lib_version() -> str:
-    from ._api import F
-
-    return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"
 
 
 DdplugStrategy.register_strategies(StrategyRegistry)

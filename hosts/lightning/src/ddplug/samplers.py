@@ -104,10 +104,25 @@ class _Base(Sampler):
 
     _c: _CSampler
 
-    def __init__(self) -> None:
+    def __init__(self, stream: str, shuffle: bool, seed: int, drop_last: bool) -> None:
+        self.stream_name = stream
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self._stream_b = stream.encode()
         self.epoch = 0
         self._resume: Optional[int] = None  # position to start the next iteration at
         self._dirty = False  # an iteration consumed something since the last epoch start
+
+    def _desc(self, kind: int, num_samples: int, context: Optional[Context], rank: Optional[int],
+              num_replicas: Optional[int], **fields) -> S.SamplerDesc:
+        """A sampler desc with the fields both kinds share (rank/world 0 with a
+        context: the context's)."""
+        return S.new(
+            S.SamplerDesc, kind=kind, rank=int(rank or 0),
+            world_size=int(num_replicas or (0 if context is not None else 1)),
+            shuffle=int(self.shuffle), drop_last=int(self.drop_last), seed=self.seed,
+            num_samples=int(num_samples), stream=self._stream_b, **fields)
 
     @property
     def stream(self) -> str:
@@ -198,24 +213,8 @@ class DistributedSampler(_Base):
         num_replicas: Optional[int] = None,
         batch_size: int = 0,
     ) -> None:
-        super().__init__()
-        self.stream_name = stream
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self._stream_b = stream.encode()
-        desc = S.new(
-            S.SamplerDesc,
-            kind=KIND_DISTRIBUTED,
-            rank=int(rank or 0),
-            world_size=int(num_replicas or (0 if context is not None else 1)),
-            shuffle=int(self.shuffle),
-            drop_last=int(self.drop_last),
-            seed=self.seed,
-            num_samples=int(num_samples),
-            stream=self._stream_b,
-            batch_size=int(batch_size),
-        )
+        super().__init__(stream, shuffle, seed, drop_last)
+        desc = self._desc(KIND_DISTRIBUTED, num_samples, context, rank, num_replicas, batch_size=int(batch_size))
         self._c = _CSampler(desc, context, ())
 
     def __iter__(self) -> Iterator[int]:
@@ -256,26 +255,13 @@ class BucketBatchSampler(_Base):
         rank: Optional[int] = None,
         num_replicas: Optional[int] = None,
     ) -> None:
-        super().__init__()
-        self.stream_name = stream
+        super().__init__(stream, shuffle, seed, drop_last)
         self.batch_size = int(batch_size)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
         lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64))
         bounds = None if boundaries is None else np.ascontiguousarray(np.asarray(boundaries, dtype=np.int64))
-        self._stream_b = stream.encode()
         p64 = ctypes.POINTER(ctypes.c_int64)
-        desc = S.new(
-            S.SamplerDesc,
-            kind=KIND_BUCKET,
-            rank=int(rank or 0),
-            world_size=int(num_replicas or (0 if context is not None else 1)),
-            shuffle=int(self.shuffle),
-            drop_last=int(self.drop_last),
-            seed=self.seed,
-            num_samples=int(lens.size),
-            stream=self._stream_b,
+        desc = self._desc(
+            KIND_BUCKET, lens.size, context, rank, num_replicas,
             lengths=lens.ctypes.data_as(p64),
             boundaries=bounds.ctypes.data_as(p64) if bounds is not None else None,
             num_boundaries=0 if bounds is None else int(bounds.size),

@@ -1,0 +1,175 @@
+"""What the Trainer strategy (:mod:`ddplug.lightning`) and the Fabric strategy
+(:mod:`ddplug.fabric`) share, as a mixin placed before Lightning's
+``ParallelStrategy`` in their bases: the ranks from the cluster environment, the
+context opened with them, the properties every ParallelStrategy has, and the
+collectives in Lightning's conventions. Each strategy keeps its own lifecycle
+methods (their signatures differ between Trainer and Fabric)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from . import _host
+from .config import ConfigSource
+from .context import Context
+from .gradsync import GradientSync
+from .streams import DataSplit
+
+
+class DdplugParallel:
+    """Mixin: needs ``parallel_devices``, ``cluster_environment``, ``local_rank``,
+    ``node_rank``, ``global_rank`` and ``world_size`` from ParallelStrategy."""
+
+    parallel_devices: Any
+    cluster_environment: Any
+    local_rank: int
+    node_rank: int
+    global_rank: int
+    world_size: int
+
+    def _ddplug_init(self, config: ConfigSource, timeout_s: Optional[float]) -> None:
+        self._config_source = config
+        self._timeout_s = timeout_s
+        self._num_nodes = 1
+        self._ctx: Optional[Context] = None
+        self._grad_sync: Optional[GradientSync] = None
+        self._data: Optional[DataSplit] = None
+
+    # ---- properties every ParallelStrategy has -------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def rank_kwargs(self) -> dict:
+        """{"num_replicas", "rank"} with global ranks, for a user's own rank-aware
+        sampler."""
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def context(self) -> Optional[Context]:
+        """The ddplug context of this run (None before setup_environment)."""
+        return self._ctx
+
+    @property
+    def streams(self) -> dict:
+        """{stream name: StreamBatchSampler} of the managed DataLoaders."""
+        return dict(self._data.streams) if self._data is not None else {}
+
+    # ---- ranks and the context -------------------------------------------------
+    def _assign_world_ranks(self) -> None:
+        """Global rank and world size from node rank, local rank and processes per
+        node, as Lightning's DDPStrategy does; every rank_zero_only learns it."""
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rz
+        from lightning_utilities.core.rank_zero import rank_zero_only as utils_rz
+
+        fabric_rz.rank = utils_rz.rank = self.global_rank
+        pl_rz = sys.modules.get("lightning.pytorch.utilities.rank_zero")
+        if pl_rz is not None:
+            pl_rz.rank_zero_only.rank = self.global_rank
+
+    def _open_context(self, framework: str) -> Context:
+        """Join the run (once; later runs of the same strategy reuse it)."""
+        if self._ctx is None or self._ctx.closed:
+            env = self.cluster_environment
+            many = self.world_size > 1
+            self._ctx = _host.open_context(
+                self._config_source,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                local_world_size=self.num_processes,
+                node_rank=self.node_rank,
+                main_address=getattr(env, "main_address", None) if many else None,
+                main_port=getattr(env, "main_port", None) if many else None,
+                device=self.root_device,
+                framework=framework,
+                timeout_s=self._timeout_s,
+            )
+            if self.global_rank == 0:
+                p = self._ctx.plugin
+                self._print(
+                    f"ddplug: plugin {p['name']} {p['version']} (plugin ABI {_abi(p['plugin_abi_version'])}),"
+                    f" {self.world_size} ranks on {self._ctx.num_nodes} node(s), library {_lib_version()}"
+                )
+        return self._ctx
+
+    def _live(self) -> Optional[Context]:
+        ctx = self._ctx
+        return ctx if ctx is not None and not ctx.closed else None
+
+    # ---- collectives in Lightning's conventions ---------------------------------
+    def _reduce(self, tensor: Any, reduce_op: Any) -> Any:
+        ctx = self._live()
+        if not isinstance(tensor, Tensor) or ctx is None:
+            return tensor
+        return _host.reduce(ctx, tensor, reduce_op)
+
+    def _all_gather(self, tensor: Tensor, sync_grads: bool) -> Tensor:
+        ctx = self._live()
+        if ctx is None:
+            return tensor.unsqueeze(0)
+        return _host.all_gather(ctx, tensor, sync_grads)
+
+    def _barrier(self) -> None:
+        ctx = self._live()
+        if ctx is not None:
+            ctx.barrier()
+
+    def _broadcast(self, obj: Any, src: int) -> Any:
+        ctx = self._live()
+        return obj if ctx is None else ctx.broadcast_object(obj, src)
+
+    def _finish_pending_sync(self) -> None:
+        """Finish a gradient round a backward outside the framework's started."""
+        gs = self._grad_sync
+        if gs is not None and gs.enabled and gs._round:
+            gs.finish()
+
+    def close(self) -> None:
+        """Leave the run now (else at interpreter exit, so that several runs of one
+        Trainer/Fabric share the context); the managed loaders' samplers are
+        released with it."""
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        self._data = None
+
+    # ---- output -------------------------------------------------------------------
+    def _log_rank_zero(self, line: str) -> None:
+        if self.global_rank == 0:
+            self._print(f"ddplug: {line}")
+
+    @staticmethod
+    def _print(text: str) -> None:
+        print(text, file=sys.stdout, flush=True)
+
+
+def _abi(v: int) -> str:
+    return f"{v >> 16}.{v & 0xFFFF}"
+
+
+def _lib_version() -> str:
+    from ._api import F
+
+    return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"

@@ -106,6 +106,9 @@ def main() -> None:
     args = p.parse_args()
 
     pl.seed_everything(0, workers=True)
+    if os.environ.get("LOCAL_RANK", "0") == "0" and "NODE_RANK" not in os.environ:
+        print(f"demo: {args.devices} CPU processes, config {args.config}, {args.samples} sequences of 8..128"
+              f" tokens, {args.epochs} epochs", flush=True)
     train = DataLoader(Sequences(args.samples, seed=1), batch_size=16, shuffle=True, collate_fn=collate)
     val = DataLoader(Sequences(args.samples // 4, seed=2), batch_size=16, collate_fn=collate)
     trainer = pl.Trainer(

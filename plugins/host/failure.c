@@ -1,0 +1,325 @@
+/*
+ * failure.c — the group's failure record and how failures travel.
+ *
+ * A group fails once: the first of an abort (group_abort on any rank), a
+ * lost peer, or a broken socket wins, on every rank. The record (status,
+ * the rank lost or aborting, who noticed, a sentence) lives in the process
+ * and in the node's shared memory; a rank that fails first writes it there,
+ * every other local rank adopts it from there, so all ranks of a node
+ * report the same cause. Node leaders also send it backwards around the
+ * TCP ring (each leader forwards the first record it learns to its
+ * previous node), so the record reaches every node even when one leader is
+ * dead: the dead leader's previous node notices the broken socket itself
+ * and starts the propagation that covers the rest.
+ *
+ * Liveness: a rank holds a pidfd for every other rank of its node; a pidfd
+ * becomes readable when that process exits, whatever the cause (SIGKILL
+ * included). A rank that leaves through group_destroy marks itself departed
+ * in shared memory first, so a clean exit is not mistaken for a loss.
+ * Remote peers are watched through the ring sockets: end-of-file without a
+ * goodbye record means the neighbouring leader is gone.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "host.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+static int prev_node(const hp_group *g) {
+  return (g->node + g->num_nodes - 1) % g->num_nodes;
+}
+static int next_node(const hp_group *g) {
+  return (g->node + 1) % g->num_nodes;
+}
+
+/* Send our record backwards around the ring once. A record whose origin is
+ * on the previous node came from there: the circle is closed. */
+static void ring_tell(hp_group *g) {
+  if (!g->leader || g->num_nodes < 2 || g->prev_fd < 0) return;
+  if (atomic_exchange(&g->ring_told, 1)) return;
+  int origin = g->fail.origin;
+  if (origin >= 0 && origin < g->world && g->node_of[origin] == prev_node(g))
+    return;
+  hp_ctl_msg m;
+  memset(&m, 0, sizeof m);
+  m.magic = HP_TCP_MAGIC;
+  m.type = HP_MSG_ABORT;
+  m.status = g->fail.status;
+  m.rank = g->fail.rank;
+  m.origin = g->fail.origin;
+  m.origin_node = g->fail.origin >= 0 ? g->node_of[g->fail.origin] : g->node;
+  m.run_hash = g->run_hash;
+  snprintf(m.msg, sizeof m.msg, "%s", g->fail.msg);
+  pthread_mutex_lock(&g->ctl_mu);
+  (void)hp_tcp_send_all(g->prev_fd, &m, sizeof m, hp_deadline(200));
+  pthread_mutex_unlock(&g->ctl_mu);
+}
+
+/* Wake every sleeper: shm counters of the node, the engine's event. */
+void hp_wake_all(hp_group *g) {
+  if (g->has_shm && g->shm.hdr) {
+    for (int j = 0; j < g->local_world; j++) {
+      hp_rank_ctl *c = &g->shm.ctl[j];
+      hp_ctr_wake(&c->arrive);
+      hp_ctr_wake(&c->cin);
+      hp_ctr_wake(&c->cred);
+      hp_ctr_wake(&c->cout);
+    }
+    hp_ctr_wake(&g->shm.hdr->attached);
+    hp_ctr_wake(&g->shm.hdr->verdict);
+  }
+  atomic_fetch_add(&g->ev.val, 1);
+  hp_ctr_wake(&g->ev);
+}
+
+/* Copy a record into the process-local slot if none is there yet. */
+static void local_record(hp_group *g, int status, int rank, int origin,
+                         const char *msg) {
+  uint32_t expect = 0;
+  if (atomic_compare_exchange_strong(&g->fail_state, &expect, 1)) {
+    g->fail.status = status;
+    g->fail.rank = rank;
+    g->fail.origin = origin;
+    snprintf(g->fail.msg, sizeof g->fail.msg, "%s", msg);
+    atomic_store_explicit(&g->fail_state, 2, memory_order_release);
+    uint64_t one = 1;
+    if (g->abort_fd >= 0) (void)!write(g->abort_fd, &one, sizeof one);
+    hp_log(g, status == DDPLUG_E_ABORTED ? DDPLUG_LOG_INFO : DDPLUG_LOG_WARN,
+           "host plugin: group failed (%s): %s",
+           status == DDPLUG_E_PEER_LOST ? "peer lost" :
+           status == DDPLUG_E_ABORTED ? "aborted" : "error", msg);
+  }
+  while (atomic_load_explicit(&g->fail_state, memory_order_acquire) != 2) {
+  }
+}
+
+/* Record a failure: shared memory first (so the node agrees), then the
+ * process; tell the ring and wake everything. Returns the status in force. */
+static int record(hp_group *g, int status, int rank, int origin,
+                  const char *msg) {
+  if (g->has_shm && g->shm.hdr) {
+    hp_fail_rec *f = &g->shm.hdr->fail;
+    uint32_t expect = 0;
+    if (atomic_compare_exchange_strong(&f->state, &expect, 1)) {
+      f->status = status;
+      f->rank = rank;
+      f->origin = origin;
+      snprintf(f->msg, sizeof f->msg, "%s", msg);
+      atomic_store_explicit(&f->state, 2, memory_order_release);
+    }
+    while (atomic_load_explicit(&f->state, memory_order_acquire) != 2) {
+    }
+    local_record(g, f->status, f->rank, f->origin, f->msg);
+  } else {
+    local_record(g, status, rank, origin, msg);
+  }
+  ring_tell(g);
+  hp_wake_all(g);
+  return g->fail.status;
+}
+
+/* See host.h. Thread-safe; may be called from any thread. */
+int hp_fail_set(hp_group *g, int status, int rank, int origin,
+                const char *fmt, ...) {
+  char msg[HP_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return record(g, status, rank, origin, msg);
+}
+
+int hp_fail_adopt(hp_group *g, int status, int rank, int origin,
+                  const char *msg, int from_ring) {
+  (void)from_ring;
+  return record(g, status, rank, origin, msg);
+}
+
+/* See host.h. Lock-free: two atomic loads on the healthy path. */
+int hp_fail_status(hp_group *g) {
+  uint32_t st = atomic_load_explicit(&g->fail_state, memory_order_acquire);
+  if (st == 2) return g->fail.status;
+  if (st == 1) {
+    while (atomic_load_explicit(&g->fail_state, memory_order_acquire) != 2) {
+    }
+    return g->fail.status;
+  }
+  if (g->has_shm && g->shm.hdr &&
+      atomic_load_explicit(&g->shm.hdr->fail.state, memory_order_acquire) != 0) {
+    hp_fail_rec *f = &g->shm.hdr->fail;
+    while (atomic_load_explicit(&f->state, memory_order_acquire) != 2) {
+    }
+    return record(g, f->status, f->rank, f->origin, f->msg);
+  }
+  return 0;
+}
+
+int hp_fail_report(hp_group *g) {
+  int st = hp_fail_status(g);
+  if (st) hp_errmsg_set(g->fail.msg);
+  return st;
+}
+
+/* ---- liveness ---------------------------------------------------------------- */
+
+int hp_liveness_open(hp_group *g) {
+  for (int j = 0; j < g->local_world; j++) {
+    g->pidfd[j] = -1;
+    int r = g->local_ranks[j];
+    if (r == g->rank) continue;
+    long fd = syscall(SYS_pidfd_open, (pid_t)g->pid_of[r], 0);
+    if (fd < 0) {
+      int e = errno;
+      if (e == ENOSYS) {
+        hp_log(g, DDPLUG_LOG_WARN,
+               "host plugin: pidfd_open unavailable; a dead peer on this "
+               "node is noticed only through timeouts");
+        return DDPLUG_OK;
+      }
+      return hp_err_errno(DDPLUG_E_PEER_LOST, e,
+                          "rank %d: cannot watch rank %d (pid %lld) on this "
+                          "node: it is not running", g->rank, r,
+                          (long long)g->pid_of[r]);
+    }
+    g->pidfd[j] = (int)fd;
+  }
+  return DDPLUG_OK;
+}
+
+void hp_liveness_close(hp_group *g) {
+  if (!g->pidfd) return;
+  for (int j = 0; j < g->local_world; j++)
+    if (g->pidfd[j] >= 0) {
+      close(g->pidfd[j]);
+      g->pidfd[j] = -1;
+    }
+}
+
+/* See host.h. Only the executing thread (or the idle progress thread while
+ * it holds the executor role) calls this. */
+int hp_liveness_fds(hp_group *g, struct pollfd *pfd, int cap) {
+  int n = 0;
+  if (hp_fail_status(g)) return 0;
+  if (g->abort_fd >= 0 && n < cap) pfd[n++] = (struct pollfd){g->abort_fd, POLLIN, 0};
+  for (int j = 0; j < g->local_world && n < cap; j++)
+    if (g->pidfd[j] >= 0 && !g->pid_gone[j])
+      pfd[n++] = (struct pollfd){g->pidfd[j], POLLIN, 0};
+  if (g->leader && g->num_nodes > 1) {
+    if (g->next_fd >= 0 && !g->next_bye && n < cap)
+      pfd[n++] = (struct pollfd){g->next_fd, POLLIN, 0};
+    if (g->prev_fd >= 0 && !g->prev_bye && !g->ring_active && n < cap)
+      pfd[n++] = (struct pollfd){g->prev_fd, POLLRDHUP, 0};
+  }
+  return n;
+}
+
+/* Read control records from the next leader (non-blocking). */
+static void read_control(hp_group *g) {
+  for (;;) {
+    ssize_t n = recv(g->next_fd, g->ctl_rx + g->ctl_rx_len,
+                     sizeof(hp_ctl_msg) - g->ctl_rx_len, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      n = 0; /* reset: treat like a hang-up */
+    }
+    if (n == 0) {
+      if (!g->next_bye) {
+        int r = g->leaders[next_node(g)];
+        hp_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
+                    "rank %d (leader of node %d, pid %lld) closed its "
+                    "connection without saying goodbye: it exited or was "
+                    "killed (noticed by rank %d)", r, next_node(g),
+                    (long long)g->pid_of[r], g->rank);
+      }
+      g->next_bye = 1;
+      return;
+    }
+    g->ctl_rx_len += (size_t)n;
+    if (g->ctl_rx_len < sizeof(hp_ctl_msg)) continue;
+    hp_ctl_msg m;
+    memcpy(&m, g->ctl_rx, sizeof m);
+    g->ctl_rx_len = 0;
+    if (m.magic != HP_TCP_MAGIC || m.run_hash != g->run_hash) {
+      hp_fail_set(g, DDPLUG_E_INTERNAL, g->leaders[next_node(g)], g->rank,
+                  "rank %d: garbage on the ring connection from node %d "
+                  "(not a ddplug host control record)", g->rank, next_node(g));
+      return;
+    }
+    m.msg[sizeof m.msg - 1] = '\0';
+    if (m.type == HP_MSG_BYE) {
+      g->next_bye = 1;
+    } else if (m.type == HP_MSG_ABORT) {
+      hp_fail_adopt(g, m.status, m.rank, m.origin, m.msg, 1);
+    }
+  }
+}
+
+/* The previous leader hung up while no ring phase reads from it: a goodbye
+ * record is a clean exit, anything else a loss. */
+static void read_prev_hangup(hp_group *g) {
+  hp_ctl_msg m;
+  size_t got = 0;
+  while (got < sizeof m) {
+    ssize_t n = recv(g->prev_fd, (char *)&m + got, sizeof m - got, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  if (got == sizeof m && m.magic == HP_TCP_MAGIC && m.type == HP_MSG_BYE) {
+    g->prev_bye = 1;
+    return;
+  }
+  int r = g->leaders[prev_node(g)];
+  g->prev_bye = 1; /* stop watching */
+  hp_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
+              "rank %d (leader of node %d, pid %lld) closed its connection "
+              "without saying goodbye: it exited or was killed (noticed by "
+              "rank %d)", r, prev_node(g), (long long)g->pid_of[r], g->rank);
+}
+
+/* See host.h. */
+int hp_liveness_poll(hp_group *g, int timeout_ms) {
+  struct pollfd pfd[HP_MAX_LOCAL + 8];
+  int st = hp_fail_status(g);
+  if (st) return st;
+  int n = hp_liveness_fds(g, pfd, (int)(sizeof pfd / sizeof pfd[0]));
+  if (n == 0) return 0;
+  int r = poll(pfd, (nfds_t)n, timeout_ms);
+  if (r <= 0) return hp_fail_status(g);
+  for (int i = 0; i < n; i++) {
+    if (!pfd[i].revents) continue;
+    int fd = pfd[i].fd;
+    if (fd == g->abort_fd) continue;
+    for (int j = 0; j < g->local_world; j++) {
+      if (g->pidfd[j] != fd) continue;
+      int peer = g->local_ranks[j];
+      if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) {
+        g->pid_gone[j] = 1;
+      } else {
+        g->pid_gone[j] = 1;
+        hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
+                    "rank %d (pid %lld, node %d) exited while the group was "
+                    "running: killed or crashed (noticed by rank %d on the "
+                    "same node)", peer, (long long)g->pid_of[peer], g->node,
+                    g->rank);
+      }
+    }
+    if (g->leader && g->num_nodes > 1) {
+      if (fd == g->next_fd && !g->next_bye) read_control(g);
+      else if (fd == g->prev_fd && !g->prev_bye && !g->ring_active)
+        read_prev_hangup(g);
+    }
+  }
+  return hp_fail_status(g);
+}

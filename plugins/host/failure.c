@@ -265,6 +265,27 @@ static void read_control(hp_group *g) {
   }
 }
 
+/* See host.h. The neighbour's socket broke: if it left because its group
+ * failed, its abort record travels backwards around the ring and arrives
+ * on our control channel (from the next node) within moments; wait for it
+ * a little so every rank names the same cause. Otherwise the neighbour
+ * itself is lost. */
+int hp_ring_broken(hp_group *g, int node, const char *what, int err) {
+  uint64_t until = hp_now_ns() + 200ull * 1000 * 1000;
+  while (!hp_fail_status(g) && g->next_fd >= 0 && !g->next_bye && hp_now_ns() < until) {
+    struct pollfd p = {g->next_fd, POLLIN, 0};
+    if (poll(&p, 1, 20) > 0) read_control(g);
+  }
+  int st = hp_fail_status(g);
+  if (st) return st;
+  int who = g->leaders[node];
+  return hp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
+                     "rank %d (leader of node %d, pid %lld) is gone: %s "
+                     "(noticed by rank %d)%s%s", who, node,
+                     (long long)g->pid_of[who], what, g->rank,
+                     err ? ": " : "", err ? strerror(err) : "");
+}
+
 /* The previous leader hung up while no ring phase reads from it: a goodbye
  * record is a clean exit, anything else a loss. */
 static void read_prev_hangup(hp_group *g) {
@@ -276,16 +297,11 @@ static void read_prev_hangup(hp_group *g) {
     if (n <= 0) break;
     got += (size_t)n;
   }
-  if (got == sizeof m && m.magic == HP_TCP_MAGIC && m.type == HP_MSG_BYE) {
-    g->prev_bye = 1;
-    return;
-  }
-  int r = g->leaders[prev_node(g)];
-  g->prev_bye = 1; /* stop watching */
-  hp_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
-              "rank %d (leader of node %d, pid %lld) closed its connection "
-              "without saying goodbye: it exited or was killed (noticed by "
-              "rank %d)", r, prev_node(g), (long long)g->pid_of[r], g->rank);
+  g->prev_bye = 1; /* stop watching it either way */
+  if (got == sizeof m && m.magic == HP_TCP_MAGIC && m.type == HP_MSG_BYE) return;
+  hp_ring_broken(g, prev_node(g),
+                 "it closed its connection without saying goodbye: it exited "
+                 "or was killed", 0);
 }
 
 /* See host.h. */

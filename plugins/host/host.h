@@ -316,6 +316,10 @@ int hp_fail_report(hp_group *g);
 int hp_liveness_poll(hp_group *g, int timeout_ms);
 /* Fill pfd with the liveness descriptors (returns how many). */
 int hp_liveness_fds(hp_group *g, struct pollfd *pfd, int cap);
+/* A ring socket to node's leader broke (what: how). Wait briefly for an
+ * abort record explaining it, else record PEER_LOST of that leader.
+ * Returns the failure status. */
+int hp_ring_broken(hp_group *g, int node, const char *what, int err);
 /* Open pidfds for same-node peers. */
 int hp_liveness_open(hp_group *g);
 void hp_liveness_close(hp_group *g);

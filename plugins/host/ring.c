@@ -118,12 +118,7 @@ static uint64_t send_limit(const hp_group *g, const hp_ring *r, int t) {
 }
 
 static int lost(hp_group *g, int node, const char *what, int err) {
-  int who = g->leaders[node];
-  return hp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
-                     "rank %d (leader of node %d, pid %lld) is gone: %s "
-                     "(noticed by rank %d)%s%s", who, node,
-                     (long long)g->pid_of[who], what, g->rank,
-                     err ? ": " : "", err ? strerror(err) : "");
+  return hp_ring_broken(g, node, what, err);
 }
 
 static int do_send(hp_group *g, hp_ring *r, int *moved) {
@@ -143,7 +138,7 @@ static int do_send(hp_group *g, hp_ring *r, int *moved) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
       return lost(g, (g->node + 1) % g->num_nodes,
-                  "sending to it failed", n < 0 ? errno : 0);
+                  "sending to it failed (connection closed)", n < 0 ? errno : 0);
     }
     if (r->sent < total) return 0; /* waiting for our own receive */
     r->ts++;

@@ -287,7 +287,9 @@ void hp_tcp_ring_close(hp_group *g) {
     (void)hp_tcp_send_all(g->prev_fd, &bye, sizeof bye, hp_deadline(100));
     pthread_mutex_unlock(&g->ctl_mu);
   }
-  if (g->next_fd >= 0)
+  /* After a failure the data direction may be mid-stream: no goodbye there
+   * (the neighbour learnt of the failure through the abort record). */
+  if (g->next_fd >= 0 && !hp_fail_status(g))
     (void)hp_tcp_send_all(g->next_fd, &bye, sizeof bye, hp_deadline(100));
   if (g->prev_fd >= 0) {
     drain(g->prev_fd);

@@ -26,8 +26,10 @@
 
 #include "host.h"
 
-/* Longest sleep between liveness checks. */
+/* Longest sleep between liveness checks; node leaders of a multi-node group
+ * also watch their ring sockets for abort records then, so they sleep less. */
 #define HP_SLICE_NS (50ull * 1000 * 1000)
+#define HP_LEADER_SLICE_NS (10ull * 1000 * 1000)
 /* Poll slice for socket waits (shm failure flags are checked in between). */
 #define HP_POLL_SLICE_MS 20
 
@@ -102,7 +104,8 @@ static int wait_ctr(hp_group *g, hp_ctr *c, uint32_t until,
     if (fs) return fs;
     uint64_t now = hp_now_ns();
     if (now >= deadline) return HP_AGAIN;
-    uint64_t slice = HP_MIN(HP_SLICE_NS, deadline - now);
+    uint64_t max_slice = g->leader && g->num_nodes > 1 ? HP_LEADER_SLICE_NS : HP_SLICE_NS;
+    uint64_t slice = HP_MIN(max_slice, deadline - now);
     uint32_t seen = atomic_load_explicit(&c->val, memory_order_seq_cst);
     if (hp_seq_ge(seen, until)) return 0;
     hp_ctr_sleep(c, seen, slice, 1);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -314,4 +315,16 @@ int hd_shm_count(const char *prefix) {
     if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
   closedir(d);
   return n;
+}
+
+int hd_world_shm_left(const hd_world *w) {
+  char prefix[80];
+  snprintf(prefix, sizeof prefix, "ddplug-%s-", w->run_id);
+  return hd_shm_count(prefix);
+}
+
+void *hd_shared_page(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) dt_fail(__FILE__, __LINE__, "mmap: %s", strerror(errno));
+  return p;
 }

@@ -72,5 +72,9 @@ int hd_run(const hd_world *w, void (*fn)(hd_rank *r, void *arg), void *arg,
 double hd_now_s(void);
 /* Count /dev/shm entries starting with prefix. */
 int hd_shm_count(const char *prefix);
+/* Segments of this world's run still in /dev/shm. */
+int hd_world_shm_left(const hd_world *w);
+/* Shared scratch for the ranks of a test (MAP_SHARED, made before forking). */
+void *hd_shared_page(size_t bytes);
 
 #endif

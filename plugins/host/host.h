@@ -161,7 +161,7 @@ uint64_t hp_deadline(int64_t timeout_ms);
 
 #define HP_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
 #define HP_SHM_VERSION 1u
-#define HP_SHM_PREFIX "ddplug-"
+#define HP_SHM_PREFIX "ddplug-host-"
 
 /* A process that attached, for stale-segment cleanup and liveness. */
 typedef struct hp_proc {
@@ -244,7 +244,7 @@ typedef struct hp_shm {
   unsigned char *stage;    /* [slots][local_world][chunk_bytes]          */
 } hp_shm;
 
-/* Segment name for a run and node: "/ddplug-<run_id>-n<node>". */
+/* Segment name for a run and node: "/ddplug-host-<run_id>-n<node>". */
 void hp_shm_name(char *out, size_t cap, const char *run_id, int node);
 /* Create (exclusively), size and initialise the segment; on failure nothing
  * is left behind. */
@@ -256,7 +256,7 @@ void hp_shm_register(hp_shm *s, int local_index);
 /* Remove the name (mappings stay valid). Idempotent. */
 void hp_shm_unlink(hp_shm *s);
 void hp_shm_detach(hp_shm *s);
-/* Remove /dev/shm/ddplug-* segments (of this user) whose every recorded
+/* Remove /dev/shm/ddplug-host-* segments (of this user) whose every recorded
  * process is dead. Returns how many were removed. */
 int hp_shm_cleanup_stale(const hp_group *g);
 /* Start time of pid from /proc (0 if it does not exist). */

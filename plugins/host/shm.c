@@ -2,7 +2,7 @@
  * shm.c — the node's shared-memory segment: create, attach, unlink, and the
  * safe cleanup of segments that crashed runs left behind.
  *
- * One segment per node and run, named /ddplug-<run_id>-n<node>. The node's
+ * One segment per node and run, named /ddplug-host-<run_id>-n<node>. The node's
  * first local rank creates it exclusively (O_EXCL), sizes it, writes the
  * header and publishes the header's magic last; the others attach and check
  * that the layout (ranks, chunk size, slots) matches theirs. Every process
@@ -234,7 +234,7 @@ static int segment_abandoned(int fd, time_t mtime) {
   if (atomic_load(&h->magic) != HP_SHM_MAGIC) {
     /* Not (yet) initialised: a creator between ftruncate and its header, or
      * one that died there. Only an old one is garbage. */
-    abandoned = time(NULL) - mtime > 60;
+    abandoned = time(NULL) - mtime > 60; /* our prefix: our creator died */
   } else if (h->version == HP_SHM_VERSION && h->procs_off < (uint64_t)stt.st_size &&
              h->local_world > 0 &&
              h->procs_off + sizeof(hp_proc) * (uint64_t)h->local_world <=

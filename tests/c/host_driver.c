@@ -319,7 +319,7 @@ int hd_shm_count(const char *prefix) {
 
 int hd_world_shm_left(const hd_world *w) {
   char prefix[80];
-  snprintf(prefix, sizeof prefix, "ddplug-%s-", w->run_id);
+  snprintf(prefix, sizeof prefix, "ddplug-host-%s-", w->run_id);
   return hd_shm_count(prefix);
 }
 

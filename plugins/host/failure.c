@@ -14,7 +14,9 @@
  *
  * Liveness: a rank holds a pidfd for every other rank of its node; a pidfd
  * becomes readable when that process exits, whatever the cause (SIGKILL
- * included). A rank that leaves through group_destroy marks itself departed
+ * included). Where pidfd_open is missing (kernels before 5.3, valgrind)
+ * the peers' /proc entries are checked instead at every liveness poll (a
+ * zombie or a process with another start time counts as gone). A rank that leaves through group_destroy marks itself departed
  * in shared memory first, so a clean exit is not mistaken for a loss.
  * Remote peers are watched through the ring sockets: end-of-file without a
  * goodbye record means the neighbouring leader is gone.
@@ -181,10 +183,11 @@ int hp_liveness_open(hp_group *g) {
     if (fd < 0) {
       int e = errno;
       if (e == ENOSYS) {
-        hp_log(g, DDPLUG_LOG_WARN,
-               "host plugin: pidfd_open unavailable; a dead peer on this "
-               "node is noticed only through timeouts");
-        return DDPLUG_OK;
+        hp_log(g, DDPLUG_LOG_INFO,
+               "host plugin: pidfd_open unavailable; watching same-node "
+               "peers through /proc instead");
+        g->pid_poll = 1;
+        continue;
       }
       return hp_err_errno(DDPLUG_E_PEER_LOST, e,
                           "rank %d: cannot watch rank %d (pid %lld) on this "
@@ -304,11 +307,31 @@ static void read_prev_hangup(hp_group *g) {
                  "or was killed", 0);
 }
 
+static void peer_exited(hp_group *g, int j) {
+  int peer = g->local_ranks[j];
+  g->pid_gone[j] = 1;
+  if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) return;
+  hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
+              "rank %d (pid %lld, node %d) exited while the group was "
+              "running: killed or crashed (noticed by rank %d on the same "
+              "node)", peer, (long long)g->pid_of[peer], g->node, g->rank);
+}
+
+/* Without pidfds: is each peer still the process that attached? */
+static void poll_proc(hp_group *g) {
+  for (int j = 0; j < g->local_world && !hp_fail_status(g); j++) {
+    if (g->local_ranks[j] == g->rank || g->pidfd[j] >= 0 || g->pid_gone[j]) continue;
+    uint64_t start = g->has_shm ? atomic_load(&g->shm.procs[j].start_time) : 0;
+    if (!hp_proc_alive(g->pid_of[g->local_ranks[j]], start)) peer_exited(g, j);
+  }
+}
+
 /* See host.h. */
 int hp_liveness_poll(hp_group *g, int timeout_ms) {
   struct pollfd pfd[HP_MAX_LOCAL + 8];
   int st = hp_fail_status(g);
   if (st) return st;
+  if (g->pid_poll) poll_proc(g);
   int n = hp_liveness_fds(g, pfd, (int)(sizeof pfd / sizeof pfd[0]));
   if (n == 0) return 0;
   int r = poll(pfd, (nfds_t)n, timeout_ms);
@@ -317,20 +340,8 @@ int hp_liveness_poll(hp_group *g, int timeout_ms) {
     if (!pfd[i].revents) continue;
     int fd = pfd[i].fd;
     if (fd == g->abort_fd) continue;
-    for (int j = 0; j < g->local_world; j++) {
-      if (g->pidfd[j] != fd) continue;
-      int peer = g->local_ranks[j];
-      if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) {
-        g->pid_gone[j] = 1;
-      } else {
-        g->pid_gone[j] = 1;
-        hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
-                    "rank %d (pid %lld, node %d) exited while the group was "
-                    "running: killed or crashed (noticed by rank %d on the "
-                    "same node)", peer, (long long)g->pid_of[peer], g->node,
-                    g->rank);
-      }
-    }
+    for (int j = 0; j < g->local_world; j++)
+      if (g->pidfd[j] == fd) peer_exited(g, j);
     if (g->leader && g->num_nodes > 1) {
       if (fd == g->next_fd && !g->next_bye) read_control(g);
       else if (fd == g->prev_fd && !g->prev_bye && !g->ring_active)

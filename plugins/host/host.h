@@ -510,7 +510,8 @@ struct ddplug_plugin_group {
 
   /* liveness */
   int *pidfd;              /* [local_world], -1 for self/none            */
-  int *pid_gone;           /* [local_world] departed cleanly             */
+  int *pid_gone;           /* [local_world] exit seen (clean or not)     */
+  int pid_poll;            /* no pidfds: poll /proc at liveness checks   */
   int abort_fd;            /* eventfd, readable once the group failed   */
 
   /* failure */

@@ -73,6 +73,16 @@ static hp_req *head(hp_group *g) {
   return r;
 }
 
+/* Whether a request is pending and, if so, when the oldest was started
+ * (read under the lock: a caller may complete and free it right after). */
+static int oldest_pending(hp_group *g, uint64_t *submit_ns) {
+  pthread_mutex_lock(&g->q_mu);
+  hp_req *r = g->q_head;
+  if (r) *submit_ns = r->submit_ns;
+  pthread_mutex_unlock(&g->q_mu);
+  return r != NULL;
+}
+
 /* Mark r complete with status st (the sentence is in this thread's buffer)
  * and release it if its owner already freed it. */
 static void complete(hp_group *g, hp_req *r, int st) {
@@ -262,12 +272,14 @@ static void *thread_main(void *arg) {
   pthread_sigmask(SIG_BLOCK, &all, NULL);
   struct pollfd pfd[HP_MAX_LOCAL + 8];
   while (!atomic_load(&g->stopping)) {
-    hp_req *h = head(g);
+    uint64_t since = 0;
+    int pending = oldest_pending(g, &since);
     uint64_t now = hp_now_ns();
     int lazy = atomic_load(&g->lazy);
-    if (h && (!lazy || now - h->submit_ns >= STRANDED_NS || hp_fail_status(g))) {
+    int stranded = pending && now > since && now - since >= STRANDED_NS;
+    if (pending && (!lazy || stranded || hp_fail_status(g))) {
       if (try_exec(g)) {
-        if (lazy && now - h->submit_ns >= STRANDED_NS) atomic_store(&g->lazy, 0);
+        if (lazy && stranded) atomic_store(&g->lazy, 0);
         (void)run_queue(g, NULL, hp_deadline(THREAD_SLICE_MS), 1);
         release_exec(g);
       } else {
@@ -278,8 +290,7 @@ static void *thread_main(void *arg) {
     /* idle (or a fresh request its caller is about to run) */
     int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
     atomic_store(&g->pt_mode, light ? HP_PT_LIGHT : HP_PT_DEEP);
-    h = head(g);
-    if (h && !light) {
+    if (oldest_pending(g, &since) && !light) {
       atomic_store(&g->pt_mode, HP_PT_BUSY);
       continue;
     }
@@ -297,6 +308,10 @@ static void *thread_main(void *arg) {
     int timeout = light ? 1 : THREAD_SLICE_MS;
     int r = poll(pfd, (nfds_t)n, timeout);
     atomic_store(&g->pt_mode, HP_PT_BUSY);
+    if (r == 0 && g->pid_poll && !light && try_exec(g)) {
+      hp_liveness_poll(g, 0); /* no pidfds: look at /proc now and then */
+      release_exec(g);
+    }
     if (r <= 0) continue;
     if (pfd[0].revents) {
       uint64_t v;

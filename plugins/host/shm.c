@@ -63,7 +63,7 @@ void hp_shm_name(char *out, size_t cap, const char *run_id, int node) {
 }
 
 /* Start time (field 22 of /proc/<pid>/stat, clock ticks since boot); 0 if
- * the process does not exist. */
+ * the process does not exist or has exited (a zombie). */
 uint64_t hp_proc_start_time(int64_t pid) {
   char path[64], buf[1024];
   if (pid <= 0) return 0;
@@ -75,7 +75,8 @@ uint64_t hp_proc_start_time(int64_t pid) {
   if (n <= 0) return 0;
   buf[n] = '\0';
   char *p = strrchr(buf, ')'); /* the command name may contain spaces */
-  if (!p) return 0;
+  if (!p || !p[1] || !p[2]) return 0;
+  if (p[2] == 'Z' || p[2] == 'X') return 0; /* exited, not yet reaped */
   /* after ')' come fields 3.. ; starttime is field 22 */
   int field = 2;
   for (p++; *p && field < 22; p++)

@@ -72,8 +72,13 @@ static void kill_rank(hd_rank *r, void *arg) {
     raise(SIGKILL);
   }
   ddplug_plugin_request *req = NULL;
-  CHECK_OK(start_kind(r, kc, send, recv, &req));
-  int s = hd_wait(r, req, 4000);
+  /* the loss may already be known when this rank starts (then start says
+   * so), or be noticed while it waits */
+  int s = start_kind(r, kc, send, recv, &req);
+  if (s == DDPLUG_OK) {
+    s = hd_wait(r, req, 4000);
+    hd_free(r, req);
+  }
   double lat = (double)(mono_ns() - atomic_load(&kc->sh->event_ns)) / 1e6;
   char needle[32];
   snprintf(needle, sizeof needle, "rank %d (", kc->victim);
@@ -81,7 +86,6 @@ static void kill_rank(hd_rank *r, void *arg) {
             ddplug_status_name(s), r->error);
   CHECK_CONTAINS(r->error, needle);
   dt_note("rank %d: PEER_LOST %.1f ms after rank %d died: %s", r->rank, lat, kc->victim, r->error);
-  hd_free(r, req);
   /* the group stays failed: the next collective does not start */
   CHECK_STATUS(hd_start(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, &req),
                DDPLUG_E_PEER_LOST);

@@ -76,6 +76,7 @@ typedef struct hp_options {
   int64_t spin_us;          /* spin before sleeping; -1 = automatic        */
   uint32_t slots;           /* pipeline depth (chunks in flight)          */
   uint64_t tcp_chunk_bytes; /* ring pipelining unit between nodes         */
+  uint64_t nt_bytes;        /* outputs this large use streaming stores    */
   char addr[64];            /* address advertised to other nodes ("" = auto) */
 } hp_options;
 
@@ -376,6 +377,7 @@ typedef struct hp_pipe {
   uint64_t nchunks;
   uint32_t base;            /* chunk clock at phase entry                */
   uint64_t c_in, c_red, c_out; /* this rank's progress (relative chunks) */
+  int stream;               /* write the output with non-temporal stores */
 } hp_pipe;
 
 /* Ring operations (ring.c). */

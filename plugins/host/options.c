@@ -19,6 +19,11 @@
  *                    or 16; default 4).
  *   tcp_chunk_bytes  unit of pipelining between nodes (default 256 KiB;
  *                    4 KiB .. 64 MiB, a multiple of 64).
+ *   nt_store_bytes   outputs of at least this many bytes (per rank) are
+ *                    written with non-temporal (streaming) stores: no
+ *                    read-for-ownership of the output, and the output does
+ *                    not evict the staging slots; smaller outputs stay in
+ *                    cache for the caller. Default 8 MiB; 0 disables.
  *   addr             the address other nodes connect to, an IPv4 literal.
  *                    Default: the first non-loopback IPv4 address of an
  *                    interface that is up (127.0.0.1 if none).
@@ -36,7 +41,8 @@
 #include "host.h"
 
 const char hp_option_keys[] =
-    "addr, chunk_bytes, slots, small_msg_bytes, spin_us, tcp_chunk_bytes";
+    "addr, chunk_bytes, nt_store_bytes, slots, small_msg_bytes, spin_us, "
+    "tcp_chunk_bytes";
 
 typedef struct int_knob {
   const char *key;
@@ -48,6 +54,7 @@ static const int_knob k_small = {"small_msg_bytes", 0, 1 << 20, 1};
 static const int_knob k_spin = {"spin_us", 0, 100000, 1};
 static const int_knob k_slots = {"slots", 2, 16, 1};
 static const int_knob k_tcp = {"tcp_chunk_bytes", 4096, 64 << 20, 64};
+static const int_knob k_nt = {"nt_store_bytes", 0, INT64_MAX, 1};
 
 static const char *json_type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -91,6 +98,7 @@ int hp_options_parse(const char *options_json, hp_options *out) {
   out->spin_us = -1;
   out->slots = 4;
   out->tcp_chunk_bytes = 256 << 10;
+  out->nt_bytes = 8 << 20;
   if (!options_json || !*options_json) return DDPLUG_OK;
 
   json_error_t jerr;
@@ -130,6 +138,9 @@ int hp_options_parse(const char *options_json, hp_options *out) {
     } else if (strcmp(key, k_tcp.key) == 0) {
       if ((st = read_int(v, &k_tcp, &x)) != DDPLUG_OK) goto done;
       out->tcp_chunk_bytes = (uint64_t)x;
+    } else if (strcmp(key, k_nt.key) == 0) {
+      if ((st = read_int(v, &k_nt, &x)) != DDPLUG_OK) goto done;
+      out->nt_bytes = (uint64_t)x;
     } else if (strcmp(key, "addr") == 0) {
       struct in_addr a;
       if (!json_is_string(v)) {

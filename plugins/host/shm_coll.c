@@ -30,6 +30,9 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <string.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "host.h"
 
@@ -155,6 +158,10 @@ void hp_pipe_init(hp_group *g, hp_pipe *p) {
   p->esize = hp_dtype_size(p->dtype);
   p->chunk_elems = g->opt.chunk_bytes / p->esize;
   p->nchunks = (p->elems + p->chunk_elems - 1) / p->chunk_elems;
+  uint64_t out_bytes = p->elems * p->esize *
+                       (p->mode == HP_PIPE_ALLGATHER || p->mode == HP_PIPE_GATHER_LEADER
+                            ? (uint64_t)g->local_world : 1);
+  p->stream = g->opt.nt_bytes > 0 && out_bytes >= g->opt.nt_bytes;
   p->base = g->chunk_clock;
   g->chunk_clock += (uint32_t)p->nchunks;
   p->c_in = p->c_red = p->c_out = 0;
@@ -177,10 +184,50 @@ static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
               srcs, g->local_world, len, p->divisor);
 }
 
+/* Copy to the user's output. Large outputs are written with non-temporal
+ * stores: no read-for-ownership of lines we overwrite entirely, and the
+ * output does not evict the staging slots from the cache. */
+static void out_copy(void *dst, const void *src, size_t n, int stream) {
+#if defined(__x86_64__)
+  if (stream && n >= 256) {
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    size_t body = n & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+      __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+      __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+      __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+      __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+      _mm_stream_si128((__m128i *)(d + i), x0);
+      _mm_stream_si128((__m128i *)(d + i + 16), x1);
+      _mm_stream_si128((__m128i *)(d + i + 32), x2);
+      _mm_stream_si128((__m128i *)(d + i + 48), x3);
+    }
+    memcpy(d + body, s + body, n - body);
+    return;
+  }
+#endif
+  (void)stream;
+  memcpy(dst, src, n);
+}
+
+static void out_fence(int stream) {
+#if defined(__x86_64__)
+  if (stream) _mm_sfence();
+#endif
+  (void)stream;
+}
+
 static void copy_out(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
   uint64_t first = c * p->chunk_elems;
   uint32_t es = p->esize;
+  int nt = p->stream;
   switch (p->mode) {
     case HP_PIPE_ALLREDUCE:
     case HP_PIPE_REDUCE_LEADER:
@@ -190,19 +237,20 @@ static void copy_out(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
         uint64_t off, len;
         slice(g, p, m, k, &off, &len);
         if (len)
-          memcpy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es);
+          out_copy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es, nt);
       }
       break;
     case HP_PIPE_BCAST:
-      memcpy(p->out + first * es, stage(g, a, p->src), m * es);
+      out_copy(p->out + first * es, stage(g, a, p->src), m * es, nt);
       break;
     default: /* ALLGATHER, GATHER_LEADER: out is the whole receive buffer */
       for (int k = 0; k < g->local_world; k++) {
         uint64_t at = (uint64_t)g->local_ranks[k] * p->elems + first;
-        memcpy(p->out + at * es, stage(g, a, k), m * es);
+        out_copy(p->out + at * es, stage(g, a, k), m * es, nt);
       }
       break;
   }
+  out_fence(nt);
 }
 
 /* See host.h: run the pipeline as far as it goes without waiting. */

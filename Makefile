@@ -51,5 +51,9 @@ deps: .deps/system .deps/python
 	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \
 	fi
-	@"$(PY)" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e hosts/lightning
+	@if [ -L "$(VENV)" ]; then \
+	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/lightning through PYTHONPATH)"; \
+	else \
+	  "$(PY)" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e hosts/lightning; \
+	fi
 	@touch $@

@@ -11,6 +11,8 @@ echo "== C tests (ctest, $BUILD)"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
 if compgen -G "tests/python/test_*.py" >/dev/null; then
   echo "== Python tests (pytest)"
-  DDPLUG_BUILD_DIR="$(cd "$BUILD" && pwd)" "$VENV/bin/python" -m pytest -q tests/python
+  # This checkout's package, whatever the environment has installed.
+  PYTHONPATH="$PWD/hosts/lightning/src${PYTHONPATH:+:$PYTHONPATH}" \
+    DDPLUG_BUILD_DIR="$(cd "$BUILD" && pwd)" "$VENV/bin/python" -m pytest -q tests/python
 fi
 echo "== all tests passed"

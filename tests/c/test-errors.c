@@ -119,3 +119,30 @@ TEST(alloc_failure_injection) {
   CHECK(p != NULL);
   ddplug__free(p);
 }
+
+static int g_env_calls;
+static void count_cb(void *user, int level, int rank, const char *line) {
+  (void)user; (void)level; (void)rank; (void)line;
+  g_env_calls++;
+}
+
+TEST(log_level_from_environment_beats_config) {
+  /* Each case runs in a fresh process, so the variable is read here first. */
+  setenv("DDPLUG_LOG", "debug", 1);
+  ddplug_log_set_callback(count_cb, NULL);
+  ddplug__log_config_level(DDPLUG_LOG_ERROR); /* config says error: env wins */
+  DDPLUG__DEBUG("shown at debug");
+  DDPLUG__TRACE("not shown");
+  CHECK_EQ_INT(g_env_calls, 1);
+  ddplug_log_set_callback(NULL, NULL);
+}
+
+TEST(bad_log_environment_keeps_the_default) {
+  setenv("DDPLUG_LOG", "chatty", 1);
+  ddplug_log_set_callback(count_cb, NULL);
+  CHECK(!ddplug__log_enabled(DDPLUG_LOG_INFO)); /* default warn */
+  CHECK(ddplug__log_enabled(DDPLUG_LOG_WARN));
+  ddplug__log_config_level(DDPLUG_LOG_INFO); /* config applies */
+  CHECK(ddplug__log_enabled(DDPLUG_LOG_INFO));
+  ddplug_log_set_callback(NULL, NULL);
+}

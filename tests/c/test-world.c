@@ -139,3 +139,45 @@ TEST(struct_size_is_honoured) {
   CHECK_CONTAINS(ddplug_last_error(), "DDPLUG_WORLD_INIT");
   CHECK_STATUS(ddplug_world_discover(NULL, NULL), DDPLUG_E_INVALID_ARGUMENT);
 }
+
+TEST(explicit_config_world_wins_over_the_environment) {
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string(
+      "{\"world\": {\"rank\": 2, \"world_size\": 4, \"local_rank\": 0, \"node_rank\": 1},"
+      " \"rendezvous\": {\"addr\": \"10.1.2.3\", \"port\": 5555}}",
+      "w.json", &cfg));
+  const char *env[] = {"RANK=0", "WORLD_SIZE=8", "MASTER_ADDR=elsewhere", "MASTER_PORT=1", NULL};
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug__world_discover_env(cfg, table_get, (void *)env, &w));
+  CHECK_EQ_INT(w.rank, 2);
+  CHECK_EQ_INT(w.world_size, 4);
+  CHECK_EQ_INT(w.local_rank, 0);
+  CHECK_EQ_INT(w.node_rank, 1);
+  CHECK_EQ_STR(w.source, "config");
+  CHECK_EQ_STR(w.master_addr, "10.1.2.3");
+  CHECK_EQ_INT(w.master_port, 5555);
+  ddplug_config_free(cfg);
+}
+
+TEST(config_rendezvous_overrides_master_variables) {
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string("{\"rendezvous\": {\"port\": 6000}}", "r.json", &cfg));
+  const char *env[] = {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=m", "MASTER_PORT=1", NULL};
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug__world_discover_env(cfg, table_get, (void *)env, &w));
+  CHECK_EQ_STR(w.source, "torchrun");
+  CHECK_EQ_STR(w.master_addr, "m");
+  CHECK_EQ_INT(w.master_port, 6000);
+  ddplug_config_free(cfg);
+}
+
+TEST(config_world_of_several_needs_an_address) {
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string("{\"world\": {\"rank\": 0, \"world_size\": 2}}", "x.json",
+                                     &cfg));
+  const char *env[] = {NULL};
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_STATUS(ddplug__world_discover_env(cfg, table_get, (void *)env, &w), DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(ddplug_last_error(), "world size is 2 (config) but no rendezvous address");
+  ddplug_config_free(cfg);
+}

@@ -67,8 +67,8 @@ DDPLUG_API const char *ddplug_strerror(int status);
 DDPLUG_API const char *ddplug_status_name(int status);
 
 /* The detail sentence of the last call that failed on the calling thread,
- * e.g. "config.json:4:12: unknown key 'sampler.shufle' (did you mean
- * 'shuffle'?)". "" if none failed yet. Thread-local storage owned by the
+ * e.g. "run.json: sampler.shufle: unknown key (did you mean 'shuffle'?)"
+ * or "run.json:4:12: ..." for a syntax error. "" if none failed yet. Thread-local storage owned by the
  * library, valid until the next failing ddplug call on this thread. Since 1.0. */
 DDPLUG_API const char *ddplug_last_error(void);
 
@@ -142,8 +142,13 @@ DDPLUG_API void ddplug_config_free(ddplug_config *cfg);
  * Since 1.0. */
 DDPLUG_API int ddplug_config_to_json(const ddplug_config *cfg, char **out);
 
-/* 64-bit hash of the canonical JSON; equal configs hash equal on every
- * machine. Since 1.0. */
+/* 64-bit hash of the run-wide part of the config: the canonical JSON (as
+ * ddplug_config_to_json) of the effective config WITHOUT "world" and
+ * "log_level", which describe this process rather than the run and may
+ * differ between ranks. Configs that mean the same run hash equal on every
+ * machine (key order, white space, 300 vs 300.0 and spelled-out defaults do
+ * not matter); ddplug_open compares it across ranks. Computed at load:
+ * never fails for a valid cfg. Since 1.0. */
 DDPLUG_API int ddplug_config_hash(const ddplug_config *cfg, uint64_t *out);
 
 /* The name of what the config was loaded from (file path, "<string>",

@@ -2,7 +2,8 @@
  * FROZEN SNAPSHOT of abi/include/ddplug/plugin.h as of plugin ABI 1.0, kept
  * so a test plugin can be built exactly as an old third-party plugin was
  * (NCCL's pattern of vendoring the versioned header a plugin was built with).
- * Never edit: it is the proof that the runtime still loads 1.0 tables.
+ * Never edit: it is the proof that the runtime still loads 1.0 tables. It
+ * includes the live common.h (that vocabulary is append-only too).
  */
 /*
  * ddplug/plugin.h — the plugin ABI: what a backend implements and exports.

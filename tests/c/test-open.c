@@ -1,0 +1,385 @@
+/* test-open.c — ddplug_open/ddplug_close in real multi-process runs (forked
+ * ranks, the real store over TCP, the example plugin): ranks agree and
+ * close; locality from host identity; every startup check failing on every
+ * rank with the difference named; missing ranks reported by rank 0; a rank
+ * killed (PEER_LOST naming it), rank 0 killed, abort from one rank, a
+ * collective timeout and a mismatched collective. */
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EXAMPLE_CONFIG "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 20}}"
+
+static void use_config(const char *json) { setenv("DDPLUG_CONFIG", json, 1); }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static ddplug_context *open_ok(void) {
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(NULL, NULL, &ctx));
+  CHECK(ctx != NULL);
+  return ctx;
+}
+
+/* ---- success ----------------------------------------------------------- */
+
+static void rank_agree(int rank, int world, void *arg) {
+  (void)arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_context *ctx = open_ok();
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug_context_world(ctx, &w));
+  CHECK_EQ_INT(w.rank, rank);
+  CHECK_EQ_INT(w.world_size, world);
+  CHECK_EQ_INT(w.local_rank, rank);
+  CHECK_EQ_INT(w.local_world_size, world);
+  CHECK_EQ_INT(ddplug_context_num_nodes(ctx), 1);
+  CHECK_EQ_STR(w.source, "torchrun");
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_OK(ddplug_context_plugin(ctx, &info));
+  CHECK_EQ_STR(info.name, "example");
+
+  int64_t v[3] = {rank, 10 * rank, 1}, out[3];
+  CHECK_OK(ddplug_allreduce(ctx, v, out, 3, DDPLUG_INT64, DDPLUG_OP_SUM, NULL));
+  CHECK_EQ_INT(out[0], world * (world - 1) / 2);
+  CHECK_EQ_INT(out[1], 10 * world * (world - 1) / 2);
+  CHECK_EQ_INT(out[2], world);
+  double d[2] = {rank, -rank}, dmax[2];
+  CHECK_OK(ddplug_allreduce(ctx, d, dmax, 2, DDPLUG_FLOAT64, DDPLUG_OP_MAX, NULL));
+  CHECK(dmax[0] == world - 1 && dmax[1] == 0);
+  float avg = (float)rank;
+  CHECK_OK(ddplug_allreduce(ctx, &avg, &avg, 1, DDPLUG_FLOAT32, DDPLUG_OP_AVG, NULL));
+  CHECK(avg == (float)(world - 1) / 2.0f);
+  int32_t b = rank == 2 ? 42 : -1;
+  CHECK_OK(ddplug_broadcast(ctx, &b, &b, 1, DDPLUG_INT32, 2, NULL));
+  CHECK_EQ_INT(b, 42);
+  int32_t mine = 100 + rank, all[8];
+  CHECK_OK(ddplug_allgather(ctx, &mine, all, 1, DDPLUG_INT32, NULL));
+  for (int r = 0; r < world; r++) CHECK_EQ_INT(all[r], 100 + r);
+  ddplug_request *req = NULL;
+  uint8_t flags = (uint8_t)(1u << rank), ored;
+  CHECK_OK(ddplug_iallreduce(ctx, &flags, &ored, 1, DDPLUG_UINT8, DDPLUG_OP_BOR, NULL, &req));
+  CHECK(ddplug_request_seq(req) > 0);
+  CHECK_OK(ddplug_wait(req, DDPLUG_TIMEOUT_DEFAULT));
+  ddplug_request_free(req);
+  CHECK_EQ_INT(ored, (1 << world) - 1);
+  CHECK_OK(ddplug_barrier(ctx, 10000));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(four_ranks_open_agree_and_close) {
+  CHECK_EQ_INT(dt_run_ranks(4, rank_agree, NULL, NULL, 60, NULL), 0);
+}
+
+static void rank_two_nodes(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  /* ranks 0, 2 on node "a"; ranks 1, 3 on node "b" */
+  setenv("DDPLUG_HOST_ID", rank % 2 ? "b" : "a", 1);
+  ddplug_context *ctx = open_ok();
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug_context_world(ctx, &w));
+  CHECK_EQ_INT(ddplug_context_num_nodes(ctx), 2);
+  CHECK_EQ_INT(w.node_rank, rank % 2);
+  CHECK_EQ_INT(w.local_rank, rank / 2);
+  CHECK_EQ_INT(w.local_world_size, 2);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(locality_comes_from_host_identity) {
+  CHECK_EQ_INT(dt_run_ranks(4, rank_two_nodes, NULL, NULL, 60, NULL), 0);
+}
+
+TEST(single_process_without_any_environment) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+  use_config("{\"plugin\": \"example\"}");
+  ddplug_context *ctx = open_ok();
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug_context_world(ctx, &w));
+  CHECK_EQ_INT(w.world_size, 1);
+  CHECK_EQ_STR(w.source, "single");
+  int32_t x = 7;
+  CHECK_OK(ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL));
+  CHECK_EQ_INT(x, 7);
+  CHECK(ddplug_context_store(ctx) != NULL);
+  CHECK(ddplug_context_config(ctx) != NULL);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(older_table_plugin_runs_through_the_runtime) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  use_config("{\"plugin\": \"oldtable\"}");
+  ddplug_context *ctx = open_ok();
+  double x[2] = {1.5, 2.5}, y[2];
+  CHECK_OK(ddplug_allreduce(ctx, x, y, 2, DDPLUG_FLOAT64, DDPLUG_OP_SUM, NULL));
+  CHECK(y[0] == 1.5 && y[1] == 2.5);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+/* ---- startup checks ---------------------------------------------------- */
+
+typedef struct expect {
+  int status;
+  const char *text[3];
+} expect;
+
+static void check_failure(const expect *e) {
+  ddplug_context *ctx = (ddplug_context *)0x1;
+  int s = ddplug_open(NULL, NULL, &ctx);
+  CHECK_MSG(s == e->status, "ddplug_open returned %s, expected %s: %s", ddplug_status_name(s),
+            ddplug_status_name(e->status), ddplug_last_error());
+  CHECK(ctx == (ddplug_context *)0x1); /* untouched on failure */
+  for (int i = 0; i < 3 && e->text[i]; i++) CHECK_CONTAINS(ddplug_last_error(), e->text[i]);
+}
+
+static void rank_config_differs(int rank, int world, void *arg) {
+  (void)world;
+  use_config(rank == 2 ? "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 20}, "
+                         "\"sampler\": {\"seed\": 7}}"
+                       : EXAMPLE_CONFIG);
+  check_failure(arg);
+}
+
+TEST(a_different_config_fails_on_every_rank_naming_it) {
+  expect e = {DDPLUG_E_MISMATCH,
+              {"the config differs across ranks", "first difference 'sampler.seed': 0 vs 7",
+               "ranks 0, 1, 3"}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_config_differs, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_world_differs(int rank, int world, void *arg) {
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  if (rank == 3) setenv("WORLD_SIZE", "5", 1);
+  check_failure(arg);
+}
+
+TEST(a_different_world_size_fails_on_every_rank) {
+  expect e = {DDPLUG_E_MISMATCH, {"world size differs", "rank 3 has 5", NULL}};
+  expect e3 = {DDPLUG_E_MISMATCH, {"world size", NULL, NULL}};
+  (void)e3;
+  CHECK_EQ_INT(dt_run_ranks(4, rank_world_differs, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_plugin_version_differs(int rank, int world, void *arg) {
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  if (rank == 3) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lib/test-plugins-alt", dt_build_dir());
+    setenv("DDPLUG_PLUGIN_PATH", path, 1);
+  }
+  check_failure(arg);
+}
+
+TEST(a_different_plugin_version_fails_on_every_rank) {
+  expect e = {DDPLUG_E_MISMATCH,
+              {"the plugin version differs across ranks", "ranks 0-2: 0.1.0",
+               "rank 3: 0.0.9-test"}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_plugin_version_differs, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_duplicate(int rank, int world, void *arg) {
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  if (rank == 2) setenv("RANK", "1", 1);
+  check_failure(arg);
+}
+
+TEST(a_rank_started_twice_fails_the_run) {
+  expect e = {DDPLUG_E_CONFIG, {"rank 1 was started twice", "every process needs its own rank",
+                                NULL}};
+  CHECK_EQ_INT(dt_run_ranks(3, rank_duplicate, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_missing(int rank, int world, void *arg) {
+  (void)world;
+  if (rank >= 2) return; /* never started */
+  use_config("{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 2}}");
+  check_failure(arg);
+}
+
+TEST_T(rank_zero_reports_ranks_that_never_joined, 60) {
+  expect e = {DDPLUG_E_TIMEOUT,
+              {"ranks 2, 3 never joined after 2.", "(2 of 4 processes joined): started 2 of 4 "
+                                                   "processes?",
+               NULL}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_missing, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_plugin_missing(int rank, int world, void *arg) {
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  if (rank == 1) {
+    ddplug_open_options o = DDPLUG_OPEN_OPTIONS_INIT;
+    o.plugin = "nosuchplugin";
+    ddplug_context *ctx = NULL;
+    double t0 = now_s();
+    CHECK_STATUS(ddplug_open(NULL, &o, &ctx), DDPLUG_E_NOT_FOUND);
+    CHECK_CONTAINS(ddplug_last_error(), "plugin 'nosuchplugin' not found; searched:");
+    CHECK(now_s() - t0 < 15); /* not the rendezvous timeout */
+    return;
+  }
+  check_failure(arg);
+}
+
+TEST(a_rank_whose_plugin_is_missing_fails_everyone_at_once) {
+  expect e = {DDPLUG_E_NOT_FOUND, {"rank 1 failed to open: plugin 'nosuchplugin' not found", NULL,
+                                   NULL}};
+  CHECK_EQ_INT(dt_run_ranks(3, rank_plugin_missing, &e, NULL, 60, NULL), 0);
+}
+
+static void rank_secret(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config(EXAMPLE_CONFIG);
+  setenv("DDPLUG_SECRET", "s3cret", 1);
+  (void)rank;
+  ddplug_context *ctx = open_ok();
+  CHECK_OK(ddplug_barrier(ctx, 10000));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(shared_secret) {
+  CHECK_EQ_INT(dt_run_ranks(3, rank_secret, NULL, NULL, 60, NULL), 0);
+}
+
+/* ---- failures during the run --------------------------------------------- */
+
+static void rank_killed(int rank, int world, void *arg) {
+  (void)world;
+  int victim = *(int *)arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_context *ctx = open_ok();
+  int32_t x = 1;
+  double t0 = now_s();
+  int s = DDPLUG_OK;
+  /* The victim dies after its third collective; a survivor may notice in
+   * that collective already or in a later one. */
+  for (int i = 0; i < 1000 && s == DDPLUG_OK; i++) {
+    s = ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_MAX, NULL);
+    if (i == 2 && rank == victim) raise(SIGKILL);
+  }
+  CHECK_STATUS(s, DDPLUG_E_PEER_LOST);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d", victim);
+  CHECK_CONTAINS(ddplug_last_error(), want);
+  dt_note("rank %d saw the loss after %.3f s: %s", rank, now_s() - t0, ddplug_last_error());
+  /* Later calls say the same; close reports it and frees everything. */
+  CHECK_STATUS(ddplug_barrier(ctx, 1000), DDPLUG_E_PEER_LOST);
+  CHECK_STATUS(ddplug_close(ctx), DDPLUG_E_PEER_LOST);
+}
+
+TEST(a_killed_rank_is_named_on_every_survivor) {
+  int victim = 2, st[4];
+  dt_run_ranks(4, rank_killed, &victim, NULL, 60, st);
+  for (int r = 0; r < 4; r++)
+    if (r != victim) CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d failed", r);
+}
+
+TEST(losing_rank_zero_and_its_store_is_reported) {
+  int victim = 0, st[3];
+  dt_run_ranks(3, rank_killed, &victim, NULL, 60, st);
+  for (int r = 1; r < 3; r++)
+    CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d failed", r);
+}
+
+static void rank_abort(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_context *ctx = open_ok();
+  if (rank == 1) {
+    usleep(200000);
+    CHECK_OK(ddplug_abort(ctx, "disk full"));
+  }
+  CHECK_STATUS(ddplug_barrier(ctx, 20000), DDPLUG_E_ABORTED);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 1 aborted the run: disk full");
+  CHECK_CONTAINS(ddplug_context_error(ctx), "rank 1 aborted the run: disk full");
+  CHECK_STATUS(ddplug_close(ctx), DDPLUG_E_ABORTED);
+}
+
+TEST(abort_from_one_rank_reaches_all) {
+  CHECK_EQ_INT(dt_run_ranks(3, rank_abort, NULL, NULL, 60, NULL), 0);
+}
+
+static void rank_timeout(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config("{\"plugin\": \"example\", \"timeouts\": {\"collective_s\": 1}}");
+  ddplug_context *ctx = open_ok();
+  int32_t x = 1;
+  if (rank == 1) {
+    sleep(3); /* never joins collective #1 in time */
+    CHECK(ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL) != DDPLUG_OK);
+  } else {
+    CHECK_STATUS(ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL),
+                 DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "collective #1 (allreduce of 1 int32, sum)");
+    CHECK_CONTAINS(ddplug_last_error(), "rank 1 did not arrive");
+  }
+  ddplug_close(ctx);
+}
+
+TEST(a_collective_timeout_names_sequence_and_late_rank) {
+  CHECK_EQ_INT(dt_run_ranks(3, rank_timeout, NULL, NULL, 60, NULL), 0);
+}
+
+static void rank_mismatch(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_context *ctx = open_ok();
+  int32_t x[5] = {1, 2, 3, 4, 5};
+  CHECK_STATUS(ddplug_allreduce(ctx, x, x, rank == 1 ? 5 : 4, DDPLUG_INT32, DDPLUG_OP_SUM, NULL),
+               DDPLUG_E_MISMATCH);
+  CHECK_CONTAINS(ddplug_last_error(), "collective #1 differs across ranks");
+  ddplug_close(ctx);
+}
+
+TEST(mismatched_collectives_fail_on_every_rank) {
+  CHECK_EQ_INT(dt_run_ranks(3, rank_mismatch, NULL, NULL, 60, NULL), 0);
+}
+
+/* ---- argument checks ------------------------------------------------------ */
+
+TEST(bad_collective_arguments_are_refused_before_the_plugin) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  use_config("{\"plugin\": \"example\"}");
+  ddplug_context *ctx = open_ok();
+  float f[2] = {0, 0};
+  CHECK_STATUS(ddplug_allreduce(ctx, f, f, 2, 99, DDPLUG_OP_SUM, NULL), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "dtype 99 is not a ddplug dtype");
+  CHECK_STATUS(ddplug_allreduce(ctx, f, f, 2, DDPLUG_FLOAT32, DDPLUG_OP_BOR, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "op bor needs an integer dtype, got float32");
+  CHECK_STATUS(ddplug_allreduce(ctx, f, f, 1, DDPLUG_BFLOAT16, DDPLUG_OP_SUM, NULL),
+               DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(ddplug_last_error(), "plugin example does not support dtype bfloat16 (it "
+                                      "supports float32, float64, int8, uint8, int32, int64)");
+  CHECK_STATUS(ddplug_allreduce(ctx, NULL, f, 2, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "send buffer is NULL with count 2");
+  CHECK_STATUS(ddplug_broadcast(ctx, f, f, 2, DDPLUG_FLOAT32, 1, NULL), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "root 1 is not a rank (world size 1)");
+  CHECK_STATUS(ddplug_iallreduce(ctx, f, f, 2, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL, NULL),
+               DDPLUG_E_INVALID_ARGUMENT);
+  /* Validation failures do not poison the context. */
+  CHECK_OK(ddplug_allreduce(ctx, f, f, 0, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  CHECK_OK(ddplug_allreduce(ctx, f, f, 2, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  CHECK_OK(ddplug_close(ctx));
+  CHECK_OK(ddplug_close(NULL));
+  CHECK_STATUS(ddplug_open(NULL, NULL, NULL), DDPLUG_E_INVALID_ARGUMENT);
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# test-cli.sh — the `ddplug` command's info and run subcommands, end to end.
+# usage: test-cli.sh DDPLUG_BIN TRAINER_BIN BUILD_DIR
+set -uo pipefail
+DDPLUG=$1 TRAINER=$2 BUILD=$3
+fails=0 n=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect NAME RC REGEX -- COMMAND...: exit status RC and output matching REGEX.
+expect() {
+  local name=$1 rc=$2 re=$3; shift 4
+  n=$((n + 1))
+  local out got
+  out=$("$@" 2>&1); got=$?
+  if [[ $got -ne $rc ]] || ! grep -Eq -- "$re" <<<"$out"; then
+    echo "FAIL $name: exit $got (want $rc), output must match /$re/:"
+    sed 's/^/    /' <<<"$out"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+echo '{"plugin": "example"}' >"$tmp/example.json"
+echo 'not a shared object, just text; long enough for the ELF reader to say so' >"$tmp/fake.so"
+
+expect info-name 0 '^plugin +example$' -- "$DDPLUG" info example
+expect info-abi 0 '^ABI version +1\.1 ' -- "$DDPLUG" info example
+expect info-json 0 '"name": "example".*"abi_version": "1\.1"' -- "$DDPLUG" info --json example
+expect info-old-table 0 '^ABI version +1\.0 ' -- "$DDPLUG" info "$BUILD/lib/test-plugins/libddplug-oldtable.so"
+expect info-not-found 1 "plugin 'nosuch' not found; searched: .*libddplug-nosuch.so \(no such file\)" -- "$DDPLUG" info nosuch
+expect info-not-a-plugin 1 'is not a ddplug plugin: it does not export ddplug_plugin_entry_v1' -- "$DDPLUG" info "$BUILD/lib/test-plugins/libddplug-nosymbol.so"
+expect info-not-elf 1 "cannot load plugin '.*fake.so'" -- "$DDPLUG" info "$tmp/fake.so"
+expect info-usage 2 'usage: ddplug info' -- "$DDPLUG" info
+expect version 0 '^ddplug 0\.' -- "$DDPLUG" --version
+expect unknown-command 2 "unknown command 'frobnicate'" -- "$DDPLUG" frobnicate
+
+expect run-trainer 0 'weights identical on every rank: yes' -- "$DDPLUG" run -n 2 -- "$TRAINER" "$tmp/example.json"
+expect run-simulated-nodes 0 '3 ranks on 2 node\(s\)' -- "$DDPLUG" run -n 3 --simulate-nodes 2 -- "$TRAINER" "$tmp/example.json"
+expect run-failing-rank 3 'rank 1 \(pid [0-9]+\) exited with 3' -- "$DDPLUG" run -n 2 --grace 1 -- sh -c '[ "$RANK" = 1 ] && exit 3; exec sleep 30'
+expect run-env 0 'RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1' -- "$DDPLUG" run -n 2 -- sh -c 'echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK MASTER_ADDR=$MASTER_ADDR'
+expect run-usage 2 'usage: ddplug run' -- "$DDPLUG" run -- true
+expect run-bad-number 2 '--nproc needs an integer from 1 to' -- "$DDPLUG" run --nproc x -- true
+expect run-missing-program 127 "cannot start 'no-such-program-xyz'" -- "$DDPLUG" run -n 1 -- no-such-program-xyz
+
+echo "$((n - fails)) of $n command cases passed"
+[[ $fails -eq 0 ]]

@@ -341,9 +341,14 @@ int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
     r->planned = 1;
     atomic_store(&g->exec_k, r->k);
   }
-  for (;;) {
+  /* A failed group starts nothing; a started collective keeps going as
+   * long as it can progress (peers that arrived before an abort still
+   * finish it), and reports the failure only when it has to wait. */
+  if (r->cur == 0 && !r->ph[0].entered) {
     int fs = hp_fail_report(g);
     if (fs) return fs;
+  }
+  for (;;) {
     if (r->cur >= r->nph) return DDPLUG_OK;
     hp_phase *ph = &r->ph[r->cur];
     hp_wait_target wt;
@@ -356,7 +361,7 @@ int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
     if (st == HP_BLOCKED) {
       int w = hp_wait(g, &wt, deadline_ns);
       if (w == HP_AGAIN) return HP_AGAIN;
-      if (w > 0) return hp_fail_report(g) ? g->fail.status : w;
+      if (w > 0) return hp_fail_status(g) ? hp_fail_settle(g) : w;
       continue;
     }
     if (st > 0 && st != DDPLUG_E_MISMATCH) {

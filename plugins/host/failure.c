@@ -2,7 +2,11 @@
  * failure.c — the group's failure record and how failures travel.
  *
  * A group fails once: the first of an abort (group_abort on any rank), a
- * lost peer, or a broken socket wins, on every rank. The record (status,
+ * lost peer, or a broken socket wins, on every rank — except that a peer
+ * found dead after an abort upgrades the abort to PEER_LOST (the runtime's
+ * failure watcher may pass a peer's death on as an abort before the plugin
+ * sees it; a blocked collective woken by an abort waits up to 150 ms for
+ * such an upgrade, hp_fail_settle). The record (status,
  * the rank lost or aborting, who noticed, a sentence) lives in the process
  * and in the node's shared memory; a rank that fails first writes it there,
  * every other local rank adopts it from there, so all ranks of a node
@@ -44,24 +48,69 @@ static int next_node(const hp_group *g) {
   return (g->node + 1) % g->num_nodes;
 }
 
-/* Send our record backwards around the ring once. A record whose origin is
- * on the previous node came from there: the circle is closed. */
+/* ---- the record ------------------------------------------------------------
+ * Two write-once slots (in the process and in the node's segment): slot 0
+ * holds the first failure; slot 1 a PEER_LOST that arrives after slot 0
+ * said something else (an abort the runtime's watcher passed on before the
+ * plugin itself saw the peer die). The effective failure is slot 1 if set,
+ * else slot 0. Write-once slots need no lock: a writer claims a slot by
+ * CAS, fills it, and publishes it with a release store; readers read only
+ * published slots. */
+
+static int slot_write(hp_fail_rec *f, int status, int rank, int origin, const char *msg) {
+  uint32_t expect = 0;
+  if (!atomic_compare_exchange_strong(&f->state, &expect, 1)) return 0;
+  f->status = status;
+  f->rank = rank;
+  f->origin = origin;
+  snprintf(f->msg, sizeof f->msg, "%s", msg);
+  atomic_store_explicit(&f->state, 2, memory_order_release);
+  return 1;
+}
+
+static int slot_ready(hp_fail_rec *f) {
+  uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
+  while (st == 1) st = atomic_load_explicit(&f->state, memory_order_acquire);
+  return st == 2;
+}
+
+/* The effective record of a pair of slots, or NULL. */
+static hp_fail_rec *effective(hp_fail_rec *f) {
+  if (slot_ready(&f[1])) return &f[1];
+  if (slot_ready(&f[0])) return &f[0];
+  return NULL;
+}
+
+/* Write (status, ...) into the pair: slot 0 if free, else slot 1 when it
+ * upgrades slot 0 to PEER_LOST. Returns 1 if the effective record changed. */
+static int pair_write(hp_fail_rec *f, int status, int rank, int origin, const char *msg) {
+  if (slot_write(&f[0], status, rank, origin, msg)) return 1;
+  slot_ready(&f[0]);
+  if (status == DDPLUG_E_PEER_LOST && f[0].status != DDPLUG_E_PEER_LOST)
+    return slot_write(&f[1], status, rank, origin, msg);
+  return 0;
+}
+
+/* Send the effective record backwards around the ring, once per slot. A
+ * record whose origin is on the previous node came from there: the circle
+ * is closed. */
 static void ring_tell(hp_group *g) {
   if (!g->leader || g->num_nodes < 2 || g->prev_fd < 0) return;
-  if (atomic_exchange(&g->ring_told, 1)) return;
-  int origin = g->fail.origin;
-  if (origin >= 0 && origin < g->world && g->node_of[origin] == prev_node(g))
-    return;
+  hp_fail_rec *f = effective(g->fail);
+  if (!f) return;
+  int slot = f == &g->fail[1];
+  if (atomic_exchange(&g->ring_told[slot], 1)) return;
+  if (f->origin >= 0 && f->origin < g->world && g->node_of[f->origin] == prev_node(g)) return;
   hp_ctl_msg m;
   memset(&m, 0, sizeof m);
   m.magic = HP_TCP_MAGIC;
   m.type = HP_MSG_ABORT;
-  m.status = g->fail.status;
-  m.rank = g->fail.rank;
-  m.origin = g->fail.origin;
-  m.origin_node = g->fail.origin >= 0 ? g->node_of[g->fail.origin] : g->node;
+  m.status = f->status;
+  m.rank = f->rank;
+  m.origin = f->origin;
+  m.origin_node = f->origin >= 0 && f->origin < g->world ? g->node_of[f->origin] : g->node;
   m.run_hash = g->run_hash;
-  snprintf(m.msg, sizeof m.msg, "%s", g->fail.msg);
+  snprintf(m.msg, sizeof m.msg, "%s", f->msg);
   pthread_mutex_lock(&g->ctl_mu);
   (void)hp_tcp_send_all(g->prev_fd, &m, sizeof m, hp_deadline(200));
   pthread_mutex_unlock(&g->ctl_mu);
@@ -84,50 +133,35 @@ void hp_wake_all(hp_group *g) {
   hp_ctr_wake(&g->ev);
 }
 
-/* Copy a record into the process-local slot if none is there yet. */
-static void local_record(hp_group *g, int status, int rank, int origin,
-                         const char *msg) {
-  uint32_t expect = 0;
-  if (atomic_compare_exchange_strong(&g->fail_state, &expect, 1)) {
-    g->fail.status = status;
-    g->fail.rank = rank;
-    g->fail.origin = origin;
-    snprintf(g->fail.msg, sizeof g->fail.msg, "%s", msg);
-    atomic_store_explicit(&g->fail_state, 2, memory_order_release);
+/* Record a failure: shared memory first (so the node agrees), then the
+ * process; tell the ring and wake everything. Returns the status now in
+ * force. */
+static int record(hp_group *g, int status, int rank, int origin, const char *msg) {
+  const hp_fail_rec *src = NULL;
+  hp_fail_rec mine = {0};
+  if (g->has_shm && g->shm.hdr) {
+    pair_write(g->shm.hdr->fail, status, rank, origin, msg);
+    src = effective(g->shm.hdr->fail);
+  } else {
+    mine.status = status;
+    mine.rank = rank;
+    mine.origin = origin;
+    snprintf(mine.msg, sizeof mine.msg, "%s", msg);
+    src = &mine;
+  }
+  if (pair_write(g->fail, src->status, src->rank, src->origin, src->msg)) {
+    hp_fail_rec *f = effective(g->fail);
+    atomic_store_explicit(&g->fail_status, f->status, memory_order_release);
     uint64_t one = 1;
     if (g->abort_fd >= 0) (void)!write(g->abort_fd, &one, sizeof one);
-    hp_log(g, status == DDPLUG_E_ABORTED ? DDPLUG_LOG_INFO : DDPLUG_LOG_WARN,
+    hp_log(g, f->status == DDPLUG_E_ABORTED ? DDPLUG_LOG_INFO : DDPLUG_LOG_WARN,
            "host plugin: group failed (%s): %s",
-           status == DDPLUG_E_PEER_LOST ? "peer lost" :
-           status == DDPLUG_E_ABORTED ? "aborted" : "error", msg);
-  }
-  while (atomic_load_explicit(&g->fail_state, memory_order_acquire) != 2) {
-  }
-}
-
-/* Record a failure: shared memory first (so the node agrees), then the
- * process; tell the ring and wake everything. Returns the status in force. */
-static int record(hp_group *g, int status, int rank, int origin,
-                  const char *msg) {
-  if (g->has_shm && g->shm.hdr) {
-    hp_fail_rec *f = &g->shm.hdr->fail;
-    uint32_t expect = 0;
-    if (atomic_compare_exchange_strong(&f->state, &expect, 1)) {
-      f->status = status;
-      f->rank = rank;
-      f->origin = origin;
-      snprintf(f->msg, sizeof f->msg, "%s", msg);
-      atomic_store_explicit(&f->state, 2, memory_order_release);
-    }
-    while (atomic_load_explicit(&f->state, memory_order_acquire) != 2) {
-    }
-    local_record(g, f->status, f->rank, f->origin, f->msg);
-  } else {
-    local_record(g, status, rank, origin, msg);
+           f->status == DDPLUG_E_PEER_LOST ? "peer lost" :
+           f->status == DDPLUG_E_ABORTED ? "aborted" : "error", f->msg);
   }
   ring_tell(g);
   hp_wake_all(g);
-  return g->fail.status;
+  return atomic_load_explicit(&g->fail_status, memory_order_acquire);
 }
 
 /* See host.h. Thread-safe; may be called from any thread. */
@@ -147,29 +181,41 @@ int hp_fail_adopt(hp_group *g, int status, int rank, int origin,
   return record(g, status, rank, origin, msg);
 }
 
-/* See host.h. Lock-free: two atomic loads on the healthy path. */
+/* See host.h. Lock-free: a few atomic loads on the healthy path. */
 int hp_fail_status(hp_group *g) {
-  uint32_t st = atomic_load_explicit(&g->fail_state, memory_order_acquire);
-  if (st == 2) return g->fail.status;
-  if (st == 1) {
-    while (atomic_load_explicit(&g->fail_state, memory_order_acquire) != 2) {
+  int st = atomic_load_explicit(&g->fail_status, memory_order_acquire);
+  if (g->has_shm && g->shm.hdr && st != DDPLUG_E_PEER_LOST) {
+    hp_fail_rec *f = g->shm.hdr->fail;
+    int shm_set = atomic_load_explicit(&f[0].state, memory_order_acquire) != 0;
+    int shm_up = atomic_load_explicit(&f[1].state, memory_order_acquire) != 0;
+    if ((shm_set && st == 0) || (shm_up && !atomic_load(&g->fail[1].state))) {
+      hp_fail_rec *e = effective(f);
+      if (e) return record(g, e->status, e->rank, e->origin, e->msg);
     }
-    return g->fail.status;
   }
-  if (g->has_shm && g->shm.hdr &&
-      atomic_load_explicit(&g->shm.hdr->fail.state, memory_order_acquire) != 0) {
-    hp_fail_rec *f = &g->shm.hdr->fail;
-    while (atomic_load_explicit(&f->state, memory_order_acquire) != 2) {
-    }
-    return record(g, f->status, f->rank, f->origin, f->msg);
-  }
-  return 0;
+  return st;
+}
+
+const hp_fail_rec *hp_fail_get(hp_group *g) {
+  hp_fail_status(g);
+  return effective(g->fail);
 }
 
 int hp_fail_report(hp_group *g) {
   int st = hp_fail_status(g);
-  if (st) hp_errmsg_set(g->fail.msg);
+  if (st) hp_errmsg_set(effective(g->fail)->msg);
   return st;
+}
+
+/* See host.h. Executor only. */
+int hp_fail_settle(hp_group *g) {
+  int st = hp_fail_status(g);
+  uint64_t until = hp_now_ns() + 150ull * 1000 * 1000;
+  while (st == DDPLUG_E_ABORTED && hp_now_ns() < until) {
+    hp_liveness_poll(g, 10);
+    st = hp_fail_status(g);
+  }
+  return hp_fail_report(g);
 }
 
 /* ---- liveness ---------------------------------------------------------------- */
@@ -212,10 +258,12 @@ void hp_liveness_close(hp_group *g) {
  * it holds the executor role) calls this. */
 int hp_liveness_fds(hp_group *g, struct pollfd *pfd, int cap) {
   int n = 0;
-  if (hp_fail_status(g)) return 0;
-  if (g->abort_fd >= 0 && n < cap) pfd[n++] = (struct pollfd){g->abort_fd, POLLIN, 0};
+  int st = hp_fail_status(g);
+  /* after an abort, keep watching: a peer's death still upgrades it */
+  if (st && st != DDPLUG_E_ABORTED) return 0;
+  if (!st && g->abort_fd >= 0 && n < cap) pfd[n++] = (struct pollfd){g->abort_fd, POLLIN, 0};
   for (int j = 0; j < g->local_world && n < cap; j++)
-    if (g->pidfd[j] >= 0 && !g->pid_gone[j])
+    if (g->pidfd[j] >= 0 && !atomic_load(&g->pid_gone[j]))
       pfd[n++] = (struct pollfd){g->pidfd[j], POLLIN, 0};
   if (g->leader && g->num_nodes > 1) {
     if (g->next_fd >= 0 && !g->next_bye && n < cap)
@@ -237,7 +285,7 @@ static void read_control(hp_group *g) {
       n = 0; /* reset: treat like a hang-up */
     }
     if (n == 0) {
-      if (!g->next_bye) {
+      if (!g->next_bye && !hp_fail_status(g)) {
         int r = g->leaders[next_node(g)];
         hp_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
                     "rank %d (leader of node %d, pid %lld) closed its "
@@ -274,6 +322,7 @@ static void read_control(hp_group *g) {
  * a little so every rank names the same cause. Otherwise the neighbour
  * itself is lost. */
 int hp_ring_broken(hp_group *g, int node, const char *what, int err) {
+  if (hp_fail_status(g)) return hp_fail_status(g); /* expected after a failure */
   uint64_t until = hp_now_ns() + 200ull * 1000 * 1000;
   while (!hp_fail_status(g) && g->next_fd >= 0 && !g->next_bye && hp_now_ns() < until) {
     struct pollfd p = {g->next_fd, POLLIN, 0};
@@ -307,9 +356,11 @@ static void read_prev_hangup(hp_group *g) {
                  "or was killed", 0);
 }
 
-static void peer_exited(hp_group *g, int j) {
+/* See host.h. Thread-safe (the progress thread calls it while another
+ * thread executes). */
+void hp_peer_exited(hp_group *g, int j) {
   int peer = g->local_ranks[j];
-  g->pid_gone[j] = 1;
+  atomic_store(&g->pid_gone[j], 1);
   if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) return;
   hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
               "rank %d (pid %lld, node %d) exited while the group was "
@@ -319,10 +370,11 @@ static void peer_exited(hp_group *g, int j) {
 
 /* Without pidfds: is each peer still the process that attached? */
 static void poll_proc(hp_group *g) {
-  for (int j = 0; j < g->local_world && !hp_fail_status(g); j++) {
-    if (g->local_ranks[j] == g->rank || g->pidfd[j] >= 0 || g->pid_gone[j]) continue;
+  for (int j = 0; j < g->local_world; j++) {
+    if (g->local_ranks[j] == g->rank || g->pidfd[j] >= 0 || atomic_load(&g->pid_gone[j]))
+      continue;
     uint64_t start = g->has_shm ? atomic_load(&g->shm.procs[j].start_time) : 0;
-    if (!hp_proc_alive(g->pid_of[g->local_ranks[j]], start)) peer_exited(g, j);
+    if (!hp_proc_alive(g->pid_of[g->local_ranks[j]], start)) hp_peer_exited(g, j);
   }
 }
 
@@ -330,7 +382,7 @@ static void poll_proc(hp_group *g) {
 int hp_liveness_poll(hp_group *g, int timeout_ms) {
   struct pollfd pfd[HP_MAX_LOCAL + 8];
   int st = hp_fail_status(g);
-  if (st) return st;
+  if (st && st != DDPLUG_E_ABORTED) return st;
   if (g->pid_poll) poll_proc(g);
   int n = hp_liveness_fds(g, pfd, (int)(sizeof pfd / sizeof pfd[0]));
   if (n == 0) return 0;
@@ -341,7 +393,7 @@ int hp_liveness_poll(hp_group *g, int timeout_ms) {
     int fd = pfd[i].fd;
     if (fd == g->abort_fd) continue;
     for (int j = 0; j < g->local_world; j++)
-      if (g->pidfd[j] == fd) peer_exited(g, j);
+      if (g->pidfd[j] == fd) hp_peer_exited(g, j);
     if (g->leader && g->num_nodes > 1) {
       if (fd == g->next_fd && !g->next_bye) read_control(g);
       else if (fd == g->prev_fd && !g->prev_bye && !g->ring_active)

@@ -221,7 +221,7 @@ typedef struct hp_shm_hdr {
   int32_t verdict_status;
   int32_t pad1;
   char verdict_msg[HP_MSG_MAX];
-  hp_fail_rec fail;
+  hp_fail_rec fail[2];  /* see failure.c                                 */
 } hp_shm_hdr;
 
 typedef struct hp_shm_params {
@@ -312,6 +312,15 @@ int hp_fail_adopt(hp_group *g, int status, int rank, int origin,
 int hp_fail_status(hp_group *g);
 /* Put the failure sentence in this thread's error buffer; return status. */
 int hp_fail_report(hp_group *g);
+/* The effective failure record (NULL while healthy). */
+const hp_fail_rec *hp_fail_get(hp_group *g);
+/* A blocked collective was woken by a failure: if it is an abort, watch
+ * peers up to 150 ms for a death that upgrades it to PEER_LOST; then report
+ * (as hp_fail_report). Executor only. */
+int hp_fail_settle(hp_group *g);
+/* Local index j's process exited: PEER_LOST unless it departed cleanly.
+ * Thread-safe. */
+void hp_peer_exited(hp_group *g, int j);
 /* Check peers: pidfds of same-node peers, ring sockets (control messages,
  * hang-ups). timeout_ms 0 polls. Returns hp_fail_status afterwards. */
 int hp_liveness_poll(hp_group *g, int timeout_ms);
@@ -506,19 +515,19 @@ struct ddplug_plugin_group {
   size_t ctl_rx_len;
   int next_bye, prev_bye;  /* neighbours said goodbye                    */
   int ring_active;         /* a ring phase is reading prev_fd            */
-  _Atomic int ring_told;   /* our failure went out on the ring          */
+  _Atomic int ring_told[2]; /* each failure slot went out on the ring   */
   unsigned char *ring_tmp; /* tcp_chunk_bytes scratch for reductions    */
   _Atomic uint64_t *arrived_local; /* [num_nodes] when there is no shm  */
 
   /* liveness */
   int *pidfd;              /* [local_world], -1 for self/none            */
-  int *pid_gone;           /* [local_world] exit seen (clean or not)     */
+  _Atomic int *pid_gone;   /* [local_world] exit seen (clean or not)     */
   int pid_poll;            /* no pidfds: poll /proc at liveness checks   */
   int abort_fd;            /* eventfd, readable once the group failed   */
 
-  /* failure */
-  _Atomic uint32_t fail_state; /* 0 none, 1 being written, 2 set          */
-  hp_fail_rec fail;
+  /* failure (failure.c): two write-once slots, see there */
+  _Atomic int fail_status;     /* effective status, 0 while healthy      */
+  hp_fail_rec fail[2];
   _Atomic int stopping;
 
   /* engine */

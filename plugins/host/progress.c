@@ -135,7 +135,7 @@ int hp_submit(hp_group *g, const ddplug_coll_args *a, hp_req **out) {
     hp_desc_fill(&desc, a, g->rank);
     hp_desc_str(&desc, d, sizeof d);
     return hp_err(st, "collective #%llu %s on rank %d not started: %s",
-                  (unsigned long long)a->seq, d, g->rank, g->fail.msg);
+                  (unsigned long long)a->seq, d, g->rank, hp_fail_get(g)->msg);
   }
   if ((st = hp_coll_validate(g, a)) != DDPLUG_OK) return st;
   hp_req *r = calloc(1, sizeof *r);
@@ -296,16 +296,22 @@ static void *thread_main(void *arg) {
     }
     int n = 0;
     pfd[n++] = (struct pollfd){g->wake_fd, POLLIN, 0};
-    if (try_exec(g)) {
+    int have = try_exec(g);
+    if (have) {
       hp_fail_status(g); /* adopts and forwards a failure of the node */
       n += hp_liveness_fds(g, pfd + n, (int)(sizeof pfd / sizeof pfd[0]) - n);
       release_exec(g);
     } else {
-      atomic_store(&g->pt_mode, HP_PT_BUSY);
-      sleep_on_ev(g, 10);
-      continue;
+      /* another thread executes (and reads the sockets); the pidfds can
+       * still be watched from here, so a dead neighbour is noticed at once
+       * even while that thread sleeps */
+      int st = hp_fail_status(g);
+      if (!st || st == DDPLUG_E_ABORTED)
+        for (int j = 0; j < g->local_world; j++)
+          if (g->pidfd[j] >= 0 && !atomic_load(&g->pid_gone[j]))
+            pfd[n++] = (struct pollfd){g->pidfd[j], POLLIN, 0};
     }
-    int timeout = light ? 1 : THREAD_SLICE_MS;
+    int timeout = light ? 1 : have ? THREAD_SLICE_MS : 10;
     int r = poll(pfd, (nfds_t)n, timeout);
     atomic_store(&g->pt_mode, HP_PT_BUSY);
     if (r == 0 && g->pid_poll && !light && try_exec(g)) {
@@ -318,10 +324,18 @@ static void *thread_main(void *arg) {
       while (read(g->wake_fd, &v, sizeof v) > 0) {
       }
     }
-    int live = 0;
-    for (int i = 1; i < n; i++)
-      if (pfd[i].revents) live = 1;
-    if (live) {
+    int other = 0;
+    for (int i = 1; i < n; i++) {
+      if (!pfd[i].revents) continue;
+      int pid_event = 0;
+      for (int j = 0; j < g->local_world; j++)
+        if (g->pidfd[j] == pfd[i].fd) {
+          hp_peer_exited(g, j);
+          pid_event = 1;
+        }
+      if (!pid_event) other = 1;
+    }
+    if (other) {
       if (try_exec(g)) {
         hp_liveness_poll(g, 0);
         release_exec(g);

@@ -19,6 +19,7 @@ TEST(defaults) {
   CHECK_EQ_INT(o.spin_us, -1);
   CHECK_EQ_INT(o.slots, 4);
   CHECK_EQ_INT(o.tcp_chunk_bytes, 256 << 10);
+  CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");
   CHECK_OK(hp_options_parse(NULL, &o));
   CHECK_OK(hp_options_parse("", &o));
@@ -27,7 +28,8 @@ TEST(defaults) {
 TEST(every_knob) {
   hp_options o;
   CHECK_OK(hp_options_parse("{\"chunk_bytes\": 65536, \"small_msg_bytes\": 0, \"spin_us\": 7, "
-                            "\"slots\": 8, \"tcp_chunk_bytes\": 4096, \"addr\": \"10.1.2.3\"}",
+                            "\"slots\": 8, \"tcp_chunk_bytes\": 4096, \"addr\": \"10.1.2.3\", "
+                            "\"nt_store_bytes\": 0}",
                             &o));
   CHECK_EQ_INT(o.chunk_bytes, 65536);
   CHECK_EQ_INT(o.small_msg_bytes, 0);
@@ -35,14 +37,17 @@ TEST(every_knob) {
   CHECK_EQ_INT(o.slots, 8);
   CHECK_EQ_INT(o.tcp_chunk_bytes, 4096);
   CHECK_EQ_STR(o.addr, "10.1.2.3");
+  CHECK_EQ_INT(o.nt_bytes, 0);
 }
 
 static const struct bad {
   const char *json, *error;
 } bad[] = {
     {"{\"chunk_byte\": 4096}",
-     "plugin_options.chunk_byte: unknown key for plugin host (known: addr, chunk_bytes, slots, "
-     "small_msg_bytes, spin_us, tcp_chunk_bytes)"},
+     "plugin_options.chunk_byte: unknown key for plugin host (known: addr, chunk_bytes, "
+     "nt_store_bytes, slots, small_msg_bytes, spin_us, tcp_chunk_bytes)"},
+    {"{\"nt_store_bytes\": -5}",
+     "plugin_options.nt_store_bytes: -5 is out of range [0, 9223372036854775807]"},
     {"{\"chunk_bytes\": \"big\"}", "plugin_options.chunk_bytes: expected an integer, got a string"},
     {"{\"chunk_bytes\": 1.5}",
      "plugin_options.chunk_bytes: expected an integer, got a number with a fraction"},

@@ -260,6 +260,8 @@ void hp_shm_detach(hp_shm *s);
 /* Remove /dev/shm/ddplug-host-* segments (of this user) whose every recorded
  * process is dead. Returns how many were removed. */
 int hp_shm_cleanup_stale(const hp_group *g);
+/* Count such abandoned segments; remove them too if remove != 0. */
+int hp_shm_stale(const hp_group *g, int remove);
 /* Start time of pid from /proc (0 if it does not exist). */
 uint64_t hp_proc_start_time(int64_t pid);
 /* True if pid runs and started at start_time (0 = do not compare). */

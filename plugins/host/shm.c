@@ -253,7 +253,9 @@ static int segment_abandoned(int fd, time_t mtime) {
 }
 
 /* See host.h. Only segments this user owns are considered. */
-int hp_shm_cleanup_stale(const hp_group *g) {
+int hp_shm_cleanup_stale(const hp_group *g) { return hp_shm_stale(g, 1); }
+
+int hp_shm_stale(const hp_group *g, int remove) {
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
   int removed = 0;
@@ -268,6 +270,10 @@ int hp_shm_cleanup_stale(const hp_group *g) {
     int mine = fstat(fd, &stt) == 0 && stt.st_uid == getuid();
     int gone = mine && segment_abandoned(fd, stt.st_mtime);
     close(fd);
+    if (gone && !remove) {
+      removed++;
+      continue;
+    }
     if (gone && shm_unlink(name) == 0) {
       removed++;
       hp_log(g, DDPLUG_LOG_INFO,

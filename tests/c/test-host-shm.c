@@ -177,3 +177,10 @@ TEST(killed_job_leaves_no_segment) {
   CHECK_EQ_INT(hd_world_shm_left(&w), 0);
   hd_world_cleanup(&w);
 }
+
+/* Run last by ctest (host-no-shm-left-behind, after every other host
+ * test): no abandoned ddplug-host-* segment is left on the machine. */
+TEST(no_segment_left_behind) {
+  int n = hp_shm_stale(NULL, 0);
+  CHECK_MSG(n == 0, "%d abandoned /dev/shm/" HP_SHM_PREFIX "* segment(s) left behind", n);
+}

@@ -9,3 +9,13 @@ foreach(_src IN LISTS _host_tests)
   target_link_libraries(${_name} PRIVATE ddplug_host_internal ${CMAKE_DL_LIBS})
   add_dependencies(${_name} ddplug-host)
 endforeach()
+
+# After every host test: nothing abandoned in /dev/shm.
+set(_host_test_names)
+foreach(_src IN LISTS _host_tests)
+  get_filename_component(_name ${_src} NAME_WE)
+  list(APPEND _host_test_names ${_name})
+endforeach()
+add_test(NAME host-no-shm-left-behind COMMAND test-host-shm no_segment_left_behind)
+set_tests_properties(host-no-shm-left-behind PROPERTIES
+  ENVIRONMENT "${DDPLUG_TEST_ENV}" DEPENDS "${_host_test_names}")

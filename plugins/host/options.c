@@ -1,7 +1,7 @@
 /*
  * options.c — the plugin's knobs, from the config's "plugin_options" object.
  *
- *   chunk_bytes      shared-memory pipeline chunk per rank (default 128 KiB;
+ *   chunk_bytes      shared-memory pipeline chunk per rank (default 256 KiB;
  *                    4 KiB .. 16 MiB, a multiple of 4096). Each of `slots`
  *                    pipeline slots holds one chunk per local rank, so the
  *                    in-flight working set is slots * local ranks * chunk:
@@ -16,7 +16,7 @@
  *                    online CPUs, else 2 (ranks outnumbering cores must
  *                    yield the CPU to the rank they wait for). 0 .. 100000.
  *   slots            pipeline depth: chunks a rank may run ahead (2, 4, 8
- *                    or 16; default 4).
+ *                    or 16; default 8).
  *   tcp_chunk_bytes  unit of pipelining between nodes (default 256 KiB;
  *                    4 KiB .. 64 MiB, a multiple of 64).
  *   nt_store_bytes   outputs of at least this many bytes (per rank) are
@@ -93,10 +93,10 @@ static int read_int(const json_t *v, const int_knob *k, int64_t *out) {
  * Thread-safe. */
 int hp_options_parse(const char *options_json, hp_options *out) {
   memset(out, 0, sizeof *out);
-  out->chunk_bytes = 128 << 10;
+  out->chunk_bytes = 256 << 10;
   out->small_msg_bytes = 16 << 10;
   out->spin_us = -1;
-  out->slots = 4;
+  out->slots = 8;
   out->tcp_chunk_bytes = 256 << 10;
   out->nt_bytes = 8 << 20;
   if (!options_json || !*options_json) return DDPLUG_OK;

@@ -14,10 +14,10 @@
 TEST(defaults) {
   hp_options o;
   CHECK_OK(hp_options_parse("{}", &o));
-  CHECK_EQ_INT(o.chunk_bytes, 128 << 10);
+  CHECK_EQ_INT(o.chunk_bytes, 256 << 10);
   CHECK_EQ_INT(o.small_msg_bytes, 16 << 10);
   CHECK_EQ_INT(o.spin_us, -1);
-  CHECK_EQ_INT(o.slots, 4);
+  CHECK_EQ_INT(o.slots, 8);
   CHECK_EQ_INT(o.tcp_chunk_bytes, 256 << 10);
   CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");

@@ -102,14 +102,11 @@ static void ring_tell(hp_group *g) {
   if (atomic_exchange(&g->ring_told[slot], 1)) return;
   if (f->origin >= 0 && f->origin < g->world && g->node_of[f->origin] == prev_node(g)) return;
   hp_ctl_msg m;
-  memset(&m, 0, sizeof m);
-  m.magic = HP_TCP_MAGIC;
-  m.type = HP_MSG_ABORT;
+  hp_ctl_init(g, &m, HP_MSG_ABORT);
   m.status = f->status;
   m.rank = f->rank;
   m.origin = f->origin;
   m.origin_node = f->origin >= 0 && f->origin < g->world ? g->node_of[f->origin] : g->node;
-  m.run_hash = g->run_hash;
   snprintf(m.msg, sizeof m.msg, "%s", f->msg);
   pthread_mutex_lock(&g->ctl_mu);
   (void)hp_tcp_send_all(g->prev_fd, &m, sizeof m, hp_deadline(200));

@@ -284,6 +284,8 @@ typedef struct hp_ctl_msg {
   char msg[HP_MSG_MAX];
 } hp_ctl_msg;
 
+/* A control record of `type` from this rank (magic, run hash, origin). */
+void hp_ctl_init(const hp_group *g, hp_ctl_msg *m, uint32_t type);
 int hp_tcp_listen(int *fd, int *port);
 /* Pick the address to advertise (option or first non-loopback IPv4). */
 void hp_tcp_local_addr(const char *opt, char *out, size_t cap);

@@ -35,6 +35,7 @@
  */
 #include <arpa/inet.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,14 +48,18 @@ const char hp_option_keys[] =
 typedef struct int_knob {
   const char *key;
   int64_t min, max, multiple;
+  size_t offset; /* of the field in hp_options */
+  int size;      /* 4: uint32_t, 8: uint64_t/int64_t */
 } int_knob;
 
-static const int_knob k_chunk = {"chunk_bytes", 4096, 16 << 20, 4096};
-static const int_knob k_small = {"small_msg_bytes", 0, 1 << 20, 1};
-static const int_knob k_spin = {"spin_us", 0, 100000, 1};
-static const int_knob k_slots = {"slots", 2, 16, 1};
-static const int_knob k_tcp = {"tcp_chunk_bytes", 4096, 64 << 20, 64};
-static const int_knob k_nt = {"nt_store_bytes", 0, INT64_MAX, 1};
+static const int_knob knobs[] = {
+    {"chunk_bytes", 4096, 16 << 20, 4096, offsetof(hp_options, chunk_bytes), 8},
+    {"small_msg_bytes", 0, 1 << 20, 1, offsetof(hp_options, small_msg_bytes), 8},
+    {"spin_us", 0, 100000, 1, offsetof(hp_options, spin_us), 8},
+    {"slots", 2, 16, 1, offsetof(hp_options, slots), 4},
+    {"tcp_chunk_bytes", 4096, 64 << 20, 64, offsetof(hp_options, tcp_chunk_bytes), 8},
+    {"nt_store_bytes", 0, INT64_MAX, 1, offsetof(hp_options, nt_bytes), 8},
+};
 
 static const char *json_type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -116,31 +121,25 @@ int hp_options_parse(const char *options_json, hp_options *out) {
   const char *key;
   json_t *v;
   json_object_foreach(root, key, v) {
-    int64_t x = 0;
-    if (strcmp(key, k_chunk.key) == 0) {
-      if ((st = read_int(v, &k_chunk, &x)) != DDPLUG_OK) goto done;
-      out->chunk_bytes = (uint64_t)x;
-    } else if (strcmp(key, k_small.key) == 0) {
-      if ((st = read_int(v, &k_small, &x)) != DDPLUG_OK) goto done;
-      out->small_msg_bytes = (uint64_t)x;
-    } else if (strcmp(key, k_spin.key) == 0) {
-      if ((st = read_int(v, &k_spin, &x)) != DDPLUG_OK) goto done;
-      out->spin_us = x;
-    } else if (strcmp(key, k_slots.key) == 0) {
-      if ((st = read_int(v, &k_slots, &x)) != DDPLUG_OK) goto done;
-      if (x & (x - 1)) {
+    const int_knob *k = NULL;
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
+      if (strcmp(key, knobs[i].key) == 0) k = &knobs[i];
+    if (k) {
+      int64_t x = 0;
+      if ((st = read_int(v, k, &x)) != DDPLUG_OK) goto done;
+      if (k->offset == offsetof(hp_options, slots) && (x & (x - 1))) {
         st = hp_err(DDPLUG_E_CONFIG,
                     "plugin_options.slots: %lld is not a power of two "
                     "(2, 4, 8 or 16)", (long long)x);
         goto done;
       }
-      out->slots = (uint32_t)x;
-    } else if (strcmp(key, k_tcp.key) == 0) {
-      if ((st = read_int(v, &k_tcp, &x)) != DDPLUG_OK) goto done;
-      out->tcp_chunk_bytes = (uint64_t)x;
-    } else if (strcmp(key, k_nt.key) == 0) {
-      if ((st = read_int(v, &k_nt, &x)) != DDPLUG_OK) goto done;
-      out->nt_bytes = (uint64_t)x;
+      char *field = (char *)out + k->offset;
+      if (k->size == 4) {
+        uint32_t u = (uint32_t)x;
+        memcpy(field, &u, sizeof u);
+      } else {
+        memcpy(field, &x, sizeof x);
+      }
     } else if (strcmp(key, "addr") == 0) {
       struct in_addr a;
       if (!json_is_string(v)) {

@@ -153,6 +153,15 @@ static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
 
 /* ---- combine loops ------------------------------------------------------------ */
 
+/* min and max are the same loops for every type */
+#define MINMAX_CASES                                                         \
+  case DDPLUG_OP_MIN:                                                        \
+    for (size_t i = 0; i < m; i++) acc[i] = s[i] < acc[i] ? s[i] : acc[i];   \
+    break;                                                                   \
+  case DDPLUG_OP_MAX:                                                        \
+    for (size_t i = 0; i < m; i++) acc[i] = s[i] > acc[i] ? s[i] : acc[i];   \
+    break;
+
 /* acc[i] = acc[i] op s[i] for a floating type T. */
 #define DEF_FLOAT_COMBINE(NAME, T)                                           \
   static void NAME(int op, T *restrict acc, const T *restrict s, size_t m) { \
@@ -164,12 +173,7 @@ static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
       case DDPLUG_OP_PROD:                                                   \
         for (size_t i = 0; i < m; i++) acc[i] *= s[i];                       \
         break;                                                               \
-      case DDPLUG_OP_MIN:                                                    \
-        for (size_t i = 0; i < m; i++) acc[i] = s[i] < acc[i] ? s[i] : acc[i]; \
-        break;                                                               \
-      case DDPLUG_OP_MAX:                                                    \
-        for (size_t i = 0; i < m; i++) acc[i] = s[i] > acc[i] ? s[i] : acc[i]; \
-        break;                                                               \
+      MINMAX_CASES                                                           \
       default: break;                                                        \
     }                                                                        \
   }
@@ -185,12 +189,7 @@ static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
       case DDPLUG_OP_PROD:                                                   \
         for (size_t i = 0; i < m; i++) acc[i] = (T)(U)((U)acc[i] * (U)s[i]); \
         break;                                                               \
-      case DDPLUG_OP_MIN:                                                    \
-        for (size_t i = 0; i < m; i++) acc[i] = s[i] < acc[i] ? s[i] : acc[i]; \
-        break;                                                               \
-      case DDPLUG_OP_MAX:                                                    \
-        for (size_t i = 0; i < m; i++) acc[i] = s[i] > acc[i] ? s[i] : acc[i]; \
-        break;                                                               \
+      MINMAX_CASES                                                           \
       case DDPLUG_OP_BOR:                                                    \
         for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] | s[i]);          \
         break;                                                               \

@@ -77,6 +77,16 @@ void hp_tcp_local_addr(const char *opt, char *out, size_t cap) {
   freeifaddrs(ifs);
 }
 
+/* A control record of `type` from this rank, everything else zero. */
+void hp_ctl_init(const hp_group *g, hp_ctl_msg *m, uint32_t type) {
+  memset(m, 0, sizeof *m);
+  m->magic = HP_TCP_MAGIC;
+  m->type = type;
+  m->origin = g->rank;
+  m->origin_node = g->node;
+  m->run_hash = g->run_hash;
+}
+
 void hp_tcp_tune(int fd) {
   int one = 1, buf = 4 << 20;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -222,13 +232,8 @@ int hp_tcp_ring_setup(hp_group *g, uint64_t deadline) {
   peer[plen] = '\0';
 
   hp_ctl_msg hello;
-  memset(&hello, 0, sizeof hello);
-  hello.magic = HP_TCP_MAGIC;
-  hello.type = HP_MSG_HELLO;
-  hello.origin = g->rank;
-  hello.origin_node = g->node;
+  hp_ctl_init(g, &hello, HP_MSG_HELLO);
   hello.rank = g->leaders[nn];
-  hello.run_hash = g->run_hash;
   int out = -1, in = -1;
   if ((st = hp_tcp_connect(peer, deadline, &out)) != DDPLUG_OK ||
       (st = hp_tcp_send_all(out, &hello, sizeof hello, deadline)) != DDPLUG_OK) {
@@ -276,12 +281,7 @@ static void drain(int fd) {
 
 void hp_tcp_ring_close(hp_group *g) {
   hp_ctl_msg bye;
-  memset(&bye, 0, sizeof bye);
-  bye.magic = HP_TCP_MAGIC;
-  bye.type = HP_MSG_BYE;
-  bye.origin = g->rank;
-  bye.origin_node = g->node;
-  bye.run_hash = g->run_hash;
+  hp_ctl_init(g, &bye, HP_MSG_BYE);
   if (g->prev_fd >= 0) {
     pthread_mutex_lock(&g->ctl_mu);
     (void)hp_tcp_send_all(g->prev_fd, &bye, sizeof bye, hp_deadline(100));

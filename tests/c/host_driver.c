@@ -328,3 +328,15 @@ void *hd_shared_page(size_t bytes) {
   if (p == MAP_FAILED) dt_fail(__FILE__, __LINE__, "mmap: %s", strerror(errno));
   return p;
 }
+
+int hd_run_world(int world, const int *node_of, const char *options,
+                 void (*fn)(hd_rank *r, void *arg), void *arg, int timeout_s,
+                 int *statuses) {
+  hd_world w;
+  hd_world_init(&w, world, node_of, options);
+  int failed = hd_run(&w, fn, arg, timeout_s, statuses);
+  int left = hd_world_shm_left(&w);
+  hd_world_cleanup(&w);
+  if (left) dt_fail(__FILE__, __LINE__, "%d shared-memory segment(s) of the run left", left);
+  return failed;
+}

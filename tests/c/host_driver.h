@@ -68,6 +68,12 @@ int hd_coll(hd_rank *r, int kind, const void *send, void *recv,
 int hd_run(const hd_world *w, void (*fn)(hd_rank *r, void *arg), void *arg,
            int timeout_s, int *statuses);
 
+/* hd_world_init + hd_run + a check that the run left no segment +
+ * hd_world_cleanup. Returns the number of ranks that failed. */
+int hd_run_world(int world, const int *node_of, const char *options,
+                 void (*fn)(hd_rank *r, void *arg), void *arg, int timeout_s,
+                 int *statuses);
+
 /* Wall clock for latency notes. */
 double hd_now_s(void);
 /* Count /dev/shm entries starting with prefix. */

@@ -55,18 +55,12 @@ static void background(hd_rank *r, void *arg) {
 }
 
 TEST_T(progresses_without_the_caller, 60) {
-  hd_world w;
-  hd_world_init(&w, 3, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, background, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(3, NULL, NULL, background, NULL, 60, NULL), 0);
 }
 
 TEST_T(progresses_without_the_caller_two_nodes, 60) {
   const int layout[] = {0, 1, 1};
-  hd_world w;
-  hd_world_init(&w, 3, layout, NULL);
-  CHECK_EQ_INT(hd_run(&w, background, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(3, layout, NULL, background, NULL, 60, NULL), 0);
 }
 
 /* Many in flight, waited in reverse order; mixed kinds. */
@@ -104,18 +98,12 @@ static void many(hd_rank *r, void *arg) {
 }
 
 TEST_T(many_in_flight_waited_in_reverse, 60) {
-  hd_world w;
-  hd_world_init(&w, 4, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, many, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(4, NULL, NULL, many, NULL, 60, NULL), 0);
 }
 
 TEST_T(many_in_flight_two_nodes, 60) {
   const int layout[] = {0, 1, 0, 1};
-  hd_world w;
-  hd_world_init(&w, 4, layout, NULL);
-  CHECK_EQ_INT(hd_run(&w, many, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(4, layout, NULL, many, NULL, 60, NULL), 0);
 }
 
 /* request_test alone drives a collective to completion. */
@@ -143,10 +131,7 @@ static void polling(hd_rank *r, void *arg) {
 }
 
 TEST_T(request_test_polling, 60) {
-  hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, polling, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, polling, NULL, 60, NULL), 0);
 }
 
 /* A request freed while pending still runs, in order. */
@@ -170,10 +155,7 @@ static void freed_pending(hd_rank *r, void *arg) {
 }
 
 TEST_T(freed_pending_request_still_runs_in_order, 60) {
-  hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, freed_pending, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, freed_pending, NULL, 60, NULL), 0);
 }
 
 /* A trainer's step: start gradient buckets, compute, wait. Measured. */
@@ -215,8 +197,5 @@ static void overlap(hd_rank *r, void *arg) {
 }
 
 TEST_T(overlap_compute_and_allreduce, 60) {
-  hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, overlap, NULL, 60, NULL), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, overlap, NULL, 60, NULL), 0);
 }

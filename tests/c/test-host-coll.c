@@ -130,15 +130,15 @@ static void matrix(hd_rank *r, void *arg) {
   CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 60000));
 }
 
-static void run_world(int world, const int *node_of, const char *options) {
-  hd_world w;
-  hd_world_init(&w, world, node_of, options);
+static void run_timed(int world, const int *node_of, const char *options,
+                      void (*fn)(hd_rank *r, void *arg), const char *what) {
   double t0 = hd_now_s();
-  int failed = hd_run(&w, matrix, NULL, 400, NULL);
-  dt_note("world %d: matrix took %.2f s", world, hd_now_s() - t0);
-  CHECK_EQ_INT(hd_world_shm_left(&w), 0);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(world, node_of, options, fn, NULL, 400, NULL), 0);
+  dt_note("world %d: %s took %.2f s", world, what, hd_now_s() - t0);
+}
+
+static void run_world(int world, const int *node_of, const char *options) {
+  run_timed(world, node_of, options, matrix, "matrix");
 }
 
 TEST_T(matrix_1_rank, 300) { run_world(1, NULL, NULL); }
@@ -178,15 +178,7 @@ static void big(hd_rank *r, void *arg) {
   if (r->w->world <= 3) one_allgather(r, DDPLUG_UINT8, 64 * MIB, 1);
 }
 
-static void run_big(int world) {
-  hd_world w;
-  hd_world_init(&w, world, NULL, NULL);
-  double t0 = hd_now_s();
-  int failed = hd_run(&w, big, NULL, 400, NULL);
-  dt_note("world %d: 64 MiB cases took %.2f s", world, hd_now_s() - t0);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
-}
+static void run_big(int world) { run_timed(world, NULL, NULL, big, "64 MiB cases"); }
 
 TEST_T(mib64_1_rank, 300) { run_big(1); }
 TEST_T(mib64_2_ranks, 300) { run_big(2); }
@@ -198,11 +190,7 @@ TEST_T(mib64_7_ranks, 300) { run_big(7); }
 TEST_T(mib64_8_ranks, 400) { run_big(8); }
 TEST_T(mib64_two_nodes_2x2, 300) {
   const int layout[] = {0, 1, 0, 1};
-  hd_world w;
-  hd_world_init(&w, 4, layout, NULL);
-  int failed = hd_run(&w, big, NULL, 400, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(4, layout, NULL, big, NULL, 400, NULL), 0);
 }
 
 /* Several simulated nodes on this machine (the node layout is what the

@@ -96,14 +96,9 @@ static void kill_rank(hd_rank *r, void *arg) {
 
 static void run_kill(int world, const int *layout, int victim, int kind, uint64_t count,
                      int inside) {
-  hd_world w;
-  hd_world_init(&w, world, layout, NULL);
   kill_case kc = {victim, kind, count, inside, hd_shared_page(4096)};
   int st[HD_MAX_RANKS];
-  int failed = hd_run(&w, kill_rank, &kc, 60, st);
-  CHECK_EQ_INT(hd_world_shm_left(&w), 0);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 1);
+  CHECK_EQ_INT(hd_run_world(world, layout, NULL, kill_rank, &kc, 60, st), 1);
   CHECK(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL);
 }
 
@@ -179,21 +174,13 @@ static void late_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(timeout_names_seq_and_missing_rank, 60) {
-  hd_world w;
-  hd_world_init(&w, 3, NULL, NULL);
   late_case lc = {1, "rank 1 has not arrived"};
-  int failed = hd_run(&w, late_rank, &lc, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(3, NULL, NULL, late_rank, &lc, 60, NULL), 0);
 }
 
 TEST_T(timeout_names_ranks_of_other_node, 60) {
-  hd_world w;
-  hd_world_init(&w, 4, two_nodes, NULL);
   late_case lc = {3, "ranks on other nodes not heard from yet: 2, 3"};
-  int failed = hd_run(&w, late_rank, &lc, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(4, two_nodes, NULL, late_rank, &lc, 60, NULL), 0);
 }
 
 /* ---- mismatches ------------------------------------------------------------- */
@@ -239,20 +226,12 @@ static void mismatch_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(mismatch_every_field_one_node, 60) {
-  hd_world w;
-  hd_world_init(&w, 4, NULL, NULL);
-  int failed = hd_run(&w, mismatch_rank, NULL, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(4, NULL, NULL, mismatch_rank, NULL, 60, NULL), 0);
 }
 
 TEST_T(mismatch_every_field_two_nodes, 60) {
   const int layout[] = {0, 1, 0, 1};
-  hd_world w;
-  hd_world_init(&w, 4, layout, NULL);
-  int failed = hd_run(&w, mismatch_rank, NULL, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(4, layout, NULL, mismatch_rank, NULL, 60, NULL), 0);
 }
 
 /* ---- abort ---------------------------------------------------------------- */
@@ -289,13 +268,8 @@ static void abort_rank(hd_rank *r, void *arg) {
 }
 
 static void run_abort(int world, const int *layout, int aborter) {
-  hd_world w;
-  hd_world_init(&w, world, layout, NULL);
   abort_case ac = {aborter, hd_shared_page(4096)};
-  int failed = hd_run(&w, abort_rank, &ac, 60, NULL);
-  CHECK_EQ_INT(hd_world_shm_left(&w), 0);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(world, layout, NULL, abort_rank, &ac, 60, NULL), 0);
 }
 
 TEST_T(abort_reaches_every_rank_one_node, 60) { run_abort(4, NULL, 2); }
@@ -334,11 +308,7 @@ static void abort_thread_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(abort_from_another_thread_unblocks, 60) {
-  hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
-  int failed = hd_run(&w, abort_thread_rank, NULL, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, abort_thread_rank, NULL, 60, NULL), 0);
 }
 
 /* Destroying a group with a collective pending aborts the others. */
@@ -357,9 +327,5 @@ static void destroy_pending_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(destroy_with_pending_collective, 60) {
-  hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
-  int failed = hd_run(&w, destroy_pending_rank, NULL, 60, NULL);
-  hd_world_cleanup(&w);
-  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, destroy_pending_rank, NULL, 60, NULL), 0);
 }

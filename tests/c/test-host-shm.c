@@ -155,11 +155,8 @@ TEST(group_create_cleans_stale_and_leaves_nothing) {
   int st;
   CHECK(dt_wait_pid(pid, 5000, &st) == 0);
   CHECK(shm_exists(name));
-  hd_world w;
-  hd_world_init(&w, 3, NULL, NULL);
-  CHECK_EQ_INT(hd_run(&w, check_gone_while_running, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(3, NULL, NULL, check_gone_while_running, NULL, 60, NULL), 0);
   CHECK_MSG(!shm_exists(name), "group_create did not remove the stale segment %s", name);
-  hd_world_cleanup(&w);
 }
 
 /* A whole job killed at once leaves nothing. */
@@ -171,11 +168,7 @@ static void killed_job(hd_rank *r, void *arg) {
 
 TEST(killed_job_leaves_no_segment) {
   const int layout[] = {0, 0, 1, 1};
-  hd_world w;
-  hd_world_init(&w, 4, layout, NULL);
-  CHECK_EQ_INT(hd_run(&w, killed_job, NULL, 60, NULL), 4);
-  CHECK_EQ_INT(hd_world_shm_left(&w), 0);
-  hd_world_cleanup(&w);
+  CHECK_EQ_INT(hd_run_world(4, layout, NULL, killed_job, NULL, 60, NULL), 4);
 }
 
 /* Run last by ctest (host-no-shm-left-behind, after every other host

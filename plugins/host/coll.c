@@ -361,7 +361,7 @@ int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
     if (st == HP_BLOCKED) {
       int w = hp_wait(g, &wt, deadline_ns);
       if (w == HP_AGAIN) return HP_AGAIN;
-      if (w > 0) return hp_fail_status(g) ? hp_fail_settle(g) : w;
+      if (w > 0) return hp_fail_status(g) ? hp_fail_settle(g, deadline_ns) : w;
       continue;
     }
     if (st > 0 && st != DDPLUG_E_MISMATCH) {

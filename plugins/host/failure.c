@@ -205,9 +205,9 @@ int hp_fail_report(hp_group *g) {
 }
 
 /* See host.h. Executor only. */
-int hp_fail_settle(hp_group *g) {
+int hp_fail_settle(hp_group *g, uint64_t deadline_ns) {
   int st = hp_fail_status(g);
-  uint64_t until = hp_now_ns() + 150ull * 1000 * 1000;
+  uint64_t until = HP_MIN(hp_now_ns() + 150ull * 1000 * 1000, deadline_ns);
   while (st == DDPLUG_E_ABORTED && hp_now_ns() < until) {
     hp_liveness_poll(g, 10);
     st = hp_fail_status(g);

@@ -319,9 +319,9 @@ int hp_fail_report(hp_group *g);
 /* The effective failure record (NULL while healthy). */
 const hp_fail_rec *hp_fail_get(hp_group *g);
 /* A blocked collective was woken by a failure: if it is an abort, watch
- * peers up to 150 ms for a death that upgrades it to PEER_LOST; then report
- * (as hp_fail_report). Executor only. */
-int hp_fail_settle(hp_group *g);
+ * peers up to 150 ms (never past deadline_ns) for a death that upgrades it
+ * to PEER_LOST; then report (as hp_fail_report). Executor only. */
+int hp_fail_settle(hp_group *g, uint64_t deadline_ns);
 /* Local index j's process exited: PEER_LOST unless it departed cleanly.
  * Thread-safe. */
 void hp_peer_exited(hp_group *g, int j);

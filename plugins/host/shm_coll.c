@@ -167,10 +167,22 @@ void hp_pipe_init(hp_group *g, hp_pipe *p) {
   p->c_in = p->c_red = p->c_out = 0;
 }
 
+/* Copy this rank's chunk of input into its staging area. When reducing,
+ * its own slice is not needed there: only this rank reads it, straight from
+ * the input (reduce_slice), which saves 1/n of the copy. */
 static void copy_in(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
-  memcpy(stage(g, a, g->local_rank), p->in + c * p->chunk_elems * p->esize,
-         m * p->esize);
+  uint32_t es = p->esize;
+  unsigned char *dst = stage(g, a, g->local_rank);
+  const unsigned char *src = p->in + c * p->chunk_elems * es;
+  if (!reduces(p)) {
+    memcpy(dst, src, m * es);
+    return;
+  }
+  uint64_t off, len;
+  slice(g, p, m, g->local_rank, &off, &len);
+  memcpy(dst, src, off * es);
+  memcpy(dst + (off + len) * es, src + (off + len) * es, (m - off - len) * es);
 }
 
 static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
@@ -180,6 +192,8 @@ static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   const void *srcs[HP_MAX_LOCAL];
   for (int k = 0; k < g->local_world; k++)
     srcs[k] = stage(g, a, k) + off * p->esize;
+  /* our own contribution comes from the input (see copy_in) */
+  srcs[g->local_rank] = p->in + (c * p->chunk_elems + off) * p->esize;
   hp_reduce_n(p->dtype, p->op, stage(g, a, g->local_rank) + off * p->esize,
               srcs, g->local_world, len, p->divisor);
 }

@@ -106,18 +106,23 @@ int hp_shm_create(hp_shm *s, const hp_shm_params *p) {
                         s->name,
                         errno == EEXIST ? " (a segment of the same run id "
                                           "exists and is in use)" : "");
-  if (ftruncate(fd, (off_t)proto.total_bytes) != 0) {
-    int e = errno;
+  /* Reserve the pages now: a /dev/shm too small for the segment is then an
+   * error here, not a SIGBUS in the middle of a collective. */
+  int e = posix_fallocate(fd, 0, (off_t)proto.total_bytes);
+  if (e == EINVAL || e == EOPNOTSUPP)
+    e = ftruncate(fd, (off_t)proto.total_bytes) == 0 ? 0 : errno;
+  if (e != 0) {
     close(fd);
     shm_unlink(s->name);
     return hp_err_errno(DDPLUG_E_SYSTEM, e,
-                        "sizing shared memory %s to %llu bytes failed (is "
-                        "/dev/shm large enough?)", s->name,
-                        (unsigned long long)proto.total_bytes);
+                        "reserving %llu bytes of shared memory for %s failed "
+                        "(is /dev/shm large enough? lower plugin_options "
+                        "chunk_bytes or slots)", (unsigned long long)proto.total_bytes,
+                        s->name);
   }
   void *base = mmap(NULL, proto.total_bytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED, fd, 0);
-  int e = errno;
+  e = errno;
   close(fd);
   if (base == MAP_FAILED) {
     shm_unlink(s->name);
@@ -128,7 +133,7 @@ int hp_shm_create(hp_shm *s, const hp_shm_params *p) {
   s->size = proto.total_bytes;
   s->creator = 1;
   hp_shm_hdr *h = base;
-  /* ftruncate zero-fills: counters, flags and records start at 0. */
+  /* a new segment is zero-filled: counters, flags and records start at 0 */
   h->version = HP_SHM_VERSION;
   h->local_world = p->local_world;
   h->node = p->node;

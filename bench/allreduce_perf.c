@@ -10,6 +10,8 @@
  *   -n RANKS       launch RANKS processes on this machine (torchrun-style
  *                  environment); without -n, run as the rank the
  *                  environment describes (RANK, WORLD_SIZE, ...)     [1]
+ *   -N NODES       with -n: simulate NODES nodes on this machine (rank r
+ *                  gets DDPLUG_HOST_ID=simnode<r mod NODES>)          [1]
  *   -d DTYPE       float32 float64 float16 bfloat16 int8 uint8 int32 int64
  *   -o OP          sum avg min max prod bor band                      [sum]
  *   -w N           warm-up iterations per size                       [5]
@@ -54,7 +56,7 @@
 typedef struct opts {
   uint64_t min_bytes, max_bytes;
   double factor;
-  int ranks, dtype, op, warmup, iters, inplace, check, copy_bw;
+  int ranks, nodes, dtype, op, warmup, iters, inplace, check, copy_bw;
   const char *plugin, *options, *json;
 } opts;
 
@@ -88,13 +90,13 @@ static int lookup(const char *name, const char *(*fn)(int), int max) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: ddplug-allreduce-perf [-b MIN] [-e MAX] [-f FACTOR] [-n RANKS] [-d DTYPE]\n"
+          "usage: ddplug-allreduce-perf [-b MIN] [-e MAX] [-f FACTOR] [-n RANKS] [-N NODES] [-d DTYPE]\n"
           "                             [-o OP] [-w WARMUP] [-i ITERS] [-I] [-c 0|1]\n"
           "                             [--plugin NAME] [--options JSON] [--json FILE] [--copy-bw]\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  *o = (opts){8, 64ull << 20, 2.0, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 5, 0, 0, 1, 0,
+  *o = (opts){8, 64ull << 20, 2.0, 1, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 5, 0, 0, 1, 0,
               "host", "{}", NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -107,6 +109,7 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-e")) { if (parse_size(v, &o->max_bytes)) goto bad; }
     else if (!strcmp(a, "-f")) { o->factor = atof(v); if (o->factor <= 1.0) goto bad; }
     else if (!strcmp(a, "-n")) { o->ranks = atoi(v); if (o->ranks < 1 || o->ranks > 256) goto bad; }
+    else if (!strcmp(a, "-N")) { o->nodes = atoi(v); if (o->nodes < 1 || o->nodes > 256) goto bad; }
     else if (!strcmp(a, "-d")) { if (!(o->dtype = lookup(v, ddplug_dtype_name, 8))) goto bad; }
     else if (!strcmp(a, "-o")) { if (!(o->op = lookup(v, ddplug_op_name, 7))) goto bad; }
     else if (!strcmp(a, "-w")) { o->warmup = atoi(v); if (o->warmup < 0) goto bad; }
@@ -417,6 +420,10 @@ static int launch(const opts *o) {
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       snprintf(v, sizeof v, "%d", port);
       setenv("MASTER_PORT", v, 1);
+      if (o->nodes > 1) {
+        snprintf(v, sizeof v, "simnode%d", r % o->nodes);
+        setenv("DDPLUG_HOST_ID", v, 1);
+      }
       _exit(run_rank(o));
     }
     pids[r] = pid;

@@ -24,9 +24,9 @@ static const char *const k_duplicate_gpu[] = {"error", "warn", "allow", NULL};
 #define ENV_NAME_HINT \
   "an environment variable name (letters, digits and '_', not starting " \
   "with a digit)"
-#define STREAM_NAME_PATTERN "^[A-Za-z0-9_.-]{1,64}$"
+#define STREAM_NAME_PATTERN "^[A-Za-z0-9_.-]{1,63}$"
 #define STREAM_NAME_HINT \
-  "a stream name of 1 to 64 characters of A-Z a-z 0-9 _ . -"
+  "a stream name of 1 to 63 characters of A-Z a-z 0-9 _ . -"
 
 /* 2^53: the largest integer every JSON reader keeps exactly. */
 #define MAX_SAFE_INT 9007199254740992LL

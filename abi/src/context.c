@@ -153,6 +153,13 @@ static int create_group(ddplug_context *ctx) {
                   : ddplug__log_enabled(DDPLUG_LOG_INFO)  ? DDPLUG_LOG_INFO
                   : ddplug__log_enabled(DDPLUG_LOG_WARN)  ? DDPLUG_LOG_WARN
                                                           : DDPLUG_LOG_ERROR;
+  in->duplicate_gpu = DDPLUG_CHECK_ERROR;
+  char *dup = NULL;
+  if (ddplug_config_get_string(ctx->cfg, "checks.duplicate_gpu", &dup) == DDPLUG_OK) {
+    if (!strcmp(dup, "warn")) in->duplicate_gpu = DDPLUG_CHECK_WARN;
+    else if (!strcmp(dup, "allow")) in->duplicate_gpu = DDPLUG_CHECK_ALLOW;
+    ddplug_free(dup);
+  }
   ddplug_plugin_group *g = NULL;
   ddplug__plugin_err_clear(ctx);
   int s = ctx->plugin->table.group_create(in, &ctx->services, &g);

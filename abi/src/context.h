@@ -15,7 +15,9 @@
  *   ddplug/procs           counter of processes connected to the store
  *   ddplug/procs_left      counter of processes done with it (rank 0 stops
  *                          serving when it reaches ddplug/procs)
- *   p/<plugin>/...         the plugin's keys (host services prefix them)
+ *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (split_context.c)
+ *   ddplug/runonce/...     run-once status (runonce.c)
+ *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
  *   user/...               the host's keys (ddplug_context_store)
  *
  * SPDX-License-Identifier: Apache-2.0
@@ -60,7 +62,7 @@ struct ddplug_context {
   ddplug_plugin_group *group;    /* NULL until group_create returned        */
   ddplug_host_services services;
   ddplug_group_init init;        /* what the plugin was given              */
-  char plugin_prefix[80];        /* "p/<name>/"                             */
+  char plugin_prefix[128];       /* "p/<run_id>/<name>/"                    */
 
   pthread_t watcher;
   int watcher_running;

@@ -439,7 +439,7 @@ static int coordinate(ddplug_context *ctx) {
     char diff[700] = "";
     first_difference(json_object_get(recs[0].j, "config"),
                      json_object_get(recs[other].j, "config"), "", diff, sizeof diff);
-    char full[DDPLUG__ERRMSG_MAX];
+    char full[2 * DDPLUG__ERRMSG_MAX]; /* verdict_error truncates to the max */
     snprintf(full, sizeof full,
              "the config differs across ranks (rank 0 loaded %s, rank %d "
              "loaded %s): first difference %s; %s. Every rank must load the "
@@ -452,7 +452,7 @@ static int coordinate(ddplug_context *ctx) {
   if (check_same(recs, ws, offsetof(join_rec, plugin), "the plugin", msg, sizeof msg) ||
       check_same(recs, ws, offsetof(join_rec, plugin_version), "the plugin version",
                  msg, sizeof msg)) {
-    char full[DDPLUG__ERRMSG_MAX];
+    char full[2 * DDPLUG__ERRMSG_MAX];
     snprintf(full, sizeof full, "%s (rank 0 loaded %s): install the same plugin on every node",
              msg, recs[0].plugin_path);
     status = verdict_error(ctx, DDPLUG_E_MISMATCH, full);

@@ -150,7 +150,9 @@ void ddplug__services_init(ddplug_context *ctx) {
   s->log = svc_log;
   s->clock_ns = svc_clock_ns;
   s->set_error = svc_set_error;
-  snprintf(ctx->plugin_prefix, sizeof ctx->plugin_prefix, "p/%s/",
+  /* Per run and per plugin: a store reused across runs (rendezvous.external)
+   * never shows a plugin another run's keys. */
+  snprintf(ctx->plugin_prefix, sizeof ctx->plugin_prefix, "p/%s/%s/", ctx->run_id,
            ctx->plugin->table.name);
 }
 

@@ -6,9 +6,12 @@
  *
  *   ddplug run -n 2 -- ddplug-c-trainer examples/configs/cpu.json
  *
- * Every rank trains on its own shard; at the end the ranks check that their
- * weights are bit-identical (allreduce of min and max) — the property data
- * parallelism relies on.
+ * The data is split by ddplug's distributed sampler (the stream "train" is
+ * claimed with owner "plugin", so nothing else may split it), reshuffled each
+ * epoch, and the audit checks what every rank actually consumed (config
+ * "data_split.audit"). At the end the ranks check that their weights are
+ * bit-identical (allreduce of min and max) — the property data parallelism
+ * relies on.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <math.h>
@@ -82,32 +85,77 @@ int main(int argc, char **argv) {
            DDPLUG_VERSION_MINOR_OF(info.plugin_abi_version), w.world_size,
            ddplug_context_num_nodes(ctx), w.source);
 
-  /* This rank's shard: a contiguous slice of equal length on every rank. */
-  const int64_t per_rank = N_SAMPLES / w.world_size;
-  const int64_t first = (int64_t)w.rank * per_rank;
-  const int64_t steps = per_rank / BATCH;
+  /* The sampler: settings from the config's "sampler" section. */
+  const ddplug_config *c = ddplug_context_config(ctx);
+  int shuffle = 1, drop_last = 0;
+  int64_t seed = 0;
+  ddplug_config_get_bool(c, "sampler.shuffle", &shuffle);
+  ddplug_config_get_bool(c, "sampler.drop_last", &drop_last);
+  ddplug_config_get_int(c, "sampler.seed", &seed);
+  ddplug_sampler_desc desc = DDPLUG_SAMPLER_DESC_INIT;
+  desc.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  desc.num_samples = N_SAMPLES;
+  desc.shuffle = shuffle;
+  desc.drop_last = drop_last;
+  desc.seed = (uint64_t)seed;
+  desc.batch_size = BATCH; /* the audit counts one step per batch */
+  desc.stream = "train";
+  ddplug_sampler *sampler = NULL;
+  s = ddplug_context_sampler_new(ctx, &desc, &sampler);
+  if (s) {
+    int rc = die("creating the sampler", s);
+    ddplug_close(ctx);
+    return rc;
+  }
+  uint64_t per_rank = 0;
+  ddplug_sampler_length(sampler, &per_rank);
+  /* Every sample of the epoch: the last batch may be short. (Dropping it is
+   * exactly what the audit reports as "missing samples".) */
+  const int64_t steps = (int64_t)((per_rank + BATCH - 1) / BATCH);
+  if (w.rank == 0) {
+    int owner = 0;
+    char claimant[128] = "";
+    ddplug_split_owner(ctx, "train", &owner, claimant, sizeof claimant);
+    printf("stream train: split owner %s (%s); %llu samples per rank per epoch\n",
+           ddplug_owner_name(owner), claimant, (unsigned long long)per_rank);
+  }
   float weights[DIM] = {0}, grad[DIM + 1];
   double t0 = now_s();
   for (int epoch = 0; epoch < EPOCHS && !s; epoch++) {
     double loss_sum = 0;
+    ddplug_audit *audit = NULL;
+    ddplug_sampler_set_epoch(sampler, (uint64_t)epoch);
+    s = ddplug_audit_begin(ctx, "train", N_SAMPLES, (uint64_t)epoch, NULL, &audit);
     for (int64_t step = 0; step < steps && !s; step++) {
+      int64_t idx[BATCH];
+      uint64_t got = 0;
+      s = ddplug_sampler_next(sampler, idx, BATCH, &got);
+      if (s) break;
       memset(grad, 0, sizeof grad);
-      for (int b = 0; b < BATCH; b++) {
+      for (uint64_t b = 0; b < got; b++) {
         float x[DIM], y, pred = 0.0f;
-        sample(first + step * BATCH + b, x, &y);
+        sample(idx[b], x, &y);
         for (int d = 0; d < DIM; d++) pred += weights[d] * x[d];
         float err = pred - y;
-        for (int d = 0; d < DIM; d++) grad[d] += 2.0f * err * x[d] / BATCH;
-        grad[DIM] += err * err / BATCH; /* the loss rides along */
+        for (int d = 0; d < DIM; d++) grad[d] += 2.0f * err * x[d] / (float)got;
+        grad[DIM] += err * err / (float)got; /* the loss rides along */
       }
       s = ddplug_allreduce(ctx, grad, grad, DIM + 1, DDPLUG_FLOAT32, DDPLUG_OP_AVG, NULL);
       for (int d = 0; d < DIM; d++) weights[d] -= LR * grad[d];
       loss_sum += grad[DIM];
     }
+    if (!s) {
+      ddplug_audit_report report = DDPLUG_AUDIT_REPORT_INIT;
+      s = ddplug_audit_finish(audit, &report, DDPLUG_TIMEOUT_DEFAULT);
+      if (w.rank == 0 && report.verdict != DDPLUG_AUDIT_SKIPPED)
+        printf("%s\n", report.summary);
+    }
+    ddplug_audit_free(audit);
     if (!s && w.rank == 0)
       printf("epoch %d: %lld steps per rank, mean loss %.6f\n", epoch, (long long)steps,
              loss_sum / (double)steps);
   }
+  ddplug_sampler_free(sampler);
   if (s) {
     int rc = die("training", s);
     ddplug_close(ctx);

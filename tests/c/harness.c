@@ -45,6 +45,18 @@ void dt_fail(const char *file, int line, const char *fmt, ...) {
   _exit(1);
 }
 
+void dt_skip(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "  SKIP %s: %s\n", g_current, buf);
+  fflush(stdout);
+  fflush(stderr);
+  _exit(DT_SKIP_EXIT);
+}
+
 void dt_note(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -160,6 +172,11 @@ static int run_case_forked(const dt_case *c) {
   double secs = (double)(t1.tv_sec - t0.tv_sec) +
                 (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
   int ok = !timed_out && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  if (!timed_out && WIFEXITED(st) && WEXITSTATUS(st) == DT_SKIP_EXIT) {
+    printf("skip    %-50s %7.2fs\n", c->name, secs);
+    fflush(stdout);
+    return 2;
+  }
   if (ok) {
     printf("ok      %-50s %7.2fs\n", c->name, secs);
   } else if (timed_out) {
@@ -180,7 +197,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   int nofork = getenv("DT_NOFORK") && *getenv("DT_NOFORK") == '1';
-  int failed = 0, ran = 0;
+  int failed = 0, ran = 0, skipped = 0;
   for (int i = 0; i < g_ncases; i++) {
     int selected = argc <= 1;
     for (int a = 1; a < argc && !selected; a++)
@@ -190,15 +207,22 @@ int main(int argc, char **argv) {
     if (nofork) {
       run_case_inline(&g_cases[i]);
       printf("ok      %s\n", g_cases[i].name);
-    } else if (!run_case_forked(&g_cases[i])) {
-      failed++;
+    } else {
+      int r = run_case_forked(&g_cases[i]);
+      if (r == 0) failed++;
+      if (r == 2) skipped++;
     }
   }
   if (ran == 0) {
     fprintf(stderr, "no case matched\n");
     return 2;
   }
-  printf("%d of %d cases passed\n", ran - failed, ran);
+  if (skipped)
+    printf("%d of %d cases passed, %d skipped\n", ran - failed - skipped, ran,
+           skipped);
+  else
+    printf("%d of %d cases passed\n", ran - failed, ran);
+  if (!failed && skipped == ran) return DT_SKIP_EXIT;
   return failed ? 1 : 0;
 }
 

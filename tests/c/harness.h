@@ -28,6 +28,12 @@ void dt_register(const char *name, dt_fn fn, int timeout_s);
 void dt_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 void dt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Skip the current case (e.g. no GPU visible): it is reported as skipped,
+ * not failed, and a run in which every selected case skipped exits with
+ * DT_SKIP_EXIT (register the test with ctest SKIP_RETURN_CODE 77). Call it
+ * in the case's own process (not in a dt_run_ranks rank). */
+#define DT_SKIP_EXIT 77
+void dt_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /* TEST(name) { ... }  — 60 s timeout. TEST_T(name, seconds) for others. */
 #define TEST_T(name, timeout_s)                                              \

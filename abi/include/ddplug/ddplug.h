@@ -419,8 +419,314 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req);
 
 /* ========================================================================
  * Data split ownership, samplers, audit — see issue "Data-split ownership".
- * (declared in the section below by that work)
+ *
+ * Exactly one layer splits each data stream ("train", "val", ...): the
+ * plugin (ddplug's samplers or the plugin's own), the framework (its
+ * DistributedSampler injection) or the user (a rank-aware sampler). The
+ * samplers below are ddplug's; the audit proves, per epoch, from what every
+ * rank actually consumed, that the split was right.
  * ======================================================================== */
+
+/* ---- samplers ----------------------------------------------------------
+
+   A sampler yields this rank's share of one epoch of a stream as dataset
+   indices. Two kinds (ddplug_sampler_desc.kind, plugin.h):
+
+   DDPLUG_SAMPLER_DISTRIBUTED — an index sampler with the semantics of
+     torch.utils.data.DistributedSampler: the epoch's order is a keyed
+     pseudo-random permutation of [0, N) for (seed, epoch) when shuffle is 1,
+     else 0, 1, ..., N-1; it is padded by repeating its start up to
+     world·ceil(N/world) positions, or cut to world·floor(N/world) with
+     drop_last; rank r takes positions r, r+world, r+2·world, ... Every rank
+     yields the same count. next() fills up to cap indices (chunks).
+   DDPLUG_SAMPLER_BUCKET — a batch sampler over per-sample lengths: samples
+     are grouped into length buckets (explicit ascending upper bounds, plus a
+     bucket for longer samples, or num_buckets quantile buckets), each bucket
+     is shuffled per epoch and padded by repetition (or cut, drop_last) to
+     whole global batches, and the order of batches is shuffled the same way
+     on every rank. Every rank yields the same number of batches of exactly
+     batch_size indices; each sample is in at most one batch per epoch apart
+     from the declared padding. next() returns one batch per call.
+
+   The permutation is a 4-round Feistel network on ceil(log2 N) bits with
+   cycle walking (abi/src/sampler_feistel.c documents it): O(1) memory and
+   O(1) epoch start whatever N, any position resumes directly, the same
+   indices on every machine and run for the same desc, seed and epoch.
+   The bucket sampler keeps its bucket membership (4 bytes per sample below
+   2^32 samples, else 8); it does not keep lengths or desc pointers.
+   A sampler handle is used from one thread at a time; distinct samplers
+   are independent.
+
+   Fill a desc with DDPLUG_SAMPLER_DESC_INIT, then set its fields:
+     kind, num_samples (N; indices are in [0, N), N < 2^63), shuffle (0/1),
+     seed, drop_last (0: pad by repetition; 1: drop), stream (name, for
+     messages and ownership; NULL = "train"), rank and world_size (0/0 = a
+     single rank; the context-bound constructor takes them from the
+     context), and for DDPLUG_SAMPLER_BUCKET: lengths[N], batch_size (per
+     rank, >= 1), and boundaries[num_boundaries] (strictly ascending) or
+     boundaries = NULL with num_buckets >= 1 quantile buckets. For the
+     distributed kind batch_size is optional: when set, the audit counts one
+     step per batch_size indices (else one per index).
+   ---------------------------------------------------------------------- */
+typedef struct ddplug_sampler ddplug_sampler;
+
+#define DDPLUG_SAMPLER_DESC_INIT                                         \
+  {sizeof(ddplug_sampler_desc), DDPLUG_PLUGIN_ABI_VERSION, 0, 0, 0, 0, 0, \
+   0, 0, 0, NULL, NULL, NULL, 0, 0, 0}
+
+/* Create a standalone sampler (no context, no ownership, no audit) from
+ * desc, which is copied (lengths are read during the call only; stream is
+ * copied). The epoch is 0 and the position 0 until set_epoch/seek.
+ * Returns OK; INVALID_ARGUMENT naming the field (unknown kind, rank out of
+ * range, NULL lengths, boundaries not ascending, batch_size 0, ...),
+ * ABI_MISMATCH for a desc of another major version, NO_MEMORY. On failure
+ * *out is untouched. Does not block. Since 1.0. */
+DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
+                                  ddplug_sampler **out);
+
+/* Start epoch `epoch` at position 0: O(1) (keys derived from seed and
+ * epoch). Call it at the start of every epoch — the audit reports a shuffled
+ * stream whose order did not change as "epoch not advanced". Since 1.0. */
+DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch);
+
+/* Deliver the next indices into out[0..cap): the distributed kind fills
+ * min(cap, remaining) indices; the bucket kind one batch (exactly
+ * batch_size indices; INVALID_ARGUMENT if cap < batch_size, nothing
+ * consumed). *n = how many; 0 at the end of the epoch. Since 1.0. */
+DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
+                                   uint64_t cap, uint64_t *n);
+
+/* Make the next index (distributed) or batch (bucket) delivered the
+ * position-th of this epoch (0-based), exactly as if that many had been
+ * consumed: resuming at a position yields the uninterrupted order. O(1).
+ * position == length is the end; beyond it INVALID_ARGUMENT. Since 1.0. */
+DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position);
+
+/* Indices (distributed) or batches (bucket) this rank yields per epoch,
+ * the same on every rank. Since 1.0. */
+DDPLUG_API int ddplug_sampler_length(const ddplug_sampler *s,
+                                     uint64_t *length);
+
+/* Indices (distributed) or batches (bucket) consumed so far this epoch.
+ * Since 1.0. */
+DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
+                                       uint64_t *position);
+
+/* What a sampler is and declares about one epoch (all ranks together). */
+typedef struct ddplug_sampler_info {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t kind;            /* ddplug_sampler_kind                          */
+  int32_t rank;
+  int32_t world_size;
+  int32_t from_plugin;     /* 1: the plugin's sampler slots serve it       */
+  uint64_t num_samples;
+  uint64_t batch_size;     /* bucket: per rank; distributed: as given      */
+  uint64_t length;         /* per rank per epoch (ddplug_sampler_length)   */
+  uint64_t epoch;
+  uint64_t position;
+  uint64_t padded;         /* deliveries repeating a sample (padding)      */
+  uint64_t dropped;        /* samples left out by drop_last                */
+  char stream[64];
+} ddplug_sampler_info;
+#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
+
+/* Fill *info. padded/dropped are 0 for a plugin-supplied sampler (the slots
+ * do not declare them). Since 1.0. */
+DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
+                                       ddplug_sampler_info *info);
+
+/* Release s. NULL is a no-op. Since 1.0. */
+DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s);
+
+/* ---- split ownership ---------------------------------------------------
+
+   Every stream has one owner (ddplug_owner, common.h): DDPLUG_OWNER_PLUGIN
+   (ddplug's or the plugin's sampler splits), _FRAMEWORK (the framework's own
+   injection) or _USER (the dataset/sampler is rank-aware). The config can
+   force one: "data_split.streams.<name>.owner", else "data_split.owner"
+   ("auto" forces nothing). A claimant is a short human description of who
+   claims ("lightning adapter: rank-aware sampler BucketSampler"), shown in
+   conflicts. Ownership state lives in the context and is thread-safe.
+   ---------------------------------------------------------------------- */
+
+/* Claim stream for owner on behalf of claimant. The first claim wins; the
+ * same owner again is OK (the first claimant stays on record); a different
+ * owner is DDPLUG_E_SPLIT_CONFLICT naming both claimants and what to change;
+ * a claim that disagrees with an owner the config forces is SPLIT_CONFLICT
+ * naming the config key. INVALID_ARGUMENT for a bad stream name, an owner
+ * that is not PLUGIN/FRAMEWORK/USER, or an empty claimant. Local (no
+ * communication; see ddplug_split_agree). Since 1.0. */
+DDPLUG_API int ddplug_split_claim(ddplug_context *ctx, const char *stream,
+                                  int owner, const char *claimant);
+
+/* The owner of stream now: the claimed one, else the config's forced one,
+ * else DDPLUG_OWNER_UNSET. claimant (may be NULL) receives who decided, at
+ * most cap bytes with the NUL ("" if unset). Any time, any thread.
+ * Since 1.0. */
+DDPLUG_API int ddplug_split_owner(ddplug_context *ctx, const char *stream,
+                                  int *owner, char *claimant, uint64_t cap);
+
+/* Collective through the store: every rank calls it for the same stream
+ * (the same number of times). OK when every rank resolved the same owner;
+ * otherwise DDPLUG_E_SPLIT_CONFLICT on every rank naming the ranks that
+ * differ, what each resolved and who claimed it. TIMEOUT (naming the
+ * missing ranks) if some rank does not call it within timeout_ms. Since 1.0. */
+DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
+                                  int64_t timeout_ms);
+
+/* Create a sampler bound to ctx for desc->stream. rank and world_size come
+ * from the context (desc's must be 0 or equal to them, else
+ * INVALID_ARGUMENT). The stream must be owned by the plugin: an unclaimed
+ * stream is claimed for DDPLUG_OWNER_PLUGIN (claimant "ddplug sampler");
+ * a stream owned by the framework or the user is DDPLUG_E_SPLIT_CONFLICT —
+ * the plugin's sampler refuses to split what it does not own. When the
+ * plugin has sampler slots (DDPLUG_CAP_SAMPLER) they serve the sampler,
+ * otherwise ddplug's defaults do. While an audit is open on the stream
+ * (ddplug_audit_begin), every index the sampler delivers is recorded in it,
+ * with the padding/dropping the default declares; indices delivered before
+ * the audit began in the same epoch are replayed into it. The sampler must
+ * be freed before ctx is closed. Since 1.0. */
+DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
+                                          const ddplug_sampler_desc *desc,
+                                          ddplug_sampler **out);
+
+/* ---- audit ---------------------------------------------------------------
+
+   An audit checks one epoch of one stream from what every rank consumed:
+   steps and samples per rank, union coverage, repeats, and a diagnosis.
+   begin at the start of the epoch, record every step (the context-bound
+   sampler records by itself for a plugin-owned stream; the host records for
+   a user- or framework-owned one), finish at the end (collective).
+
+   Config: "data_split.audit" off | first_epoch (default) | every_epoch;
+   "data_split.on_violation" error (default: finish returns
+   DDPLUG_E_AUDIT_FAILED with the diagnosis as the last error) | warn (OK
+   and a warning log line); "data_split.audit_exact_max" M.
+   first_epoch audits the first epoch begun for the stream on this context
+   in full and checks the second one's order and steps only (the order
+   check needs two epochs: it catches a missing set_epoch).
+
+   Exact mode (N <= M): one bit per sample per rank; union and intersection
+   through two allreduces (BOR, BAND on int64 words, in chunks).
+   Sampled mode (N > M): the audit follows a fixed pseudo-random subset of
+   exactly M samples — those with pi(i) < M for a keyed permutation pi of
+   [0, N) — with M bits; coverage and repeats are exact on that subset and
+   scaled by N/M in the report, and the "missing" and "overlap" diagnoses
+   allow for the sampling error (4 standard deviations). Steps, deliveries
+   and order fingerprints are exact in both modes.
+   Every collective goes through the context's collectives (any plugin);
+   a plugin without int64 BOR/BAND gets counts-only audits (noted).
+
+   Diagnoses (verdict, in priority order), as the one-line text starts:
+     "uneven batches: rank r has k steps, others m (will hang)"
+     "no partitioning: every rank saw the same samples"
+     "double partitioning: ranks together saw N/G of N samples — the data
+      was split twice (e.g. a rank-aware sampler and the framework's
+      DistributedSampler)"
+     "missing samples: ..."   (coverage below N minus the declared drop)
+     "overlap: ..."           (repeats beyond the declared padding)
+     "epoch not advanced: ..." (shuffled, yet the same order as the
+                                previous epoch; or the sampler's epoch is
+                                behind the audited one)
+   ---------------------------------------------------------------------- */
+typedef struct ddplug_audit ddplug_audit;
+
+typedef enum ddplug_audit_verdict {
+  DDPLUG_AUDIT_UNSET = 0,
+  DDPLUG_AUDIT_PASS = 1,
+  DDPLUG_AUDIT_SKIPPED = 2,            /* config: this epoch is not audited */
+  DDPLUG_AUDIT_UNEVEN = 3,
+  DDPLUG_AUDIT_NO_PARTITION = 4,
+  DDPLUG_AUDIT_DOUBLE_PARTITION = 5,
+  DDPLUG_AUDIT_MISSING = 6,
+  DDPLUG_AUDIT_OVERLAP = 7,
+  DDPLUG_AUDIT_EPOCH_NOT_ADVANCED = 8
+} ddplug_audit_verdict;
+#define DDPLUG_AUDIT_VERDICT_COUNT_ 9
+
+/* What the host declares about the epoch (for a framework/user-owned
+ * stream; a context-bound sampler declares its own). */
+typedef struct ddplug_audit_options {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t shuffle;          /* 1: the order must change between epochs   */
+  int32_t reserved0;
+  uint64_t allowed_padding; /* deliveries that legitimately repeat a
+                               sample, all ranks together (padding)       */
+  uint64_t allowed_missing; /* samples legitimately left out (drop_last)  */
+} ddplug_audit_options;
+#define DDPLUG_AUDIT_OPTIONS_INIT {sizeof(ddplug_audit_options), DDPLUG_ABI_VERSION, 0, 0, 0, 0}
+
+#define DDPLUG_AUDIT_MAX_RANKS 64
+
+typedef struct ddplug_audit_report {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t verdict;            /* ddplug_audit_verdict (the first diagnosis) */
+  uint32_t violations;        /* bit (1u << verdict) of every diagnosis    */
+  int32_t world_size;
+  int32_t exact;              /* 1 exact, 0 sampled; -1 not checked        */
+  int32_t full;               /* 1 coverage checked; 0 order/steps only    */
+  int32_t ranks_listed;       /* min(world_size, DDPLUG_AUDIT_MAX_RANKS)   */
+  uint64_t epoch;
+  uint64_t num_samples;       /* N                                         */
+  uint64_t tracked;           /* samples followed (N exact, M sampled)     */
+  uint64_t covered;           /* distinct samples seen by some rank (est.)  */
+  uint64_t common;            /* seen by every rank (est.)                 */
+  uint64_t deliveries;        /* samples delivered, all ranks              */
+  uint64_t repeats;           /* deliveries - covered (padding included)   */
+  uint64_t allowed_padding;
+  uint64_t allowed_missing;
+  uint64_t out_of_range;      /* indices outside [0, N), all ranks         */
+  uint64_t steps_min, steps_max;
+  int32_t steps_min_rank, steps_max_rank;
+  uint64_t samples_min, samples_max;
+  int32_t samples_min_rank, samples_max_rank;
+  uint64_t steps[DDPLUG_AUDIT_MAX_RANKS];
+  uint64_t samples[DDPLUG_AUDIT_MAX_RANKS];
+  char stream[64];
+  char summary[512];          /* one line: "audit train epoch 0: PASS ..." */
+  char text[4096];            /* multi-line, for logs                      */
+} ddplug_audit_report;
+#define DDPLUG_AUDIT_REPORT_INIT \
+  {.struct_size = sizeof(ddplug_audit_report), .abi_version = DDPLUG_ABI_VERSION}
+
+/* Open the audit of epoch `epoch` of stream (num_samples = N). Always gives
+ * a handle (free it with ddplug_audit_free), also when the config says not
+ * to audit this epoch: then record counts steps only and finish reports
+ * DDPLUG_AUDIT_SKIPPED without communicating. opts may be NULL (no shuffle,
+ * nothing allowed). One audit per stream at a time: INVALID_ARGUMENT if one
+ * is open. Local; does not block. Since 1.0. */
+DDPLUG_API int ddplug_audit_begin(ddplug_context *ctx, const char *stream,
+                                  uint64_t num_samples, uint64_t epoch,
+                                  const ddplug_audit_options *opts,
+                                  ddplug_audit **out);
+
+/* Record one step that consumed indices[0..n) (n may be 0: a step without
+ * samples). For a plugin-owned stream whose context-bound sampler records
+ * already, INVALID_ARGUMENT (it would count twice). Local; O(n). Since 1.0. */
+DDPLUG_API int ddplug_audit_record(ddplug_audit *a, const int64_t *indices,
+                                   uint64_t n);
+
+/* Collective: every rank that began the audit finishes it. Fills *report
+ * (honouring its struct_size) on every rank with the same content. Returns
+ * OK for PASS and SKIPPED, and for a violation with on_violation = warn
+ * (a warning is logged); DDPLUG_E_AUDIT_FAILED for a violation with
+ * on_violation = error (the last error is the summary line);
+ * DDPLUG_E_MISMATCH if ranks audit different streams, epochs or N (naming
+ * the ranks); TIMEOUT/PEER_LOST/ABORTED from the collectives (a timeout
+ * aborts the context). Waits at most timeout_ms per collective. Finishing
+ * twice is INVALID_ARGUMENT. Since 1.0. */
+DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
+                                   ddplug_audit_report *report,
+                                   int64_t timeout_ms);
+
+/* Release a (finished or not). NULL is a no-op. Since 1.0. */
+DDPLUG_API void ddplug_audit_free(ddplug_audit *a);
+
+/* Static name of a verdict ("DOUBLE_PARTITION"), or "UNKNOWN". Since 1.0. */
+DDPLUG_API const char *ddplug_audit_verdict_name(int verdict);
 
 #ifdef __cplusplus
 }

@@ -126,7 +126,18 @@ typedef struct ddplug_group_init {
   int32_t log_level;        /* threshold; log() filters anyway             */
   int32_t reserved0;
   /* ---- end of ABI 1.0 ---- */
+  /* Config checks.duplicate_gpu: what a device plugin does when two ranks
+   * of a host are bound to the same device. 0 (unset, or a 1.0 runtime):
+   * DDPLUG_CHECK_ERROR. Read with DDPLUG_HAS_FIELD. */
+  int32_t duplicate_gpu;
+  int32_t reserved1;
+  /* ---- end of ABI 1.1 ---- */
 } ddplug_group_init;
+
+/* Values of ddplug_group_init.duplicate_gpu. */
+#define DDPLUG_CHECK_ERROR 1 /* refuse, naming the ranks and the device */
+#define DDPLUG_CHECK_WARN 2  /* allow, with a warning                   */
+#define DDPLUG_CHECK_ALLOW 3 /* allow silently                          */
 
 /* ------------------------------------------------------------------------ */
 /* One collective call. The runtime validates arguments (non-NULL buffers

@@ -1,0 +1,342 @@
+/*
+ * nccl_overhead.c — ddplug-nccl-overhead: what the nccl plugin adds on top of
+ * NCCL. In every rank process it opens ddplug with plugin "nccl" and, beside
+ * it, a communicator of its own (its ncclUniqueId travels through the same
+ * ddplug store), then times on the same device buffers, the same stream and
+ * in the same run, per message size:
+ *
+ *   sync   one blocking call after the other:
+ *            ddplug_allreduce(ctx, buf, buf, count, float32, sum, stream)
+ *            vs  ncclAllReduce(...) + cudaStreamSynchronize(stream)
+ *   async  iters calls issued back to back, then one wait for all:
+ *            ddplug_iallreduce x iters, ddplug_wait x iters
+ *            vs  ncclAllReduce x iters, cudaStreamSynchronize
+ *
+ * and prints (rank 0, nccl-tests style) the time per call of each, the
+ * overhead in µs and in %, and the bus bandwidth. The two are measured in
+ * alternating blocks (ddplug, nccl, ddplug, ...) and the best block of each
+ * is reported, so that clock changes and noise hit both alike.
+ *
+ * usage: ddplug-nccl-overhead [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR]
+ *                             [-w WARMUP] [-i ITERS] [-r REPEATS] [--json]
+ *   RANKS defaults to the number of visible GPUs (at least 2 share GPU 0 when
+ *   there is only one: NCCL_MULTI_RANK_GPU_ENABLE=1 and allow_shared_gpu);
+ *   sizes in bytes accept K/M/G suffixes (default 8 .. 256M, factor 2).
+ * It needs a GPU; without one it says so and exits 2.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "ddplug/ddplug.h"
+
+typedef struct opts {
+  int ranks, json;
+  size_t min_bytes, max_bytes;
+  double factor;
+  int warmup, iters, repeats;
+} opts;
+
+#define DIE(...)                     \
+  do {                               \
+    fprintf(stderr, "ddplug-nccl-overhead: " __VA_ARGS__); \
+    fprintf(stderr, "\n");           \
+    exit(1);                         \
+  } while (0)
+
+#define CUDA(expr)                                                          \
+  do {                                                                      \
+    cudaError_t e_ = (expr);                                                \
+    if (e_ != cudaSuccess) DIE("%s: %s", #expr, cudaGetErrorString(e_));    \
+  } while (0)
+#define NCCL(expr)                                                          \
+  do {                                                                      \
+    ncclResult_t r_ = (expr);                                               \
+    if (r_ != ncclSuccess) DIE("%s: %s", #expr, ncclGetErrorString(r_));    \
+  } while (0)
+#define DDP(expr)                                                           \
+  do {                                                                      \
+    int s_ = (expr);                                                        \
+    if (s_ != DDPLUG_OK)                                                    \
+      DIE("%s: %s: %s", #expr, ddplug_status_name(s_), ddplug_last_error()); \
+  } while (0)
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+    case 'G': case 'g': v *= 1024.0; /* fall through */
+    case 'M': case 'm': v *= 1024.0; /* fall through */
+    case 'K': case 'k': v *= 1024.0; break;
+    case '\0': break;
+    default: DIE("bad size '%s'", s);
+  }
+  if (v < 4) DIE("size '%s' below 4 bytes", s);
+  return (size_t)v;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+/* Asked in a child: CUDA must stay uninitialised in the launcher. */
+static int visible_gpus(char *name, size_t cap) {
+  int pfd[2];
+  if (pipe(pfd) != 0) return 0;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pfd[0]);
+    int n = 0;
+    struct cudaDeviceProp p;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    char buf[300];
+    int len = snprintf(buf, sizeof buf, "%d %s", n,
+                       n > 0 && cudaGetDeviceProperties(&p, 0) == cudaSuccess
+                           ? p.name : "-");
+    if (write(pfd[1], buf, (size_t)len) < 0) _exit(1);
+    _exit(0);
+  }
+  close(pfd[1]);
+  char buf[300] = "";
+  ssize_t got = read(pfd[0], buf, sizeof buf - 1);
+  close(pfd[0]);
+  waitpid(pid, NULL, 0);
+  if (got <= 0) return 0;
+  buf[got] = '\0';
+  int n = 0, off = 0;
+  if (sscanf(buf, "%d %n", &n, &off) < 1) return 0;
+  snprintf(name, cap, "%s", buf + off);
+  return n;
+}
+
+/* Best (smallest) average µs per call over `repeats` blocks. */
+typedef struct timing {
+  double ddplug_sync, nccl_sync, ddplug_async, nccl_async;
+} timing;
+
+static double min_d(double a, double b) { return a < b ? a : b; }
+
+static void time_size(ddplug_context *ctx, ncclComm_t comm, cudaStream_t s,
+                      float *buf, size_t count, const opts *o, timing *t) {
+  ddplug_request **reqs = calloc((size_t)o->iters, sizeof *reqs);
+  if (!reqs) DIE("out of memory");
+  for (int w = 0; w < o->warmup; w++) {
+    DDP(ddplug_allreduce(ctx, buf, buf, count, DDPLUG_FLOAT32, DDPLUG_OP_SUM, s));
+    NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+    CUDA(cudaStreamSynchronize(s));
+  }
+  t->ddplug_sync = t->nccl_sync = t->ddplug_async = t->nccl_async = 1e30;
+  for (int r = 0; r < o->repeats; r++) {
+    DDP(ddplug_barrier(ctx, 60000));
+    double t0 = now_us();
+    for (int i = 0; i < o->iters; i++)
+      DDP(ddplug_allreduce(ctx, buf, buf, count, DDPLUG_FLOAT32, DDPLUG_OP_SUM, s));
+    t->ddplug_sync = min_d(t->ddplug_sync, (now_us() - t0) / o->iters);
+
+    DDP(ddplug_barrier(ctx, 60000));
+    t0 = now_us();
+    for (int i = 0; i < o->iters; i++) {
+      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+      CUDA(cudaStreamSynchronize(s));
+    }
+    t->nccl_sync = min_d(t->nccl_sync, (now_us() - t0) / o->iters);
+
+    DDP(ddplug_barrier(ctx, 60000));
+    t0 = now_us();
+    for (int i = 0; i < o->iters; i++)
+      DDP(ddplug_iallreduce(ctx, buf, buf, count, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
+                            s, &reqs[i]));
+    for (int i = 0; i < o->iters; i++) {
+      DDP(ddplug_wait(reqs[i], 60000));
+      ddplug_request_free(reqs[i]);
+    }
+    t->ddplug_async = min_d(t->ddplug_async, (now_us() - t0) / o->iters);
+
+    DDP(ddplug_barrier(ctx, 60000));
+    t0 = now_us();
+    for (int i = 0; i < o->iters; i++)
+      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+    CUDA(cudaStreamSynchronize(s));
+    t->nccl_async = min_d(t->nccl_async, (now_us() - t0) / o->iters);
+  }
+  free(reqs);
+}
+
+static void rank_main(int rank, const opts *o, const char *gpu) {
+  alarm(1800); /* a bench must not hang forever if a peer dies */
+  ddplug_context *ctx = NULL;
+  DDP(ddplug_open(NULL, NULL, &ctx));
+  int dev = 0;
+  CUDA(cudaGetDevice(&dev)); /* the plugin made its device current */
+
+  /* The direct communicator: id through the same store. */
+  ddplug_store *st = ddplug_context_store(ctx);
+  ncclUniqueId id;
+  if (rank == 0) {
+    NCCL(ncclGetUniqueId(&id));
+    DDP(ddplug_store_set(st, "user/bench/ncclid", &id, sizeof id));
+  } else {
+    void *v = NULL;
+    uint64_t len = 0;
+    DDP(ddplug_store_get(st, "user/bench/ncclid", 60000, &v, &len));
+    if (len != sizeof id) DIE("bad ncclid of %llu bytes", (unsigned long long)len);
+    memcpy(&id, v, sizeof id);
+    ddplug_free(v);
+  }
+  ncclComm_t comm;
+  NCCL(ncclCommInitRank(&comm, o->ranks, id, rank));
+
+  cudaStream_t s;
+  CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *buf;
+  CUDA(cudaMalloc((void **)&buf, o->max_bytes));
+  CUDA(cudaMemset(buf, 0, o->max_bytes));
+
+  if (rank == 0) {
+    if (o->json)
+      printf("{\"bench\":\"nccl-overhead\",\"ranks\":%d,\"device\":\"%s\","
+             "\"dtype\":\"float32\",\"op\":\"sum\",\"rows\":[",
+             o->ranks, gpu);
+    else
+      printf("# ddplug-nccl-overhead: ddplug (plugin nccl) vs direct ncclAllReduce, "
+             "float32 sum in place, %d ranks, device %s, best of %d x %d iters\n"
+             "#        size       count |  sync: ddplug(us)  nccl(us)  +us    +%%  "
+             "busbw(GB/s) | async: ddplug(us)  nccl(us)  +us    +%%\n",
+             o->ranks, gpu, o->repeats, o->iters);
+  }
+  int first = 1;
+  for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;) {
+    size_t count = bytes / sizeof(float);
+    timing t;
+    time_size(ctx, comm, s, buf, count, o, &t);
+    double bus = (double)(count * sizeof(float)) * 2.0 * (o->ranks - 1) /
+                 o->ranks / (t.ddplug_sync * 1e3);
+    if (rank == 0) {
+      if (o->json)
+        printf("%s{\"bytes\":%zu,\"count\":%zu,\"sync_ddplug_us\":%.3f,"
+               "\"sync_nccl_us\":%.3f,\"async_ddplug_us\":%.3f,"
+               "\"async_nccl_us\":%.3f}",
+               first ? "" : ",", count * sizeof(float), count, t.ddplug_sync,
+               t.nccl_sync, t.ddplug_async, t.nccl_async);
+      else
+        printf("%14zu %11zu | %17.2f %9.2f %5.2f %5.1f %12.2f | %18.2f %9.2f %5.2f %5.1f\n",
+               count * sizeof(float), count, t.ddplug_sync, t.nccl_sync,
+               t.ddplug_sync - t.nccl_sync,
+               100.0 * (t.ddplug_sync - t.nccl_sync) / t.nccl_sync, bus,
+               t.ddplug_async, t.nccl_async, t.ddplug_async - t.nccl_async,
+               100.0 * (t.ddplug_async - t.nccl_async) / t.nccl_async);
+      fflush(stdout);
+    }
+    first = 0;
+    size_t next = (size_t)((double)bytes * o->factor);
+    bytes = next > bytes ? next : bytes + 4;
+  }
+  if (rank == 0 && o->json) printf("]}\n");
+  CUDA(cudaFree(buf));
+  CUDA(cudaStreamDestroy(s));
+  NCCL(ncclCommDestroy(comm));
+  DDP(ddplug_close(ctx));
+  (void)dev;
+}
+
+int main(int argc, char **argv) {
+  opts o = {0, 0, 8, (size_t)256 << 20, 2.0, 5, 50, 5};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
+    if (!v) DIE("%s needs a value (see the comment at the top of nccl_overhead.c)", a);
+    if (strcmp(a, "-n") == 0) o.ranks = atoi(v);
+    else if (strcmp(a, "-b") == 0) o.min_bytes = parse_size(v);
+    else if (strcmp(a, "-e") == 0) o.max_bytes = parse_size(v);
+    else if (strcmp(a, "-f") == 0) o.factor = atof(v);
+    else if (strcmp(a, "-w") == 0) o.warmup = atoi(v);
+    else if (strcmp(a, "-i") == 0) o.iters = atoi(v);
+    else if (strcmp(a, "-r") == 0) o.repeats = atoi(v);
+    else DIE("unknown option %s", a);
+    i++;
+  }
+  char gpu[256] = "-";
+  int gpus = visible_gpus(gpu, sizeof gpu);
+  if (gpus <= 0) {
+    fprintf(stderr, "ddplug-nccl-overhead: no CUDA device visible: nothing to measure\n");
+    return 2;
+  }
+  if (o.ranks <= 0) o.ranks = gpus >= 2 ? gpus : 2;
+  if (o.factor <= 1.0 || o.iters <= 0 || o.repeats <= 0 || o.min_bytes > o.max_bytes)
+    DIE("bad options");
+  int share = gpus < o.ranks;
+  char map[512] = "";
+  size_t w = 0;
+  for (int r = 0; r < o.ranks && w < sizeof map; r++)
+    w += (size_t)snprintf(map + w, sizeof map - w, "%s%d", r ? "," : "", share ? 0 : r);
+  char cfg[1024];
+  snprintf(cfg, sizeof cfg,
+           "{\"plugin\":\"nccl\",\"plugin_options\":{\"device_map\":[%s]%s}}", map,
+           share ? ",\"allow_shared_gpu\":true" : "");
+  char port[16], world[16];
+  snprintf(port, sizeof port, "%d", free_port());
+  snprintf(world, sizeof world, "%d", o.ranks);
+  pid_t *pids = calloc((size_t)o.ranks, sizeof *pids);
+  for (int r = 0; r < o.ranks; r++) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) DIE("fork: %s", strerror(errno));
+    if (pid == 0) {
+      char rank[16];
+      snprintf(rank, sizeof rank, "%d", r);
+      setenv("RANK", rank, 1);
+      setenv("LOCAL_RANK", rank, 1);
+      setenv("WORLD_SIZE", world, 1);
+      setenv("LOCAL_WORLD_SIZE", world, 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port, 1);
+      setenv("DDPLUG_CONFIG", cfg, 1);
+      if (share) setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+      rank_main(r, &o, gpu);
+      fflush(stdout);
+      _exit(0);
+    }
+    pids[r] = pid;
+  }
+  int failed = 0;
+  for (int r = 0; r < o.ranks; r++) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "ddplug-nccl-overhead: rank %d failed\n", r);
+      failed = 1;
+    }
+  }
+  free(pids);
+  return failed;
+}

@@ -1,0 +1,292 @@
+/* test-audit-report.c — the audit's recording and diagnosis without a
+ * context: G simulated ranks record into their own audits, the test combines
+ * their bitmaps the way the collective finish does (OR / AND), and
+ * ddplug__audit_diagnose must give the verdict, the exact sentences, the
+ * per-rank numbers and the texts; sampled mode's estimates and tolerance;
+ * verdict priority; out-of-range indices; the order fingerprint. The same
+ * diagnoses in real multi-process runs are in test-audit.c. */
+#include <stdlib.h>
+
+#include "data.h"
+#include "harness.h"
+
+#define MAXR 8
+
+typedef struct sim {
+  int world;
+  uint64_t n;
+  ddplug_audit *a[MAXR];
+  ddplug__audit_stats st[MAXR];
+  ddplug_audit_report r;
+} sim;
+
+static void sim_begin(sim *s, int world, uint64_t n, uint64_t exact_max,
+                      int scope, const ddplug_audit_options *o) {
+  memset(s, 0, sizeof *s);
+  s->world = world;
+  s->n = n;
+  for (int r = 0; r < world; r++)
+    CHECK_OK(ddplug__audit_alloc("train", n, 0, o, scope, exact_max, r, world, &s->a[r]));
+}
+
+/* Rank r records the indices of a standalone distributed sampler for
+ * (srank, sworld) in steps of `batch`, keeping only every `keep`-th index
+ * starting at `from`. */
+static void sim_feed(sim *s, int r, int srank, int sworld, uint64_t batch,
+                     uint64_t from, uint64_t keep) {
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = s->n;
+  d.rank = srank;
+  d.world_size = sworld;
+  d.shuffle = 1;
+  d.seed = 1;
+  ddplug_sampler *smp = NULL;
+  CHECK_OK(ddplug_sampler_new(&d, &smp));
+  int64_t buf[64], step[64];
+  uint64_t got, pos = 0, m = 0;
+  for (;;) {
+    CHECK_OK(ddplug_sampler_next(smp, buf, 64, &got));
+    if (!got) break;
+    for (uint64_t k = 0; k < got; k++, pos++) {
+      if (pos < from || (pos - from) % keep) continue;
+      step[m++] = buf[k];
+      if (m == batch) {
+        ddplug__audit_add(s->a[r], step, m, 1);
+        m = 0;
+      }
+    }
+  }
+  if (m) ddplug__audit_add(s->a[r], step, m, 1);
+  ddplug_sampler_free(smp);
+}
+
+/* What the finish does, locally: stats, OR/AND of the bitmaps, diagnose. */
+static void sim_finish(sim *s) {
+  uint64_t covered = 0, common = 0, missing[5];
+  int nmissing = 0;
+  for (int r = 0; r < s->world; r++) ddplug__audit_local_stats(s->a[r], &s->st[r]);
+  const ddplug_audit *a0 = s->a[0];
+  for (uint64_t w = 0; w < a0->words; w++) {
+    uint64_t o = 0, x = ~0ull;
+    for (int r = 0; r < s->world; r++) {
+      o |= s->a[r]->bits[w];
+      x &= s->a[r]->bits[w];
+    }
+    covered += (uint64_t)__builtin_popcountll(o);
+    common += (uint64_t)__builtin_popcountll(x);
+    for (int b = 0; b < 64 && nmissing < 5; b++)
+      if (!(o >> b & 1) && w * 64 + (uint64_t)b < a0->tracked && a0->exact)
+        missing[nmissing++] = w * 64 + (uint64_t)b;
+  }
+  s->r.struct_size = sizeof s->r;
+  ddplug__audit_diagnose("train", s->st, s->world, covered, common, missing,
+                         nmissing, &s->r);
+  for (int r = 0; r < s->world; r++) ddplug_audit_free(s->a[r]);
+}
+
+TEST(a_correct_split_passes_with_numbers_and_texts) {
+  sim s;
+  sim_begin(&s, 4, 1000, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 10, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(s.r.violations, 0);
+  CHECK_EQ_INT(s.r.covered, 1000);
+  CHECK_EQ_INT(s.r.common, 0);
+  CHECK_EQ_INT(s.r.deliveries, 1000);
+  CHECK_EQ_INT(s.r.repeats, 0);
+  CHECK_EQ_INT(s.r.steps[3], 25);
+  CHECK_EQ_INT(s.r.samples[2], 250);
+  CHECK_EQ_INT(s.r.exact, 1);
+  CHECK_EQ_STR(s.r.summary, "audit of stream 'train' epoch 0: PASS — 4 ranks, 25 "
+                            "steps and 250 samples each, covered 1000 of 1000 (exact)");
+  CHECK_CONTAINS(s.r.text, "ddplug audit: stream 'train', epoch 0, 4 ranks, N = 1000 (exact)\n");
+  CHECK_CONTAINS(s.r.text, "  rank 3: 25 steps, 250 samples\n");
+}
+
+TEST(each_failure_mode_gets_its_sentence) {
+  sim s;
+  /* split twice: rank-aware sampler, then every 4th of it */
+  sim_begin(&s, 4, 1000, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 8, (uint64_t)r, 4);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_DOUBLE_PARTITION);
+  CHECK_CONTAINS(s.r.summary, "double partitioning: ranks together saw 250 of 1000 "
+                              "samples (about N/4 with 4 ranks) — the data was split "
+                              "twice (e.g. a rank-aware sampler and the framework's "
+                              "DistributedSampler)");
+  /* not split */
+  sim_begin(&s, 3, 600, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  for (int r = 0; r < 3; r++) sim_feed(&s, r, 0, 1, 8, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_NO_PARTITION);
+  CHECK_CONTAINS(s.r.summary, "no partitioning: every rank saw the same samples");
+  CHECK_EQ_INT(s.r.common, 600);
+  /* uneven: rank 1 skips its first 8 indices = one step fewer */
+  sim_begin(&s, 2, 160, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  sim_feed(&s, 0, 0, 2, 8, 0, 1);
+  sim_feed(&s, 1, 1, 2, 8, 8, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_UNEVEN);
+  CHECK_CONTAINS(s.r.summary, "uneven batches: rank 1 has 9 steps, others 10 (will hang)");
+  CHECK(s.r.violations & (1u << DDPLUG_AUDIT_MISSING));
+  CHECK_CONTAINS(s.r.text, "  diagnosis: uneven batches");
+  CHECK_CONTAINS(s.r.text, "  diagnosis: missing samples: ranks together saw 152 of 160");
+  /* overlap: two ranks believe they are rank 0 of 2 */
+  sim_begin(&s, 3, 300, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  sim_feed(&s, 0, 0, 3, 10, 0, 1);
+  sim_feed(&s, 1, 1, 3, 10, 0, 1);
+  sim_feed(&s, 2, 1, 3, 10, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_MISSING);
+  CHECK(s.r.violations & (1u << DDPLUG_AUDIT_OVERLAP));
+  CHECK_CONTAINS(s.r.text, "overlap: 100 deliveries repeated a sample already delivered "
+                           "(declared padding: 0)");
+}
+
+TEST(declared_padding_and_dropping_are_allowed_exactly) {
+  /* 10 samples on 4 ranks: 2 padded deliveries (ceil) */
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.allowed_padding = 2;
+  sim s;
+  sim_begin(&s, 4, 10, 1u << 20, DDPLUG__SCOPE_FULL, &o);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 1, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(s.r.repeats, 2);
+  /* one allowed repeat fewer: overlap */
+  o.allowed_padding = 1;
+  sim_begin(&s, 4, 10, 1u << 20, DDPLUG__SCOPE_FULL, &o);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 1, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_OVERLAP);
+  /* drop_last leaves 2 out (rank r takes r and r + 4 of 10): allowed when
+   * declared, missing when not */
+  for (uint64_t allowed = 1; allowed <= 2; allowed++) {
+    o.allowed_padding = 0;
+    o.allowed_missing = allowed;
+    sim_begin(&s, 4, 10, 1u << 20, DDPLUG__SCOPE_FULL, &o);
+    for (int r = 0; r < 4; r++) {
+      int64_t two[2] = {r, r + 4};
+      ddplug__audit_add(s.a[r], two, 2, 1);
+    }
+    sim_finish(&s);
+    CHECK_EQ_INT(s.r.verdict, allowed == 2 ? DDPLUG_AUDIT_PASS : DDPLUG_AUDIT_MISSING);
+  }
+}
+
+TEST(missing_lists_example_indices) {
+  sim s;
+  sim_begin(&s, 2, 100, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  int64_t idx[100];
+  uint64_t m = 0;
+  for (int64_t i = 0; i < 100; i++)
+    if (i != 7 && i != 8 && i != 50) idx[m++] = i;
+  ddplug__audit_add(s.a[0], idx, m / 2, 1);
+  ddplug__audit_add(s.a[1], idx + m / 2, m - m / 2, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_MISSING);
+  CHECK_CONTAINS(s.r.summary, "missing samples: ranks together saw 97 of 100 samples; 3 "
+                              "never delivered (declared dropped: 0) — e.g. sample 7, 8, 50");
+}
+
+TEST(sampled_mode_estimates_and_tolerates_sampling_error) {
+  const uint64_t n = 200000;
+  sim s;
+  sim_begin(&s, 4, n, 1000, DDPLUG__SCOPE_FULL, NULL);
+  CHECK_EQ_INT(s.a[0]->exact, 0);
+  CHECK_EQ_INT(s.a[0]->words, (1000 + 63) / 64);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 64, 0, 1);
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(s.r.exact, 0);
+  CHECK_EQ_INT(s.r.tracked, 1000);
+  CHECK_EQ_INT(s.r.covered, n);
+  CHECK_EQ_INT(s.r.deliveries, n);
+  /* a declared drop of 1% is tolerated; an undeclared loss of 25% is not */
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.allowed_missing = n / 100;
+  sim_begin(&s, 4, n, 1000, DDPLUG__SCOPE_FULL, &o);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 64, 125, 1); /* 500 left out */
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_PASS);
+  sim_begin(&s, 4, n, 1000, DDPLUG__SCOPE_FULL, NULL);
+  for (int r = 0; r < 4; r++) sim_feed(&s, r, r, 4, 64, 0, r == 3 ? 1000000 : 1);
+  sim_finish(&s);
+  CHECK(s.r.violations & (1u << DDPLUG_AUDIT_MISSING));
+  CHECK_CONTAINS(s.r.text, "(estimated from 1000 tracked samples)");
+}
+
+TEST(order_fingerprint_and_epoch_lag) {
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.shuffle = 1;
+  int64_t idx[16];
+  for (int i = 0; i < 16; i++) idx[i] = 15 - i;
+  ddplug_audit *a = NULL, *b = NULL;
+  CHECK_OK(ddplug__audit_alloc("train", 16, 0, &o, DDPLUG__SCOPE_ORDER, 100, 0, 1, &a));
+  ddplug__audit_add(a, idx, 16, 1);
+  CHECK_OK(ddplug__audit_alloc("train", 16, 1, &o, DDPLUG__SCOPE_ORDER, 100, 0, 1, &b));
+  b->has_prev = 1;
+  b->prev_epoch = 0;
+  b->prev_fingerprint = a->fingerprint;
+  ddplug__audit_add(b, idx, 8, 1); /* the same order in two calls */
+  ddplug__audit_add(b, idx + 8, 8, 1);
+  ddplug__audit_stats st;
+  ddplug__audit_local_stats(b, &st);
+  CHECK_EQ_INT(st.order_repeated, 1);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  ddplug__audit_diagnose("train", &st, 1, 0, 0, NULL, 0, &r);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED);
+  CHECK_EQ_INT(r.full, 0);
+  CHECK_CONTAINS(r.summary, "epoch not advanced: rank(s) 0 delivered epoch 1 in the same "
+                            "order as the previous epoch although shuffling is on");
+  /* a different order is fine; so is the same order without shuffling */
+  idx[0] = 0;
+  idx[15] = 15;
+  ddplug_audit *c = NULL;
+  CHECK_OK(ddplug__audit_alloc("train", 16, 1, &o, DDPLUG__SCOPE_ORDER, 100, 0, 1, &c));
+  c->has_prev = 1;
+  c->prev_fingerprint = a->fingerprint;
+  ddplug__audit_add(c, idx, 16, 1);
+  ddplug__audit_local_stats(c, &st);
+  CHECK_EQ_INT(st.order_repeated, 0);
+  b->opts.shuffle = 0;
+  ddplug__audit_local_stats(b, &st);
+  CHECK_EQ_INT(st.order_repeated, 0);
+  /* a sampler that lagged */
+  c->epoch_behind = 1;
+  ddplug__audit_local_stats(c, &st);
+  ddplug__audit_diagnose("train", &st, 1, 0, 0, NULL, 0, &r);
+  CHECK_CONTAINS(r.summary, "in the order of an earlier epoch (the sampler's epoch was not set)");
+  ddplug_audit_free(a);
+  ddplug_audit_free(b);
+  ddplug_audit_free(c);
+}
+
+TEST(skipped_out_of_range_and_names) {
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug__audit_alloc("val", 10, 4, NULL, DDPLUG__SCOPE_SKIP, 100, 0, 1, &a));
+  CHECK(a->bits == NULL); /* nothing allocated for a skipped epoch */
+  int64_t idx[3] = {-1, 3, 10};
+  ddplug__audit_add(a, idx, 3, 1);
+  ddplug__audit_stats st;
+  ddplug__audit_local_stats(a, &st);
+  CHECK_EQ_INT(st.out_of_range, 2);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  ddplug__audit_diagnose("val", &st, 1, 0, 0, NULL, 0, &r);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_SKIPPED);
+  CHECK_EQ_STR(r.summary, "audit of stream 'val' epoch 4: SKIPPED (data_split.audit)");
+  CHECK_CONTAINS(r.text, "indices outside [0, N): 2");
+  ddplug_audit_free(a);
+  CHECK_EQ_STR(ddplug_audit_verdict_name(DDPLUG_AUDIT_DOUBLE_PARTITION), "DOUBLE_PARTITION");
+  CHECK_EQ_STR(ddplug_audit_verdict_name(99), "UNKNOWN");
+  /* a report struct from an older, smaller header is filled only so far */
+  struct { uint32_t size, abi; int32_t verdict; uint32_t violations; uint32_t canary; } small;
+  memset(&small, 0, sizeof small);
+  small.size = (uint32_t)offsetof(ddplug_audit_report, violations) + 4;
+  small.canary = 0xdeadbeef;
+  ddplug__audit_diagnose("val", &st, 1, 0, 0, NULL, 0, (ddplug_audit_report *)&small);
+  CHECK_EQ_INT(small.verdict, DDPLUG_AUDIT_SKIPPED);
+  CHECK_EQ_INT(small.canary, 0xdeadbeef);
+}

@@ -1,0 +1,574 @@
+/* test-audit.c — the per-epoch audit, split ownership across ranks and the
+ * context-bound sampler in real multi-process runs (forked ranks, the real
+ * rendezvous store, the store-based example backend's collectives). Each
+ * failure mode comes from a deliberately broken split and must be diagnosed
+ * with the exact sentence; correct splits must pass:
+ *   split twice  -> "double partitioning: ranks together saw 252 of 1000 ..."
+ *   not split    -> "no partitioning: every rank saw the same samples"
+ *   uneven       -> "uneven batches: rank 3 has 62 steps, others 63 (will hang)"
+ *   no set_epoch -> "epoch not advanced: ..."
+ *   dropped      -> "missing samples: ..."
+ * plus sampled mode, on_violation = warn, first_epoch scoping, mismatched
+ * audits, ownership conflicts and disagreement, and a plugin's own sampler
+ * slots (tests/plugins/sampler-plugin). */
+#include <stdlib.h>
+
+
+#include "data.h"
+#include "harness.h"
+
+#define WORLD 4
+#define N 1000
+
+typedef struct setup {
+  const char *plugin;
+  const char *data_split; /* JSON object text for "data_split" */
+} setup;
+
+static ddplug_context *open_ctx(const setup *s) {
+  char json[1024];
+  snprintf(json, sizeof json,
+           "{\"plugin\": \"%s\", \"data_split\": %s, "
+           "\"timeouts\": {\"collective_s\": 60}, "
+           "\"rendezvous\": {\"timeout_s\": 60}}",
+           s->plugin ? s->plugin : "example",
+           s->data_split ? s->data_split : "{\"audit\": \"every_epoch\"}");
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string(json, "test.json", &cfg));
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(cfg, NULL, &ctx));
+  ddplug_config_free(cfg);
+  return ctx;
+}
+
+/* A standalone distributed sampler over [0, n) for rank/world. */
+static ddplug_sampler *plain(uint64_t n, int rank, int world, int shuffle,
+                             uint64_t epoch) {
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = n;
+  d.rank = rank;
+  d.world_size = world;
+  d.shuffle = shuffle;
+  d.seed = 3;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_sampler_new(&d, &s));
+  CHECK_OK(ddplug_sampler_set_epoch(s, epoch));
+  return s;
+}
+
+/* Record everything s yields as steps of `batch` indices. */
+static void record_all(ddplug_audit *a, ddplug_sampler *s, uint64_t batch) {
+  int64_t buf[64];
+  uint64_t got;
+  for (;;) {
+    CHECK_OK(ddplug_sampler_next(s, buf, batch, &got));
+    if (!got) break;
+    CHECK_OK(ddplug_audit_record(a, buf, got));
+  }
+}
+
+/* A context-bound distributed sampler over N for stream. */
+static ddplug_sampler *ctx_sampler(ddplug_context *ctx, const char *stream,
+                                   int shuffle, uint64_t batch) {
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.stream = stream;
+  d.num_samples = N;
+  d.shuffle = shuffle;
+  d.batch_size = batch;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &d, &s));
+  return s;
+}
+
+/* Consume the rest of the epoch in chunks of 100 (into out when given). */
+static uint64_t drain(ddplug_sampler *s, int64_t *out) {
+  int64_t buf[100];
+  uint64_t got, k = 0;
+  do {
+    CHECK_OK(ddplug_sampler_next(s, out ? out + k : buf, 100, &got));
+    k += got;
+  } while (got);
+  return k;
+}
+
+static ddplug_audit *begin_user(ddplug_context *ctx, uint64_t n, uint64_t epoch,
+                                int shuffle) {
+  CHECK_OK(ddplug_split_claim(ctx, "train", DDPLUG_OWNER_USER, "test sampler"));
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.shuffle = shuffle;
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "train", n, epoch, &o, &a));
+  return a;
+}
+
+static void expect_failure(ddplug_context *ctx, ddplug_audit *a, int verdict,
+                           const char *sentence) {
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_AUDIT_FAILED);
+  CHECK_CONTAINS(ddplug_last_error(), sentence);
+  CHECK_CONTAINS(ddplug_context_error(ctx), sentence);
+  CHECK_EQ_INT(r.verdict, verdict);
+  CHECK_CONTAINS(r.summary, sentence);
+  CHECK_CONTAINS(r.text, "diagnosis: ");
+  ddplug_audit_free(a);
+}
+
+static void run(dt_rank_fn fn, const char *const *env) {
+  int failed = dt_run_ranks(WORLD, fn, NULL, env, 120, NULL);
+  CHECK_EQ_INT(failed, 0);
+}
+
+/* ---- correct splits pass ------------------------------------------------- */
+
+static void rank_plugin_sampler_passes(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler *s = ctx_sampler(ctx, "train", 1, 16);
+  int owner;
+  char who[64];
+  CHECK_OK(ddplug_split_owner(ctx, "train", &owner, who, sizeof who));
+  CHECK_EQ_INT(owner, DDPLUG_OWNER_PLUGIN);
+  CHECK_EQ_STR(who, "ddplug sampler");
+  CHECK_OK(ddplug_split_agree(ctx, "train", 30000));
+  for (uint64_t epoch = 0; epoch < 2; epoch++) {
+    CHECK_OK(ddplug_sampler_set_epoch(s, epoch));
+    ddplug_audit *a = NULL;
+    CHECK_OK(ddplug_audit_begin(ctx, "train", N, epoch, NULL, &a));
+    drain(s, NULL);
+    /* the sampler records: the host must not record too */
+    int64_t one = 0;
+    CHECK_STATUS(ddplug_audit_record(a, &one, 1), DDPLUG_E_INVALID_ARGUMENT);
+    CHECK_CONTAINS(ddplug_last_error(), "would count every step twice");
+    ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+    CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+    CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+    CHECK_EQ_INT(r.exact, 1);
+    CHECK_EQ_INT(r.covered, N);
+    CHECK_EQ_INT(r.common, 0);
+    CHECK_EQ_INT(r.deliveries, N);
+    CHECK_EQ_INT(r.steps_min, 16); /* 250 indices in batches of 16 */
+    CHECK_EQ_INT(r.steps_max, 16);
+    CHECK_EQ_INT(r.samples[rank], 250);
+    CHECK_CONTAINS(r.summary, "audit of stream 'train' epoch");
+    CHECK_CONTAINS(r.summary, ": PASS — 4 ranks, 16 steps and 250 samples each, covered 1000 of 1000 (exact)");
+    ddplug_audit_free(a);
+  }
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(correct_plugin_sampler_passes_every_epoch, 150) {
+  run(rank_plugin_sampler_passes, NULL);
+}
+
+static void rank_bucket_passes_with_padding(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  int64_t lengths[N];
+  for (int i = 0; i < N; i++) lengths[i] = (i * 37) % 500;
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_BUCKET;
+  d.stream = "val";
+  d.num_samples = N;
+  d.shuffle = 1;
+  d.lengths = lengths;
+  d.batch_size = 8;
+  d.num_buckets = 5;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &d, &s));
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "val", N, 0, NULL, &a));
+  int64_t buf[8];
+  uint64_t got, batches = 0;
+  /* two batches before... then the rest: the audit sees them all */
+  do { CHECK_OK(ddplug_sampler_next(s, buf, 8, &got)); batches += got > 0; } while (got);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(r.covered, N);
+  CHECK_EQ_INT(r.steps_min, batches);
+  CHECK(r.allowed_padding > 0 && r.repeats == r.allowed_padding);
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(bucket_sampler_with_declared_padding_passes, 150) {
+  run(rank_bucket_passes_with_padding, NULL);
+}
+
+static void rank_late_audit_replays(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler *s = ctx_sampler(ctx, "train", 1, 0);
+  int64_t buf[30];
+  uint64_t got;
+  CHECK_OK(ddplug_sampler_next(s, buf, 30, &got)); /* before the audit began */
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "train", N, 0, NULL, &a));
+  drain(s, NULL);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(r.deliveries, N);
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(an_audit_begun_late_replays_the_epoch, 150) {
+  run(rank_late_audit_replays, NULL);
+}
+
+/* ---- broken splits are diagnosed ----------------------------------------- */
+
+static void rank_split_twice(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, N, 0, 0);
+  /* a rank-aware sampler, then the framework's DistributedSampler again over
+   * its output (padded to equal counts: 63 of this rank's 250 each) */
+  ddplug_sampler *s = plain(N, rank, world, 1, 0);
+  int64_t mine[N];
+  uint64_t got, k = 0;
+  do { CHECK_OK(ddplug_sampler_next(s, mine + k, 64, &got)); k += got; } while (got);
+  uint64_t per = (k + (uint64_t)world - 1) / (uint64_t)world;
+  for (uint64_t i = 0; i < per; i++)
+    CHECK_OK(ddplug_audit_record(a, &mine[((uint64_t)rank + i * (uint64_t)world) % k], 1));
+  expect_failure(ctx, a, DDPLUG_AUDIT_DOUBLE_PARTITION,
+                 "double partitioning: ranks together saw 252 of 1000 samples "
+                 "(about N/4 with 4 ranks) — the data was split twice (e.g. a "
+                 "rank-aware sampler and the framework's DistributedSampler)");
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(split_twice_is_double_partitioning, 150) { run(rank_split_twice, NULL); }
+
+static void rank_not_split(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, N, 0, 0);
+  ddplug_sampler *s = plain(N, 0, 1, 1, 0); /* world 1 on every rank */
+  record_all(a, s, 32);
+  expect_failure(ctx, a, DDPLUG_AUDIT_NO_PARTITION,
+                 "no partitioning: every rank saw the same samples (each of the "
+                 "4 ranks saw the same 1000 of 1000)");
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(not_split_is_no_partitioning, 150) { run(rank_not_split, NULL); }
+
+static void rank_uneven(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, N, 0, 0);
+  /* 250 per rank in batches of 4 = 63 steps; rank 3's loader drops its
+   * last partial... here: rank 3 takes batches of 4 but stops one early */
+  ddplug_sampler *s = plain(N, rank, world, 0, 0);
+  int64_t buf[4];
+  uint64_t got, steps = 0;
+  for (;;) {
+    CHECK_OK(ddplug_sampler_next(s, buf, 4, &got));
+    if (!got || (rank == 3 && steps == 62)) break;
+    CHECK_OK(ddplug_audit_record(a, buf, got));
+    steps++;
+  }
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_AUDIT_FAILED);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_UNEVEN);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "uneven batches: rank 3 has 62 steps, others 63 (will hang)");
+  CHECK(r.violations & (1u << DDPLUG_AUDIT_MISSING)); /* rank 3's tail */
+  CHECK_EQ_INT(r.steps_min_rank, 3);
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(uneven_steps_are_diagnosed_with_the_rank, 150) { run(rank_uneven, NULL); }
+
+static void rank_epoch_not_advanced(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler *s = ctx_sampler(ctx, "train", 1, 0);
+  for (uint64_t epoch = 0; epoch < 2; epoch++) {
+    /* the bug: set_epoch is never called; the trainer rewinds with seek */
+    CHECK_OK(ddplug_sampler_seek(s, 0));
+    ddplug_audit *a = NULL;
+    CHECK_OK(ddplug_audit_begin(ctx, "train", N, epoch, NULL, &a));
+    drain(s, NULL);
+    if (epoch == 0) {
+      ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+      CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+      ddplug_audit_free(a);
+    } else {
+      expect_failure(ctx, a, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED,
+                     "epoch not advanced: rank(s) 0, 1, 2, 3 delivered epoch 1 in "
+                     "the order of an earlier epoch (the sampler's epoch was not "
+                     "set) although shuffling is on — call set_epoch(epoch)");
+    }
+  }
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed, 150) {
+  run(rank_epoch_not_advanced, NULL);
+}
+
+static void rank_same_order_user(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  for (uint64_t epoch = 0; epoch < 2; epoch++) {
+    ddplug_audit *a = begin_user(ctx, N, epoch, 1);
+    ddplug_sampler *s = plain(N, rank, world, 1, 0); /* epoch 0 order twice */
+    record_all(a, s, 10);
+    if (epoch == 0) {
+      ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+      CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+      CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+      ddplug_audit_free(a);
+    } else {
+      expect_failure(ctx, a, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED,
+                     "epoch not advanced: rank(s) 0, 1, 2, 3 delivered epoch 1 in "
+                     "the same order as the previous epoch although shuffling is on");
+    }
+    ddplug_sampler_free(s);
+  }
+  ddplug_close(ctx);
+}
+
+TEST_T(a_user_order_repeated_across_epochs_is_diagnosed, 150) {
+  run(rank_same_order_user, NULL);
+}
+
+static void rank_missing(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, N, 0, 0);
+  ddplug_sampler *s = plain(N, rank, world, 0, 0);
+  int64_t buf[10];
+  uint64_t got;
+  for (;;) { /* rank 1 skips every index below 100 (a filtering bug) */
+    CHECK_OK(ddplug_sampler_next(s, buf, 10, &got));
+    if (!got) break;
+    if (rank == 1) for (uint64_t k = 0; k < got; k++) if (buf[k] < 100) buf[k] = buf[k] + 200;
+    CHECK_OK(ddplug_audit_record(a, buf, got));
+  }
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_AUDIT_FAILED);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_MISSING);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "missing samples: ranks together saw 975 of 1000 samples; 25 "
+                 "never delivered (declared dropped: 0) — e.g. sample 1, 5, 9, 13, 17");
+  CHECK(r.violations & (1u << DDPLUG_AUDIT_OVERLAP));
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(missing_samples_are_diagnosed_with_examples, 150) { run(rank_missing, NULL); }
+
+/* ---- modes --------------------------------------------------------------- */
+
+static void rank_sampled(int rank, int world, void *arg) {
+  setup su = {NULL, "{\"audit\": \"every_epoch\", \"audit_exact_max\": 512}"};
+  ddplug_context *ctx = open_ctx(&su);
+  const uint64_t n = 100000;
+  /* correct split: passes, sampled */
+  ddplug_audit *a = begin_user(ctx, n, 0, 1);
+  ddplug_sampler *s = plain(n, rank, world, 1, 0);
+  record_all(a, s, 64);
+  ddplug_sampler_free(s);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(r.exact, 0);
+  CHECK_EQ_INT(r.tracked, 512);
+  CHECK_EQ_INT(r.covered, n);
+  CHECK_CONTAINS(r.summary, "(sampled)");
+  ddplug_audit_free(a);
+  /* split twice: still caught from the subset */
+  CHECK_OK(ddplug_audit_begin(ctx, "train", n, 1, NULL, &a));
+  s = plain(n, rank, world, 1, 1);
+  int64_t *mine = malloc(sizeof *mine * n);
+  uint64_t got, k = 0;
+  do { CHECK_OK(ddplug_sampler_next(s, mine + k, 4096, &got)); k += got; } while (got);
+  uint64_t per = (k + (uint64_t)world - 1) / (uint64_t)world;
+  for (uint64_t i = 0; i < per; i++)
+    CHECK_OK(ddplug_audit_record(a, &mine[((uint64_t)rank + i * (uint64_t)world) % k], 1));
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_AUDIT_FAILED);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_DOUBLE_PARTITION);
+  CHECK_CONTAINS(ddplug_last_error(), "double partitioning: ranks together saw ");
+  ddplug_audit_free(a);
+  free(mine);
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(sampled_mode_beyond_exact_max, 150) { run(rank_sampled, NULL); }
+
+static int g_warned;
+static void capture(void *user, int level, int rank, const char *line) {
+  (void)user;
+  if (level == DDPLUG_LOG_WARN && strstr(line, "no partitioning")) g_warned++;
+}
+
+static void rank_warn_and_first_epoch(int rank, int world, void *arg) {
+  setup su = {NULL, "{\"audit\": \"first_epoch\", \"on_violation\": \"warn\"}"};
+  ddplug_log_set_callback(capture, NULL);
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  for (uint64_t epoch = 0; epoch < 3; epoch++) {
+    ddplug_audit *a = begin_user(ctx, N, epoch, 0);
+    ddplug_sampler *s = plain(N, 0, 1, 0, 0); /* not split: a violation */
+    record_all(a, s, 50);
+    CHECK_OK(ddplug_audit_finish(a, &r, 30000)); /* warn: OK */
+    static const int want[3] = {DDPLUG_AUDIT_NO_PARTITION, DDPLUG_AUDIT_PASS,
+                                DDPLUG_AUDIT_SKIPPED};
+    CHECK_EQ_INT(r.verdict, want[epoch]);
+    CHECK_EQ_INT(r.full, epoch == 0);
+    ddplug_audit_free(a);
+    ddplug_sampler_free(s);
+  }
+  CHECK_EQ_INT(g_warned, 1);
+  CHECK_CONTAINS(r.summary, "SKIPPED");
+  ddplug_close(ctx);
+  ddplug_log_set_callback(NULL, NULL);
+}
+
+TEST_T(warn_mode_and_first_epoch_scoping, 150) { run(rank_warn_and_first_epoch, NULL); }
+
+static void rank_mismatch(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, rank == 2 ? N + 1 : N, 0, 0);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_MISMATCH);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 2 audits the same stream, epoch 0, N = 1001");
+  ddplug_audit_free(a);
+  ddplug_close(ctx);
+}
+
+TEST_T(ranks_auditing_different_things_get_mismatch, 150) { run(rank_mismatch, NULL); }
+
+/* ---- ownership across ranks ---------------------------------------------- */
+
+static void rank_ownership(int rank, int world, void *arg) {
+  setup su = {NULL, "{\"streams\": {\"test\": {\"owner\": \"framework\"}}}"};
+  ddplug_context *ctx = open_ctx(&su);
+  /* a stream owned by the user: the plugin's sampler refuses it */
+  CHECK_OK(ddplug_split_claim(ctx, "train", DDPLUG_OWNER_USER, "MyBucketSampler"));
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = N;
+  ddplug_sampler *s = NULL;
+  CHECK_STATUS(ddplug_context_sampler_new(ctx, &d, &s), DDPLUG_E_SPLIT_CONFLICT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "stream 'train' is split by user (MyBucketSampler): the plugin's "
+                 "sampler refuses to split a stream it does not own");
+  CHECK(s == NULL);
+  /* the config forces the framework for "test" */
+  int owner;
+  char who[128];
+  CHECK_OK(ddplug_split_owner(ctx, "test", &owner, who, sizeof who));
+  CHECK_EQ_INT(owner, DDPLUG_OWNER_FRAMEWORK);
+  CHECK_EQ_STR(who, "data_split.streams.test.owner in test.json");
+  d.stream = "test";
+  CHECK_STATUS(ddplug_context_sampler_new(ctx, &d, &s), DDPLUG_E_SPLIT_CONFLICT);
+  CHECK_STATUS(ddplug_split_claim(ctx, "test", DDPLUG_OWNER_USER, "x"), DDPLUG_E_SPLIT_CONFLICT);
+  CHECK_CONTAINS(ddplug_last_error(), "data_split.streams.test.owner in test.json forces owner framework");
+  /* desc rank/world that contradict the context */
+  d.stream = "val";
+  d.rank = (rank + 1) % world;
+  d.world_size = world;
+  CHECK_STATUS(ddplug_context_sampler_new(ctx, &d, &s), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "leave rank and world_size 0");
+  /* agreement: rank 2 resolves differently */
+  CHECK_OK(ddplug_split_agree(ctx, "train", 30000));
+  CHECK_OK(ddplug_split_claim(ctx, "val", rank == 2 ? DDPLUG_OWNER_USER : DDPLUG_OWNER_PLUGIN,
+                              rank == 2 ? "RankAwareSampler" : "ddplug sampler"));
+  CHECK_STATUS(ddplug_split_agree(ctx, "val", 30000), DDPLUG_E_SPLIT_CONFLICT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "stream 'val': ranks disagree on who splits the data: rank(s) 2 "
+                 "resolved user (rank 2: claimed by 'RankAwareSampler') while "
+                 "rank(s) 0, 1, 3 resolved plugin");
+  ddplug_close(ctx);
+}
+
+TEST_T(ownership_conflicts_and_disagreement_across_ranks, 150) {
+  run(rank_ownership, NULL);
+}
+
+static void rank_agree_timeout(int rank, int world, void *arg) {
+  setup su = {0};
+  ddplug_context *ctx = open_ctx(&su);
+  if (rank != 3) {
+    CHECK_STATUS(ddplug_split_agree(ctx, "train", 1500), DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "rank(s) 3 did not call it within 1.5 s");
+  }
+  ddplug_barrier(ctx, 30000);
+  ddplug_close(ctx);
+}
+
+TEST_T(agreement_names_ranks_that_never_come, 150) { run(rank_agree_timeout, NULL); }
+
+/* ---- a plugin's own sampler ---------------------------------------------- */
+
+static void rank_plugin_slots(int rank, int world, void *arg) {
+  setup su = {"sampler-plugin", NULL};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = N;
+  d.shuffle = 1;
+  d.seed = 5;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &d, &s));
+  ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.from_plugin, 1);
+  CHECK_EQ_INT(info.length, 250);
+  CHECK_OK(ddplug_sampler_set_epoch(s, 2));
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "train", N, 2, NULL, &a));
+  int64_t buf[350];
+  uint64_t got, k = drain(s, buf);
+  CHECK_EQ_INT(k, 250);
+  uint64_t offset = (5 + 7919 * 2) % N; /* the plugin's documented order */
+  for (uint64_t j = 0; j < k; j++)
+    CHECK_EQ_INT(buf[j], (int64_t)((N - 1 - ((uint64_t)rank + j * 4) % N + offset) % N));
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(r.covered, N);
+  ddplug_audit_free(a);
+  CHECK_OK(ddplug_sampler_seek(s, 100)); /* through the plugin's seek slot */
+  CHECK_OK(ddplug_sampler_next(s, buf, 1, &got));
+  CHECK_EQ_INT(buf[0], (int64_t)((N - 1 - ((uint64_t)rank + 100 * 4) % N + offset) % N));
+  /* the plugin refuses the bucket kind with its own explanation */
+  int64_t lengths[4] = {1, 2, 3, 4};
+  d.kind = DDPLUG_SAMPLER_BUCKET;
+  d.num_samples = 4;
+  d.lengths = lengths;
+  d.batch_size = 1;
+  d.num_buckets = 1;
+  d.stream = "bucketed";
+  ddplug_sampler *b = NULL;
+  CHECK_STATUS(ddplug_context_sampler_new(ctx, &d, &b), DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(ddplug_last_error(), "sampler-plugin serves only DDPLUG_SAMPLER_DISTRIBUTED");
+  CHECK(b == NULL);
+  int owner;
+  CHECK_OK(ddplug_split_owner(ctx, "bucketed", &owner, NULL, 0));
+  CHECK_EQ_INT(owner, DDPLUG_OWNER_UNSET); /* the failed call claimed nothing */
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(a_plugin_supplies_its_own_sampler_through_the_slots, 150) {
+  run(rank_plugin_slots, NULL);
+}

@@ -1,0 +1,389 @@
+/* test-nccl-gpu.c — the nccl plugin on a real GPU, through the runtime
+ * (ddplug_open ... ddplug_close), with real rank processes:
+ *   one rank through the whole path (device, host, pinned buffers; streams;
+ *   async requests; barrier);
+ *   two ranks (on one GPU with NCCL_MULTI_RANK_GPU_ENABLE=1 and
+ *   allow_shared_gpu when only one is visible) against a host reference for
+ *   every dtype x op the plugin advertises, broadcast and allgather;
+ *   duplicate-GPU detection; the shared-GPU environment check;
+ *   the collective timeout (TIMEOUT, then ABORTED; the peer learns it);
+ *   abort from another thread; the optional mismatch check.
+ * Every case skips (exit 77) when no CUDA device is visible, and all of them
+ * when the plugin is not built. CUDA is initialised only inside the rank
+ * processes (a forked child cannot use its parent's CUDA state). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#ifndef DDPLUG_TEST_NCCL
+
+TEST(nccl_plugin_not_built) {
+  dt_skip("the nccl plugin was not built (no CUDA toolkit or NCCL found)");
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "nccl_test_values.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Visible CUDA devices, asked in a throwaway child process. */
+static int visible_gpus(void) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(n > 100 ? 100 : n);
+  }
+  int st = 0;
+  if (dt_wait_pid(pid, 60000, &st) != 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return 0;
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+static int need_gpus(int n) {
+  int have = visible_gpus();
+  if (have < n) dt_skip("needs %d CUDA device(s), %d visible", n, have);
+  return have;
+}
+
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (expr);                                               \
+    CHECK_MSG(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_)); \
+  } while (0)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void check_result(const char *what, int dt, int op, const void *out,
+                         size_t n, int world) {
+  for (size_t i = 0; i < n; i++) {
+    double want = tv_round(dt, tv_reference(dt, op, world, i));
+    double got = tv_get(dt, out, i);
+    CHECK_MSG(got == want, "%s %s %s: element %zu is %g, expected %g", what,
+              ddplug_dtype_name(dt), ddplug_op_name(op), i, got, want);
+  }
+}
+
+/* The config every case uses: plugin nccl, a collective timeout, and the
+ * device placement: separate GPUs when there are enough, else one shared. */
+static char g_config[1024];
+static const char *g_env[4];
+static void set_config(int world, int gpus, const char *extra_options,
+                       double collective_s) {
+  int share = gpus < world;
+  char map[128] = "";
+  size_t w = 0;
+  for (int r = 0; r < world; r++)
+    w += (size_t)snprintf(map + w, sizeof map - w, "%s%d", r ? "," : "",
+                          share ? 0 : r);
+  snprintf(g_config, sizeof g_config,
+           "DDPLUG_CONFIG={\"plugin\":\"nccl\",\"timeouts\":{\"collective_s\":%g},"
+           "\"rendezvous\":{\"timeout_s\":60},\"plugin_options\":{\"device_map\":[%s]"
+           "%s%s}}",
+           collective_s, map, share ? ",\"allow_shared_gpu\":true" : "",
+           extra_options ? extra_options : "");
+  g_env[0] = g_config;
+  g_env[1] = "NCCL_MULTI_RANK_GPU_ENABLE=1";
+  g_env[2] = NULL;
+}
+
+static ddplug_context *open_ok(void) {
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(NULL, NULL, &ctx));
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_OK(ddplug_context_plugin(ctx, &info));
+  CHECK_EQ_STR(info.name, "nccl");
+  return ctx;
+}
+
+/* ---- every dtype x op against the reference ---------------------------- */
+
+static void every_dtype_and_op(ddplug_context *ctx, int rank, int world) {
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_OK(ddplug_context_plugin(ctx, &info));
+  const size_t n = 1031; /* not a multiple of anything */
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int checked = 0;
+  for (int dt = 1; dt < DDPLUG_DTYPE_COUNT_; dt++) {
+    if (!(info.dtype_mask & DDPLUG_DTYPE_BIT(dt))) continue;
+    size_t es = ddplug_dtype_size(dt);
+    unsigned char *in = malloc(n * es), *out = malloc(n * es * (size_t)world);
+    void *din, *dout, *pinned;
+    CUDA_OK(cudaMalloc(&din, n * es));
+    CUDA_OK(cudaMalloc(&dout, n * es * (size_t)world));
+    CUDA_OK(cudaMallocHost(&pinned, n * es));
+    for (size_t i = 0; i < n; i++) tv_put(dt, in, i, tv_value(rank, i));
+    for (int op = 1; op < DDPLUG_OP_COUNT_; op++) {
+      if (!(info.op_mask & DDPLUG_OP_BIT(op))) continue;
+      /* device buffers, out of place, on a caller stream */
+      CUDA_OK(cudaMemcpy(din, in, n * es, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(dout, 0, n * es));
+      CHECK_OK(ddplug_allreduce(ctx, din, dout, n, dt, op, s));
+      CUDA_OK(cudaMemcpy(out, dout, n * es, cudaMemcpyDeviceToHost));
+      check_result("device", dt, op, out, n, world);
+      /* device, in place, default stream */
+      CHECK_OK(ddplug_allreduce(ctx, din, din, n, dt, op, NULL));
+      CUDA_OK(cudaMemcpy(out, din, n * es, cudaMemcpyDeviceToHost));
+      check_result("device in-place", dt, op, out, n, world);
+      /* pageable host buffers (staged), in place */
+      memcpy(out, in, n * es);
+      CHECK_OK(ddplug_allreduce(ctx, out, out, n, dt, op, NULL));
+      check_result("host", dt, op, out, n, world);
+      /* pinned host send, pageable host recv */
+      memcpy(pinned, in, n * es);
+      memset(out, 0, n * es);
+      CHECK_OK(ddplug_allreduce(ctx, pinned, out, n, dt, op, NULL));
+      check_result("pinned->host", dt, op, out, n, world);
+      checked++;
+    }
+    /* broadcast from the last rank (device), allgather (host, in place) */
+    int root = world - 1;
+    CUDA_OK(cudaMemcpy(din, in, n * es, cudaMemcpyHostToDevice));
+    CHECK_OK(ddplug_broadcast(ctx, din, din, n, dt, root, s));
+    CUDA_OK(cudaMemcpy(out, din, n * es, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+      CHECK_MSG(tv_get(dt, out, i) == tv_value(root, i), "broadcast %s element %zu",
+                ddplug_dtype_name(dt), i);
+    memset(out, 0, n * es * (size_t)world);
+    memcpy(out + (size_t)rank * n * es, in, n * es);
+    CHECK_OK(ddplug_allgather(ctx, out + (size_t)rank * n * es, out, n, dt, NULL));
+    for (int r = 0; r < world; r++)
+      for (size_t i = 0; i < n; i++)
+        CHECK_MSG(tv_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
+                  "allgather %s block %d element %zu", ddplug_dtype_name(dt), r, i);
+    CUDA_OK(cudaFree(din));
+    CUDA_OK(cudaFree(dout));
+    CUDA_OK(cudaFreeHost(pinned));
+    free(in);
+    free(out);
+  }
+  CHECK_EQ_INT(checked, 8 * 5); /* every dtype with sum, avg, min, max, prod */
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+/* Async requests backed by events: several in flight, waited in order. */
+static void async_requests(ddplug_context *ctx, int rank, int world) {
+  enum { K = 4, N = 1 << 16 };
+  float *d[K], host[N];
+  ddplug_request *req[K];
+  for (int k = 0; k < K; k++) {
+    for (int i = 0; i < N; i++) host[i] = (float)(rank + k);
+    CUDA_OK(cudaMalloc((void **)&d[k], N * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d[k], host, N * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  for (int k = 0; k < K; k++)
+    CHECK_OK(ddplug_iallreduce(ctx, d[k], d[k], N, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
+                               NULL, &req[k]));
+  for (int k = 0; k < K; k++) {
+    CHECK_OK(ddplug_wait(req[k], 60000));
+    ddplug_request_free(req[k]);
+    CUDA_OK(cudaMemcpy(host, d[k], N * sizeof(float), cudaMemcpyDeviceToHost));
+    float want = (float)(world * (world - 1) / 2 + world * k);
+    CHECK_MSG(host[0] == want && host[N - 1] == want, "async %d: %g != %g", k,
+              host[0], want);
+    CUDA_OK(cudaFree(d[k]));
+  }
+  int done = 0;
+  ddplug_request *b = NULL;
+  CHECK_OK(ddplug_ibarrier(ctx, &b));
+  CHECK_OK(ddplug_wait(b, 60000));
+  CHECK_OK(ddplug_test(b, &done));
+  CHECK_EQ_INT(done, 1);
+  ddplug_request_free(b);
+}
+
+static void whole_path_rank(int rank, int world, void *arg) {
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  every_dtype_and_op(ctx, rank, world);
+  async_requests(ctx, rank, world);
+  CHECK_OK(ddplug_barrier(ctx, 60000));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(one_rank_whole_path, 300) {
+  int gpus = need_gpus(1);
+  set_config(1, gpus, NULL, 120);
+  CHECK_EQ_INT(dt_run_ranks(1, whole_path_rank, NULL, g_env, 280, NULL), 0);
+}
+
+TEST_T(two_ranks_every_dtype_and_op_against_reference, 300) {
+  int gpus = need_gpus(1);
+  set_config(2, gpus, NULL, 120);
+  dt_note("%s", gpus >= 2 ? "one GPU per rank" : "both ranks on GPU 0");
+  CHECK_EQ_INT(dt_run_ranks(2, whole_path_rank, NULL, g_env, 280, NULL), 0);
+}
+
+/* ---- device checks ------------------------------------------------------ */
+
+static void expect_open_fails(int rank, int world, void *arg) {
+  (void)world;
+  const char *needle = arg;
+  unsetenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  ddplug_context *ctx = NULL;
+  int st = ddplug_open(NULL, NULL, &ctx);
+  CHECK_MSG(st != DDPLUG_OK, "rank %d: ddplug_open succeeded", rank);
+  CHECK(ctx == NULL);
+  dt_note("rank %d: %s: %s", rank, ddplug_status_name(st), ddplug_last_error());
+  CHECK_EQ_INT(st, DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(ddplug_last_error(), needle);
+}
+
+TEST_T(duplicate_gpu_names_both_ranks, 120) {
+  need_gpus(1);
+  static const char *env[] = {
+      "DDPLUG_CONFIG={\"plugin\":\"nccl\",\"rendezvous\":{\"timeout_s\":60},"
+      "\"plugin_options\":{\"device_map\":[0,0]}}",
+      NULL};
+  CHECK_EQ_INT(dt_run_ranks(2, expect_open_fails,
+                            (void *)"ranks 0 and 1 are bound to the same GPU GPU-",
+                            env, 100, NULL),
+               0);
+}
+
+TEST_T(shared_gpu_without_the_nccl_env_is_refused, 120) {
+  need_gpus(1);
+  static const char *env[] = {
+      "DDPLUG_CONFIG={\"plugin\":\"nccl\",\"rendezvous\":{\"timeout_s\":60},"
+      "\"plugin_options\":{\"device_map\":[0,0],\"allow_shared_gpu\":true}}",
+      NULL};
+  CHECK_EQ_INT(dt_run_ranks(2, expect_open_fails,
+                            (void *)"without NCCL_MULTI_RANK_GPU_ENABLE=1", env,
+                            100, NULL),
+               0);
+}
+
+/* ---- timeout, abort, mismatch ------------------------------------------ */
+
+/* The rank that stays out of the failed collective: after `delay_s` it
+ * calls a barrier, which must fail with the run's reason containing
+ * `needle` (the run was aborted meanwhile). */
+static void late_rank_barrier(ddplug_context *ctx, unsigned delay_s,
+                              const char *needle) {
+  sleep(delay_s);
+  double t0 = now_s();
+  int st = ddplug_barrier(ctx, 60000);
+  dt_note("rank 1: barrier returned %s after %.2f s: %s", ddplug_status_name(st),
+          now_s() - t0, ddplug_last_error());
+  CHECK_MSG(st != DDPLUG_OK, "rank 1's barrier succeeded in an aborted run");
+  CHECK_CONTAINS(ddplug_last_error(), needle);
+}
+
+static void timeout_rank(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  float *d;
+  CUDA_OK(cudaMalloc((void **)&d, 1024 * sizeof(float)));
+  if (rank == 0) {
+    /* rank 1 never joins this allreduce */
+    double t0 = now_s();
+    int st = ddplug_allreduce(ctx, d, d, 1024, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
+    dt_note("rank 0: allreduce returned %s after %.2f s: %s",
+            ddplug_status_name(st), now_s() - t0, ddplug_last_error());
+    CHECK_EQ_INT(st, DDPLUG_E_TIMEOUT);
+    st = ddplug_allreduce(ctx, d, d, 1024, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
+    CHECK_EQ_INT(st, DDPLUG_E_ABORTED);
+  } else {
+    /* past rank 0's collective timeout (2 s); the run was aborted with
+     * rank 0's status (TIMEOUT) and reason */
+    late_rank_barrier(ctx, 4, "collective timeout");
+  }
+  (void)ddplug_close(ctx);
+}
+
+TEST_T(collective_timeout_aborts_and_the_peer_learns_it, 120) {
+  int gpus = need_gpus(1);
+  set_config(2, gpus, NULL, 2);
+  CHECK_EQ_INT(dt_run_ranks(2, timeout_rank, NULL, g_env, 100, NULL), 0);
+}
+
+typedef struct abort_arg {
+  ddplug_context *ctx;
+} abort_arg;
+
+static void *abort_later(void *p) {
+  abort_arg *a = p;
+  usleep(300000);
+  (void)ddplug_abort(a->ctx, "test abort from another thread");
+  return NULL;
+}
+
+static void abort_rank(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  float *d;
+  CUDA_OK(cudaMalloc((void **)&d, 1024 * sizeof(float)));
+  if (rank == 0) {
+    ddplug_request *req = NULL;
+    CHECK_OK(ddplug_iallreduce(ctx, d, d, 1024, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
+                               NULL, &req));
+    abort_arg a = {ctx};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, abort_later, &a) == 0);
+    double t0 = now_s();
+    int st = ddplug_wait(req, 60000);
+    dt_note("rank 0: wait returned %s after %.2f s: %s", ddplug_status_name(st),
+            now_s() - t0, ddplug_last_error());
+    pthread_join(t, NULL);
+    CHECK_EQ_INT(st, DDPLUG_E_ABORTED);
+    CHECK_CONTAINS(ddplug_last_error(), "test abort from another thread");
+    ddplug_request_free(req);
+  } else {
+    /* Join no collective while rank 0's is pending (a barrier would pair
+     * with it inside NCCL); by the time this runs, the run is aborted. */
+    late_rank_barrier(ctx, 2, "test abort from another thread");
+  }
+  (void)ddplug_close(ctx);
+}
+
+TEST_T(abort_from_another_thread_reaches_every_rank, 120) {
+  int gpus = need_gpus(1);
+  set_config(2, gpus, NULL, 60);
+  CHECK_EQ_INT(dt_run_ranks(2, abort_rank, NULL, g_env, 100, NULL), 0);
+}
+
+static void mismatch_rank(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  float *d;
+  CUDA_OK(cudaMalloc((void **)&d, 16 * sizeof(float)));
+  CUDA_OK(cudaMemset(d, 0, 16 * sizeof(float)));
+  int st = ddplug_allreduce(ctx, d, d, rank == 0 ? 10 : 12, DDPLUG_FLOAT32,
+                            DDPLUG_OP_SUM, NULL);
+  CHECK_EQ_INT(st, DDPLUG_E_MISMATCH);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "rank 1 called allreduce(count=12, float32, sum) but rank 0 "
+                 "called allreduce(count=10, float32, sum)");
+  /* Nothing was enqueued: the group is still usable. */
+  CHECK_OK(ddplug_allreduce(ctx, d, d, 16, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(mismatch_check_reports_on_every_rank, 120) {
+  int gpus = need_gpus(1);
+  set_config(2, gpus, ",\"check_mismatch\":true", 60);
+  CHECK_EQ_INT(dt_run_ranks(2, mismatch_rank, NULL, g_env, 100, NULL), 0);
+}
+
+#endif /* DDPLUG_TEST_NCCL */

@@ -8,5 +8,5 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 export DDPLUG_PLUGIN_PATH="$PWD/$BUILD/lib"
 echo "== ddplug demo: a data-parallel C trainer on 2 ranks (ddplug run -n 2)"
-"$BUILD/bin/ddplug" info example | sed 's/^/   /'
+"$BUILD/bin/ddplug" info host | sed 's/^/   /'
 exec "$BUILD/bin/ddplug" run -n 2 -- "$BUILD/bin/ddplug-c-trainer" examples/c-trainer/demo.json

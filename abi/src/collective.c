@@ -130,8 +130,24 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
 
 /* A final failure of a request: prefer the run's abort reason (which names
  * the lost rank) over the plugin's generic ABORTED. */
+/* How long a request that the plugin reports ABORTED/PEER_LOST waits for
+ * the run's own explanation (ddplug/abort) when the watcher has not seen it
+ * yet: the plugin may learn of a peer's death through its own channels first. */
+#define RUN_REASON_WAIT_MS 300
+
+static void adopt_run_reason(ddplug_context *ctx) {
+  if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN) return;
+  void *val = NULL;
+  uint64_t len = 0;
+  if (ddplug_store_get(ctx->store, "ddplug/abort", RUN_REASON_WAIT_MS, &val, &len) != DDPLUG_OK)
+    return;
+  ddplug__ctx_adopt_abort(ctx, val);
+  ddplug_free(val);
+}
+
 static int finish_failed(ddplug_request *req, int s) {
   ddplug_context *ctx = req->ctx;
+  if (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST) adopt_run_reason(ctx);
   int run = ddplug__ctx_check(ctx);
   if (run != DDPLUG_OK && (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST)) {
     s = run;
@@ -226,7 +242,9 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
   s = ddplug_wait(req, timeout_ms);
-  if (s != DDPLUG_OK && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
+  /* A mismatch is reported alike on every rank and leaves the group usable;
+   * anything else that left this collective unfinished ends the run. */
+  if (s != DDPLUG_OK && s != DDPLUG_E_MISMATCH && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
     char msg[DDPLUG__ERRMSG_MAX];
     ddplug__strlcpy(msg, ddplug_last_error(), sizeof msg);
     ddplug__ctx_abort(ctx, s, msg, 1);

@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "context.h"
+#include "store.h"
 
 /* How long rank 0 keeps the store up for the others to read a verdict or
  * say goodbye. */
@@ -74,29 +75,23 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
   return s;
 }
 
-/* Say goodbye through the store and release it. Rank 0 keeps serving until
- * every process that connected has left (or grace_ms passed): counted, not
- * keyed by rank, so a process that claimed a taken rank counts too. */
+/* Release the store. Rank 0 keeps serving until every other process has
+ * disconnected — cleanly or by dying — or grace_ms passed, so the others
+ * can still read a verdict or finish their close. */
 static void leave(ddplug_context *ctx, int64_t grace_ms) {
-  if (ctx->store) {
-    int64_t gone = 0;
-    ddplug_store_add(ctx->store, "ddplug/procs_left", 1, &gone);
-  }
-  if (ctx->server && ctx->store) {
-    uint64_t deadline = ddplug__deadline_ns(grace_ms);
-    for (;;) {
-      int64_t procs = 0, gone = 0;
-      if (ddplug_store_add(ctx->store, "ddplug/procs", 0, &procs) != DDPLUG_OK ||
-          ddplug_store_add(ctx->store, "ddplug/procs_left", 0, &gone) != DDPLUG_OK ||
-          gone >= procs || ddplug__now_ns() >= deadline)
-        break;
-      ddplug__sleep_ms(10);
-    }
-  }
   ddplug_store_close(ctx->plugin_store);
   ddplug_store_close(ctx->watch_store);
+  ctx->plugin_store = ctx->watch_store = NULL;
+  if (ctx->server) {
+    /* Our own main connection is the one left. */
+    uint64_t deadline = ddplug__deadline_ns(grace_ms);
+    size_t own = ctx->store ? 1 : 0;
+    while (ddplug__store_server_connections(ctx->server) > own &&
+           ddplug__now_ns() < deadline)
+      ddplug__sleep_ms(5);
+  }
   ddplug_store_close(ctx->store);
-  ctx->plugin_store = ctx->watch_store = ctx->store = NULL;
+  ctx->store = NULL;
   if (ctx->server) ddplug_store_server_stop(ctx->server);
   ctx->server = NULL;
 }

@@ -12,9 +12,6 @@
  *   ddplug/ready/<rank>    rank created its plugin group
  *   ddplug/abort           "<STATUS>|<sentence>": the first failure of the run
  *   ddplug/closing         counter for the close barrier
- *   ddplug/procs           counter of processes connected to the store
- *   ddplug/procs_left      counter of processes done with it (rank 0 stops
- *                          serving when it reaches ddplug/procs)
  *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (split_context.c)
  *   ddplug/runonce/...     run-once status (runonce.c)
  *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
@@ -112,6 +109,8 @@ void ddplug__watcher_stop(ddplug_context *ctx);
  * (if publish) publish it through the store for the other ranks. */
 void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason,
                        int publish);
+/* Abort ctx (locally) with a published abort value "<STATUS>|<sentence>". */
+void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text);
 /* DDPLUG_OK while open; else sets the last error to the abort reason and
  * returns the abort status. */
 int ddplug__ctx_check(ddplug_context *ctx);

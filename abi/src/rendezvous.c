@@ -115,16 +115,7 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
     void *val = NULL;
     uint64_t len = 0;
     if (ddplug_store_get(st, "ddplug/abort", 0, &val, &len) == DDPLUG_OK) {
-      const char *text = val;
-      const char *bar = strchr(text, '|');
-      int status = DDPLUG_E_ABORTED;
-      if (bar) {
-        for (int c = 0; c < DDPLUG_STATUS_COUNT_; c++)
-          if ((size_t)(bar - text) == strlen(ddplug_status_name(c)) &&
-              !strncmp(text, ddplug_status_name(c), (size_t)(bar - text)))
-            status = c;
-      }
-      ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, 0);
+      ddplug__ctx_adopt_abort(ctx, val);
       ddplug_free(val);
       return ddplug__ctx_check(ctx);
     }
@@ -639,9 +630,6 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     /* Calls without their own timeout (set, add, ...) wait at most this. */
     ddplug__store_set_default_timeout(*conns[i], ctx->rdzv_timeout_ms);
   }
-  int64_t procs = 0;
-  s = ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs); /* see leave() */
-  if (s != DDPLUG_OK) return s;
   /* If this process dies, the store tells everyone. */
   char lost[DDPLUG__ERRMSG_MAX];
   int n = snprintf(lost, sizeof lost,

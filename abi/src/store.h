@@ -279,6 +279,9 @@ uint64_t ddplug__store_table_expire(ddplug__store_table *t, uint64_t now_ns);
 void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
                                                int64_t ms);
 
+/* Connections open right now (authenticated or not). Thread-safe. */
+size_t ddplug__store_server_connections(const ddplug_store_server *srv);
+
 /* ---- client internals (store_client.c) ----------------------------------- */
 
 /* The timeout used for DDPLUG_TIMEOUT_DEFAULT and by the calls that take no

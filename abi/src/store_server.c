@@ -86,6 +86,7 @@ struct ddplug_store_server {
   ddplug__store_table *table;
   conn *conns;
   size_t nconns, nhandshaking;
+  atomic_size_t nconns_shown; /* nconns, readable from other threads */
   conn *flush_list, *dead_list;
   uint64_t accept_paused_until_ns; /* 0 = accepting */
 };
@@ -201,6 +202,7 @@ static void conn_free(ddplug_store_server *s, conn *c, int fire) {
     s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->nconns--;
+  atomic_store(&s->nconns_shown, s->nconns);
   ddplug__free(c->in);
   ddplug__sbuf_free(&c->out);
   ddplug__free(c);
@@ -611,6 +613,7 @@ static void accept_one(ddplug_store_server *s, int fd,
   if (s->conns) s->conns->prev = c;
   s->conns = c;
   s->nconns++;
+  atomic_store(&s->nconns_shown, s->nconns);
   s->nhandshaking++;
   ddplug__sbuf_frame_begin(&c->out, DDPLUG__STORE_CHALLENGE, 0);
   ddplug__sbuf_u8(&c->out, s->secret != NULL);
@@ -899,4 +902,8 @@ DDPLUG_API void ddplug_store_server_stop(ddplug_store_server *srv) {
                "key(s) dropped)",
                srv->where, srv->nconns, ddplug__store_table_size(srv->table));
   server_free(srv);
+}
+
+size_t ddplug__store_server_connections(const ddplug_store_server *srv) {
+  return atomic_load(&((ddplug_store_server *)srv)->nconns_shown);
 }

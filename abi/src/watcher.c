@@ -50,16 +50,15 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason,
   }
 }
 
-static int parse_abort(const char *text, const char **reason) {
+void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text) {
   const char *bar = strchr(text, '|');
-  *reason = bar ? bar + 1 : text;
-  if (!bar) return DDPLUG_E_ABORTED;
-  for (int c = 1; c < DDPLUG_STATUS_COUNT_; c++) {
+  int status = DDPLUG_E_ABORTED;
+  for (int c = 1; bar && c < DDPLUG_STATUS_COUNT_; c++) {
     const char *name = ddplug_status_name(c);
     if ((size_t)(bar - text) == strlen(name) && !strncmp(text, name, strlen(name)))
-      return c;
+      status = c;
   }
-  return DDPLUG_E_ABORTED;
+  ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, 0);
 }
 
 static void *watch(void *arg) {
@@ -75,9 +74,7 @@ static void *watch(void *arg) {
       break;
     }
     if (s == DDPLUG_OK) {
-      const char *reason;
-      int status = parse_abort(val, &reason);
-      ddplug__ctx_abort(ctx, status, reason, 0);
+      ddplug__ctx_adopt_abort(ctx, val);
       ddplug_free(val);
       break;
     }

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""compare_allreduce.py — ddplug's host plugin against torch.distributed gloo,
+side by side, in one run, with this machine's memory-bandwidth limit.
+
+    .venv/bin/python bench/compare_allreduce.py --build build -n 2 -b 8 -e 256M
+
+Runs, in this order (each --repeat times, interleaved, keeping every size's
+best time, since a shared machine is noisy):
+  1. ddplug-allreduce-perf --copy-bw: STREAM-style copy bandwidth BW (bytes
+     read + written per second, one thread per rank), measured again after
+     every round, the best kept;
+  2. ddplug-allreduce-perf --plugin host;
+  3. gloo_allreduce_perf.py --mode tcp (gloo's TCP transport);
+  4. gloo_allreduce_perf.py --mode shm (gloo's shared-memory allreduce, if
+     this torch has it; the run says whether it was used);
+then prints one table: time and busbw of each, and the memory-traffic bound.
+The bound: an allreduce of S bytes over n ranks in one node must read every
+input and write every output, 2·n·S bytes, so time >= 2·n·S / BW, i.e.
+algbw <= BW / (2n) and busbw <= BW / (2n) · 2(n-1)/n. The goals of issue 3
+are checked at the end (reported, not asserted).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd, env=None):
+    print("$ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(p.stdout)
+    if p.returncode != 0:
+        print(f"# command failed with status {p.returncode}", flush=True)
+    return p.returncode
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def best(rows_list):
+    """Merge several runs' rows: for each size keep the fastest."""
+    out = {}
+    for rows in rows_list:
+        for r in rows:
+            k = r["size"]
+            if k not in out or r["time_us"] < out[k]["time_us"]:
+                out[k] = dict(r)
+            out[k]["wrong"] = max(out[k]["wrong"], r["wrong"])
+    return out
+
+
+def human(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("-n", type=int, default=2)
+    ap.add_argument("-b", default="8")
+    ap.add_argument("-e", default="256M")
+    ap.add_argument("-f", default="2")
+    ap.add_argument("-d", default="float32")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--out", default="out/compare")
+    ap.add_argument("--options", default="{}", help="host plugin_options")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    perf = os.path.join(a.build, "bin", "ddplug-allreduce-perf")
+    gloo = os.path.join(HERE, "gloo_allreduce_perf.py")
+    env = dict(os.environ)
+    env.setdefault("DDPLUG_PLUGIN_PATH", os.path.abspath(os.path.join(a.build, "lib")))
+    sizes = ["-b", a.b, "-e", a.e, "-f", a.f, "-n", str(a.n), "-d", a.d]
+
+    copies = []
+
+    def measure_copy(tag):
+        j = os.path.join(a.out, f"copy.{tag}.json")
+        if run([perf, "--copy-bw", "-n", str(a.n), "--json", j], env) == 0:
+            c = load(j)
+            copies.append(max(c["copy_bw_1"], c["copy_bw_n"]))
+
+    measure_copy("start")
+    runs = {"ddplug": [], "gloo_tcp": [], "gloo_shm": []}
+    shm_used = shm_in_build = False
+    for i in range(a.repeat):
+        j = os.path.join(a.out, f"ddplug.{i}.json")
+        if run([perf] + sizes + ["--plugin", "host", "--options", a.options, "--json", j], env) == 0:
+            runs["ddplug"].append(load(j)["rows"])
+        for mode in ("tcp", "shm"):
+            j = os.path.join(a.out, f"gloo_{mode}.{i}.json")
+            if run([a.python, gloo] + sizes + ["--mode", mode, "--json", j], env) == 0:
+                doc = load(j)
+                runs["gloo_" + mode].append(doc["rows"])
+                if mode == "shm":
+                    shm_used = shm_used or doc.get("shm_used", False)
+                    shm_in_build = doc.get("shm_in_build", False)
+        # the copy bandwidth again after every round: a busy machine
+        # understates it, and an understated bound flatters the results
+        measure_copy(f"round{i}")
+    bw = max(copies)
+    n = a.n
+    bound_busbw = bw / (2 * n) * 2 * (n - 1) / n if n > 1 else float("inf")
+
+    tables = {k: best(v) for k, v in runs.items()}
+    all_sizes = sorted(set().union(*[set(t) for t in tables.values()]))
+    print()
+    print(f"# allreduce {a.d} sum, {n} ranks, one node; best of {a.repeat} run(s) per size")
+    print(f"# copy bandwidth BW = {bw:.2f} GB/s (STREAM copy, read+write, best of 1 and {n} "
+          f"threads over {len(copies)} measurements: "
+          f"{', '.join(f'{c:.1f}' for c in copies)}); memory-traffic bound: "
+          f"busbw <= BW/(2n)*2(n-1)/n = {bound_busbw:.2f} GB/s")
+    gloo_shm_label = "gloo-shm" if shm_used else "gloo(LWS)"
+    hdr = (f"{'size':>7} | {'ddplug us':>10} {'busbw':>6} | {'gloo-tcp us':>11} {'busbw':>6} | "
+           f"{gloo_shm_label + ' us':>12} {'busbw':>6} | {'bound':>6} {'%bound':>6} {'x tcp':>6}")
+    print(hdr)
+    print("-" * len(hdr))
+
+    def cell(t, s, w):
+        r = t.get(s)
+        if not r:
+            return f"{'-':>{w}} {'-':>6}"
+        return f"{r['time_us']:>{w}.2f} {r['busbw']:>6.2f}"
+
+    for s in all_sizes:
+        d, g = tables["ddplug"].get(s), tables["gloo_tcp"].get(s)
+        pct = f"{100 * d['busbw'] / bound_busbw:5.0f}%" if d and n > 1 else "     -"
+        x = f"{g['time_us'] / d['time_us']:6.1f}" if d and g else "     -"
+        print(f"{human(s):>7} | {cell(tables['ddplug'], s, 10)} | {cell(tables['gloo_tcp'], s, 11)} | "
+              f"{cell(tables['gloo_shm'], s, 12)} | {bound_busbw:>6.2f} {pct:>6} {x:>6}")
+    wrong = sum(r["wrong"] for t in tables.values() for r in t.values())
+    print(f"# wrong elements in all checked results: {wrong}")
+    print(f"# gloo shared-memory allreduce: {'used' if shm_used else 'not used'}; "
+          f"{'present' if shm_in_build else 'absent'} in this torch build "
+          f"(switch: LOCAL_WORLD_SIZE == world size, as torchrun sets it)")
+    # goals of issue 3
+    print("# goals (issue 3, 2 ranks):")
+    d64 = tables["ddplug"].get(64 << 20)
+    g64 = tables["gloo_tcp"].get(64 << 20)
+    s64 = tables["gloo_shm"].get(64 << 20)
+    if d64:
+        print(f"#   busbw at 64 MiB: {d64['busbw']:.2f} GB/s = {100 * d64['busbw'] / bound_busbw:.0f}% "
+              f"of the bound {bound_busbw:.2f} (goal >= 50%): "
+              f"{'met' if d64['busbw'] >= 0.5 * bound_busbw else 'NOT met'}")
+        if g64:
+            print(f"#   vs gloo TCP at 64 MiB: {d64['busbw'] / g64['busbw']:.1f}x "
+                  f"({g64['busbw']:.2f} GB/s)")
+        if s64:
+            print(f"#   vs gloo {'shared memory' if shm_used else 'with LOCAL_WORLD_SIZE (TCP path)'} "
+                  f"at 64 MiB: {d64['busbw'] / s64['busbw']:.1f}x ({s64['busbw']:.2f} GB/s)")
+    d8 = tables["ddplug"].get(8)
+    if d8:
+        print(f"#   8-byte allreduce: {d8['time_us']:.2f} us (goal <= 5 us when ranks <= cores, "
+              f"here {n} ranks on {os.cpu_count()} cores): {'met' if d8['time_us'] <= 5 else 'NOT met'}")
+    summary = {"ranks": n, "dtype": a.d, "copy_bw": bw, "bound_busbw": bound_busbw,
+               "repeat": a.repeat, "gloo_shm_used": shm_used, "gloo_shm_in_build": shm_in_build,
+               "rows": {k: [t[s] for s in sorted(t)] for k, t in tables.items()}}
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

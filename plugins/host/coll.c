@@ -1,0 +1,374 @@
+/*
+ * coll.c — a collective as a list of phases, and the driver that runs them.
+ *
+ * Every collective begins with the node handshake (descriptors + arrival,
+ * mismatch check; small messages carry their data in it). With several
+ * nodes, the leaders then pass one record per node around the ring and
+ * publish the verdict to their node (the other ranks wait for it), so a
+ * mismatch anywhere is MISMATCH everywhere and nobody moves data for it.
+ * Then, by kind:
+ *   one node     small: one-shot finish; large: the chunked pipeline
+ *                (allreduce, broadcast from the root, allgather)
+ *   many nodes   allreduce  reduce to the leader (pipeline), ring allreduce
+ *                           among leaders, broadcast from the leader
+ *                broadcast  root's node: broadcast from the root; ring chain
+ *                           among leaders; other nodes: broadcast from leader
+ *                allgather  gather to the leader, ring allgather of node
+ *                           blocks, broadcast of the whole result
+ *                barrier    the handshake is the barrier
+ * A node with a single rank skips its shared-memory phases (a local copy
+ * where one is needed).
+ *
+ * Phases never block: a phase step does what it can and returns the thing
+ * it waits for; hp_coll_advance waits for it (hp_wait) until the caller's
+ * deadline. The state lives in the request, so another thread (the progress
+ * thread) can resume a collective that a caller's request_wait left at its
+ * timeout.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "host.h"
+
+/* See host.h. Pure function of g's fixed fields and a. */
+int hp_coll_validate(const hp_group *g, const ddplug_coll_args *a) {
+  const char *kind = hp_kind_name(a->kind);
+  if (a->kind < DDPLUG_COLL_ALLREDUCE || a->kind > DDPLUG_COLL_BARRIER)
+    return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "collective #%llu: unknown collective kind %d",
+                  (unsigned long long)a->seq, a->kind);
+  if (a->mem == DDPLUG_MEM_DEVICE)
+    return hp_err(DDPLUG_E_UNSUPPORTED,
+                  "collective #%llu (%s): plugin host works on host memory "
+                  "only; use a device plugin (nccl) for device buffers",
+                  (unsigned long long)a->seq, kind);
+  if (a->kind == DDPLUG_COLL_BARRIER) return DDPLUG_OK;
+  uint32_t es = hp_dtype_size(a->dtype);
+  if (es == 0)
+    return hp_err(DDPLUG_E_INVALID_ARGUMENT, "collective #%llu (%s): unknown dtype %d",
+                  (unsigned long long)a->seq, kind, a->dtype);
+  if (a->kind == DDPLUG_COLL_ALLREDUCE) {
+    if (a->op < DDPLUG_OP_SUM || a->op > DDPLUG_OP_BAND)
+      return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "collective #%llu (allreduce): unknown reduce op %d",
+                    (unsigned long long)a->seq, a->op);
+    if ((a->op == DDPLUG_OP_BOR || a->op == DDPLUG_OP_BAND) &&
+        !hp_dtype_is_int(a->dtype))
+      return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "collective #%llu (allreduce): op %s is defined on integer "
+                    "dtypes only, not %s", (unsigned long long)a->seq,
+                    hp_op_name(a->op), hp_dtype_name(a->dtype));
+  }
+  if (a->kind == DDPLUG_COLL_BROADCAST && (a->root < 0 || a->root >= g->world))
+    return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "collective #%llu (broadcast): root %d is not a rank of this "
+                  "world of %d", (unsigned long long)a->seq, a->root, g->world);
+  uint64_t lim = UINT64_MAX / es / (uint64_t)g->world;
+  if (a->count > lim)
+    return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "collective #%llu (%s): count %llu overflows", (unsigned long long)a->seq,
+                  kind, (unsigned long long)a->count);
+  if (a->count > 0 && (!a->recv || (!a->send && (a->kind != DDPLUG_COLL_BROADCAST ||
+                                                  a->root == g->rank))))
+    return hp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "collective #%llu (%s): NULL buffer with count %llu",
+                  (unsigned long long)a->seq, kind, (unsigned long long)a->count);
+  return DDPLUG_OK;
+}
+
+/* ---- planning ---------------------------------------------------------------- */
+
+static hp_phase *add(hp_req *r, int kind) {
+  hp_phase *ph = &r->ph[r->nph++];
+  memset(ph, 0, sizeof *ph);
+  ph->kind = kind;
+  return ph;
+}
+
+static void add_copy(hp_req *r, const void *src, void *dst, uint64_t bytes) {
+  if (bytes == 0 || src == dst) return;
+  hp_phase *ph = add(r, HP_PH_COPY);
+  ph->u.copy.src = src;
+  ph->u.copy.dst = dst;
+  ph->u.copy.bytes = bytes;
+}
+
+static hp_pipe *add_pipe(hp_req *r, int mode, int dtype, const void *in,
+                         void *out, uint64_t elems) {
+  hp_phase *ph = add(r, HP_PH_PIPE);
+  hp_pipe *p = &ph->u.pipe;
+  p->mode = mode;
+  p->dtype = dtype;
+  p->in = in;
+  p->out = out;
+  p->elems = elems;
+  return p;
+}
+
+static hp_ring *add_ring(hp_req *r, int op, int dtype, void *buf) {
+  hp_phase *ph = add(r, HP_PH_RING);
+  hp_ring *g = &ph->u.ring;
+  g->op = op;
+  g->dtype = dtype;
+  g->buf = buf;
+  return g;
+}
+
+static void plan_one_node(hp_group *g, hp_req *r) {
+  const ddplug_coll_args *a = &r->args;
+  uint32_t es = hp_dtype_size(a->dtype);
+  uint64_t bytes = a->count * es;
+  if (g->world == 1) {
+    if (a->kind == DDPLUG_COLL_ALLREDUCE || a->kind == DDPLUG_COLL_ALLGATHER ||
+        a->kind == DDPLUG_COLL_BROADCAST)
+      add_copy(r, a->send, a->recv, bytes);
+    return;
+  }
+  add(r, HP_PH_HANDSHAKE);
+  if (a->kind == DDPLUG_COLL_BARRIER || a->count == 0) return;
+  if (r->small) {
+    add(r, HP_PH_SMALL);
+    return;
+  }
+  if (a->kind == DDPLUG_COLL_ALLREDUCE) {
+    hp_pipe *p = add_pipe(r, HP_PIPE_ALLREDUCE, a->dtype, a->send, a->recv, a->count);
+    p->op = a->op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : a->op;
+    p->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
+  } else if (a->kind == DDPLUG_COLL_BROADCAST) {
+    if (a->root == g->rank) add_copy(r, a->send, a->recv, bytes);
+    hp_pipe *p = add_pipe(r, HP_PIPE_BCAST, a->dtype, a->send, a->recv, a->count);
+    p->src = g->local_of[a->root];
+  } else {
+    add_pipe(r, HP_PIPE_ALLGATHER, a->dtype, a->send, a->recv, a->count);
+  }
+}
+
+static void plan_many_nodes(hp_group *g, hp_req *r) {
+  const ddplug_coll_args *a = &r->args;
+  uint32_t es = hp_dtype_size(a->dtype);
+  uint64_t bytes = a->count * es;
+  int multi = g->local_world > 1;
+  add(r, HP_PH_HANDSHAKE);
+  add(r, HP_PH_VERDICT);
+  if (a->kind == DDPLUG_COLL_BARRIER || a->count == 0) return;
+  unsigned char *recv = a->recv;
+  if (a->kind == DDPLUG_COLL_ALLREDUCE) {
+    int op = a->op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : a->op;
+    if (multi) {
+      hp_pipe *p = add_pipe(r, HP_PIPE_REDUCE_LEADER, a->dtype, a->send, recv, a->count);
+      p->op = op;
+    } else {
+      add_copy(r, a->send, recv, bytes);
+    }
+    if (g->leader) {
+      hp_ring *rg = add_ring(r, HP_RING_ALLREDUCE, a->dtype, recv);
+      rg->count = a->count;
+      rg->redop = op;
+      rg->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
+    }
+    if (multi) add_pipe(r, HP_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
+  } else if (a->kind == DDPLUG_COLL_BROADCAST) {
+    int rnode = g->node_of[a->root];
+    if (g->node == rnode) {
+      if (a->root == g->rank) add_copy(r, a->send, recv, bytes);
+      if (multi)
+        add_pipe(r, HP_PIPE_BCAST, a->dtype, a->send, recv, a->count)->src =
+            g->local_of[a->root];
+      if (g->leader) {
+        hp_ring *rg = add_ring(r, HP_RING_BCAST, a->dtype, recv);
+        rg->count = a->count;
+        rg->root_node = rnode;
+      }
+    } else {
+      if (g->leader) {
+        hp_ring *rg = add_ring(r, HP_RING_BCAST, a->dtype, recv);
+        rg->count = a->count;
+        rg->root_node = rnode;
+      }
+      if (multi) add_pipe(r, HP_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
+    }
+  } else { /* allgather */
+    if (multi)
+      add_pipe(r, HP_PIPE_GATHER_LEADER, a->dtype, a->send, recv, a->count);
+    else
+      add_copy(r, a->send, recv + (uint64_t)g->rank * bytes, bytes);
+    if (g->leader) {
+      hp_ring *rg = add_ring(r, HP_RING_ALLGATHER, a->dtype, recv);
+      rg->block_bytes = bytes;
+    }
+    if (multi)
+      add_pipe(r, HP_PIPE_BCAST, a->dtype, recv, recv, a->count * (uint64_t)g->world)->src = 0;
+  }
+}
+
+static void plan(hp_group *g, hp_req *r) {
+  const ddplug_coll_args *a = &r->args;
+  uint64_t bytes = a->kind == DDPLUG_COLL_BARRIER ? 0 : a->count * hp_dtype_size(a->dtype);
+  r->small = g->num_nodes == 1 && g->has_shm && a->kind != DDPLUG_COLL_BARRIER &&
+             bytes <= g->opt.small_msg_bytes;
+  r->nph = r->cur = 0;
+  if (g->num_nodes == 1)
+    plan_one_node(g, r);
+  else
+    plan_many_nodes(g, r);
+}
+
+/* ---- phases ------------------------------------------------------------------ */
+
+static hp_desc my_desc(hp_group *g, hp_req *r) {
+  hp_desc d;
+  hp_desc_fill(&d, &r->args, g->rank);
+  d.small = r->small;
+  return d;
+}
+
+static void handshake_enter(hp_group *g, hp_req *r) {
+  if (!g->has_shm) return;
+  hp_rank_ctl *me = &g->shm.ctl[g->local_rank];
+  me->desc[r->k & 1] = my_desc(g, r);
+  if (r->small) hp_small_put(g, r);
+  hp_ctr_post(&me->arrive, (uint32_t)r->k);
+}
+
+/* Wait for every local rank's arrival, then compare. Returns HP_DONE, or
+ * MISMATCH (one node: final), or HP_BLOCKED. */
+static int handshake_step(hp_group *g, hp_req *r, hp_wait_target *wt) {
+  if (!g->has_shm) {
+    r->status = DDPLUG_OK;
+    return HP_DONE;
+  }
+  for (int j = 0; j < g->local_world; j++) {
+    hp_ctr *c = &g->shm.ctl[j].arrive;
+    if (!hp_ctr_ge(c, (uint32_t)r->k)) {
+      wt->kind = HP_WAIT_CTR;
+      wt->ctr = c;
+      wt->until = (uint32_t)r->k;
+      return HP_BLOCKED;
+    }
+  }
+  hp_desc mine = my_desc(g, r);
+  int st = hp_hs_compare_local(g, r->k, &mine);
+  r->status = st;
+  if (st != DDPLUG_OK) {
+    snprintf(r->msg, sizeof r->msg, "%s", hp_errmsg());
+    if (g->num_nodes == 1) return st;
+  }
+  return HP_DONE;
+}
+
+static void verdict_enter(hp_group *g, hp_req *r, hp_phase *ph) {
+  if (!g->leader) return;
+  hp_hs_rec *own = &g->recs[g->node];
+  memset(own, 0, sizeof *own);
+  own->magic = HP_TCP_MAGIC;
+  own->node = g->node;
+  own->leader = g->rank;
+  own->status = r->status;
+  own->index = r->k;
+  own->desc = my_desc(g, r);
+  if (r->status != DDPLUG_OK) snprintf(own->detail, sizeof own->detail, "%s", r->msg);
+  hp_ring *rg = &ph->u.ring;
+  memset(rg, 0, sizeof *rg);
+  rg->op = HP_RING_RECORDS;
+  rg->buf = (unsigned char *)g->recs;
+  rg->block_bytes = sizeof(hp_hs_rec);
+  rg->index = r->k;
+  _Atomic uint64_t *arr = g->has_shm ? g->shm.arrived : g->arrived_local;
+  atomic_store(&arr[g->node], r->k);
+  hp_ring_init(g, rg);
+}
+
+static int verdict_step(hp_group *g, hp_req *r, hp_phase *ph,
+                        hp_wait_target *wt) {
+  if (g->leader) {
+    int st = hp_ring_step(g, &ph->u.ring, wt);
+    if (st != HP_DONE) return st;
+    st = hp_hs_compare_nodes(g, g->recs, r->k);
+    if (g->has_shm) {
+      hp_shm_hdr *h = g->shm.hdr;
+      h->verdict_status = st;
+      snprintf(h->verdict_msg, sizeof h->verdict_msg, "%s",
+               st == DDPLUG_OK ? "" : hp_errmsg());
+      hp_ctr_post(&h->verdict, (uint32_t)r->k);
+    }
+    return st == DDPLUG_OK ? HP_DONE : st;
+  }
+  hp_shm_hdr *h = g->shm.hdr;
+  if (!hp_ctr_ge(&h->verdict, (uint32_t)r->k)) {
+    wt->kind = HP_WAIT_CTR;
+    wt->ctr = &h->verdict;
+    wt->until = (uint32_t)r->k;
+    return HP_BLOCKED;
+  }
+  if (h->verdict_status != DDPLUG_OK)
+    return hp_err(h->verdict_status, "%s", h->verdict_msg);
+  return HP_DONE;
+}
+
+static int phase_step(hp_group *g, hp_req *r, hp_phase *ph, hp_wait_target *wt) {
+  if (!ph->entered) {
+    ph->entered = 1;
+    switch (ph->kind) {
+      case HP_PH_HANDSHAKE: handshake_enter(g, r); break;
+      case HP_PH_VERDICT: verdict_enter(g, r, ph); break;
+      case HP_PH_PIPE: hp_pipe_init(g, &ph->u.pipe); break;
+      case HP_PH_RING:
+        ph->u.ring.esize = hp_dtype_size(ph->u.ring.dtype);
+        hp_ring_init(g, &ph->u.ring);
+        break;
+      default: break;
+    }
+  }
+  switch (ph->kind) {
+    case HP_PH_HANDSHAKE: return handshake_step(g, r, wt);
+    case HP_PH_VERDICT: return verdict_step(g, r, ph, wt);
+    case HP_PH_SMALL: hp_small_finish(g, r); return HP_DONE;
+    case HP_PH_PIPE: return hp_pipe_step(g, &ph->u.pipe, wt);
+    case HP_PH_RING: return hp_ring_step(g, &ph->u.ring, wt);
+    case HP_PH_COPY:
+      memmove(ph->u.copy.dst, ph->u.copy.src, ph->u.copy.bytes);
+      return HP_DONE;
+    default: return hp_err(DDPLUG_E_INTERNAL, "unknown phase %d", ph->kind);
+  }
+}
+
+/* See host.h. Executor only. */
+int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
+  if (!r->planned) {
+    plan(g, r);
+    r->planned = 1;
+    atomic_store(&g->exec_k, r->k);
+  }
+  /* A failed group starts nothing; a started collective keeps going as
+   * long as it can progress (peers that arrived before an abort still
+   * finish it), and reports the failure only when it has to wait. */
+  if (r->cur == 0 && !r->ph[0].entered) {
+    int fs = hp_fail_report(g);
+    if (fs) return fs;
+  }
+  for (;;) {
+    if (r->cur >= r->nph) return DDPLUG_OK;
+    hp_phase *ph = &r->ph[r->cur];
+    hp_wait_target wt;
+    memset(&wt, 0, sizeof wt);
+    int st = phase_step(g, r, ph, &wt);
+    if (st == HP_DONE) {
+      r->cur++;
+      continue;
+    }
+    if (st == HP_BLOCKED) {
+      int w = hp_wait(g, &wt, deadline_ns);
+      if (w == HP_AGAIN) return HP_AGAIN;
+      if (w > 0) return hp_fail_status(g) ? hp_fail_settle(g, deadline_ns) : w;
+      continue;
+    }
+    if (st > 0 && st != DDPLUG_E_MISMATCH) {
+      /* anything but a mismatch leaves the group unusable */
+      int fst = hp_fail_status(g);
+      if (fst) return hp_fail_report(g);
+    }
+    return st;
+  }
+}

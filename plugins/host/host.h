@@ -1,0 +1,555 @@
+/*
+ * host.h — the single internal header of the `host` plugin (CPU backend:
+ * shared memory inside a node, a TCP ring between nodes). Everything here is
+ * hidden (-fvisibility=hidden); the plugin exports only
+ * ddplug_plugin_entry_v1. Internal names use the hp_ prefix. Files, one
+ * concept each:
+ *   plugin.c    the table, group create/destroy/abort, the slots
+ *   options.c   plugin_options (strict JSON knobs)
+ *   errors.c    thread-local error sentence, logging through host services
+ *   reduce.c    dtype x op kernels (fp16/bf16 accumulate in float32)
+ *   shm.c       segment create/attach/unlink, stale-segment cleanup
+ *   wait.c      counters in shared memory: post, spin briefly, futex sleep
+ *   failure.c   the group's failure record (abort, peer loss), liveness
+ *               (pidfds of same-node peers, ring sockets), propagation
+ *   tcp.c       sockets: listen/connect/accept, address exchange, framing
+ *   handshake.c per-collective descriptors, mismatch detection, verdicts
+ *   shm_coll.c  in-node algorithms: small-message path, chunked pipeline
+ *   ring.c      inter-node ring (reduce-scatter/allgather, chain broadcast)
+ *   coll.c      plans a collective as phases and drives them
+ *   progress.c  requests, the in-order queue, the progress thread,
+ *               request wait/test/free
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef DDPLUG_HOST_H
+#define DDPLUG_HOST_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddplug/plugin.h"
+
+#define HP_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define HP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define HP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Most ranks on one node (the kernels keep a source list on the stack). */
+#define HP_MAX_LOCAL 256
+
+/* Longest human sentence the plugin produces. */
+#define HP_MSG_MAX 768
+
+/* Internal results besides the DDPLUG_E_* codes (which are > 0). */
+#define HP_AGAIN (-1)   /* deadline reached, nothing failed: try again later */
+#define HP_BLOCKED (-2) /* a step cannot progress until its wait target moves */
+#define HP_DONE (-3)    /* a step finished its phase                         */
+
+typedef struct ddplug_plugin_group hp_group;
+typedef struct ddplug_plugin_request hp_req;
+
+/* ---- errors and logging (errors.c) ------------------------------------- */
+
+/* Record the detail sentence for status in this thread's error buffer and
+ * return status (so `return hp_err(E, "...")` reads naturally). */
+int hp_err(int status, const char *fmt, ...) HP_PRINTF(2, 3);
+/* Same with ": strerror(errno_value)" appended. */
+int hp_err_errno(int status, int errno_value, const char *fmt, ...)
+    HP_PRINTF(3, 4);
+/* Prefix the current sentence: "prefix: old". Returns status. */
+int hp_err_prefix(int status, const char *fmt, ...) HP_PRINTF(2, 3);
+/* This thread's current sentence ("" if none). */
+const char *hp_errmsg(void);
+void hp_errmsg_set(const char *text);
+/* Log through the host services when level passes the group's threshold. */
+void hp_log(const hp_group *g, int level, const char *fmt, ...) HP_PRINTF(3, 4);
+
+/* ---- options (options.c) ------------------------------------------------ */
+
+typedef struct hp_options {
+  uint64_t chunk_bytes;     /* shm pipeline chunk per rank and slot       */
+  uint64_t small_msg_bytes; /* bytes per rank up to which the one-shot path runs */
+  int64_t spin_us;          /* spin before sleeping; -1 = automatic        */
+  uint32_t slots;           /* pipeline depth (chunks in flight)          */
+  uint64_t tcp_chunk_bytes; /* ring pipelining unit between nodes         */
+  uint64_t nt_bytes;        /* outputs this large use streaming stores    */
+  char addr[64];            /* address advertised to other nodes ("" = auto) */
+} hp_options;
+
+/* The list of known keys, for messages. */
+extern const char hp_option_keys[];
+/* Parse options_json (the config's "plugin_options" object; NULL or "" = {})
+ * into *out with defaults. DDPLUG_E_CONFIG naming plugin_options.<key> on an
+ * unknown key, a wrong type or an out-of-range value. */
+int hp_options_parse(const char *options_json, hp_options *out);
+
+/* ---- reduce kernels (reduce.c) ------------------------------------------ */
+
+uint32_t hp_dtype_size(int dtype);
+const char *hp_dtype_name(int dtype);
+const char *hp_op_name(int op);
+const char *hp_kind_name(int kind);
+int hp_dtype_is_int(int dtype);
+
+/* dst[i] = op over k of srcs[k][i] for i < count, combining the sources in
+ * order k = 0..nsrc-1 (so every rank computing the same reduction gets the
+ * same bits). fp16/bf16 accumulate in float32 and round once. If divisor > 0
+ * the result is divided by it (AVG): floats after accumulation, integers
+ * truncated toward zero. op AVG accumulates as SUM. dst may alias srcs[k]. */
+void hp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
+                 int nsrc, uint64_t count, int divisor);
+/* dst[i] = dst[i] op src[i] (two-operand form, used by the TCP ring). */
+void hp_reduce_into(int dtype, int op, void *dst, const void *src,
+                    uint64_t count);
+/* x[i] /= divisor (AVG finalisation after a SUM). */
+void hp_divide(int dtype, void *x, uint64_t count, int divisor);
+
+/* IEEE binary16 and bfloat16 conversions (round to nearest even). */
+float hp_half_to_float(uint16_t h);
+uint16_t hp_float_to_half(float f);
+float hp_bf16_to_float(uint16_t b);
+uint16_t hp_float_to_bf16(float f);
+
+/* ---- counters in shared memory (wait.c) --------------------------------- */
+
+/* A monotonically increasing 32-bit counter on its own cache line, with a
+ * count of sleepers so that posting costs no system call when nobody sleeps.
+ * Comparisons are wrap-safe. */
+typedef struct hp_ctr {
+  _Atomic uint32_t val;
+  _Atomic uint32_t waiters;
+  char pad[56];
+} hp_ctr;
+
+static inline int hp_seq_ge(uint32_t a, uint32_t b) {
+  return (int32_t)(a - b) >= 0;
+}
+static inline int hp_ctr_ge(hp_ctr *c, uint32_t v) {
+  return hp_seq_ge(atomic_load_explicit(&c->val, memory_order_acquire), v);
+}
+/* Publish v (release) and wake sleepers of c, if any. */
+void hp_ctr_post(hp_ctr *c, uint32_t v);
+/* Wake every sleeper of c (abort, failure). */
+void hp_ctr_wake(hp_ctr *c);
+/* Sleep on c while its value is `seen`, at most timeout_ns (futex). */
+void hp_ctr_sleep(hp_ctr *c, uint32_t seen, uint64_t timeout_ns, int shared);
+
+/* What a blocked step waits for. */
+typedef struct hp_wait_target {
+  int kind;        /* HP_WAIT_CTR or HP_WAIT_FDS                          */
+  hp_ctr *ctr;     /* CTR: until ctr >= until                             */
+  uint32_t until;
+  int nfds;        /* FDS: until one of fds[] has its events               */
+  struct pollfd fds[2];
+} hp_wait_target;
+#define HP_WAIT_CTR 1
+#define HP_WAIT_FDS 2
+
+/* Wait for t, spinning for the group's spin time, then sleeping, checking
+ * the group's failure state and its peers' liveness every slice. Returns 0
+ * when t is reached, HP_AGAIN at deadline_ns, or the group's failure. */
+int hp_wait(hp_group *g, const hp_wait_target *t, uint64_t deadline_ns);
+
+uint64_t hp_now_ns(void);
+/* Deadline for timeout_ms from now; UINT64_MAX for a negative timeout. */
+uint64_t hp_deadline(int64_t timeout_ms);
+
+/* ---- shared memory segment (shm.c) -------------------------------------- */
+
+#define HP_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
+#define HP_SHM_VERSION 1u
+#define HP_SHM_PREFIX "ddplug-host-"
+
+/* A process that attached, for stale-segment cleanup and liveness. */
+typedef struct hp_proc {
+  _Atomic int64_t pid;
+  _Atomic uint64_t start_time; /* /proc/<pid>/stat starttime (clock ticks) */
+  _Atomic uint32_t departed;   /* 1: left through group_destroy            */
+  uint32_t pad;
+} hp_proc;
+
+/* One collective as a rank saw it: compared across ranks at every
+ * collective's handshake (mismatch detection). */
+typedef struct hp_desc {
+  uint64_t seq;   /* runtime sequence number (args.seq)                   */
+  uint64_t count;
+  int32_t kind, dtype, op, root;
+  int32_t rank;   /* who wrote it                                         */
+  int32_t small;  /* 1 if the writer also put its data in its small slot  */
+} hp_desc;
+
+/* The first failure of a group (abort, peer loss) as every rank reports it. */
+typedef struct hp_fail_rec {
+  _Atomic uint32_t state; /* 0 none, 1 being written, 2 set              */
+  int32_t status;         /* DDPLUG_E_ABORTED, _PEER_LOST, ...            */
+  int32_t rank;           /* the rank lost, or the rank that aborted      */
+  int32_t origin;         /* the rank that detected or called abort       */
+  char msg[HP_MSG_MAX];
+} hp_fail_rec;
+
+/* Per-rank control block: the rank's counters and its descriptors. */
+typedef struct hp_rank_ctl {
+  hp_ctr arrive; /* low 32 bits of the last collective it arrived at     */
+  hp_ctr cin;    /* pipeline chunks copied in (absolute)                 */
+  hp_ctr cred;   /* pipeline chunks reduced                              */
+  hp_ctr cout;   /* pipeline chunks finished (slot may be reused)        */
+  hp_desc desc[2]; /* by parity of the collective index                  */
+  char pad[64 - (2 * sizeof(hp_desc)) % 64];
+} hp_rank_ctl;
+
+typedef struct hp_shm_hdr {
+  _Atomic uint64_t magic; /* HP_SHM_MAGIC once initialised (written last) */
+  uint32_t version;
+  int32_t local_world;
+  int32_t node;
+  int32_t num_nodes;
+  uint32_t slots;
+  uint32_t pad0;
+  uint64_t total_bytes;
+  uint64_t chunk_bytes;
+  uint64_t small_bytes;
+  char run_id[48];
+  _Atomic int64_t creator_pid;
+  _Atomic uint64_t creator_start;
+  uint64_t procs_off, ctl_off, arrived_off, small_off, stage_off;
+  hp_ctr attached;      /* processes attached so far                    */
+  hp_ctr verdict;       /* multi-node: collective index of the verdict  */
+  int32_t verdict_status;
+  int32_t pad1;
+  char verdict_msg[HP_MSG_MAX];
+  hp_fail_rec fail[2];  /* see failure.c                                 */
+} hp_shm_hdr;
+
+typedef struct hp_shm_params {
+  const char *run_id;
+  int32_t local_world, node, num_nodes;
+  uint32_t slots;
+  uint64_t chunk_bytes, small_bytes;
+} hp_shm_params;
+
+typedef struct hp_shm {
+  void *base;
+  size_t size;
+  char name[128];
+  int creator;
+  int unlinked;
+  hp_shm_hdr *hdr;
+  hp_proc *procs;          /* [local_world]                              */
+  hp_rank_ctl *ctl;        /* [local_world]                              */
+  _Atomic uint64_t *arrived; /* [num_nodes] last collective index heard from */
+  unsigned char *small;    /* [local_world][2][small_bytes]              */
+  unsigned char *stage;    /* [slots][local_world][chunk_bytes]          */
+} hp_shm;
+
+/* Segment name for a run and node: "/ddplug-host-<run_id>-n<node>". */
+void hp_shm_name(char *out, size_t cap, const char *run_id, int node);
+/* Create (exclusively), size and initialise the segment; on failure nothing
+ * is left behind. */
+int hp_shm_create(hp_shm *s, const hp_shm_params *p);
+/* Open an existing segment and check it matches p. */
+int hp_shm_attach(hp_shm *s, const char *name, const hp_shm_params *p);
+/* Record this process (pid, start time) in slot local_index. */
+void hp_shm_register(hp_shm *s, int local_index);
+/* Remove the name (mappings stay valid). Idempotent. */
+void hp_shm_unlink(hp_shm *s);
+void hp_shm_detach(hp_shm *s);
+/* Remove /dev/shm/ddplug-host-* segments (of this user) whose every recorded
+ * process is dead. Returns how many were removed. */
+int hp_shm_cleanup_stale(const hp_group *g);
+/* Count such abandoned segments; remove them too if remove != 0. */
+int hp_shm_stale(const hp_group *g, int remove);
+/* Start time of pid from /proc (0 if it does not exist). */
+uint64_t hp_proc_start_time(int64_t pid);
+/* True if pid runs and started at start_time (0 = do not compare). */
+int hp_proc_alive(int64_t pid, uint64_t start_time);
+
+/* ---- TCP (tcp.c) --------------------------------------------------------- */
+
+#define HP_TCP_MAGIC 0x48504c47u /* "GLPH" */
+enum { HP_MSG_HELLO = 1, HP_MSG_ABORT = 2, HP_MSG_BYE = 3 };
+
+/* Control record travelling backwards around the ring (and BYE forwards). */
+typedef struct hp_ctl_msg {
+  uint32_t magic;
+  uint32_t type;
+  int32_t status;
+  int32_t rank;        /* lost or aborting rank                           */
+  int32_t origin;      /* detecting rank                                  */
+  int32_t origin_node;
+  uint64_t run_hash;
+  char msg[HP_MSG_MAX];
+} hp_ctl_msg;
+
+/* A control record of `type` from this rank (magic, run hash, origin). */
+void hp_ctl_init(const hp_group *g, hp_ctl_msg *m, uint32_t type);
+int hp_tcp_listen(int *fd, int *port);
+/* Pick the address to advertise (option or first non-loopback IPv4). */
+void hp_tcp_local_addr(const char *opt, char *out, size_t cap);
+int hp_tcp_connect(const char *hostport, uint64_t deadline, int *fd);
+int hp_tcp_accept(int lfd, uint64_t deadline, int *fd);
+/* Blocking-with-deadline exact transfers (setup and teardown only). */
+int hp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline);
+int hp_tcp_recv_all(int fd, void *buf, size_t len, uint64_t deadline);
+/* Tune a connected socket: TCP_NODELAY, buffers, keepalive, O_NONBLOCK. */
+void hp_tcp_tune(int fd);
+/* Build the ring: publish this leader's address, connect to the next
+ * node's leader, accept the previous one's. */
+int hp_tcp_ring_setup(hp_group *g, uint64_t deadline);
+/* Say goodbye on both ring sockets and close them. */
+void hp_tcp_ring_close(hp_group *g);
+
+/* ---- failure and liveness (failure.c) ------------------------------------ */
+
+/* Record the group's first failure (later ones are ignored), publish it to
+ * the node's shared memory and, for a node leader, backwards around the
+ * ring; wake everything that sleeps. Returns the status now in force. */
+int hp_fail_set(hp_group *g, int status, int rank, int origin,
+                const char *fmt, ...) HP_PRINTF(5, 6);
+/* Adopt a failure record that arrived from elsewhere (ring message). */
+int hp_fail_adopt(hp_group *g, int status, int rank, int origin,
+                  const char *msg, int from_ring);
+/* 0 if the group is healthy, else its failure status (cheap: atomics). */
+int hp_fail_status(hp_group *g);
+/* Put the failure sentence in this thread's error buffer; return status. */
+int hp_fail_report(hp_group *g);
+/* The effective failure record (NULL while healthy). */
+const hp_fail_rec *hp_fail_get(hp_group *g);
+/* A blocked collective was woken by a failure: if it is an abort, watch
+ * peers up to 150 ms (never past deadline_ns) for a death that upgrades it
+ * to PEER_LOST; then report (as hp_fail_report). Executor only. */
+int hp_fail_settle(hp_group *g, uint64_t deadline_ns);
+/* Local index j's process exited: PEER_LOST unless it departed cleanly.
+ * Thread-safe. */
+void hp_peer_exited(hp_group *g, int j);
+/* Check peers: pidfds of same-node peers, ring sockets (control messages,
+ * hang-ups). timeout_ms 0 polls. Returns hp_fail_status afterwards. */
+int hp_liveness_poll(hp_group *g, int timeout_ms);
+/* Fill pfd with the liveness descriptors (returns how many). */
+int hp_liveness_fds(hp_group *g, struct pollfd *pfd, int cap);
+/* A ring socket to node's leader broke (what: how). Wait briefly for an
+ * abort record explaining it, else record PEER_LOST of that leader.
+ * Returns the failure status. */
+int hp_ring_broken(hp_group *g, int node, const char *what, int err);
+/* Open pidfds for same-node peers. */
+int hp_liveness_open(hp_group *g);
+void hp_liveness_close(hp_group *g);
+/* Wake every sleeper of the node segment (used by abort and failures). */
+void hp_wake_all(hp_group *g);
+
+/* ---- handshake and mismatch (handshake.c) -------------------------------- */
+
+/* Record of one node sent around the ring at a collective's handshake. */
+typedef struct hp_hs_rec {
+  uint32_t magic;
+  int32_t node;
+  int32_t leader;       /* global rank of the node's leader               */
+  int32_t status;       /* OK, or MISMATCH found inside the node           */
+  uint64_t index;       /* internal collective index                      */
+  hp_desc desc;         /* the leader's descriptor                        */
+  char detail[HP_MSG_MAX];
+} hp_hs_rec;
+
+void hp_desc_fill(hp_desc *d, const ddplug_coll_args *a, int rank);
+/* Human form: "allreduce(count=10, float32, sum)". */
+void hp_desc_str(const hp_desc *d, char *out, size_t cap);
+/* Compare the local ranks' descriptors for collective index k (all have
+ * arrived). MISMATCH with a sentence naming two ranks, or OK. */
+int hp_hs_compare_local(hp_group *g, uint64_t k, const hp_desc *mine);
+/* Compare the nodes' records after the ring exchange. */
+int hp_hs_compare_nodes(hp_group *g, const hp_hs_rec *recs, uint64_t k);
+/* Sentence for a TIMEOUT of collective index k: which ranks had not
+ * arrived. */
+void hp_hs_missing(hp_group *g, uint64_t k, char *out, size_t cap);
+
+/* ---- collectives ---------------------------------------------------------- */
+
+/* Pipeline modes (shm_coll.c). */
+enum {
+  HP_PIPE_ALLREDUCE = 1, /* all copy in, reduce own slice, all copy out   */
+  HP_PIPE_REDUCE_LEADER, /* same, only the leader copies out              */
+  HP_PIPE_BCAST,         /* one source copies in, the others copy out     */
+  HP_PIPE_ALLGATHER,     /* all copy their block in, all copy all out     */
+  HP_PIPE_GATHER_LEADER  /* all copy their block in, the leader copies out */
+};
+
+typedef struct hp_pipe {
+  int mode;
+  int dtype;
+  uint32_t esize;
+  int src;                  /* BCAST: local index of the source         */
+  int op;                   /* reduce op (AVG → SUM + divisor)           */
+  int divisor;
+  const unsigned char *in;  /* what this rank copies in                  */
+  unsigned char *out;       /* where copy-out writes                     */
+  uint64_t elems;           /* elements per copy-in rank                 */
+  uint64_t chunk_elems;
+  uint64_t nchunks;
+  uint32_t base;            /* chunk clock at phase entry                */
+  uint64_t c_in, c_red, c_out; /* this rank's progress (relative chunks) */
+  int stream;               /* write the output with non-temporal stores */
+} hp_pipe;
+
+/* Ring operations (ring.c). */
+enum { HP_RING_ALLREDUCE = 1, HP_RING_ALLGATHER, HP_RING_BCAST, HP_RING_RECORDS };
+
+typedef struct hp_ring {
+  int op;
+  unsigned char *buf;
+  uint64_t count;        /* ALLREDUCE/BCAST: elements                    */
+  uint64_t block_bytes;  /* ALLGATHER: bytes per rank; RECORDS: per node  */
+  int redop;
+  int divisor;
+  int dtype;
+  uint32_t esize;
+  int root_node;         /* BCAST                                        */
+  uint64_t index;        /* RECORDS: collective index (arrival tracking) */
+  int nsteps;
+  int ts, tr;            /* current send / receive step                  */
+  uint64_t sent, rcvd, red, fill;
+  int active;
+} hp_ring;
+
+enum {
+  HP_PH_HANDSHAKE = 1, /* local descriptors (+ small data), compare      */
+  HP_PH_VERDICT,       /* multi-node: ring handshake (leader) / wait     */
+  HP_PH_SMALL,         /* one-shot finish of the small-message path      */
+  HP_PH_PIPE,          /* shm chunk pipeline                             */
+  HP_PH_RING,          /* leader: TCP ring                               */
+  HP_PH_COPY           /* local copy (single rank on a node, world 1)    */
+};
+
+typedef struct hp_phase {
+  int kind;
+  int entered;
+  union {
+    hp_pipe pipe;
+    hp_ring ring;
+    struct { const void *src; void *dst; uint64_t bytes; } copy;
+  } u;
+} hp_phase;
+
+#define HP_MAX_PHASES 6
+
+struct ddplug_plugin_request {
+  ddplug_coll_args args;
+  uint64_t k;                 /* internal collective index (1, 2, ...)    */
+  uint64_t submit_ns;
+  _Atomic int done;           /* 1 once complete (status/msg valid)      */
+  int status;
+  char msg[HP_MSG_MAX];
+  int user_freed;             /* guarded by the queue mutex              */
+  _Atomic int by_thread;      /* 1 if the progress thread executed it     */
+  /* execution state (touched only by the executor) */
+  int planned;
+  int small;
+  int nph, cur;
+  hp_phase ph[HP_MAX_PHASES];
+  hp_hs_rec *recs;            /* leader: ring handshake records           */
+  struct ddplug_plugin_request *next, *prev; /* pending queue            */
+  struct ddplug_plugin_request *anext, *aprev; /* all requests           */
+};
+
+/* Plan and run r as far as possible before deadline_ns. Returns DDPLUG_OK
+ * when it completed (successfully), HP_AGAIN at the deadline, or the final
+ * failure (MISMATCH, PEER_LOST, ...), with the sentence in the thread's
+ * error buffer. */
+int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns);
+/* Check args against the plugin's rules (dtype/op combinations, buffers). */
+int hp_coll_validate(const hp_group *g, const ddplug_coll_args *a);
+
+/* shm_coll.c */
+void hp_pipe_init(hp_group *g, hp_pipe *p);
+int hp_pipe_step(hp_group *g, hp_pipe *p, hp_wait_target *wt);
+void hp_small_put(hp_group *g, hp_req *r);
+void hp_small_finish(hp_group *g, hp_req *r);
+unsigned char *hp_small_slot(hp_group *g, int local, uint64_t k);
+
+/* ring.c */
+void hp_ring_init(hp_group *g, hp_ring *r);
+int hp_ring_step(hp_group *g, hp_ring *r, hp_wait_target *wt);
+
+/* ---- requests and progress (progress.c) ---------------------------------- */
+
+int hp_engine_start(hp_group *g);
+void hp_engine_stop(hp_group *g);
+int hp_submit(hp_group *g, const ddplug_coll_args *a, hp_req **out);
+int hp_req_wait(hp_group *g, hp_req *r, int64_t timeout_ms);
+int hp_req_test(hp_group *g, hp_req *r, int32_t *done);
+void hp_req_free(hp_group *g, hp_req *r);
+/* Number of requests submitted and not complete. */
+int hp_pending(hp_group *g);
+void hp_free_all_requests(hp_group *g);
+
+/* ---- the group ------------------------------------------------------------ */
+
+enum { HP_PT_BUSY = 0, HP_PT_LIGHT = 1, HP_PT_DEEP = 2 };
+
+struct ddplug_plugin_group {
+  /* identity */
+  int rank, world, local_rank, local_world, node, num_nodes;
+  int32_t *node_of;     /* [world]                                       */
+  int32_t *local_of;    /* [world]                                       */
+  int64_t *pid_of;      /* [world]                                       */
+  int32_t *local_ranks; /* [local_world] global rank of each local index */
+  int32_t *leaders;     /* [num_nodes] global rank of each node's leader */
+  int32_t *node_size;   /* [num_nodes]                                   */
+  int32_t **node_ranks; /* [num_nodes][node_size] ranks in rank order    */
+  int leader;           /* 1 if local_rank == 0                          */
+  char run_id[48];
+  uint64_t run_hash;
+  char host_id[64];
+  const ddplug_host_services *svc;
+  int32_t log_level;
+  int64_t timeout_ms;
+  hp_options opt;
+  uint64_t spin_ns;
+
+  /* node segment (local_world > 1) */
+  int has_shm;
+  hp_shm shm;
+
+  /* ring (leaders, num_nodes > 1) */
+  int next_fd, prev_fd;
+  pthread_mutex_t ctl_mu;  /* writes of control messages on prev_fd    */
+  unsigned char ctl_rx[sizeof(hp_ctl_msg)];
+  size_t ctl_rx_len;
+  int next_bye, prev_bye;  /* neighbours said goodbye                    */
+  int ring_active;         /* a ring phase is reading prev_fd            */
+  _Atomic int ring_told[2]; /* each failure slot went out on the ring   */
+  unsigned char *ring_tmp; /* tcp_chunk_bytes scratch for reductions    */
+  _Atomic uint64_t *arrived_local; /* [num_nodes] when there is no shm  */
+
+  /* liveness */
+  int *pidfd;              /* [local_world], -1 for self/none            */
+  _Atomic int *pid_gone;   /* [local_world] exit seen (clean or not)     */
+  int pid_poll;            /* no pidfds: poll /proc at liveness checks   */
+  int abort_fd;            /* eventfd, readable once the group failed   */
+
+  /* failure (failure.c): two write-once slots, see there */
+  _Atomic int fail_status;     /* effective status, 0 while healthy      */
+  hp_fail_rec fail[2];
+  _Atomic int stopping;
+
+  /* engine */
+  pthread_mutex_t q_mu;
+  hp_req *q_head, *q_tail;     /* pending, in order                      */
+  hp_req *all;                 /* every request not yet released          */
+  uint64_t next_k;             /* guarded by q_mu                         */
+  _Atomic uint64_t exec_k;     /* index being executed (for messages)     */
+  _Atomic int exec;            /* 1 while some thread executes            */
+  hp_ctr ev;                   /* bumped at completions and exec release */
+  _Atomic int lazy;            /* callers execute inline; thread waits   */
+  _Atomic int pt_mode;
+  _Atomic uint64_t last_submit_ns;
+  int wake_fd;                 /* eventfd: work for the progress thread  */
+  pthread_t thread;
+  int thread_started;
+  uint32_t chunk_clock;        /* executor only                          */
+  hp_hs_rec *recs;             /* executor only: [num_nodes]             */
+};
+
+#endif /* DDPLUG_HOST_H */

@@ -191,9 +191,14 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
                        "%s: no outcome from its runner, %s, after %.1f s "
                        "(is it still working? pass a longer timeout)",
                        desc, who, (double)timeout_ms / 1000.0);
-  if (rc != DDPLUG_OK)
-    return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
   uint64_t len = 0;
+  if (rc != DDPLUG_OK) {
+    /* The run failed while we waited (e.g. the runner died and the runtime
+     * noticed first): its own record, if it got there, says more. */
+    if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK)
+      return DDPLUG_OK;
+    return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
+  }
   rc = ddplug_store_get(ctx->store, key, 0, value, &len);
   if (rc != DDPLUG_OK)
     return ddplug__err_prefix(rc, "%s: reading the outcome of %s", desc, who);

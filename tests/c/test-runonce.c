@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "internal.h"
 
 static const char *g_calls; /* file every runner appends its rank to */
 
@@ -157,6 +156,7 @@ static void rank_timeout(int rank, int world, void *arg) {
   (void)arg;
   (void)world;
   ddplug_context *ctx = open_ctx(NULL);
+  ddplug_store *st = ddplug_context_store(ctx);
   int runner = -1;
   char *msg = NULL;
   if (rank == 0) {
@@ -166,19 +166,22 @@ static void rank_timeout(int rank, int world, void *arg) {
     CHECK_STATUS(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_NODE, DDPLUG_OK, NULL),
                  DDPLUG_E_INVALID_ARGUMENT);
     CHECK_CONTAINS(ddplug_last_error(), "this process is not running it");
-    usleep(1500 * 1000);
+    /* end only once the waiter has timed out */
+    void *v = NULL;
+    uint64_t len = 0;
+    CHECK_OK(ddplug_store_get(st, "user/test/timed-out", 60000, &v, &len));
+    ddplug_free(v);
     CHECK_OK(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, "late"));
     CHECK_STATUS(ddplug_run_once_end(ctx, "slow", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, NULL),
                  DDPLUG_E_INVALID_ARGUMENT);
   } else {
-    uint64_t t0 = ddplug__now_ns();
     CHECK_STATUS(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 300, &runner, &msg),
                  DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(ddplug_last_error(), "no outcome from its runner, rank 0, after 0.3 s");
     CHECK_EQ_INT(runner, 0);
-    CHECK(ddplug__now_ns() - t0 < 1000000000ull);
+    CHECK_OK(ddplug_store_set(st, "user/test/timed-out", "1", 1));
     /* the outcome still comes */
-    CHECK_OK(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 20000, &runner, &msg));
+    CHECK_OK(ddplug_run_once_begin(ctx, "slow", DDPLUG_SCOPE_GLOBAL, 60000, &runner, &msg));
     CHECK_EQ_STR(msg, "late");
     ddplug_free(msg);
   }
@@ -242,12 +245,15 @@ static void rank_dies(int rank, int world, void *arg) {
   }
   work w = {rank, 0, DDPLUG_OK, "fine"};
   char *msg = NULL;
-  uint64_t t0 = ddplug__now_ns();
+  /* PEER_LOST (not TIMEOUT after 60 s): the runner's disconnect woke the waiter */
   int st = ddplug_run_once(ctx, "doomed", DDPLUG_SCOPE_NODE, do_work, &w, 60000, &msg);
   if (rank == 3) {
     CHECK_STATUS(st, DDPLUG_E_PEER_LOST);
-    CHECK_CONTAINS(ddplug_last_error(), "its runner, rank 2, disconnected before it finished");
-    CHECK(ddplug__now_ns() - t0 < 30000000000ull);
+    /* its own record ("its runner, rank 2, disconnected before it finished") or
+     * the runtime's ("rank 2 (pid ...) exited or was killed"), whichever first */
+    const char *e = ddplug_last_error();
+    CHECK_CONTAINS(e, "rank 2");
+    CHECK_MSG(strstr(e, "disconnected before it finished") || strstr(e, "exited or was killed"), "%s", e);
   } else {
     CHECK_OK(st);
   }

@@ -35,7 +35,7 @@ def test_success(out: Path, scope: str) -> None:
         assert r["cm_runner"] == (r["rank"] == runner)
         assert r["cm_file_seen"] is True
         if r["rank"] != runner:
-            assert r["waited"] > 0.8, "waiters waited for the work"
+            assert r["waited"] > 0.8, "waiters waited for the work (it sleeps 1 s before returning)"
 
 
 @pytest.mark.parametrize("scope", ["global", "node"])
@@ -60,8 +60,9 @@ def test_runner_death_wakes_its_node(out: Path) -> None:
                             timeout=90)
     assert codes[2] == 3
     r3 = json.loads((out / "rank3.json").read_text())
+    # PEER_LOST, not TIMEOUT after its 60 s: the runner's disconnect woke the waiter
     assert r3["outcome"] == "PEER_LOST", r3
-    assert "rank 2" in r3["message"] and "disconnected" in r3["message"]
-    assert r3["waited"] < 30, "not the 60 s timeout"
+    assert "rank 2" in r3["message"]
+    assert "disconnected before it finished" in r3["message"] or "exited or was killed" in r3["message"]
     for r in (0, 1):
         assert json.loads((out / f"rank{r}.json").read_text())["outcome"] == "ok"

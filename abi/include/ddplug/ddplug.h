@@ -762,7 +762,8 @@ typedef enum ddplug_scope {
  *    with ddplug_free; "" when there is none) receives the runner's message:
  *    on success what it passed to ddplug_run_once_end (e.g. a serialized
  *    result), on failure its failure text (e.g. an exception and traceback).
- *    The last error then names the runner's rank and the run-once.
+ *    The last error then names the runner's rank and the run-once. The
+ *    runner's *message stays NULL.
  * Errors: INVALID_ARGUMENT (NULL ctx/runner, bad name or scope), TIMEOUT
  * (naming the runner's rank; the outcome may still come), PEER_LOST (the
  * runner disconnected without an outcome), ABORTED (the run was aborted),

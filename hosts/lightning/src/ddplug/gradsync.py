@@ -7,9 +7,9 @@ allreduce started during backward, the way DDP's reducer does it.
   starts early), the others ``bucket_mb`` (config "gradients").
 * A post-accumulate-grad hook on every parameter copies its gradient into its
   bucket slot and makes ``param.grad`` a view of that slot (later steps then
-  accumulate in place, no copy). A parameter alone in its bucket (one at least
-  as large as the bucket size) skips the copy: its own gradient is reduced in
-  place. When every gradient of a bucket is in, the bucket's allreduce starts
+  accumulate in place, no copy). A parameter at least as large as the bucket it
+  would join gets a bucket of its own and skips the copy: its own gradient is
+  reduced in place. When every gradient of a bucket is in, the bucket's allreduce starts
   asynchronously (``ddplug_iallreduce``) while backward goes on. Buckets are
   started strictly in order, so every rank issues the same collectives in the
   same order.
@@ -255,18 +255,32 @@ class GradientSync:
 
 
 def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
-    """Reverse-order buckets per (device, dtype)."""
+    """Reverse-order buckets per (device, dtype). A parameter at least as large as
+    the bucket being filled gets a bucket of its own (reduced in place, no copy);
+    what was collected before it becomes a bucket first, so order is kept."""
     open_: dict = {}
     closed: list = []
     cap = max(1, first_bytes)
+
+    def close(key: tuple) -> None:
+        nonlocal cap
+        closed.append(open_.pop(key)[0])
+        cap = max(1, bytes_)
+
     for p in reversed(params):
         key = (p.device, p.dtype)
+        size = p.numel() * p.element_size()
+        if size >= cap:
+            if key in open_:
+                close(key)
+            open_[key] = ([p], [size])
+            close(key)
+            continue
         group = open_.setdefault(key, ([], [0]))
         group[0].append(p)
-        group[1][0] += p.numel() * p.element_size()
+        group[1][0] += size
         if group[1][0] >= cap:
-            closed.append(open_.pop(key)[0])
-            cap = max(1, bytes_)
+            close(key)
     closed += [g[0] for g in open_.values()]
     buckets = []
     for i, members in enumerate(closed):

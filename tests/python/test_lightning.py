@@ -33,7 +33,7 @@ def expected_order(rank: int, world: int, epoch: int, seed: int = 0, shuffle: bo
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
-    run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--val",
+    run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--val", "--csv",
                      out_dir=out).ok()
     ranks = run.ranks(world)
     for epoch in ("0", "1"):
@@ -60,6 +60,8 @@ def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
     val = sorted(i for r in ranks for i in r["val_seen"]["1"])
     assert set(val) == set(range(N // 3)) and len(val) - N // 3 < world  # padding at most world-1
     assert "owner plugin" in run.stdout and "PASS" in run.stdout
+    metrics = (out / "logs" / "run" / "version_0" / "metrics.csv").read_text()  # the audit reaches the logger
+    assert "ddplug/audit/train/passed" in metrics and "ddplug/audit/val/covered" in metrics
     # equal parameters everywhere: gradients were synchronized
     assert all(r["params"] == ranks[0]["params"] for r in ranks)
 

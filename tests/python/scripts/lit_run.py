@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 import lit_common as C
 
@@ -40,6 +41,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--resume", default=None)
     p.add_argument("--val", action="store_true")
     p.add_argument("--workers", type=int, default=0, help="train DataLoader num_workers")
+    p.add_argument("--csv", action="store_true", help="log to a CSVLogger in $DDPLUG_TEST_OUT/logs")
     p.add_argument("--prepare-scope", default="global", choices=["global", "node"])
     p.add_argument("--prepare-fail", action="store_true")
     return p.parse_args()
@@ -113,7 +115,8 @@ def main() -> None:
         accelerator="cpu", devices=args.devices, num_nodes=args.nodes, strategy=strategy, max_epochs=args.epochs,
         max_steps=args.max_steps, accumulate_grad_batches=args.accumulate,
         limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=0,
-        enable_progress_bar=False, enable_model_summary=False, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        logger=CSVLogger(os.path.join(os.environ["DDPLUG_TEST_OUT"], "logs"), name="run") if args.csv else False,
         enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks, deterministic=True,
     )
     result: dict = {}

@@ -195,8 +195,11 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
   if (rc != DDPLUG_OK) {
     /* The run failed while we waited (e.g. the runner died and the runtime
      * noticed first): its own record, if it got there, says more. */
+    char why[DDPLUG__ERRMSG_MAX];
+    ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
     if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK)
       return DDPLUG_OK;
+    ddplug__set_last_error(why);
     return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
   }
   rc = ddplug_store_get(ctx->store, key, 0, value, &len);

@@ -30,14 +30,15 @@ build: deps
 
 deps: .deps/system .deps/python
 
-# System packages: a C toolchain and CMake are assumed; jansson and
-# pkg-config are installed when missing (apt-get update first).
+# System packages: a C toolchain and CMake are assumed; jansson, pkg-config
+# and libabigail's abidiff (the ABI check) are installed when missing
+# (apt-get update first).
 .deps/system:
 	@mkdir -p .deps
-	@if ! pkg-config --exists jansson 2>/dev/null; then \
-	  echo "ddplug: installing libjansson-dev and pkg-config (apt-get)"; \
+	@if ! pkg-config --exists jansson 2>/dev/null || ! command -v abidiff >/dev/null; then \
+	  echo "ddplug: installing libjansson-dev, pkg-config and abigail-tools (apt-get)"; \
 	  $(SUDO) apt-get update -qq; \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libjansson-dev pkg-config >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libjansson-dev pkg-config abigail-tools >/dev/null; \
 	fi
 	@touch $@
 

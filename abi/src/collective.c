@@ -11,8 +11,9 @@
 #include "context.h"
 
 struct ddplug_request {
-  ddplug_context *ctx;
+  ddplug_context *ctx;           /* NULL once its context was closed        */
   ddplug_plugin_request *preq;
+  struct ddplug_request *prev, *next; /* ctx->live                          */
   uint64_t seq;
   int kind;
   int finished; /* 1 once the plugin reported completion or final failure */
@@ -124,8 +125,27 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
     return ddplug__ctx_fail(ctx, s);
   }
   ctx->seq = a->seq;
+  pthread_mutex_lock(&ctx->mu);
+  req->next = ctx->live;
+  if (ctx->live) ctx->live->prev = req;
+  ctx->live = req;
+  pthread_mutex_unlock(&ctx->mu);
   *out = req;
   return DDPLUG_OK;
+}
+
+void ddplug__requests_orphan(ddplug_context *ctx) {
+  pthread_mutex_lock(&ctx->mu);
+  for (ddplug_request *r = ctx->live; r; r = r->next) {
+    r->ctx = NULL;
+    r->preq = NULL; /* group_destroy frees the plugin's side */
+  }
+  ctx->live = NULL;
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+static int orphaned(const char *fn) {
+  return ddplug__err(DDPLUG_E_ABORTED, "%s: the request's context was closed", fn);
 }
 
 /* A final failure of a request: prefer the run's abort reason (which names
@@ -135,24 +155,25 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
  * yet: the plugin may learn of a peer's death through its own channels first. */
 #define RUN_REASON_WAIT_MS 300
 
-static void adopt_run_reason(ddplug_context *ctx) {
+static void adopt_run_reason(ddplug_context *ctx, int can_block) {
   if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN) return;
   void *val = NULL;
   uint64_t len = 0;
-  if (ddplug_store_get(ctx->store, "ddplug/abort", RUN_REASON_WAIT_MS, &val, &len) != DDPLUG_OK)
+  if (ddplug_store_get(ctx->store, "ddplug/abort", can_block ? RUN_REASON_WAIT_MS : 0, &val,
+                       &len) != DDPLUG_OK)
     return;
-  ddplug__ctx_adopt_abort(ctx, val);
+  ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
   ddplug_free(val);
 }
 
-static int finish_failed(ddplug_request *req, int s) {
+static int finish_failed(ddplug_request *req, int s, int can_block, const char *slot) {
   ddplug_context *ctx = req->ctx;
-  if (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST) adopt_run_reason(ctx);
+  if (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST) adopt_run_reason(ctx, can_block);
   int run = ddplug__ctx_check(ctx);
   if (run != DDPLUG_OK && (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST)) {
     s = run;
   } else {
-    ddplug__plugin_err_take(ctx, s, "request_wait");
+    ddplug__plugin_err_take(ctx, s, slot);
     ddplug__err_prefix(s, "%s", req->what);
   }
   req->finished = 1;
@@ -163,6 +184,7 @@ static int finish_failed(ddplug_request *req, int s) {
 DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
   if (!req) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_wait: req is NULL");
   ddplug_context *ctx = req->ctx;
+  if (!ctx) return orphaned("ddplug_wait");
   if (req->finished) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
@@ -189,13 +211,17 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_fail(ctx, s);
   }
-  return ddplug__ctx_fail(ctx, finish_failed(req, s));
+  return ddplug__ctx_fail(ctx, finish_failed(req, s, 1, "request_wait"));
 }
 
 DDPLUG_API int ddplug_test(ddplug_request *req, int *done) {
   if (!req || !done)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_test: req and done are required");
   ddplug_context *ctx = req->ctx;
+  if (!ctx) {
+    *done = 1;
+    return orphaned("ddplug_test");
+  }
   if (req->finished) {
     *done = 1;
     return req->status;
@@ -204,7 +230,7 @@ DDPLUG_API int ddplug_test(ddplug_request *req, int *done) {
   int s = ctx->plugin->table.request_test(ctx->group, req->preq, &d);
   if (s != DDPLUG_OK) {
     *done = 1;
-    return ddplug__ctx_fail(ctx, finish_failed(req, s));
+    return ddplug__ctx_fail(ctx, finish_failed(req, s, 0, "request_test"));
   }
   if (d) {
     req->finished = 1;
@@ -221,16 +247,30 @@ DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req) {
 DDPLUG_API void ddplug_request_free(ddplug_request *req) {
   if (!req) return;
   ddplug_context *ctx = req->ctx;
+  if (!ctx) { /* its context was closed; the plugin's side is gone */
+    ddplug__free(req);
+    return;
+  }
+  pthread_mutex_lock(&ctx->mu);
+  if (req->prev) req->prev->next = req->next;
+  else ctx->live = req->next;
+  if (req->next) req->next->prev = req->prev;
+  pthread_mutex_unlock(&ctx->mu);
+  const ddplug_plugin *t = &ctx->plugin->table;
   if (!req->finished) {
     int32_t d = 0;
-    if (ctx->plugin->table.request_test(ctx->group, req->preq, &d) != DDPLUG_OK || !d) {
+    int s = t->request_test(ctx->group, req->preq, &d);
+    /* Without group_abort nothing can stop it: let it finish first. */
+    if (s == DDPLUG_OK && !d && !t->group_abort)
+      s = t->request_wait(ctx->group, req->preq, ctx->coll_timeout_ms), d = s == DDPLUG_OK;
+    if (s == DDPLUG_OK && !d) {
       char msg[256];
       snprintf(msg, sizeof msg, "rank %d freed %s before it completed", ctx->world.rank,
                req->what);
-      ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, 1);
+      ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     }
   }
-  ctx->plugin->table.request_free(ctx->group, req->preq);
+  t->request_free(ctx->group, req->preq);
   ddplug__free(req);
 }
 
@@ -238,16 +278,25 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
  * did not complete leaves the group unusable: abort the run with the reason. */
 static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                         int64_t timeout_ms) {
+  if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT && timeout_ms <= 0)
+    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                                             "%s: timeout %lld ms: a blocking collective "
+                                             "needs a positive timeout or "
+                                             "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
+                                             "and ddplug_test)",
+                                             fn, (long long)timeout_ms));
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
   s = ddplug_wait(req, timeout_ms);
-  /* A mismatch is reported alike on every rank and leaves the group usable;
-   * anything else that left this collective unfinished ends the run. */
-  if (s != DDPLUG_OK && s != DDPLUG_E_MISMATCH && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
-    char msg[DDPLUG__ERRMSG_MAX];
-    ddplug__strlcpy(msg, ddplug_last_error(), sizeof msg);
-    ddplug__ctx_abort(ctx, s, msg, 1);
+  /* Caller errors and a mismatch (reported alike on every rank, group still
+   * usable) leave the run going; anything else that left this collective
+   * unfinished ends it, with this rank's explanation for everyone. */
+  if (s != DDPLUG_OK && s != DDPLUG_E_MISMATCH && s != DDPLUG_E_INVALID_ARGUMENT &&
+      s != DDPLUG_E_UNSUPPORTED && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
+    char msg[DDPLUG__ERRMSG_MAX + 64];
+    snprintf(msg, sizeof msg, "rank %d ended the run: %s", ctx->world.rank, ddplug_last_error());
+    ddplug__ctx_abort(ctx, s, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     ddplug__set_last_error(msg);
   }
   char keep[DDPLUG__ERRMSG_MAX];

@@ -97,7 +97,8 @@ static const ddplug__cfg_key k_keys[] = {
                     "shared secret (no secret if it is unset)."},
     BOOL("rendezvous.external", 0,
          "true: the store is served elsewhere and every rank connects to "
-         "addr:port; false: rank 0 serves it."),
+         "addr:port (it must be a fresh store for every run); false: rank 0 "
+         "serves it."),
 
     OBJECT("timeouts", DDPLUG__CFG_DEFAULT, "Timeouts of blocking calls."),
     NUMBER("timeouts.collective_s", 0, 86400, 300,

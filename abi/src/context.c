@@ -1,7 +1,7 @@
 /* context.c — ddplug_open / ddplug_close / ddplug_abort and the context's
- * queries. The order of ddplug_open: config → world → plugin → rendezvous
- * (store, join, startup checks, locality) → failure watcher → plugin group →
- * everyone ready. Any failure after the store is reached is published as the
+ * queries. The order of ddplug_open: config → world → store (serve/connect)
+ * → plugin loaded → join (startup checks, locality) → failure watcher →
+ * plugin group → everyone ready. Any failure after the store is reached is published as the
  * run's abort, so the other ranks fail at once with the same sentence.
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdio.h>
@@ -49,7 +49,7 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
   }
   if (s == DDPLUG_OK) {
     s = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys, (uint32_t)n,
-                          deadline, what);
+                          deadline, what, 0);
     if (s == DDPLUG_E_TIMEOUT) {
       /* Name the ranks that did not arrive. */
       char list[1024] = "";
@@ -75,20 +75,26 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
   return s;
 }
 
-/* Release the store. Rank 0 keeps serving until every other process has
- * disconnected — cleanly or by dying — or grace_ms passed, so the others
- * can still read a verdict or finish their close. */
+/* Release the store. Rank 0 keeps serving until every process of the world
+ * has connected and then disconnected — cleanly or by dying — or grace_ms
+ * passed: the others may still need to read a verdict, an abort, or finish
+ * their close. */
 static void leave(ddplug_context *ctx, int64_t grace_ms) {
   ddplug_store_close(ctx->plugin_store);
   ddplug_store_close(ctx->watch_store);
   ctx->plugin_store = ctx->watch_store = NULL;
-  if (ctx->server) {
-    /* Our own main connection is the one left. */
+  if (ctx->server && ctx->store) {
     uint64_t deadline = ddplug__deadline_ns(grace_ms);
-    size_t own = ctx->store ? 1 : 0;
-    while (ddplug__store_server_connections(ctx->server) > own &&
-           ddplug__now_ns() < deadline)
+    for (;;) {
+      int64_t came = 0;
+      /* Our own main connection is the one left. */
+      if (ddplug__store_server_connections(ctx->server) <= 1 &&
+          ddplug_store_add(ctx->store, "ddplug/procs", 0, &came) == DDPLUG_OK &&
+          came >= ctx->world.world_size)
+        break;
+      if (ddplug__now_ns() >= deadline) break;
       ddplug__sleep_ms(5);
+    }
   }
   ddplug_store_close(ctx->store);
   ctx->store = NULL;
@@ -99,9 +105,11 @@ static void leave(ddplug_context *ctx, int64_t grace_ms) {
 static void destroy_group(ddplug_context *ctx) {
   pthread_mutex_lock(&ctx->mu);
   ddplug_plugin_group *g = ctx->group;
-  ctx->group = NULL;
+  ctx->group = NULL; /* no new group_abort from now on */
+  while (ctx->aborting > 0) pthread_cond_wait(&ctx->abort_cv, &ctx->mu);
   pthread_mutex_unlock(&ctx->mu);
   if (g) {
+    ddplug__requests_orphan(ctx);
     ddplug__plugin_err_clear(ctx);
     int s = ctx->plugin->table.group_destroy(g);
     if (s != DDPLUG_OK) {
@@ -120,6 +128,7 @@ static void free_context(ddplug_context *ctx) {
   ddplug__free(ctx->pid_of_rank);
   ddplug__errslot_destroy(&ctx->err);
   pthread_mutex_destroy(&ctx->mu);
+  pthread_cond_destroy(&ctx->abort_cv);
   pthread_mutex_destroy(&ctx->plugin_err_mu);
   ddplug__free(ctx);
 }
@@ -166,10 +175,10 @@ static int create_group(ddplug_context *ctx) {
   }
   pthread_mutex_lock(&ctx->mu);
   ctx->group = g;
-  int aborted = atomic_load(&ctx->state) != DDPLUG__CTX_OPEN;
   pthread_mutex_unlock(&ctx->mu);
-  if (aborted && ctx->plugin->table.group_abort)
-    ctx->plugin->table.group_abort(g, ctx->abort_reason);
+  /* Aborted while the group was being created: tell it now (once). */
+  if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN)
+    ddplug__ctx_abort(ctx, ctx->abort_status, ctx->abort_reason, DDPLUG__ABORT_NOTIFY);
   return ddplug__ctx_check(ctx);
 }
 
@@ -195,10 +204,12 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   ddplug_context *ctx = ddplug__calloc(1, sizeof *ctx);
   if (!ctx) return ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory creating a context");
   pthread_mutex_init(&ctx->mu, NULL);
+  pthread_cond_init(&ctx->abort_cv, NULL);
   pthread_mutex_init(&ctx->plugin_err_mu, NULL);
   int s = ddplug__errslot_init(&ctx->err);
   if (s != DDPLUG_OK) {
     pthread_mutex_destroy(&ctx->mu);
+    pthread_cond_destroy(&ctx->abort_cv);
     pthread_mutex_destroy(&ctx->plugin_err_mu);
     ddplug__free(ctx);
     return s;
@@ -223,6 +234,7 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
                              ? opts.timeout_ms
                              : seconds_ms(ctx->cfg, "rendezvous.timeout_s", 300000);
   ctx->coll_timeout_ms = seconds_ms(ctx->cfg, "timeouts.collective_s", 300000);
+  ctx->open_deadline_ns = ddplug__deadline_ns(ctx->rdzv_timeout_ms);
 
   /* Reach the store first: from then on a failure here (a plugin that does
    * not load on this node, say) reaches every rank at once. */
@@ -243,7 +255,11 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   s = create_group(ctx);
   if (s != DDPLUG_OK) goto fail;
   set_key(ctx, "ddplug/ready/");
-  s = wait_all(ctx, "ddplug/ready/", ddplug__deadline_ns(ctx->rdzv_timeout_ms),
+  /* Group creation may take up to the collective timeout on top of the
+   * rendezvous deadline. */
+  s = wait_all(ctx, "ddplug/ready/",
+               DDPLUG__MAX(ctx->open_deadline_ns, ddplug__now_ns()) +
+                   ddplug__open_grace_ns(ctx) + (uint64_t)ctx->coll_timeout_ms * 1000000ull,
                "waiting for every rank to create its plugin group");
   if (s != DDPLUG_OK) goto fail;
 
@@ -265,7 +281,7 @@ fail: {
   if (ctx->store && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
     char reason[DDPLUG__ERRMSG_MAX + 64];
     snprintf(reason, sizeof reason, "rank %d failed to open: %s", ctx->world.rank, why);
-    ddplug__ctx_abort(ctx, s, reason, 1);
+    ddplug__ctx_abort(ctx, s, reason, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
   }
   ddplug__watcher_stop(ctx);
   destroy_group(ctx);
@@ -283,6 +299,14 @@ DDPLUG_API int ddplug_close(ddplug_context *ctx) {
     set_key(ctx, "ddplug/closing/");
     s = wait_all(ctx, "ddplug/closing/", ddplug__deadline_ns(ctx->coll_timeout_ms),
                  "closing: waiting for every rank to close");
+    if (s != DDPLUG_OK && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
+      /* Tell the others why this rank is gone, before its store goes. */
+      char reason[DDPLUG__ERRMSG_MAX + 64];
+      snprintf(reason, sizeof reason, "rank %d gave up closing the run: %s", ctx->world.rank,
+               ddplug_last_error());
+      ddplug__ctx_abort(ctx, s, reason, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
+      ddplug__set_last_error(reason);
+    }
   }
   char why[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
@@ -299,7 +323,7 @@ DDPLUG_API int ddplug_abort(ddplug_context *ctx, const char *reason) {
   char msg[DDPLUG__ERRMSG_MAX];
   snprintf(msg, sizeof msg, "rank %d aborted the run: %s", ctx->world.rank,
            reason && *reason ? reason : "(no reason given)");
-  ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, 1);
+  ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
   return DDPLUG_OK;
 }
 

@@ -11,7 +11,9 @@
  *   ddplug/verdict         rank 0's startup verdict (JSON: ok + layout, or error)
  *   ddplug/ready/<rank>    rank created its plugin group
  *   ddplug/abort           "<STATUS>|<sentence>": the first failure of the run
- *   ddplug/closing         counter for the close barrier
+ *   ddplug/procs           counter of processes that connected (rank 0
+ *                          serves until all world_size came and left)
+ *   ddplug/closing/<rank>  rank reached ddplug_close (the close barrier)
  *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (split_context.c)
  *   ddplug/runonce/...     run-once status (runonce.c)
  *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
@@ -49,6 +51,7 @@ struct ddplug_context {
   int32_t store_port;
   int64_t rdzv_timeout_ms;
   int64_t coll_timeout_ms;
+  uint64_t open_deadline_ns;     /* ddplug_open's one deadline (rendezvous) */
 
   ddplug_store_server *server;   /* rank 0, unless the store is external    */
   ddplug_store *store;           /* main client                             */
@@ -65,10 +68,15 @@ struct ddplug_context {
   int watcher_running;
   atomic_int watcher_stop;
 
-  pthread_mutex_t mu;            /* guards state, abort_*, group abort      */
-  atomic_int state;              /* ddplug__ctx_state                       */
-  int abort_status;
+  pthread_mutex_t mu;            /* guards group, the abort's first write,
+                                    plugin_notified, aborting, live       */
+  pthread_cond_t abort_cv;       /* aborting dropped to 0                   */
+  atomic_int state;              /* ddplug__ctx_state (release/acquire)     */
+  int abort_status;              /* written once, before state flips        */
   char abort_reason[DDPLUG__ERRMSG_MAX];
+  int plugin_notified;           /* group_abort was called                  */
+  int aborting;                  /* group_abort calls in progress           */
+  struct ddplug_request *live;   /* requests not yet freed (orphaned at close) */
 
   /* The plugin's explanation of its last failure (services.set_error). */
   pthread_mutex_t plugin_err_mu;
@@ -85,6 +93,13 @@ struct ddplug_context {
   void (*data_free)(void *data);
 };
 
+/* Non-zero ranks wait this long past ddplug_open's deadline for rank 0's
+ * verdict: rank 0 reports missing ranks exactly at the deadline. */
+static inline uint64_t ddplug__open_grace_ns(const ddplug_context *ctx) {
+  int64_t ms = ctx->rdzv_timeout_ms / 10 > 2000 ? ctx->rdzv_timeout_ms / 10 : 2000;
+  return (uint64_t)ms * 1000000ull;
+}
+
 /* ---- rendezvous.c -------------------------------------------------------- */
 
 /* Choose the host identity, serve (rank 0) and connect the store, and ask
@@ -99,18 +114,23 @@ int ddplug__rendezvous_join(ddplug_context *ctx);
  * aborted. what names the wait in a TIMEOUT message. */
 int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
                       const char *const *keys, uint32_t nkeys,
-                      uint64_t deadline_ns, const char *what);
+                      uint64_t deadline_ns, const char *what, int in_plugin);
 
 /* ---- watcher.c ---------------------------------------------------------- */
 
 int ddplug__watcher_start(ddplug_context *ctx);
 void ddplug__watcher_stop(ddplug_context *ctx);
-/* Record the run's first failure locally (first wins), tell the plugin, and
- * (if publish) publish it through the store for the other ranks. */
-void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason,
-                       int publish);
-/* Abort ctx (locally) with a published abort value "<STATUS>|<sentence>". */
-void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text);
+/* Record the run's first failure locally (first wins). Flags:
+ *   DDPLUG__ABORT_PUBLISH  publish it through the store for the other ranks;
+ *   DDPLUG__ABORT_NOTIFY   call the plugin's group_abort (once per context).
+ * Never pass NOTIFY from inside a plugin slot (host services): the plugin
+ * is told by the watcher instead, never re-entered on its own thread. */
+#define DDPLUG__ABORT_PUBLISH 1
+#define DDPLUG__ABORT_NOTIFY 2
+void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int flags);
+/* Abort ctx with a published abort value "<STATUS>|<sentence>" (flags as
+ * for ddplug__ctx_abort). */
+void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags);
 /* DDPLUG_OK while open; else sets the last error to the abort reason and
  * returns the abort status. */
 int ddplug__ctx_check(ddplug_context *ctx);
@@ -126,5 +146,11 @@ int ddplug__plugin_err_take(ddplug_context *ctx, int status, const char *slot);
 
 /* Record the thread's last error into ctx's slot and return status. */
 int ddplug__ctx_fail(ddplug_context *ctx, int status);
+
+/* ---- collective.c --------------------------------------------------------- */
+
+/* At close: requests not yet freed lose their context (the plugin frees its
+ * side in group_destroy); freeing them later frees only the wrapper. */
+void ddplug__requests_orphan(ddplug_context *ctx);
 
 #endif /* DDPLUG_CONTEXT_H */

@@ -101,7 +101,7 @@ static void make_run_id(char *buf, size_t cap) {
 
 int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
                       const char *const *keys, uint32_t nkeys,
-                      uint64_t deadline_ns, const char *what) {
+                      uint64_t deadline_ns, const char *what, int in_plugin) {
   for (;;) {
     int s = ddplug__ctx_check(ctx);
     if (s != DDPLUG_OK) return s;
@@ -110,17 +110,19 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
     s = ddplug_store_wait(st, keys, nkeys, slice);
     if (s == DDPLUG_OK) return DDPLUG_OK;
     if (s != DDPLUG_E_TIMEOUT) return s;
+    char missing[DDPLUG__ERRMSG_MAX]; /* the store names the missing keys */
+    ddplug__strlcpy(missing, ddplug_last_error(), sizeof missing);
     /* Someone may have aborted the run while we waited: read the key
-     * directly (the watcher may not run yet during startup). */
+     * directly (the watcher may not run yet during startup). Inside a plugin
+     * slot, only record it: the watcher tells the plugin. */
     void *val = NULL;
     uint64_t len = 0;
     if (ddplug_store_get(st, "ddplug/abort", 0, &val, &len) == DDPLUG_OK) {
-      ddplug__ctx_adopt_abort(ctx, val);
+      ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);
       return ddplug__ctx_check(ctx);
     }
-    if (left <= slice)
-      return ddplug__err(DDPLUG_E_TIMEOUT, "%s: timed out", what);
+    if (left <= slice) return ddplug__err(DDPLUG_E_TIMEOUT, "%s: %s", what, missing);
   }
 }
 
@@ -188,7 +190,7 @@ static int claim_rank(ddplug_context *ctx) {
              "NODE_RANK)",
              ctx->world.rank, actual ? (const char *)actual : "?", token);
     ddplug_free(actual);
-    ddplug__ctx_abort(ctx, DDPLUG_E_CONFIG, msg, 1);
+    ddplug__ctx_abort(ctx, DDPLUG_E_CONFIG, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     return ddplug__err(DDPLUG_E_CONFIG, "%s", msg);
   }
   ddplug_free(actual);
@@ -296,14 +298,14 @@ static int verdict_error(ddplug_context *ctx, int status, const char *msg) {
     ddplug_store_set(ctx->store, "ddplug/verdict", text, strlen(text));
     free(text);
   }
-  ddplug__ctx_abort(ctx, status, msg, 1);
+  ddplug__ctx_abort(ctx, status, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
   return ddplug__err(status, "%s", msg);
 }
 
 static int coordinate(ddplug_context *ctx) {
   const int ws = ctx->world.world_size;
   uint64_t t0 = ddplug__now_ns();
-  uint64_t deadline = ddplug__deadline_ns(ctx->rdzv_timeout_ms);
+  uint64_t deadline = ctx->open_deadline_ns;
   char **keys = calloc((size_t)ws, sizeof *keys);
   join_rec *recs = calloc((size_t)ws, sizeof *recs);
   int *flag = calloc((size_t)ws, sizeof *flag);
@@ -325,7 +327,7 @@ static int coordinate(ddplug_context *ctx) {
   for (;;) {
     uint64_t slice_deadline = DDPLUG__MIN(deadline, next_report);
     status = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys,
-                               (uint32_t)ws, slice_deadline, "waiting for ranks");
+                               (uint32_t)ws, slice_deadline, "waiting for ranks", 0);
     if (status == DDPLUG_OK) break;
     if (status != DDPLUG_E_TIMEOUT) goto out;
     /* Which ranks are missing? */
@@ -496,9 +498,8 @@ static int read_verdict(ddplug_context *ctx) {
   const char *key = "ddplug/verdict";
   /* Rank 0 publishes its verdict (possibly "ranks 2, 3 never joined") when
    * the same timeout expires there: wait a little longer than it does. */
-  int64_t grace = DDPLUG__MAX(ctx->rdzv_timeout_ms / 10, (int64_t)2000);
   int s = ddplug__wait_keys(ctx, ctx->store, &key, 1,
-                            ddplug__deadline_ns(ctx->rdzv_timeout_ms + grace), "verdict");
+                            ctx->open_deadline_ns + ddplug__open_grace_ns(ctx), "verdict", 0);
   if (s == DDPLUG_E_TIMEOUT)
     return ddplug__err(DDPLUG_E_TIMEOUT,
                        "rank 0 did not finish the startup checks within %.1f s "
@@ -541,6 +542,25 @@ static int read_verdict(ddplug_context *ctx) {
     return s;
   }
   const int n = ctx->world.world_size;
+  /* The verdict came over the network: check its shape before using it. */
+  int malformed = !json_is_array(nodes) || !json_is_array(node_of) || !json_is_array(pids) ||
+                  json_array_size(node_of) != (size_t)n || json_array_size(pids) != (size_t)n ||
+                  json_array_size(nodes) < 1 || json_array_size(nodes) > (size_t)n ||
+                  !run_id || strlen(run_id) >= sizeof ctx->run_id;
+  for (int r = 0; r < n && !malformed; r++) {
+    json_t *v_node = json_array_get(node_of, (size_t)r);
+    json_int_t node = json_integer_value(v_node);
+    malformed = !json_is_integer(v_node) || node < 0 || node >= (json_int_t)json_array_size(nodes);
+  }
+  for (const char *p = run_id; !malformed && *p; p++)
+    malformed = !((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_');
+  if (malformed) {
+    json_decref(v);
+    return ddplug__err(DDPLUG_E_INTERNAL,
+                       "rank 0's startup verdict is malformed (a different ddplug version "
+                       "on rank 0, or something else wrote the rendezvous store at %s:%d?)",
+                       ctx->store_addr, ctx->store_port);
+  }
   ctx->node_of_rank = ddplug__calloc((size_t)n, sizeof *ctx->node_of_rank);
   ctx->local_rank_of = ddplug__calloc((size_t)n, sizeof *ctx->local_rank_of);
   ctx->pid_of_rank = ddplug__calloc((size_t)n, sizeof *ctx->pid_of_rank);
@@ -618,7 +638,7 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     if (ctx->world.world_size == 1)
       ddplug__strlcpy(ctx->store_addr, "127.0.0.1", sizeof ctx->store_addr);
   }
-  uint64_t deadline = ddplug__deadline_ns(ctx->rdzv_timeout_ms);
+  uint64_t deadline = ctx->open_deadline_ns;
   const char *addr = (rank == 0 && !external) ? "127.0.0.1" : ctx->store_addr;
   ddplug_store **conns[3] = {&ctx->store, &ctx->watch_store, &ctx->plugin_store};
   for (int i = 0; i < 3; i++) {
@@ -630,6 +650,9 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     /* Calls without their own timeout (set, add, ...) wait at most this. */
     ddplug__store_set_default_timeout(*conns[i], ctx->rdzv_timeout_ms);
   }
+  int64_t procs = 0; /* rank 0 serves until everyone came and left */
+  s = ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs);
+  if (s != DDPLUG_OK) return s;
   /* If this process dies, the store tells everyone. */
   char lost[DDPLUG__ERRMSG_MAX];
   int n = snprintf(lost, sizeof lost,

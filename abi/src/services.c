@@ -52,7 +52,7 @@ static int svc_store_get(void *host, const char *key, void *buf, uint64_t cap,
   const char *kp = k;
   if (timeout_ms > 0) {
     s = ddplug__wait_keys(ctx, ctx->plugin_store, &kp, 1,
-                          ddplug__deadline_ns(timeout_ms), "plugin store get");
+                          ddplug__deadline_ns(timeout_ms), "plugin store get", 1);
     if (s == DDPLUG_E_TIMEOUT)
       ddplug__err(s, "waited %.1f s for store key '%s' (plugin %s)",
                   (double)timeout_ms / 1000.0, key, ctx->plugin->table.name);
@@ -61,6 +61,8 @@ static int svc_store_get(void *host, const char *key, void *buf, uint64_t cap,
   void *val = NULL;
   uint64_t vlen = 0;
   s = ddplug_store_get(ctx->plugin_store, k, 0, &val, &vlen);
+  /* A poll (timeout 0) that finds nothing is not a failure to explain. */
+  if (s == DDPLUG_E_TIMEOUT && timeout_ms == 0) return s;
   if (s != DDPLUG_OK) return svc_fail(ctx, s);
   if (len) *len = vlen;
   if (vlen > cap) {
@@ -101,10 +103,11 @@ static int svc_store_wait(void *host, const char *const *keys, uint32_t nkeys,
   if (s == DDPLUG_OK) {
     if (timeout_ms < 0) timeout_ms = ctx->coll_timeout_ms;
     s = ddplug__wait_keys(ctx, ctx->plugin_store, ptrs, nkeys,
-                          ddplug__deadline_ns(timeout_ms), "plugin store wait");
+                          ddplug__deadline_ns(timeout_ms), "plugin store wait", 1);
   }
   ddplug__free(buf);
   ddplug__free(ptrs);
+  if (s == DDPLUG_E_TIMEOUT && timeout_ms == 0) return s; /* a poll */
   return s == DDPLUG_OK ? s : svc_fail(ctx, s);
 }
 
@@ -150,8 +153,9 @@ void ddplug__services_init(ddplug_context *ctx) {
   s->log = svc_log;
   s->clock_ns = svc_clock_ns;
   s->set_error = svc_set_error;
-  /* Per run and per plugin: a store reused across runs (rendezvous.external)
-   * never shows a plugin another run's keys. */
+  /* Per run and per plugin: plugins never see each other's keys, nor
+   * another run's. (The runtime's own ddplug/ keys are not per run: an
+   * external store — rendezvous.external — must be fresh for every run.) */
   snprintf(ctx->plugin_prefix, sizeof ctx->plugin_prefix, "p/%s/%s/", ctx->run_id,
            ctx->plugin->table.name);
 }

@@ -12,45 +12,55 @@
 
 #include "context.h"
 
+/* The abort state is written once: status and reason are stored before the
+ * state flips (release), so readers that see the flip (acquire) read them
+ * without a lock — a thread blocked in a plugin slot can always check. */
 int ddplug__ctx_check(ddplug_context *ctx) {
-  if (atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) return DDPLUG_OK;
-  pthread_mutex_lock(&ctx->mu);
-  int status = ctx->abort_status;
-  ddplug__err(status, "%s", ctx->abort_reason);
-  pthread_mutex_unlock(&ctx->mu);
-  return status;
+  if (atomic_load_explicit(&ctx->state, memory_order_acquire) == DDPLUG__CTX_OPEN)
+    return DDPLUG_OK;
+  return ddplug__err(ctx->abort_status, "%s", ctx->abort_reason);
 }
 
-void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason,
-                       int publish) {
+void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int flags) {
   pthread_mutex_lock(&ctx->mu);
   int first = atomic_load(&ctx->state) == DDPLUG__CTX_OPEN;
   if (first) {
     ctx->abort_status = status;
-    ddplug__strlcpy(ctx->abort_reason, reason ? reason : "aborted",
-                    sizeof ctx->abort_reason);
-    atomic_store(&ctx->state, DDPLUG__CTX_ABORTED);
+    ddplug__strlcpy(ctx->abort_reason, reason ? reason : "aborted", sizeof ctx->abort_reason);
+    atomic_store_explicit(&ctx->state, DDPLUG__CTX_ABORTED, memory_order_release);
   }
-  /* Tell the plugin while holding mu, so group creation/destruction (which
-   * take mu to publish/clear ctx->group) cannot race with it. */
-  if (first && ctx->group && ctx->plugin->table.group_abort)
-    ctx->plugin->table.group_abort(ctx->group, ctx->abort_reason);
+  /* Tell the plugin once, outside the lock (its group_abort may take its own
+   * locks, which its slots may hold while calling our host services). The
+   * in-progress count keeps destroy_group from freeing the group meanwhile. */
+  ddplug_plugin_group *g = NULL;
+  if ((flags & DDPLUG__ABORT_NOTIFY) && !ctx->plugin_notified && ctx->group &&
+      ctx->plugin->table.group_abort) {
+    ctx->plugin_notified = 1;
+    g = ctx->group;
+    ctx->aborting++;
+  }
   pthread_mutex_unlock(&ctx->mu);
+  if (g) {
+    ctx->plugin->table.group_abort(g, ctx->abort_reason);
+    pthread_mutex_lock(&ctx->mu);
+    if (--ctx->aborting == 0) pthread_cond_broadcast(&ctx->abort_cv);
+    pthread_mutex_unlock(&ctx->mu);
+  }
   if (!first) return;
   DDPLUG__ERROR("%s", reason ? reason : "aborted");
-  if (publish && ctx->store) {
+  if ((flags & DDPLUG__ABORT_PUBLISH) && ctx->store) {
     char value[DDPLUG__ERRMSG_MAX + 32];
     int n = snprintf(value, sizeof value, "%s|%s", ddplug_status_name(status),
                      reason ? reason : "aborted");
     if (n > (int)sizeof value - 1) n = (int)sizeof value - 1;
     int swapped = 0;
     /* First failure of the run wins; ours may come second. */
-    ddplug_store_compare_set(ctx->store, "ddplug/abort", NULL, 0, value,
-                             (uint64_t)n, &swapped, NULL, NULL);
+    ddplug_store_compare_set(ctx->store, "ddplug/abort", NULL, 0, value, (uint64_t)n,
+                             &swapped, NULL, NULL);
   }
 }
 
-void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text) {
+void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags) {
   const char *bar = strchr(text, '|');
   int status = DDPLUG_E_ABORTED;
   for (int c = 1; bar && c < DDPLUG_STATUS_COUNT_; c++) {
@@ -58,7 +68,7 @@ void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text) {
     if ((size_t)(bar - text) == strlen(name) && !strncmp(text, name, strlen(name)))
       status = c;
   }
-  ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, 0);
+  ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, flags);
 }
 
 static void *watch(void *arg) {
@@ -74,7 +84,7 @@ static void *watch(void *arg) {
       break;
     }
     if (s == DDPLUG_OK) {
-      ddplug__ctx_adopt_abort(ctx, val);
+      ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);
       break;
     }
@@ -84,7 +94,7 @@ static void *watch(void *arg) {
              "lost the rendezvous store at %s:%d, which rank 0 serves: rank 0 "
              "exited or was killed, or the network failed (%s)",
              ctx->store_addr, ctx->store_port, ddplug_last_error());
-    ddplug__ctx_abort(ctx, DDPLUG_E_PEER_LOST, msg, 0);
+    ddplug__ctx_abort(ctx, DDPLUG_E_PEER_LOST, msg, DDPLUG__ABORT_NOTIFY);
     break;
   }
   return NULL;

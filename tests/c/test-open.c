@@ -386,3 +386,97 @@ TEST(bad_collective_arguments_are_refused_before_the_plugin) {
   CHECK_OK(ddplug_close(NULL));
   CHECK_STATUS(ddplug_open(NULL, NULL, NULL), DDPLUG_E_INVALID_ARGUMENT);
 }
+
+/* ---- found in review ------------------------------------------------------ */
+
+static void rank_reentrant(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config("{\"plugin\": \"reentrant\", \"rendezvous\": {\"timeout_s\": 20}}");
+  ddplug_context *ctx = open_ok();
+  if (rank == 1) {
+    usleep(300000); /* rank 0 is inside the plugin's barrier, holding its lock */
+    CHECK_OK(ddplug_abort(ctx, "operator stop"));
+  } else {
+    CHECK_STATUS(ddplug_barrier(ctx, 30000), DDPLUG_E_ABORTED);
+    CHECK_CONTAINS(ddplug_last_error(), "rank 1 aborted the run: operator stop");
+  }
+  ddplug_close(ctx);
+}
+
+TEST(abort_while_a_plugin_waits_holding_its_own_lock_does_not_deadlock) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_reentrant, NULL, NULL, 60, NULL), 0);
+}
+
+TEST(a_request_outlives_its_closed_context_safely) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  use_config("{\"plugin\": \"example\"}");
+  ddplug_context *ctx = open_ok();
+  int32_t x = 1;
+  ddplug_request *req = NULL;
+  CHECK_OK(ddplug_iallreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL, &req));
+  CHECK_OK(ddplug_close(ctx));
+  CHECK_STATUS(ddplug_wait(req, 1000), DDPLUG_E_ABORTED);
+  CHECK_CONTAINS(ddplug_last_error(), "the request's context was closed");
+  int done = 0;
+  CHECK_STATUS(ddplug_test(req, &done), DDPLUG_E_ABORTED);
+  CHECK_EQ_INT(done, 1);
+  ddplug_request_free(req); /* only the wrapper: ASan/valgrind check it */
+}
+
+static void rank_close_gives_up(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config("{\"plugin\": \"example\", \"timeouts\": {\"collective_s\": 1}}");
+  ddplug_context *ctx = open_ok();
+  if (rank == 0) {
+    CHECK_STATUS(ddplug_close(ctx), DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "rank 0 gave up closing the run");
+    CHECK_CONTAINS(ddplug_last_error(), "rank 1 did not arrive");
+    return;
+  }
+  sleep(3); /* still working when rank 0 gives up */
+  int32_t x = 1;
+  CHECK(ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL) != DDPLUG_OK);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 0 gave up closing the run");
+  ddplug_close(ctx);
+}
+
+TEST(a_rank_that_gives_up_closing_tells_the_others_why) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_close_gives_up, NULL, NULL, 60, NULL), 0);
+}
+
+static void rank_zero_fails_first(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_context *ctx = NULL;
+  if (rank == 0) {
+    ddplug_open_options o = DDPLUG_OPEN_OPTIONS_INIT;
+    o.plugin = "nosuchplugin";
+    CHECK_STATUS(ddplug_open(NULL, &o, &ctx), DDPLUG_E_NOT_FOUND);
+    return;
+  }
+  usleep(500000); /* connects after rank 0 has already failed */
+  double t0 = now_s();
+  CHECK_STATUS(ddplug_open(NULL, NULL, &ctx), DDPLUG_E_NOT_FOUND);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 0 failed to open: plugin 'nosuchplugin' not found");
+  CHECK(now_s() - t0 < 15); /* told, not timed out (rendezvous timeout 20 s) */
+}
+
+TEST(rank_zero_failing_first_still_tells_the_late_ranks) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_zero_fails_first, NULL, NULL, 60, NULL), 0);
+}
+
+TEST(bad_timeouts_are_refused_without_ending_the_run) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  use_config("{\"plugin\": \"example\"}");
+  ddplug_context *ctx = open_ok();
+  CHECK_STATUS(ddplug_barrier(ctx, -5), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "needs a positive timeout or DDPLUG_TIMEOUT_DEFAULT");
+  CHECK_STATUS(ddplug_barrier(ctx, 0), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_OK(ddplug_barrier(ctx, 1000));
+  CHECK_OK(ddplug_close(ctx));
+}

@@ -317,26 +317,34 @@ typedef struct ddplug_open_options {
 /* Join the run. Collective: every rank of the world calls it.
  *  1. discovers the world (ddplug_world_discover);
  *  2. rank 0 serves the rendezvous store (unless config names an external
- *     one), every rank connects;
- *  3. every rank registers; rank 0 waits at most the rendezvous timeout and,
+ *     one), every rank connects — from here on a failure on any rank is
+ *     published and fails every rank at once with that rank's sentence;
+ *  3. the plugin is loaded (config "plugin" or opts->plugin);
+ *  4. every rank registers; rank 0 waits at most the rendezvous timeout and,
  *     if ranks are missing, fails on every rank naming them ("ranks 2, 3
  *     never joined after 30.0 s: started 2 of 4 processes?");
- *  4. startup checks: world size agreed, ranks unique, config identical
+ *  5. startup checks: world size agreed, ranks unique, config identical
  *     (hash), the same plugin name and version everywhere — a mismatch fails
  *     on every rank naming the ranks that differ;
- *  5. host identities are exchanged to learn which ranks share a node;
- *  6. the plugin is loaded and its group created.
+ *  6. host identities are exchanged to learn which ranks share a node;
+ *  7. the plugin's group is created, and every rank waits for all others.
  * On success *out is the context. On failure *out is untouched, everything
  * is released, and ddplug_last_error() says what happened on which rank.
  * cfg may be NULL (ddplug_config_load_env is used); cfg is copied.
- * Blocks at most the rendezvous timeout. Since 1.0. */
+ * Blocks at most the rendezvous timeout (plus a grace of max(2 s, 10 %) for
+ * rank 0's report) for steps 1–6, plus the collective timeout for the
+ * plugin's group creation. Since 1.0. */
 DDPLUG_API int ddplug_open(const ddplug_config *cfg,
                            const ddplug_open_options *opts,
                            ddplug_context **out);
 
 /* Leave the run: waits (at most the collective timeout) for the other
  * ranks to close too, destroys the plugin group, disconnects, frees ctx.
- * Always frees ctx, also when the close barrier fails (the status says so).
+ * Always frees ctx, also when the close barrier fails (the status says so,
+ * and the other ranks are told why this rank left). Rank 0, which serves
+ * the store, then waits (a few seconds at most) until the other processes
+ * have disconnected. Requests not yet freed lose their context: waiting on
+ * them returns ABORTED and ddplug_request_free only releases the handle.
  * NULL is a no-op. Since 1.0. */
 DDPLUG_API int ddplug_close(ddplug_context *ctx);
 
@@ -369,9 +377,13 @@ DDPLUG_API ddplug_store *ddplug_context_store(ddplug_context *ctx);
 /* ========================================================================
  * Collectives. Every rank must issue the same collectives in the same
  * order; a plugin with DDPLUG_CAP_MISMATCH_CHECK reports DDPLUG_E_MISMATCH
- * instead of producing garbage when they differ. The blocking forms wait
- * the configured collective timeout; if it expires or a peer is lost, the
- * context is aborted (later calls return ABORTED naming the cause).
+ * on every rank instead of producing garbage when they differ (the run goes
+ * on). The blocking forms wait the configured collective timeout (barrier:
+ * its timeout_ms, > 0 or DDPLUG_TIMEOUT_DEFAULT); if it expires, a peer is
+ * lost, or the run is aborted, the context is aborted on every rank: later
+ * calls fail at once with the same status and the sentence naming the cause
+ * (PEER_LOST naming the lost rank, TIMEOUT naming the collective and the late
+ * ranks, ABORTED naming who called ddplug_abort).
  * stream: an opaque device stream for device plugins (e.g. cudaStream_t),
  * NULL otherwise. A ctx is not thread-safe for collectives: issue them from
  * one thread (ddplug_abort and ddplug_context_error excepted).
@@ -413,8 +425,10 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms);
 DDPLUG_API int ddplug_test(ddplug_request *req, int *done);
 /* The request's sequence number on its context (1, 2, ...). */
 DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req);
-/* Release req. Freeing a pending request aborts the context (the
- * collective cannot be completed safely); NULL is a no-op. */
+/* Release req. Freeing a pending request aborts the run (the collective
+ * cannot be completed safely) — unless the plugin has no group_abort, then
+ * it first waits (at most the collective timeout) for it to finish. A request
+ * whose context was closed is just released. NULL is a no-op. */
 DDPLUG_API void ddplug_request_free(ddplug_request *req);
 
 /* ========================================================================

@@ -284,7 +284,7 @@ typedef struct ddplug_plugin {
 
   /* ---- end of ABI 1.0 ---- */
 
-  /* --- sampler (optional; all five or none) ----------------------------- */
+  /* --- sampler (optional; all six or none) ------------------------------ */
 
   /* Create a sampler for desc (copied). The runtime only calls this for a
    * stream whose split owner is DDPLUG_OWNER_PLUGIN. */

@@ -136,7 +136,7 @@ def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
     # small buckets: several async allreduces per step; accumulation: no_sync path
-    cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002})
+    cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}, checks={"param_sync_every": 1})
     common = ["--scenario", "parity", "--devices", str(world), "--epochs", "2", "--accumulate", "2"]
     ddp = run_script("lit_run.py", *common, "--strategy", "ddp", out_dir=out / "ddp").ok()
     mine = run_script("lit_run.py", *common, "--config", cfg, out_dir=out / "ddplug").ok()
@@ -147,6 +147,15 @@ def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
         for pa, pb in zip(a[r]["params"], b[r]["params"]):
             assert pa == pytest.approx(pb, rel=1e-5, abs=1e-6)
         assert b[r]["streams"]["train"]["owner"] == "user"
+
+
+def test_parameter_check_names_the_rank_that_drifted(out: Path) -> None:
+    run = run_script("lit_run.py", "--scenario", "desync", "--devices", "2", "--epochs", "1",
+                     "--config", config(checks={"param_sync_every": 1}), out_dir=out)
+    assert run.returncode != 0
+    for r in run.ranks(2):
+        assert r["type"] == "ParametersDiffer", r
+        assert "parameters differ across ranks after step 3: rank(s) 1 disagree with rank 0" in r["error"]
 
 
 def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:

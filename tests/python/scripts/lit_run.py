@@ -27,7 +27,8 @@ import lit_common as C
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--scenario", required=True,
-                   choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare"])
+                   choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare",
+                            "desync"])
     p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddp"])
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--nodes", type=int, default=1)
@@ -93,6 +94,15 @@ class Data(pl.LightningDataModule):
         return DataLoader(self.ds, batch_size=self.args.batch)
 
 
+class Desync(pl.Callback):
+    """Rank 1 nudges a parameter after its second step, behind the gradient sync's back."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and batch_idx == 1:
+            with torch.no_grad():
+                next(module.parameters()).add_(0.5)
+
+
 @C.guarded
 def main() -> None:
     args = parse()
@@ -106,7 +116,9 @@ def main() -> None:
         strategy = "ddp"
     model = C.Recorder()
     data = Data(args)
-    callbacks = []
+    callbacks: list = []
+    if args.scenario == "desync":
+        callbacks.append(Desync())
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(os.environ["DDPLUG_TEST_OUT"], "ckpt"),
                                          every_n_train_steps=args.ckpt_every, save_top_k=-1,

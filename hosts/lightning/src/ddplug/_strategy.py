@@ -16,7 +16,7 @@ from torch import Tensor
 from . import _host
 from .config import ConfigSource
 from .context import Context
-from .gradsync import GradientSync
+from .gradsync import GradientSync, check_parameters_equal
 from .streams import DataSplit
 
 
@@ -38,6 +38,7 @@ class DdplugParallel:
         self._ctx: Optional[Context] = None
         self._grad_sync: Optional[GradientSync] = None
         self._data: Optional[DataSplit] = None
+        self._optimizer_steps = 0
 
     # ---- properties every ParallelStrategy has -------------------------------
     @property
@@ -145,6 +146,23 @@ class DdplugParallel:
         gs = self._grad_sync
         if gs is not None and gs.enabled and gs._round:
             gs.finish()
+
+    def _after_optimizer_step(self, params: Any) -> None:
+        """Every "checks.param_sync_every" optimizer steps: check that every rank
+        holds the same parameters (collective)."""
+        self._optimizer_steps += 1
+        ctx = self._live()
+        if ctx is None:
+            return
+        every = getattr(self, "_param_sync_every", None)
+        if every is None:
+            cfg = ctx.config
+            try:
+                every = self._param_sync_every = int(cfg.get("checks.param_sync_every", 0) or 0)
+            finally:
+                cfg.close()
+        if every > 0 and self._optimizer_steps % every == 0:
+            check_parameters_equal(ctx, params, self._optimizer_steps)
 
     def close(self) -> None:
         """Leave the run now (else at interpreter exit, so that several runs of one

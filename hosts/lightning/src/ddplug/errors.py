@@ -63,6 +63,11 @@ class Mismatch(DdplugError):
     pass
 
 
+class ParametersDiffer(Mismatch):
+    """The parameter check (config "checks.param_sync_every") found ranks whose
+    parameters differ from rank 0's; raised on every rank."""
+
+
 class Aborted(DdplugError):
     pass
 

@@ -160,7 +160,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @override
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         self._finish_pending_sync()  # a plain loss.backward() instead of fabric.backward()
-        return super().optimizer_step(optimizer, **kwargs)
+        out = super().optimizer_step(optimizer, **kwargs)
+        self._after_optimizer_step(p for g in optimizer.param_groups for p in g["params"])
+        return out
 
     # ------------------------------------------------------------------ collectives
     @override

@@ -66,6 +66,35 @@ class _Bucket:
         return sum(s.numel for s in self.slots) * p.element_size()
 
 
+def check_parameters_equal(ctx: Context, params: Iterable[torch.nn.Parameter], step: int) -> None:
+    """Collective: raise :class:`~ddplug.errors.ParametersDiffer` on every rank,
+    naming the ranks whose parameters differ from rank 0's (config
+    "checks.param_sync_every"). Compares per-parameter fingerprints (sum and
+    sum of squares in float64), so it costs one pass over the parameters and
+    one small allgather."""
+    import numpy as np
+
+    from .errors import ParametersDiffer, status_code
+
+    with torch.no_grad():
+        fp = [float(v) for p in params for v in (p.double().sum(), p.double().pow(2).sum())]
+    mine = np.asarray(fp, dtype=np.float64)
+    every = np.empty(mine.size * ctx.world_size, dtype=np.float64)
+    ctx.allgather(mine, every)
+    every = every.reshape(ctx.world_size, mine.size)
+    scale = np.maximum(np.abs(every[0]), 1.0)
+    differ = [r for r in range(1, ctx.world_size) if np.any(np.abs(every[r] - every[0]) > 1e-6 * scale)]
+    if differ:
+        ranks = ", ".join(str(r) for r in differ)
+        raise ParametersDiffer(
+            status_code("MISMATCH"), "MISMATCH", "collectives differ across ranks",
+            f"parameters differ across ranks after step {step}: rank(s) {ranks} disagree with rank 0"
+            " (checks.param_sync_every). Something changed parameters outside the synchronized gradient"
+            " step (a rank-dependent update, an unsynchronized buffer, different initialization after setup).",
+            f"rank {ctx.rank}",
+        )
+
+
 def broadcast_module(ctx: Context, module: torch.nn.Module, root: int = 0, chunk_mb: float = 64) -> None:
     """Make every rank's parameters and buffers equal to ``root``'s: flattened per
     device and dtype, in chunks of at most ``chunk_mb``."""

@@ -239,7 +239,10 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         **kwargs: Any,
     ) -> Any:
         self._finish_pending_sync()  # gradients from a backward outside Lightning's
-        return super().optimizer_step(optimizer, closure, model, **kwargs)
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        assert self.lightning_module is not None
+        self._after_optimizer_step(self.lightning_module.parameters())
+        return out
 
     # ------------------------------------------------------------------ collectives
     @override

@@ -34,6 +34,8 @@ def test_collectives(out: Path, world: int) -> None:
         assert r["obj"] == {"hello": "from 0", "r": 0}
         assert r["objs"] == [["rank", k, "x" * (k * 100)] for k in range(world)]
         assert r["async_done"] == [True] * 4
+        assert r["store_get"] == "hello\x00bytes"
+        assert r["store_total"] == total
         if r["plugin"] == "host":
             assert r["bf16"] == pytest.approx([0.5 * total] * 7, rel=1e-2)
 

@@ -63,6 +63,13 @@ def collectives(ctx: ddplug.Context) -> dict:
         outs.append(q._keep == ())
     res["async_done"] = outs
     ctx.barrier()
+    # the host's corner of the store (user/...)
+    if r == 0:
+        ctx.store.set("greeting", b"hello\x00bytes")
+    res["store_get"] = ctx.store.get("greeting", 30).decode("latin-1")
+    res["store_add"] = ctx.store.add("counter", r + 1)
+    ctx.barrier()
+    res["store_total"] = ctx.store.add("counter", 0)
     from ddplug import _names
 
     if ctx.plugin["dtype_mask"] & (1 << _names.dtypes()["bfloat16"]):

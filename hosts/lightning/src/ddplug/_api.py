@@ -64,8 +64,6 @@ PROTOTYPES: dict = {
     "ddplug_store_set": (c_int, [P, c_char_p, P, c_uint64]),
     "ddplug_store_get": (c_int, [P, c_char_p, c_int64, PP, U64P]),
     "ddplug_store_add": (c_int, [P, c_char_p, c_int64, I64P]),
-    "ddplug_store_delete": (c_int, [P, c_char_p, IP]),
-    "ddplug_store_error": (c_char_p, [P]),
     # context
     "ddplug_open": (c_int, [P, POINTER(S.OpenOptions), PP]),
     "ddplug_close": (c_int, [P]),

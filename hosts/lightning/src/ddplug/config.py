@@ -16,7 +16,7 @@ import os
 from typing import Any, Mapping, Optional, Union
 
 from ._api import F, take_string
-from .errors import check, status_code
+from .errors import check
 
 
 class Config:
@@ -112,15 +112,6 @@ class Config:
         out = ctypes.c_void_p()
         check(F.ddplug_config_get_string(self.handle, path.encode(), ctypes.byref(out)))
         return take_string(out)
-
-    def has(self, path: str) -> bool:
-        """Whether the effective config has a value at ``path``."""
-        out = ctypes.c_void_p()
-        st = F.ddplug_config_get_string(self.handle, path.encode(), ctypes.byref(out))
-        if st == 0:
-            take_string(out)
-            return True
-        return st != status_code("NOT_FOUND")
 
     # ---- deriving --------------------------------------------------------
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":

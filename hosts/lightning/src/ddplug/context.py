@@ -39,7 +39,8 @@ def set_current(ctx: Optional["Context"]) -> None:
 
 class Request:
     """A started asynchronous collective. Keep it until :meth:`wait` returned; the
-    buffers it uses stay referenced here until then."""
+    buffers it uses stay referenced here until then. A request dropped while
+    pending is never freed (freeing a pending request aborts the run)."""
 
     def __init__(self, ctx: "Context", handle: ctypes.c_void_p, keep: tuple) -> None:
         self._ctx = ctx
@@ -82,12 +83,6 @@ class Request:
         if h:
             F.ddplug_request_free(h)
 
-    def __del__(self) -> None:  # pragma: no cover
-        # A pending request must not be freed (that aborts the run): it is only
-        # released after completion. Dropping a pending one leaks it on purpose.
-        if self._done:
-            return
-
 
 class Store:
     """The context's rendezvous store (borrowed), restricted to keys under
@@ -106,23 +101,19 @@ class Store:
         return F.ddplug_context_store(self._ctx.handle)
 
     def set(self, key: str, value: bytes) -> None:
-        h = self._h
-        check(F.ddplug_store_set(h, self._key(key), value, len(value)), f"store set {key}",
-              (F.ddplug_store_error(h) or b"").decode() or None)
+        check(F.ddplug_store_set(self._h, self._key(key), value, len(value)), f"store set {key}")
 
     def get(self, key: str, timeout_s: float) -> bytes:
-        h = self._h
+        """Wait (at most timeout_s) until key exists; its value."""
         out, n = ctypes.c_void_p(), ctypes.c_uint64()
-        check(F.ddplug_store_get(h, self._key(key), int(timeout_s * 1000), ctypes.byref(out),
-                                 ctypes.byref(n)), f"store get {key}",
-              (F.ddplug_store_error(h) or b"").decode() or None)
+        check(F.ddplug_store_get(self._h, self._key(key), int(timeout_s * 1000), ctypes.byref(out),
+                                 ctypes.byref(n)), f"store get {key}")
         return take_bytes(out, n.value)
 
     def add(self, key: str, delta: int) -> int:
-        h = self._h
+        """Atomically add delta to the integer at key (missing = 0); the new value."""
         out = ctypes.c_int64()
-        check(F.ddplug_store_add(h, self._key(key), delta, ctypes.byref(out)), f"store add {key}",
-              (F.ddplug_store_error(h) or b"").decode() or None)
+        check(F.ddplug_store_add(self._h, self._key(key), delta, ctypes.byref(out)), f"store add {key}")
         return out.value
 
 

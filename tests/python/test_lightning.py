@@ -68,10 +68,12 @@ def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_aware_bucket_sampler_as_sampler_is_not_split_twice(out: Path, world: int) -> None:
+    # Trainer(strategy="ddplug") by name: registered by `import ddplug.lightning`
     run = run_script("lit_run.py", "--scenario", "sovits", "--devices", str(world), "--epochs", "1",
-                     out_dir=out).ok()
+                     "--strategy", "ddplug-by-name", out_dir=out).ok()
     ranks = run.ranks(world)
     for r in ranks:
+        assert r["lightning_world"]["environment"] == "LightningEnvironment"
         assert r["num_training_batches"] == N // (B * world)  # not N / (B * world**2)
         assert len(r["seen"]["0"]) == N // (B * world)
         s = r["streams"]["train"]

@@ -29,7 +29,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--scenario", required=True,
                    choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare",
                             "desync"])
-    p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddp"])
+    p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddplug-by-name", "ddp"])
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--n", type=int, default=96)
@@ -112,6 +112,10 @@ def main() -> None:
         import ddplug.lightning
 
         strategy = ddplug.lightning.DdplugStrategy(config=json.loads(args.config) if args.config else None)
+    elif args.strategy == "ddplug-by-name":
+        import ddplug.lightning  # noqa: F401  (registers strategy="ddplug"; config from DDPLUG_CONFIG)
+
+        strategy = "ddplug"
     else:
         strategy = "ddp"
     model = C.Recorder()
@@ -152,7 +156,7 @@ def main() -> None:
         "prepared_seen": getattr(data, "prepared_seen", None),
         "dataset_epochs": data.ds.epochs_seen,
     })
-    if args.strategy == "ddplug":
+    if args.strategy != "ddp":
         ctx = trainer.strategy.context
         result["ddplug_world"] = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
                                   "node_rank": ctx.node_rank, "num_nodes": ctx.num_nodes}

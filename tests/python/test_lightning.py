@@ -109,6 +109,16 @@ def test_bucket_sampler_from_config(out: Path) -> None:
         assert set(i for r in ranks for i in flat(r["seen"][epoch])) == set(range(N))
 
 
+def test_the_same_sampler_under_ddp_is_split_twice(out: Path) -> None:
+    """The failure the previous test guards against, as Lightning's DDPStrategy
+    produces it: the rank-aware sampler is wrapped again, N/(B*G^2) steps."""
+    world = 2
+    run = run_script("lit_run.py", "--scenario", "sovits", "--devices", str(world), "--epochs", "1",
+                     "--strategy", "ddp", out_dir=out).ok()
+    for r in run.ranks(world):
+        assert r["num_training_batches"] == N // (B * world * world)
+
+
 def test_distributed_sampler_subclass_as_batch_sampler(out: Path) -> None:
     world = 2
     run = run_script("lit_run.py", "--scenario", "dsbatch", "--devices", str(world), "--epochs", "1",

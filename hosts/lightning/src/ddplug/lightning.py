@@ -114,7 +114,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def is_distributed(self) -> bool:
         """True: Lightning then syncs ``self.log(..., sync_dist=True)`` through
         :meth:`reduce` (lightning/pytorch/core/module.py:543 reads it through the
-        accelerator connector, accelerator_connector.py:553-568)."""
+        accelerator connector, accelerator_connector.py:554-567)."""
         return True
 
     # ------------------------------------------------------------------ lifecycle
@@ -177,7 +177,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """Resolve, claim and install the split owner of one loader (Lightning calls
         this for every train/val/test/predict loader right after its own — here
-        disabled — sampler injection, data_connector.py:496-499)."""
+        disabled — sampler injection, data_connector.py:493-497)."""
         trainer = self._trainer
         if trainer is None or self._data is None:
             return dataloader
@@ -189,7 +189,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         rewrap = None
         if stage == RunningStage.PREDICTING:
             # Predict re-creates the loader even with injection off, wrapping its batch
-            # sampler to track indices (pytorch/utilities/data.py:322-323); keep that.
+            # sampler to track indices (pytorch/utilities/data.py:324-325); keep that.
             from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
 
             rewrap = _IndexBatchSamplerWrapper
@@ -258,7 +258,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def barrier(self, name: Optional[str] = None) -> None:
         if name and name.endswith("_dataloader()"):
             # Lightning requests a stage's loaders, then calls this barrier, then
-            # processes them (fit_loop.py:238-255, evaluation_loop.py:170-192):
+            # processes them (fit_loop.py:238-255, evaluation_loop.py:177-192):
             # restart the stream numbering of that stage.
             self._stream_counters.pop(name[: -len("_dataloader()")], None)
         self._barrier()
@@ -372,7 +372,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         ctx = self._ctx
 
         def prepare_data() -> None:
-            # Lightning's rule (data_connector.py:78-101), with the barrier made real.
+            # Lightning's rule (data_connector.py:80-101), with the barrier made real.
             from lightning.pytorch.trainer import call
             from lightning.pytorch.utilities.model_helpers import is_overridden
 

@@ -15,7 +15,7 @@ def flat(steps: list) -> list:
 
 @pytest.mark.parametrize("world", [2])
 def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
-    run = run_script("fabric_run.py", "--devices", str(world), out_dir=out).ok()
+    run = run_script("fabric_run.py", "--devices", str(world), "--by-name", out_dir=out).ok()
     ranks = run.ranks(world)
     for epoch in ("0", "1"):
         assert sorted(i for r in ranks for i in flat(r["seen"][epoch])) == list(range(64))

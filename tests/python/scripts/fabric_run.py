@@ -22,8 +22,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--config", default=None)
+    p.add_argument("--by-name", action="store_true", help='strategy="ddplug" (config from DDPLUG_CONFIG)')
     args = p.parse_args()
-    strategy = ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
+    strategy = "ddplug" if args.by_name else \
+        ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
     fabric = lf.Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
     fabric.launch()
     fabric.seed_everything(7)

@@ -100,16 +100,18 @@ static void rank_success(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(global_scope_runs_once_and_shares_the_message, 120) {
+/* Run fn on `world` ranks (two simulated nodes) for scope, all must pass. */
+static void run_scope(dt_rank_fn fn, int world, int scope) {
   g_calls = dt_temp_file(".calls", "");
-  int scope = DDPLUG_SCOPE_GLOBAL;
-  CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
+  CHECK_EQ_INT(dt_run_ranks(world, fn, &scope, NULL, 90, NULL), 0);
+}
+
+TEST_T(global_scope_runs_once_and_shares_the_message, 120) {
+  run_scope(rank_success, 4, DDPLUG_SCOPE_GLOBAL);
 }
 
 TEST_T(node_scope_runs_once_per_node, 120) {
-  g_calls = dt_temp_file(".calls", "");
-  int scope = DDPLUG_SCOPE_NODE;
-  CHECK_EQ_INT(dt_run_ranks(4, rank_success, &scope, NULL, 90, NULL), 0);
+  run_scope(rank_success, 4, DDPLUG_SCOPE_NODE);
 }
 
 /* ---- failure ------------------------------------------------------------ */
@@ -139,15 +141,11 @@ static void rank_failure(int rank, int world, void *arg) {
 }
 
 TEST_T(failure_reaches_every_waiter_global, 120) {
-  g_calls = dt_temp_file(".calls", "");
-  int scope = DDPLUG_SCOPE_GLOBAL;
-  CHECK_EQ_INT(dt_run_ranks(3, rank_failure, &scope, NULL, 90, NULL), 0);
+  run_scope(rank_failure, 3, DDPLUG_SCOPE_GLOBAL);
 }
 
 TEST_T(failure_reaches_every_waiter_node, 120) {
-  g_calls = dt_temp_file(".calls", "");
-  int scope = DDPLUG_SCOPE_NODE;
-  CHECK_EQ_INT(dt_run_ranks(4, rank_failure, &scope, NULL, 90, NULL), 0);
+  run_scope(rank_failure, 4, DDPLUG_SCOPE_NODE);
 }
 
 /* ---- timeout, misuse ---------------------------------------------------- */

@@ -189,14 +189,18 @@ def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
         assert len(after["0"]) == steps_per_epoch - 3
 
 
-def test_predict_splits_and_tracks_indices(out: Path) -> None:
+def test_predict_and_test_split_by_the_plugin(out: Path) -> None:
     world = 2
     run = run_script("lit_run.py", "--scenario", "predict", "--devices", str(world), out_dir=out).ok()
     ranks = run.ranks(world)
     assert sorted(i for r in ranks for i in r["predicted"]) == list(range(N))
     for r in ranks:
-        assert r["streams"]["predict"]["owner"] == "plugin"
+        assert r["predict_streams"]["predict"]["owner"] == "plugin"  # though predict re-creates loaders
+        assert r["predict_streams"]["predict"]["reports"][0]["verdict"] == "PASS"
         assert r["num_predictions"] == N // world
+        assert r["streams"]["test"]["owner"] == "plugin"
+        assert r["streams"]["test"]["reports"][0]["verdict"] == "PASS"
+    assert sorted(set(i for r in ranks for i in r["test_seen"])) == list(range(N // 3))
 
 
 @pytest.mark.parametrize("scope", ["global", "node"])

@@ -112,6 +112,7 @@ class Recorder(pl.LightningModule):
         self.seen: dict = {}
         self.val_seen: dict = {}
         self.predicted: list = []
+        self.test_seen: list = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
@@ -128,6 +129,10 @@ class Recorder(pl.LightningModule):
         self.log("val_loss", loss, sync_dist=True)
         self.log("val_rank", float(self.global_rank + 1), sync_dist=True)
         self.log("val_rank_sum", float(self.global_rank + 1), sync_dist=True, reduce_fx="sum")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.test_seen.extend(batch["idx"].tolist())
+        self.log("test_loss", torch.nn.functional.mse_loss(self(batch["x"]), batch["y"]), sync_dist=True)
 
     def predict_step(self, batch: dict, batch_idx: int) -> Any:
         self.predicted.extend(batch["idx"].tolist())

@@ -90,6 +90,9 @@ class Data(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.args.batch)
 
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.args.batch)
+
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.ds, batch_size=self.args.batch)
 
@@ -140,6 +143,9 @@ def main() -> None:
         preds = trainer.predict(model, datamodule=data)
         result["predicted"] = model.predicted
         result["num_predictions"] = sum(len(p) for p in preds)
+        result["predict_streams"] = C.streams_summary(trainer.strategy)
+        trainer.test(model, datamodule=data, verbose=False)  # the same strategy, a second run
+        result["test_seen"] = model.test_seen
     else:
         trainer.fit(model, datamodule=data, ckpt_path=args.resume)
     rank = trainer.global_rank

@@ -136,7 +136,8 @@ static int default_timeout_ms(ddplug_context *ctx, int64_t timeout_ms,
 static int deliver(const char *value, const char *desc, char **message) {
   int status, rank;
   const char *msg;
-  if (decode_outcome(value, &status, &rank, &msg) != 0)
+  if (decode_outcome(value, &status, &rank, &msg) != 0 || status < 0 ||
+      status >= DDPLUG_STATUS_COUNT_)
     return ddplug__err(DDPLUG_E_INTERNAL,
                        "%s: the recorded outcome is malformed (another "
                        "program wrote the store key?)",

@@ -217,6 +217,11 @@ static void rank_bad_args(int rank, int world, void *arg) {
   CHECK_STATUS(ddplug_run_once_end(ctx, "x", DDPLUG_SCOPE_GLOBAL, 999, NULL),
                DDPLUG_E_INVALID_ARGUMENT);
   CHECK_CONTAINS(ddplug_last_error(), "status 999 is not a ddplug status");
+  /* an outcome someone else wrote into the runtime's keys is refused, not trusted */
+  CHECK_OK(ddplug_store_set(ddplug_context_store(ctx), "ddplug/runonce/global/forged", "junk", 4));
+  CHECK_STATUS(ddplug_run_once_begin(ctx, "forged", DDPLUG_SCOPE_GLOBAL, 0, &runner, NULL),
+               DDPLUG_E_INTERNAL);
+  CHECK_CONTAINS(ddplug_last_error(), "run-once 'forged' (scope global): the recorded outcome is malformed");
   CHECK_OK(ddplug_close(ctx));
 }
 

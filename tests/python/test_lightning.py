@@ -34,7 +34,7 @@ def expected_order(rank: int, world: int, epoch: int, seed: int = 0, shuffle: bo
 @pytest.mark.parametrize("world", [2, 3])
 def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
     run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--val", "--csv",
-                     out_dir=out).ok()
+                     "--sanity", "2", out_dir=out).ok()
     ranks = run.ranks(world)
     for epoch in ("0", "1"):
         per_rank = [flat(r["seen"][epoch]) for r in ranks]
@@ -57,6 +57,7 @@ def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
         assert r["streams"]["val"]["owner"] == "plugin"
         assert r["gathered"] == [[k, 10 * k] for k in range(world)]
         assert r["broadcast"] == {"from": 1, "list": [1, 2]}
+    assert [rep["epoch"] for rep in ranks[0]["streams"]["val"]["reports"]] == [0, 1], "no audit of the sanity check"
     val = sorted(i for r in ranks for i in r["val_seen"]["1"])
     assert set(val) == set(range(N // 3)) and len(val) - N // 3 < world  # padding at most world-1
     assert "owner plugin" in run.stdout and "PASS" in run.stdout

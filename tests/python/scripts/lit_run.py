@@ -43,6 +43,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--val", action="store_true")
     p.add_argument("--workers", type=int, default=0, help="train DataLoader num_workers")
     p.add_argument("--csv", action="store_true", help="log to a CSVLogger in $DDPLUG_TEST_OUT/logs")
+    p.add_argument("--sanity", type=int, default=0, help="num_sanity_val_steps")
     p.add_argument("--prepare-scope", default="global", choices=["global", "node"])
     p.add_argument("--prepare-fail", action="store_true")
     return p.parse_args()
@@ -133,7 +134,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.devices, num_nodes=args.nodes, strategy=strategy, max_epochs=args.epochs,
         max_steps=args.max_steps, accumulate_grad_batches=args.accumulate,
-        limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=0,
+        limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=args.sanity,
         enable_progress_bar=False, enable_model_summary=False,
         logger=CSVLogger(os.path.join(os.environ["DDPLUG_TEST_OUT"], "logs"), name="run") if args.csv else False,
         enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks, deterministic=True,

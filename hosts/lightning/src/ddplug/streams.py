@@ -466,11 +466,14 @@ class DataSplit:
         index_sampler: Any = None
         user_bs: Any = None
         records = True
+        used = ""  # which of ddplug's samplers splits, for the log line
         if decision.owner == "plugin":
             settings = self.sampler_settings(stream, training)
             if settings.get("kind") == "bucket":
                 inner = self._bucket(loader, stream, settings)
+                used = "ddplug's length-bucketed batch sampler; "
             else:
+                used = "ddplug's distributed sampler; "
                 index_sampler = DistributedSampler(
                     n, context=self.ctx, stream=stream, shuffle=bool(settings.get("shuffle", True)),
                     seed=int(settings.get("seed", 0)), drop_last=bool(settings.get("drop_last", False)),
@@ -502,7 +505,7 @@ class DataSplit:
         if old is not None and old is not stream_bs:
             old.close()
         self.streams[stream] = stream_bs
-        self.log(f"{decision.line}; {len(stream_bs)} batches per epoch per rank")
+        self.log(f"{decision.line}; {used}{len(stream_bs)} batches per epoch per rank")
         return new_loader
 
     def _claimant(self) -> str:

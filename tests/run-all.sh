@@ -15,4 +15,19 @@ if compgen -G "tests/python/test_*.py" >/dev/null; then
   PYTHONPATH="$PWD/hosts/lightning/src${PYTHONPATH:+:$PYTHONPATH}" \
     DDPLUG_BUILD_DIR="$(cd "$BUILD" && pwd)" "$VENV/bin/python" -m pytest -q tests/python
 fi
+# The C tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (LeakSanitizer checks every forked case and rank). The big collective
+# matrix is left to the normal build (its code paths run in test-host-api
+# here too). DDPLUG_SANITIZE_PASS=0 skips this pass.
+if [[ "${DDPLUG_SANITIZE_PASS:-1}" != 0 ]]; then
+  ASAN_BUILD="$BUILD-asan"
+  echo "== C tests under ASan + UBSan ($ASAN_BUILD)"
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S . -B "$ASAN_BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DDDPLUG_SANITIZE=address,undefined -DDDPLUG_BUILD_BENCH=OFF \
+    -DDDPLUG_PYTHON="$(cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")/bin/python" \
+    >"$ASAN_BUILD.configure.log" 2>&1 || { cat "$ASAN_BUILD.configure.log"; exit 1; }
+  cmake --build "$ASAN_BUILD" -j "$JOBS" >"$ASAN_BUILD.build.log" 2>&1 || { tail -50 "$ASAN_BUILD.build.log"; exit 1; }
+  ctest --test-dir "$ASAN_BUILD" --output-on-failure -j "$JOBS" -E '^test-host-coll$'
+fi
 echo "== all tests passed"

@@ -134,11 +134,17 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   return DDPLUG_OK;
 }
 
-void ddplug__requests_orphan(ddplug_context *ctx) {
+void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group) {
+  const ddplug_plugin *t = &ctx->plugin->table;
   pthread_mutex_lock(&ctx->mu);
   for (ddplug_request *r = ctx->live; r; r = r->next) {
+    /* Finished requests are released here; group_destroy frees the
+     * plugin's side of those still pending. */
+    int32_t done = r->finished;
+    if (!done && t->request_test(group, r->preq, &done) != DDPLUG_OK) done = 1;
+    if (done) t->request_free(group, r->preq);
     r->ctx = NULL;
-    r->preq = NULL; /* group_destroy frees the plugin's side */
+    r->preq = NULL;
   }
   ctx->live = NULL;
   pthread_mutex_unlock(&ctx->mu);

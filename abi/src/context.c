@@ -109,7 +109,7 @@ static void destroy_group(ddplug_context *ctx) {
   while (ctx->aborting > 0) pthread_cond_wait(&ctx->abort_cv, &ctx->mu);
   pthread_mutex_unlock(&ctx->mu);
   if (g) {
-    ddplug__requests_orphan(ctx);
+    ddplug__requests_orphan(ctx, g);
     ddplug__plugin_err_clear(ctx);
     int s = ctx->plugin->table.group_destroy(g);
     if (s != DDPLUG_OK) {

@@ -149,8 +149,9 @@ int ddplug__ctx_fail(ddplug_context *ctx, int status);
 
 /* ---- collective.c --------------------------------------------------------- */
 
-/* At close: requests not yet freed lose their context (the plugin frees its
- * side in group_destroy); freeing them later frees only the wrapper. */
-void ddplug__requests_orphan(ddplug_context *ctx);
+/* At close, before group_destroy: requests not yet freed lose their
+ * context; the plugin's side of finished ones is freed now, of pending ones
+ * by group_destroy. Freeing a request later frees only its wrapper. */
+void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group);
 
 #endif /* DDPLUG_CONTEXT_H */

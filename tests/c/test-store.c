@@ -313,11 +313,15 @@ static void hammer_main(void *p) {
 }
 
 TEST_T(many_processes_hammer_add_exact_total, 120) {
-  ddplug_store_server *srv = st_serve(NULL);
-  int port = ddplug_store_server_port(srv);
+  /* Fork the clients before the server thread exists: forking a process
+   * with a running thread can leave a child with an allocator lock held
+   * (seen under ASan). The clients retry connecting until the server is up. */
+  int port = dt_free_port();
   pid_t pids[HAMMER_PROCS];
   double t0 = st_now_s();
   for (int i = 0; i < HAMMER_PROCS; i++) pids[i] = dt_fork(hammer_main, &port);
+  ddplug_store_server *srv = NULL;
+  CHECK_OK(ddplug_store_serve("127.0.0.1", port, NULL, &srv));
   for (int i = 0; i < HAMMER_PROCS; i++) st_join_child(pids[i], 100000, "a client");
   double secs = st_now_s() - t0;
   ddplug_store *st = st_connect(port, NULL);

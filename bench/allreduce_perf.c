@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ddplug/ddplug.h"
 
 #define PERIOD 1009 /* values repeat with this prime period */
@@ -59,28 +60,6 @@ typedef struct opts {
   int ranks, nodes, dtype, op, warmup, iters, inplace, check, copy_bw;
   const char *plugin, *options, *json;
 } opts;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || v < 0) return -1;
-  switch (*end) {
-    case 'k': case 'K': v *= 1024; end++; break;
-    case 'm': case 'M': v *= 1024 * 1024; end++; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
-    default: break;
-  }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  *out = (uint64_t)v;
-  return 0;
-}
 
 static int lookup(const char *name, const char *(*fn)(int), int max) {
   for (int i = 1; i <= max; i++)
@@ -105,8 +84,8 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--copy-bw")) { o->copy_bw = 1; used = 0; }
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
     else if (!v) { fprintf(stderr, "%s needs a value\n", a); return -1; }
-    else if (!strcmp(a, "-b")) { if (parse_size(v, &o->min_bytes)) goto bad; }
-    else if (!strcmp(a, "-e")) { if (parse_size(v, &o->max_bytes)) goto bad; }
+    else if (!strcmp(a, "-b")) { if (bench_parse_size(v, &o->min_bytes)) goto bad; }
+    else if (!strcmp(a, "-e")) { if (bench_parse_size(v, &o->max_bytes)) goto bad; }
     else if (!strcmp(a, "-f")) { o->factor = atof(v); if (o->factor <= 1.0) goto bad; }
     else if (!strcmp(a, "-n")) { o->ranks = atoi(v); if (o->ranks < 1 || o->ranks > 256) goto bad; }
     else if (!strcmp(a, "-N")) { o->nodes = atoi(v); if (o->nodes < 1 || o->nodes > 256) goto bad; }
@@ -227,13 +206,13 @@ static void *copy_thread(void *p) {
   memset(b, 2, j->bytes);
   memcpy(b, a, j->bytes); /* warm */
   pthread_barrier_wait(j->bar);
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int r = 0; r < j->reps; r++) {
     memcpy(b, a, j->bytes);
     /* the compiler must not drop copies into a buffer nobody reads */
     __asm__ volatile("" : : "r"(a), "r"(b) : "memory");
   }
-  j->seconds = now_s() - t0;
+  j->seconds = bench_now_s() - t0;
   pthread_barrier_wait(j->bar);
   free(a);
   free(b);
@@ -332,19 +311,19 @@ static int run_rank(const opts *o) {
     /* iterations: fixed, or rank 0's estimate for ~0.1 s, shared */
     int64_t iters = o->iters;
     if (iters == 0) {
-      double t0 = now_s();
+      double t0 = bench_now_s();
       CHECKED(ddplug_allreduce(ctx, sp, recv, count, dt, op, NULL));
-      double one = now_s() - t0;
+      double one = bench_now_s() - t0;
       iters = one > 0 ? (int64_t)(0.1 / one) : 1000;
       if (iters < 20) iters = 20;
       if (iters > 20000) iters = 20000;
       CHECKED(ddplug_broadcast(ctx, &iters, &iters, 1, DDPLUG_INT64, 0, NULL));
     }
     CHECKED(ddplug_barrier(ctx, DDPLUG_TIMEOUT_DEFAULT));
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int64_t i = 0; i < iters; i++)
       CHECKED(ddplug_allreduce(ctx, sp, recv, count, dt, op, NULL));
-    double per = (now_s() - t0) / (double)iters;
+    double per = (bench_now_s() - t0) / (double)iters;
     CHECKED(ddplug_allreduce(ctx, &per, &per, 1, DDPLUG_FLOAT64, DDPLUG_OP_MAX, NULL));
     uint64_t wrong = 0;
     if (o->check) {
@@ -382,24 +361,9 @@ static int run_rank(const opts *o) {
   return total_wrong ? 1 : s != DDPLUG_OK ? 2 : 0;
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
-}
-
 /* Launch o->ranks processes with a torchrun-style environment. */
 static int launch(const opts *o) {
-  int port = free_port();
+  int port = bench_free_port();
   pid_t pids[256];
   for (int r = 0; r < o->ranks; r++) {
     fflush(stdout);

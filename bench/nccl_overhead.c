@@ -41,6 +41,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "bench_util.h"
 #include "ddplug/ddplug.h"
 
 typedef struct opts {
@@ -74,39 +75,13 @@ typedef struct opts {
       DIE("%s: %s: %s", #expr, ddplug_status_name(s_), ddplug_last_error()); \
   } while (0)
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
+static double now_us(void) { return bench_now_s() * 1e6; }
 
 static size_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'G': case 'g': v *= 1024.0; /* fall through */
-    case 'M': case 'm': v *= 1024.0; /* fall through */
-    case 'K': case 'k': v *= 1024.0; break;
-    case '\0': break;
-    default: DIE("bad size '%s'", s);
-  }
+  uint64_t v;
+  if (bench_parse_size(s, &v) != 0) DIE("bad size '%s'", s);
   if (v < 4) DIE("size '%s' below 4 bytes", s);
   return (size_t)v;
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 /* Asked in a child: CUDA must stay uninitialised in the launcher. */
@@ -304,7 +279,7 @@ int main(int argc, char **argv) {
            "{\"plugin\":\"nccl\",\"plugin_options\":{\"device_map\":[%s]%s}}", map,
            share ? ",\"allow_shared_gpu\":true" : "");
   char port[16], world[16];
-  snprintf(port, sizeof port, "%d", free_port());
+  snprintf(port, sizeof port, "%d", bench_free_port());
   snprintf(world, sizeof world, "%d", o.ranks);
   pid_t *pids = calloc((size_t)o.ranks, sizeof *pids);
   for (int r = 0; r < o.ranks; r++) {

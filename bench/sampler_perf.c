@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ddplug/ddplug.h"
 
 typedef struct row {
@@ -32,12 +33,6 @@ typedef struct row {
   double rate_mean, rate_min, start_us, extra_kib;
   uint64_t checksum;
 } row;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static long rss_kib(void) {
   FILE *f = fopen("/proc/self/statm", "r");
@@ -81,15 +76,15 @@ static void run_row(row *r, ddplug_sampler_desc desc, int world, int ranks,
     if (st) die("ddplug_sampler_new", st);
     for (int e = 0; e < epochs; e++) {
       uint64_t got = 0, total = 0;
-      double t0 = now_s();
+      double t0 = bench_now_s();
       if ((st = ddplug_sampler_set_epoch(s, (uint64_t)e))) die("set_epoch", st);
       uint64_t first_cap = desc.kind == DDPLUG_SAMPLER_BUCKET ? chunk : 1;
       if ((st = ddplug_sampler_next(s, buf, first_cap, &got))) die("next", st);
-      double t1 = now_s();
+      double t1 = bench_now_s();
       starts[nstarts++] = (t1 - t0) * 1e6;
       total += got;
       for (uint64_t i = 0; i < got; i++) r->checksum += (uint64_t)buf[i];
-      double t2 = now_s();
+      double t2 = bench_now_s();
       for (;;) {
         if ((st = ddplug_sampler_next(s, buf, chunk, &got))) die("next", st);
         if (got == 0) break;
@@ -98,7 +93,7 @@ static void run_row(row *r, ddplug_sampler_desc desc, int world, int ranks,
         for (uint64_t i = 0; i < got; i++) c += (uint64_t)buf[i];
         r->checksum += c;
       }
-      double rate = (double)total / (now_s() - t2 + (t1 - t0));
+      double rate = (double)total / (bench_now_s() - t2 + (t1 - t0));
       sum_rate += rate;
       min_rate = nrates == 0 || rate < min_rate ? rate : min_rate;
       nrates++;

@@ -20,15 +20,12 @@
 #include <unistd.h>
 #include <pthread.h>
 
+#include "bench_util.h"
 #include "ddplug/ddplug.h"
 
 static int g_json;
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
+static double now_us(void) { return bench_now_s() * 1e6; }
 
 static void die(const char *what, int rc) {
   fprintf(stderr, "ddplug-store-perf: %s failed: %s: %s\n", what,

@@ -20,6 +20,10 @@
  *   -I             in place (send == recv)
  *   -c 0|1         check results (one extra, verified run per size)  [1]
  *   --plugin NAME  plugin to load                                     [host]
+ *                  nccl: runs ddplug-nccl-overhead (beside this program)
+ *                  with -n -b -e -f -w -i --json, which times the plugin
+ *                  against direct ncclAllReduce on the same device buffers,
+ *                  stream and run (float32 sum in place)
  *   --options JSON plugin_options                                     [{}]
  *   --json FILE    also write the table as JSON
  *   --copy-bw      measure this machine's memory copy bandwidth (STREAM
@@ -59,6 +63,9 @@ typedef struct opts {
   double factor;
   int ranks, nodes, dtype, op, warmup, iters, inplace, check, copy_bw;
   const char *plugin, *options, *json;
+  /* What the command line set, as given: forwarded for --plugin nccl. */
+  const char *given[8][2];
+  int ngiven, other_given;
 } opts;
 
 static int lookup(const char *name, const char *(*fn)(int), int max) {
@@ -75,8 +82,9 @@ static void usage(void) {
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  *o = (opts){8, 64ull << 20, 2.0, 1, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 5, 0, 0, 1, 0,
-              "host", "{}", NULL};
+  *o = (opts){.min_bytes = 8, .max_bytes = 64ull << 20, .factor = 2.0, .ranks = 1, .nodes = 1,
+              .dtype = DDPLUG_FLOAT32, .op = DDPLUG_OP_SUM, .warmup = 5, .check = 1,
+              .plugin = "host", .options = "{}"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int used = 1;
@@ -98,6 +106,12 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--options")) { o->options = v; }
     else if (!strcmp(a, "--json")) { o->json = v; }
     else { fprintf(stderr, "unknown option %s\n", a); usage(); return -1; }
+    if (used && (!strcmp(a, "-b") || !strcmp(a, "-e") || !strcmp(a, "-f") || !strcmp(a, "-n") ||
+                 !strcmp(a, "-w") || !strcmp(a, "-i") || !strcmp(a, "--json"))) {
+      if (o->ngiven < 8) { o->given[o->ngiven][0] = a; o->given[o->ngiven++][1] = v; }
+    } else if (strcmp(a, "--plugin") != 0 && strcmp(a, "-c") != 0) {
+      o->other_given = 1;
+    }
     i += used;
     continue;
   bad:
@@ -403,9 +417,44 @@ static int launch(const opts *o) {
   return worst;
 }
 
+/* --plugin nccl: device buffers and a direct-NCCL baseline need CUDA, which
+ * this program does not link; ddplug-nccl-overhead (built with the nccl
+ * plugin) does both, so run it with the options that apply. */
+static int run_nccl_overhead(const opts *o) {
+  if (o->other_given) {
+    fprintf(stderr, "ddplug-allreduce-perf --plugin nccl runs ddplug-nccl-overhead, which "
+                    "measures float32 sum in place on one node; of the options only -n -b -e "
+                    "-f -w -i --json apply\n");
+    return 2;
+  }
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 64);
+  if (n <= 0) {
+    fprintf(stderr, "ddplug-allreduce-perf: cannot find its own path: %s\n", strerror(errno));
+    return 2;
+  }
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  strcpy(slash ? slash + 1 : self, "ddplug-nccl-overhead");
+  const char *argv[2 + 2 * 8 + 1];
+  int k = 0;
+  argv[k++] = self;
+  for (int i = 0; i < o->ngiven; i++) {
+    argv[k++] = o->given[i][0];
+    argv[k++] = o->given[i][1];
+  }
+  argv[k] = NULL;
+  fflush(stdout);
+  execv(self, (char *const *)argv);
+  fprintf(stderr, "ddplug-allreduce-perf: --plugin nccl needs %s: %s (it is built with the nccl "
+                  "plugin, when CMake finds CUDA and NCCL)\n", self, strerror(errno));
+  return 2;
+}
+
 int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o) != 0) return 2;
+  if (!strcmp(o.plugin, "nccl") && !o.copy_bw) return run_nccl_overhead(&o);
   signal(SIGPIPE, SIG_IGN);
   if (o.copy_bw) {
     int n = o.ranks;

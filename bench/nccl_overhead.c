@@ -18,10 +18,12 @@
  * is reported, so that clock changes and noise hit both alike.
  *
  * usage: ddplug-nccl-overhead [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR]
- *                             [-w WARMUP] [-i ITERS] [-r REPEATS] [--json]
+ *                             [-w WARMUP] [-i ITERS] [-r REPEATS] [--json FILE]
  *   RANKS defaults to the number of visible GPUs (at least 2 share GPU 0 when
  *   there is only one: NCCL_MULTI_RANK_GPU_ENABLE=1 and allow_shared_gpu);
  *   sizes in bytes accept K/M/G suffixes (default 8 .. 256M, factor 2).
+ *   --json FILE also writes the table as JSON.
+ * `ddplug-allreduce-perf --plugin nccl ...` runs this program.
  * It needs a GPU; without one it says so and exits 2.
  *
  * SPDX-License-Identifier: Apache-2.0
@@ -45,7 +47,8 @@
 #include "ddplug/ddplug.h"
 
 typedef struct opts {
-  int ranks, json;
+  int ranks;
+  const char *json; /* also write the table as JSON to this file */
   size_t min_bytes, max_bytes;
   double factor;
   int warmup, iters, repeats;
@@ -197,17 +200,19 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
   CUDA(cudaMalloc((void **)&buf, o->max_bytes));
   CUDA(cudaMemset(buf, 0, o->max_bytes));
 
+  FILE *js = NULL;
   if (rank == 0) {
-    if (o->json)
-      printf("{\"bench\":\"nccl-overhead\",\"ranks\":%d,\"device\":\"%s\","
-             "\"dtype\":\"float32\",\"op\":\"sum\",\"rows\":[",
-             o->ranks, gpu);
-    else
-      printf("# ddplug-nccl-overhead: ddplug (plugin nccl) vs direct ncclAllReduce, "
-             "float32 sum in place, %d ranks, device %s, best of %d x %d iters\n"
-             "#        size       count |  sync: ddplug(us)  nccl(us)  +us    +%%  "
-             "busbw(GB/s) | async: ddplug(us)  nccl(us)  +us    +%%\n",
-             o->ranks, gpu, o->repeats, o->iters);
+    if (o->json && !(js = fopen(o->json, "w")))
+      DIE("cannot write %s: %s", o->json, strerror(errno));
+    if (js)
+      fprintf(js, "{\"bench\":\"nccl-overhead\",\"ranks\":%d,\"device\":\"%s\","
+              "\"dtype\":\"float32\",\"op\":\"sum\",\"rows\":[",
+              o->ranks, gpu);
+    printf("# ddplug-nccl-overhead: ddplug (plugin nccl) vs direct ncclAllReduce, "
+           "float32 sum in place, %d ranks, device %s, best of %d x %d iters\n"
+           "#        size       count |  sync: ddplug(us)  nccl(us)  +us    +%%  "
+           "busbw(GB/s) | async: ddplug(us)  nccl(us)  +us    +%%\n",
+           o->ranks, gpu, o->repeats, o->iters);
   }
   int first = 1;
   for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;) {
@@ -217,26 +222,28 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
     double bus = (double)(count * sizeof(float)) * 2.0 * (o->ranks - 1) /
                  o->ranks / (t.ddplug_sync * 1e3);
     if (rank == 0) {
-      if (o->json)
-        printf("%s{\"bytes\":%zu,\"count\":%zu,\"sync_ddplug_us\":%.3f,"
-               "\"sync_nccl_us\":%.3f,\"async_ddplug_us\":%.3f,"
-               "\"async_nccl_us\":%.3f}",
-               first ? "" : ",", count * sizeof(float), count, t.ddplug_sync,
-               t.nccl_sync, t.ddplug_async, t.nccl_async);
-      else
-        printf("%14zu %11zu | %17.2f %9.2f %5.2f %5.1f %12.2f | %18.2f %9.2f %5.2f %5.1f\n",
-               count * sizeof(float), count, t.ddplug_sync, t.nccl_sync,
-               t.ddplug_sync - t.nccl_sync,
-               100.0 * (t.ddplug_sync - t.nccl_sync) / t.nccl_sync, bus,
-               t.ddplug_async, t.nccl_async, t.ddplug_async - t.nccl_async,
-               100.0 * (t.ddplug_async - t.nccl_async) / t.nccl_async);
+      if (js)
+        fprintf(js, "%s{\"bytes\":%zu,\"count\":%zu,\"sync_ddplug_us\":%.3f,"
+                "\"sync_nccl_us\":%.3f,\"async_ddplug_us\":%.3f,"
+                "\"async_nccl_us\":%.3f,\"busbw_gbs\":%.3f}",
+                first ? "" : ",", count * sizeof(float), count, t.ddplug_sync,
+                t.nccl_sync, t.ddplug_async, t.nccl_async, bus);
+      printf("%14zu %11zu | %17.2f %9.2f %5.2f %5.1f %12.2f | %18.2f %9.2f %5.2f %5.1f\n",
+             count * sizeof(float), count, t.ddplug_sync, t.nccl_sync,
+             t.ddplug_sync - t.nccl_sync,
+             100.0 * (t.ddplug_sync - t.nccl_sync) / t.nccl_sync, bus,
+             t.ddplug_async, t.nccl_async, t.ddplug_async - t.nccl_async,
+             100.0 * (t.ddplug_async - t.nccl_async) / t.nccl_async);
       fflush(stdout);
     }
     first = 0;
     size_t next = (size_t)((double)bytes * o->factor);
     bytes = next > bytes ? next : bytes + 4;
   }
-  if (rank == 0 && o->json) printf("]}\n");
+  if (js) {
+    fprintf(js, "]}\n");
+    fclose(js);
+  }
   CUDA(cudaFree(buf));
   CUDA(cudaStreamDestroy(s));
   NCCL(ncclCommDestroy(comm));
@@ -245,10 +252,9 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {0, 0, 8, (size_t)256 << 20, 2.0, 5, 50, 5};
+  opts o = {0, NULL, 8, (size_t)256 << 20, 2.0, 5, 50, 5};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
     if (!v) DIE("%s needs a value (see the comment at the top of nccl_overhead.c)", a);
     if (strcmp(a, "-n") == 0) o.ranks = atoi(v);
     else if (strcmp(a, "-b") == 0) o.min_bytes = parse_size(v);
@@ -257,6 +263,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "-w") == 0) o.warmup = atoi(v);
     else if (strcmp(a, "-i") == 0) o.iters = atoi(v);
     else if (strcmp(a, "-r") == 0) o.repeats = atoi(v);
+    else if (strcmp(a, "--json") == 0) o.json = v;
     else DIE("unknown option %s", a);
     i++;
   }

@@ -31,6 +31,7 @@ def parse() -> argparse.Namespace:
                             "desync"])
     p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddplug-by-name", "ddp"])
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--n", type=int, default=96)
     p.add_argument("--batch", type=int, default=4)
@@ -132,7 +133,7 @@ def main() -> None:
                                          every_n_train_steps=args.ckpt_every, save_top_k=-1,
                                          filename="{step}"))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, num_nodes=args.nodes, strategy=strategy, max_epochs=args.epochs,
+        accelerator=args.accelerator, devices=args.devices, num_nodes=args.nodes, strategy=strategy, max_epochs=args.epochs,
         max_steps=args.max_steps, accumulate_grad_batches=args.accumulate,
         limit_val_batches=1.0 if args.val else 0, num_sanity_val_steps=args.sanity,
         enable_progress_bar=False, enable_model_summary=False,
@@ -170,8 +171,10 @@ def main() -> None:
         result["lightning_world"] = {"local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
                                      "environment": type(trainer.strategy.cluster_environment).__name__}
         result["sampler_kwargs"] = trainer.distributed_sampler_kwargs
+        result["plugin"] = ctx.plugin["name"]
+        result["root_device"] = str(trainer.strategy.root_device)
         result["gathered"] = trainer.strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist()
-        result["broadcast"] = trainer.strategy.broadcast({"from": rank, "list": [1, 2]}, src=1)
+        result["broadcast"] = trainer.strategy.broadcast({"from": rank, "list": [1, 2]}, src=min(1, trainer.world_size - 1))
     C.write_result(rank, result)
     if hasattr(trainer.strategy, "close"):
         trainer.strategy.close()

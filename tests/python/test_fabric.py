@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import config, run_script
 
 
 def flat(steps: list) -> list:
@@ -30,3 +30,19 @@ def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
         assert r["rank_kwargs"] == {"num_replicas": world, "rank": r["rank"]}
         assert r["eval_total"] == sum(len(x["eval_seen"]) for x in ranks)
     assert sorted(set(i for r in ranks for i in r["eval_seen"])) == list(range(20))
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_uncaught_error_on_one_rank_stops_every_rank_with_it(out: Path, failing: int) -> None:
+    """Fabric calls no strategy hook on errors: ddplug's sys.excepthook aborts the
+    run, so the other rank stops at its next collective with the failing rank's
+    error, not a collective timeout (set long here)."""
+    run = run_script("fabric_run.py", "--devices", "2", "--fail-rank", str(failing),
+                     "--config", config(timeouts={"collective_s": 120}), out_dir=out)
+    assert run.returncode != 0
+    ranks = run.ranks(2)
+    assert ranks[failing]["type"] == "RuntimeError", ranks[failing]
+    other = ranks[1 - failing]
+    assert other["type"] == "Aborted", other
+    assert f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank {failing}" \
+        in other["error"]

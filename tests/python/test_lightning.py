@@ -171,6 +171,21 @@ def test_parameter_check_names_the_rank_that_drifted(out: Path) -> None:
         assert "parameters differ across ranks after step 3: rank(s) 1 disagree with rank 0" in r["error"]
 
 
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_error_on_one_rank_stops_every_rank_with_it(out: Path, failing: int) -> None:
+    """on_exception aborts the run: the other rank stops at its next collective
+    with the failing rank's error, not a collective timeout (set long here)."""
+    run = run_script("lit_run.py", "--scenario", "plain", "--devices", "2", "--epochs", "1",
+                     "--fail-rank", str(failing), "--config", config(timeouts={"collective_s": 120}), out_dir=out)
+    assert run.returncode != 0
+    ranks = run.ranks(2)
+    assert ranks[failing]["type"] == "RuntimeError", ranks[failing]
+    other = ranks[1 - failing]
+    assert other["type"] == "Aborted", other
+    assert f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank {failing}" \
+        in other["error"]
+
+
 def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
     # a DataLoader worker prefetches ahead of the loop: the checkpoint must hold
     # what the loop consumed, not what the sampler handed out

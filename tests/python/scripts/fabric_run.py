@@ -23,6 +23,8 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--config", default=None)
     p.add_argument("--by-name", action="store_true", help='strategy="ddplug" (config from DDPLUG_CONFIG)')
+    p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step")
+    p.add_argument("--fail-step", type=int, default=3)
     args = p.parse_args()
     strategy = "ddplug" if args.by_name else \
         ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
@@ -40,6 +42,8 @@ def main() -> None:
     for epoch in range(2):
         for i, batch in enumerate(train):
             seen.setdefault(str(epoch), []).append(batch["idx"].tolist())
+            if fabric.global_rank == args.fail_rank and i == args.fail_step:
+                raise RuntimeError(f"CUDA out of memory on rank {args.fail_rank} (test)")
             accumulate = i % 2 == 0
             with fabric.no_backward_sync(model, enabled=accumulate):
                 loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])

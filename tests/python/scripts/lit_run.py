@@ -47,6 +47,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sanity", type=int, default=0, help="num_sanity_val_steps")
     p.add_argument("--prepare-scope", default="global", choices=["global", "node"])
     p.add_argument("--prepare-fail", action="store_true")
+    p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises in training step --fail-step")
+    p.add_argument("--fail-step", type=int, default=3)
     return p.parse_args()
 
 
@@ -99,6 +101,17 @@ class Data(pl.LightningDataModule):
         return DataLoader(self.ds, batch_size=self.args.batch)
 
 
+class FailOnRank(pl.Callback):
+    """One rank raises in the middle of training (an OOM, a bad sample)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_rank == self.rank and batch_idx == self.step:
+            raise RuntimeError(f"CUDA out of memory on rank {self.rank} (test)")
+
+
 class Desync(pl.Callback):
     """Rank 1 nudges a parameter after its second step, behind the gradient sync's back."""
 
@@ -128,6 +141,8 @@ def main() -> None:
     callbacks: list = []
     if args.scenario == "desync":
         callbacks.append(Desync())
+    if args.fail_rank >= 0:
+        callbacks.append(FailOnRank(args.fail_rank, args.fail_step))
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(os.environ["DDPLUG_TEST_OUT"], "ckpt"),
                                          every_n_train_steps=args.ckpt_every, save_top_k=-1,

@@ -115,6 +115,14 @@ class DdplugParallel:
                 )
         return self._ctx
 
+    def _abort_for(self, exception: BaseException) -> None:
+        """Abort the run everywhere so the other ranks fail now, with this rank's
+        error, instead of waiting for a collective timeout (not for errors every
+        rank raises by itself)."""
+        ctx = self._ctx
+        if ctx is not None and not ctx.closed and not ctx._aborted and not _host.raised_everywhere(exception):
+            ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
+
     def _live(self) -> Optional[Context]:
         ctx = self._ctx
         return ctx if ctx is not None and not ctx.closed else None

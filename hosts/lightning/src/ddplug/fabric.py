@@ -21,6 +21,9 @@ shuffles (RandomSampler) is split with the config's shuffle; others keep order.
 
 from __future__ import annotations
 
+import logging
+import sys
+import weakref
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Optional, Union
 
@@ -44,6 +47,8 @@ from .audit import Report
 from .config import ConfigSource
 from .gradsync import broadcast_module
 from .streams import DataSplit, StreamBatchSampler
+
+log = logging.getLogger(__name__)
 
 _STREAM_ATTR = "ddplug_stream"
 
@@ -122,6 +127,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if self._ctx is None or self._ctx.closed:
             ctx = self._open_context(f"lightning.fabric {lf.__version__}")
             self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report)
+        _abort_on_uncaught_exception(self)
 
     @override
     def setup_module(self, module: Module) -> Module:
@@ -210,6 +216,30 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
         if self.global_rank == 0:
             self._print(report.text or report.summary)
+
+
+def _abort_on_uncaught_exception(strategy: DdplugStrategy) -> None:
+    """Fabric has no exception hook for strategies (the Trainer calls
+    ``on_exception``): an error that ends this rank's script aborts the run from
+    ``sys.excepthook``, so the other ranks stop at their next collective with this
+    rank's error instead of waiting for the collective timeout. Installed once per
+    strategy, chained to the previous hook."""
+    if getattr(strategy, "_excepthook_installed", False):
+        return
+    strategy._excepthook_installed = True
+    ref = weakref.ref(strategy)
+    previous = sys.excepthook
+
+    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        s = ref()
+        if s is not None:
+            try:
+                s._abort_for(exc)
+            except Exception as err:  # never hide the user's error behind ours
+                log.debug("ddplug: abort from the exception hook failed: %s", err)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 DdplugStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -285,8 +285,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Abort the run everywhere so the other ranks fail now instead of waiting
         for a collective timeout (not for errors every rank raises by itself)."""
-        if self._ctx is not None and not self._ctx.closed and not _host.raised_everywhere(exception):
-            self._ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
+        self._abort_for(exception)
 
     @override
     def teardown(self) -> None:

@@ -55,6 +55,7 @@ class _CSampler:
         self.context = context
         self.stream = desc.stream.decode()
         self._keep = keep  # lengths stay alive for the call only, but be safe
+        self._final_length: Optional[int] = None  # len() once closed
 
     @property
     def h(self) -> ctypes.c_void_p:
@@ -67,6 +68,11 @@ class _CSampler:
         return not self._h
 
     def close(self) -> None:
+        if self._h and self._final_length is None:
+            try:
+                self._final_length = self.length()
+            except Exception:
+                self._final_length = 0
         h, self._h = self._h, None
         if h:
             F.ddplug_sampler_free(h)
@@ -77,6 +83,10 @@ class _CSampler:
         return info
 
     def length(self) -> int:
+        """Deliveries per epoch; a closed sampler keeps its last answer (frameworks
+        still ask the length while tearing down a failed run)."""
+        if not self._h and self._final_length is not None:
+            return self._final_length
         out = ctypes.c_uint64()
         check(F.ddplug_sampler_length(self.h, ctypes.byref(out)), "sampler length")
         return out.value

@@ -186,6 +186,21 @@ def test_an_error_on_one_rank_stops_every_rank_with_it(out: Path, failing: int) 
         in other["error"]
 
 
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_rank_is_named_on_the_survivor(out: Path, killed: int) -> None:
+    """SIGKILL gives no hook a chance: the plugin and the store notice the death
+    and the survivor's gradient allreduce raises PeerLost naming the rank (rank 0
+    also serves the store)."""
+    run = run_script("lit_run.py", "--scenario", "plain", "--devices", "2", "--epochs", "1",
+                     "--fail-rank", str(killed), "--fail-kill",
+                     "--config", config(timeouts={"collective_s": 120}), out_dir=out)
+    assert run.returncode != 0
+    survivor = run.rank(1 - killed)
+    assert survivor["type"] == "PeerLost", survivor
+    assert (f"rank {killed} (pid" if killed else "rank 0 exited or was killed") in survivor["error"]
+    assert not (out / f"rank{killed}.json").exists(), "the killed rank wrote nothing"
+
+
 def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
     # a DataLoader worker prefetches ahead of the loop: the checkpoint must hold
     # what the loop consumed, not what the sampler handed out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -49,6 +50,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--prepare-fail", action="store_true")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises in training step --fail-step")
     p.add_argument("--fail-step", type=int, default=3)
+    p.add_argument("--fail-kill", action="store_true", help="the failing rank dies by SIGKILL instead")
     return p.parse_args()
 
 
@@ -104,11 +106,13 @@ class Data(pl.LightningDataModule):
 class FailOnRank(pl.Callback):
     """One rank raises in the middle of training (an OOM, a bad sample)."""
 
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, kill: bool) -> None:
+        self.rank, self.step, self.kill = rank, step, kill
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if trainer.global_rank == self.rank and batch_idx == self.step:
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"CUDA out of memory on rank {self.rank} (test)")
 
 
@@ -142,7 +146,7 @@ def main() -> None:
     if args.scenario == "desync":
         callbacks.append(Desync())
     if args.fail_rank >= 0:
-        callbacks.append(FailOnRank(args.fail_rank, args.fail_step))
+        callbacks.append(FailOnRank(args.fail_rank, args.fail_step, args.fail_kill))
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(os.environ["DDPLUG_TEST_OUT"], "ckpt"),
                                          every_n_train_steps=args.ckpt_every, save_top_k=-1,

@@ -46,3 +46,21 @@ def test_an_uncaught_error_on_one_rank_stops_every_rank_with_it(out: Path, faili
     assert other["type"] == "Aborted", other
     assert f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank {failing}" \
         in other["error"]
+
+
+def test_checkpoint_resume_continues_the_stream(out: Path) -> None:
+    """DataLoader workers draw batches ahead of the loop: the checkpoint holds the
+    batches the loop consumed, and a resumed run (Fabric numbers epochs from 0
+    again) continues the saved epoch at that batch with the same order."""
+    world, common = 2, ["--devices", "2", "--workers", "2"]
+    ref = run_script("fabric_run.py", *common, out_dir=out / "ref").ok().ranks(world)
+    stop = run_script("fabric_run.py", *common, "--stop-epoch", "1", "--stop-after", "3",
+                      out_dir=out / "stop").ok().ranks(world)
+    for r in stop:
+        assert r["saved"]["epoch"] == 1 and r["saved"]["position"] == 3, r["saved"]
+        assert r["seen"]["1"] == ref[r["rank"]]["seen"]["1"][:3]
+    resumed = run_script("fabric_run.py", *common, "--resume", str(out / "stop" / "fabric.ckpt"),
+                         out_dir=out / "resumed").ok().ranks(world)
+    for r in resumed:
+        assert list(r["seen"]) == ["1"], "epoch 0 was done before the checkpoint"
+        assert r["seen"]["1"] == ref[r["rank"]]["seen"]["1"][3:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from torch.utils.data import DataLoader
@@ -25,6 +26,10 @@ def main() -> None:
     p.add_argument("--by-name", action="store_true", help='strategy="ddplug" (config from DDPLUG_CONFIG)')
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step")
     p.add_argument("--fail-step", type=int, default=3)
+    p.add_argument("--workers", type=int, default=0, help="train DataLoader num_workers")
+    p.add_argument("--stop-epoch", type=int, default=-1, help="save a checkpoint in this epoch and stop")
+    p.add_argument("--stop-after", type=int, default=3, help="... after this many batches")
+    p.add_argument("--resume", default=None, help="checkpoint to continue from (fabric.load)")
     args = p.parse_args()
     strategy = "ddplug" if args.by_name else \
         ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
@@ -35,13 +40,23 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(C.FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = fabric.setup(model, opt)
-    train = DataLoader(ds, batch_size=4, shuffle=True)
+    train = DataLoader(ds, batch_size=4, shuffle=True, num_workers=args.workers)
     evald = ddplug.fabric.name_stream(DataLoader(ev, batch_size=4), "eval")
     train, evald = fabric.setup_dataloaders(train, evald)
+    state = {"model": model, "opt": opt, "train": train, "epoch": 0}
+    if args.resume:
+        fabric.load(args.resume, state)  # the train stream continues where it was saved
     seen: dict = {}
-    for epoch in range(2):
+    for epoch in range(state["epoch"], 2):
         for i, batch in enumerate(train):
             seen.setdefault(str(epoch), []).append(batch["idx"].tolist())
+            if epoch == args.stop_epoch and len(seen[str(epoch)]) == args.stop_after:
+                state["epoch"] = epoch
+                fabric.save(os.path.join(os.environ["DDPLUG_TEST_OUT"], "fabric.ckpt"), state)
+                C.write_result(fabric.global_rank, {"rank": fabric.global_rank, "seen": seen,
+                                                    "saved": train.state_dict()})
+                fabric.strategy.close()
+                return
             if fabric.global_rank == args.fail_rank and i == args.fail_step:
                 raise RuntimeError(f"CUDA out of memory on rank {args.fail_rank} (test)")
             accumulate = i % 2 == 0

@@ -126,7 +126,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._assign_world_ranks()
         if self._ctx is None or self._ctx.closed:
             ctx = self._open_context(f"lightning.fabric {lf.__version__}")
-            self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report)
+            # Fabric's loader calls set_epoch(number of its iterations) (wrappers.py:316-321)
+            self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report,
+                                   epochs_count_iterations=True)
         _abort_on_uncaught_exception(self)
 
     @override

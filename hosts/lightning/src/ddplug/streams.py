@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -137,9 +138,12 @@ class StreamBatchSampler:
         self.epoch = 0
         self._epoch_set: Optional[int] = None
         self._iterations = 0
+        self._epoch_offset = 0  # see set_epoch
         self._resume: Optional[tuple] = None  # (epoch, position)
         self.drawn = 0  # batches drawn this epoch
         self.consumed: Optional[int] = None  # batches consumed this epoch, if the host reports it
+        self._start = 0  # the position this epoch's iteration started at (a resume)
+        self._delivering: Optional[weakref.ref] = None  # the DataLoader iterator handing out batches
         self._audit: Optional[Audit] = None
         self.reports: list = []
         self.batch_size = getattr(inner, "batch_size", None)
@@ -154,7 +158,10 @@ class StreamBatchSampler:
         return len(self._inner)
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch_set = int(epoch)
+        """The epoch the next iteration runs. Where the framework numbers epochs by
+        the loader's iterations in this process (Fabric), a restored checkpoint's
+        epoch is added, so a resumed run continues the saved epoch and the ones after it."""
+        self._epoch_set = int(epoch) + self._epoch_offset
 
     def state_dict(self) -> dict:
         """Epoch and position (batches consumed this epoch) — saved in checkpoints."""
@@ -182,10 +189,36 @@ class StreamBatchSampler:
             epoch, pos = epoch + 1, 0
         self._resume = (epoch, pos)
         self._epoch_set = epoch
+        if self._split.epochs_count_iterations:
+            self._epoch_offset = epoch - self._iterations
 
     @property
     def position(self) -> int:
-        return self.consumed if self.consumed is not None else self.drawn
+        """Batches consumed this epoch: what the host reported, else what the
+        DataLoader's iterator handed to the loop (its workers draw ahead of the
+        loop by up to num_workers x prefetch_factor batches), else what was drawn."""
+        if self.consumed is not None:
+            return self.consumed
+        it = self._delivering() if self._delivering is not None else None
+        handed = getattr(it, "_num_yielded", None)
+        if isinstance(handed, int):
+            return min(self._start + handed, self.drawn)
+        return self.drawn
+
+    def track(self, loader: DataLoader) -> None:
+        """Follow the iterators ``loader`` creates, so that ``position`` counts the
+        batches it handed out rather than the ones its workers prefetched."""
+        make = loader._get_iterator  # DataLoader.__iter__ calls it (torch/utils/data/dataloader.py)
+        ref = weakref.ref(self)
+
+        def _get_iterator() -> Any:
+            it = make()
+            me = ref()
+            if me is not None:
+                me._delivering = weakref.ref(it)
+            return it
+
+        loader._get_iterator = _get_iterator
 
     # ---- iteration ---------------------------------------------------------------
     def _next_epoch(self) -> int:
@@ -195,7 +228,7 @@ class StreamBatchSampler:
         source = self._split.epoch_source
         if source is not None:
             return int(source())
-        return self._iterations
+        return self._iterations + self._epoch_offset
 
     def _fan_out_epoch(self, epoch: int) -> None:
         seen = set()
@@ -218,7 +251,7 @@ class StreamBatchSampler:
         self.epoch = epoch
         self._iterations += 1
         self._fan_out_epoch(epoch)
-        self.drawn, self.consumed = start, None
+        self.drawn, self.consumed, self._start = start, None, start
         total = len(self)
         self._begin_audit(epoch, total)
         if isinstance(self._inner, _Batches):
@@ -347,6 +380,8 @@ class DataSplit:
         log: where decisions and reports go (a callable taking a line).
         epoch_source: returns the current epoch when a loader is iterated and
             nobody called set_epoch (None: count iterations).
+        epochs_count_iterations: the framework's set_epoch numbers a loader's
+            iterations in this process (Fabric), so a restored checkpoint shifts it.
         on_report: called with (stream, report) after every finished audit.
         should_audit: (stream, batches this epoch) -> bool; False skips the
             epoch's audit (e.g. a sanity check or limit_*_batches).
@@ -361,8 +396,10 @@ class DataSplit:
         epoch_source: Optional[Callable[[], int]] = None,
         on_report: Optional[Callable[[StreamBatchSampler, Report], None]] = None,
         should_audit: Optional[Callable[[StreamBatchSampler, int], bool]] = None,
+        epochs_count_iterations: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.epochs_count_iterations = bool(epochs_count_iterations)
         self.framework = framework
         self.log = log
         self.epoch_source = epoch_source
@@ -499,6 +536,7 @@ class DataSplit:
             batch_sampler=user_bs, shuffle=shuffle, allowed=allowed, records=records)
         new_loader = _rebuild(loader, rewrap(stream_bs) if rewrap is not None else stream_bs)
         new_loader.state_dict = stream_bs.state_dict  # Lightning saves "stateful" loaders in checkpoints
+        stream_bs.track(new_loader)
         new_loader.load_state_dict = stream_bs.load_state_dict
         self._check_even(stream_bs)
         old = self.streams.get(stream)

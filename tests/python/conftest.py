@@ -96,6 +96,19 @@ def run_script(script: str, *args: str, out_dir: Path, env: dict | None = None, 
     return Run(proc, out_dir)
 
 
+def assert_aborted_by(run: Run, failing: int, world: int = 2) -> None:
+    """A run in which rank ``failing`` raised the scripts' test RuntimeError: it
+    failed, that rank reports its own error, and every other rank stopped with
+    Aborted carrying it (not a timeout)."""
+    assert run.returncode != 0
+    ranks = run.ranks(world)
+    assert ranks[failing]["type"] == "RuntimeError", ranks[failing]
+    for other in ranks[:failing] + ranks[failing + 1:]:
+        assert other["type"] == "Aborted", other
+        assert (f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank"
+                f" {failing}") in other["error"]
+
+
 def run_ranks(script: str, world: int, *args: str, out_dir: Path, env: dict | None = None,
               timeout: float = 120, per_rank_env: dict | None = None) -> tuple:
     """Start ``world`` processes with a torchrun-style environment (RANK,

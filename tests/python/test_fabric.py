@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import config, run_script
+from conftest import assert_aborted_by, config, run_script
 
 
 def flat(steps: list) -> list:
@@ -39,13 +39,7 @@ def test_an_uncaught_error_on_one_rank_stops_every_rank_with_it(out: Path, faili
     error, not a collective timeout (set long here)."""
     run = run_script("fabric_run.py", "--devices", "2", "--fail-rank", str(failing),
                      "--config", config(timeouts={"collective_s": 120}), out_dir=out)
-    assert run.returncode != 0
-    ranks = run.ranks(2)
-    assert ranks[failing]["type"] == "RuntimeError", ranks[failing]
-    other = ranks[1 - failing]
-    assert other["type"] == "Aborted", other
-    assert f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank {failing}" \
-        in other["error"]
+    assert_aborted_by(run, failing)
 
 
 def test_checkpoint_resume_continues_the_stream(out: Path) -> None:

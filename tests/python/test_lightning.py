@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import config, run_ranks, run_script
+from conftest import assert_aborted_by, config, run_ranks, run_script
 
 N, B = 96, 4
 
@@ -177,13 +177,7 @@ def test_an_error_on_one_rank_stops_every_rank_with_it(out: Path, failing: int) 
     with the failing rank's error, not a collective timeout (set long here)."""
     run = run_script("lit_run.py", "--scenario", "plain", "--devices", "2", "--epochs", "1",
                      "--fail-rank", str(failing), "--config", config(timeouts={"collective_s": 120}), out_dir=out)
-    assert run.returncode != 0
-    ranks = run.ranks(2)
-    assert ranks[failing]["type"] == "RuntimeError", ranks[failing]
-    other = ranks[1 - failing]
-    assert other["type"] == "Aborted", other
-    assert f"rank {failing} aborted the run: rank {failing}: RuntimeError: CUDA out of memory on rank {failing}" \
-        in other["error"]
+    assert_aborted_by(run, failing)
 
 
 @pytest.mark.parametrize("killed", [0, 1])

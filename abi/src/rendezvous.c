@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,6 +609,76 @@ static int read_secret(ddplug_context *ctx, const char **secret) {
   return DDPLUG_OK;
 }
 
+/* ---- torchrun's agent store ------------------------------------------- */
+
+/* Under torchrun (torch >= 2.4) the agent itself serves a TCPStore on
+ * MASTER_ADDR:MASTER_PORT and tells the workers so with
+ * TORCHELASTIC_USE_AGENT_STORE=True: rank 0 cannot listen on that port. Then
+ * (unless the config names a port) rank 0 serves ddplug's store on a free
+ * port and publishes it in the agent's store, where the others read it. */
+static int agent_store_mode(const ddplug_context *ctx, int external) {
+  const char *v = getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (external || ctx->world.world_size <= 1 || !v ||
+      (strcmp(v, "True") != 0 && strcmp(v, "true") != 0 && strcmp(v, "1") != 0))
+    return 0;
+  int64_t cfg_port = 0;
+  if (ddplug_config_get_int(ctx->cfg, "rendezvous.port", &cfg_port) == DDPLUG_OK)
+    return 0;
+  const char *mp = getenv("MASTER_PORT");
+  int64_t port = 0;
+  return mp && ddplug__parse_i64(mp, &port) == 0 && port == ctx->world.master_port;
+}
+
+/* Every ddplug_open of a process under torchrun gets its own key, in the
+ * same order on every rank (each rank opens the same runs in turn). */
+static atomic_uint g_agent_opens;
+
+static void agent_key(char *buf, size_t cap) {
+  const char *run = getenv("TORCHELASTIC_RUN_ID");
+  const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+  snprintf(buf, cap, "ddplug/store_port/%.64s/%.16s/%u", run && *run ? run : "-",
+           restart && *restart ? restart : "0", atomic_fetch_add(&g_agent_opens, 1));
+}
+
+/* Rank 0 publishes port (> 0), the others read it into *port. */
+static int agent_exchange(ddplug_context *ctx, const char *key, int *port) {
+  ddplug__tstore *ts = NULL;
+  uint64_t deadline = ctx->open_deadline_ns;
+  int s = ddplug__tstore_connect(ctx->world.master_addr, ctx->world.master_port,
+                                 deadline, &ts);
+  if (s == DDPLUG_OK && ctx->world.rank == 0) {
+    char val[16];
+    int n = snprintf(val, sizeof val, "%d", *port);
+    s = ddplug__tstore_set(ts, key, val, (size_t)n, deadline);
+  } else if (s == DDPLUG_OK) {
+    char val[32];
+    int64_t p = 0;
+    s = ddplug__tstore_wait_get(ts, key, val, sizeof val, deadline);
+    if (s == DDPLUG_E_TIMEOUT)
+      s = ddplug__err(DDPLUG_E_TIMEOUT,
+                      "rank 0 did not publish ddplug's store port in "
+                      "torchrun's store at %s:%d within %.1f s (is rank 0 "
+                      "running? did it fail to open?)",
+                      ctx->world.master_addr, ctx->world.master_port,
+                      (double)ctx->rdzv_timeout_ms / 1000.0);
+    else if (s == DDPLUG_OK && (ddplug__parse_i64(val, &p) != 0 || p <= 0 || p > 65535))
+      s = ddplug__err(DDPLUG_E_PEER_LOST,
+                      "torchrun's store holds '%.20s' under %s, not a port",
+                      val, key);
+    *port = (int)p;
+  }
+  ddplug__tstore_close(ts);
+  if (s != DDPLUG_OK)
+    return ddplug__err_prefix(s, "rank %d, under torchrun (TORCHELASTIC_USE_"
+                              "AGENT_STORE=True)", ctx->world.rank);
+  return DDPLUG_OK;
+}
+
+static int is_loopback(const char *addr) {
+  return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4) ||
+         !strcmp(addr, "::1");
+}
+
 int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *opts) {
   choose_host_id(ctx, opts);
   int external = 0;
@@ -616,6 +687,9 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
   read_secret(ctx, &secret);
   const int rank = ctx->world.rank;
   int s;
+  const int agent = agent_store_mode(ctx, external);
+  char agent_k[160] = "";
+  if (agent) agent_key(agent_k, sizeof agent_k);
 
   if (ctx->world.world_size == 1 && !*ctx->world.master_addr) {
     ddplug__strlcpy(ctx->store_addr, "127.0.0.1", sizeof ctx->store_addr);
@@ -625,18 +699,29 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     ctx->store_port = ctx->world.master_port;
   }
   if (rank == 0 && !external) {
-    /* Listen on every interface when other hosts may connect. */
-    const char *bind_addr = ctx->world.world_size == 1 ? "127.0.0.1" : "0.0.0.0";
-    s = ddplug_store_serve(bind_addr, ctx->store_port, secret, &ctx->server);
+    /* Listen on every interface when other hosts may connect; only on
+     * loopback when the rendezvous address itself is loopback. */
+    const char *bind_addr = ctx->world.world_size == 1 || is_loopback(ctx->store_addr)
+                                ? "127.0.0.1"
+                                : "0.0.0.0";
+    s = ddplug_store_serve(bind_addr, agent ? 0 : ctx->store_port, secret, &ctx->server);
     if (s != DDPLUG_OK)
       return ddplug__err_prefix(s,
                                 "rank 0 could not serve the rendezvous store on "
                                 "port %d (another run on this port? pick a free "
                                 "MASTER_PORT / rendezvous.port)",
-                                ctx->store_port);
+                                agent ? 0 : ctx->store_port);
     ctx->store_port = ddplug_store_server_port(ctx->server);
     if (ctx->world.world_size == 1)
       ddplug__strlcpy(ctx->store_addr, "127.0.0.1", sizeof ctx->store_addr);
+  }
+  if (agent) {
+    int port = ctx->store_port;
+    s = agent_exchange(ctx, agent_k, &port);
+    if (s != DDPLUG_OK) return s;
+    ctx->store_port = port;
+    DDPLUG__DEBUG("under torchrun: ddplug's store is on port %d (torchrun's "
+                  "own store has MASTER_PORT=%d)", port, ctx->world.master_port);
   }
   uint64_t deadline = ctx->open_deadline_ns;
   const char *addr = (rank == 0 && !external) ? "127.0.0.1" : ctx->store_addr;
@@ -663,11 +748,42 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
   return ddplug_store_on_disconnect(ctx->store, "ddplug/abort", lost, (uint64_t)n);
 }
 
+/* Rank 0 announces its world size before it waits for everyone; a rank that
+ * was started with another one says so at once (as the run's abort), instead
+ * of rank 0 waiting out the timeout for ranks that will never come. */
+static int check_world_size(ddplug_context *ctx) {
+  const char *key = "ddplug/world_size";
+  char mine[16];
+  int n = snprintf(mine, sizeof mine, "%d", ctx->world.world_size);
+  if (ctx->world.rank == 0) return ddplug_store_set(ctx->store, key, mine, (uint64_t)n);
+  int s = ddplug__wait_keys(ctx, ctx->store, &key, 1, ctx->open_deadline_ns,
+                            "rank 0's world size", 0);
+  if (s != DDPLUG_OK) return s;
+  void *val = NULL;
+  uint64_t len = 0;
+  s = ddplug_store_get(ctx->store, key, 0, &val, &len);
+  if (s != DDPLUG_OK) return s;
+  int64_t ws0 = 0;
+  int same = len < sizeof mine && ddplug__parse_i64(val, &ws0) == 0 &&
+             ws0 == ctx->world.world_size;
+  ddplug_free(val);
+  if (same) return DDPLUG_OK;
+  char msg[DDPLUG__ERRMSG_MAX];
+  snprintf(msg, sizeof msg,
+           "world size differs across ranks: rank 0 has %lld, rank %d has %d: "
+           "launch every rank with the same WORLD_SIZE",
+           (long long)ws0, ctx->world.rank, ctx->world.world_size);
+  ddplug__ctx_abort(ctx, DDPLUG_E_MISMATCH, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
+  return ddplug__err(DDPLUG_E_MISMATCH, "%s", msg);
+}
+
 int ddplug__rendezvous_join(ddplug_context *ctx) {
   const int rank = ctx->world.rank;
   int s = claim_rank(ctx);
   if (s != DDPLUG_OK) return s;
   s = publish_join(ctx);
+  if (s != DDPLUG_OK) return s;
+  s = check_world_size(ctx);
   if (s != DDPLUG_OK) return s;
   if (rank == 0) {
     s = coordinate(ctx);

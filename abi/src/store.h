@@ -209,11 +209,36 @@ int ddplug__store_random(void *buf, size_t n);
  * 0 on success; -1 with *err = errno (ETIMEDOUT at the deadline). */
 int ddplug__store_send_all(int fd, const void *b, size_t n,
                            uint64_t deadline_ns, int *err);
+/* Receive exactly n bytes into b on a non-blocking fd before deadline_ns.
+ * 0 on success; -1 with *err = errno (ETIMEDOUT at the deadline,
+ * ECONNRESET when the peer closed the connection first). */
+int ddplug__store_recv_all(int fd, void *b, size_t n, uint64_t deadline_ns,
+                           int *err);
+/* One connection attempt to every address of host:port before deadline_ns:
+ * the connected fd (non-blocking, tuned), or -1 with *err (an errno) or
+ * *gai (a getaddrinfo error, then *err is 0 unless EAI_SYSTEM). */
+int ddplug__store_tcp_connect(const char *host, int port, uint64_t deadline_ns,
+                              int *err, int *gai);
 /* Wait until fd is readable before deadline_ns: 1 readable, 0 deadline,
  * -1 with *err = errno. */
 int ddplug__store_wait_readable(int fd, uint64_t deadline_ns, int *err);
 /* Same for writable (a connecting socket is writable once it is done). */
 int ddplug__store_wait_writable(int fd, uint64_t deadline_ns, int *err);
+
+/* ---- torch.distributed's TCPStore (torch_store.c) ------------------------ */
+
+/* A client of torchrun's agent store, only to publish and find ddplug's
+ * store port under torchrun (TORCHELASTIC_USE_AGENT_STORE=True). Every call
+ * is bounded by deadline_ns; errors are set in the thread's last error. */
+typedef struct ddplug__tstore ddplug__tstore;
+int ddplug__tstore_connect(const char *host, int port, uint64_t deadline_ns,
+                           ddplug__tstore **out);
+int ddplug__tstore_set(ddplug__tstore *ts, const char *key, const void *val,
+                       size_t len, uint64_t deadline_ns);
+/* Wait until key exists, then read it as text into out[cap] (NUL added). */
+int ddplug__tstore_wait_get(ddplug__tstore *ts, const char *key, char *out,
+                            size_t cap, uint64_t deadline_ns);
+void ddplug__tstore_close(ddplug__tstore *ts);
 
 /* ---- key table with waiters (store_table.c) ------------------------------ */
 

@@ -328,48 +328,6 @@ static int finish(ddplug_store *st, int rc) {
 /* ---- connect ------------------------------------------------------------- */
 
 
-/* One connection attempt to every address of host:port before deadline_ns.
- * Returns the connected, tuned fd, or -1 with *err (an errno) or *gai (a
- * getaddrinfo error) saying why. */
-static int try_connect(const char *host, int port, uint64_t deadline_ns,
-                       int *err, int *gai) {
-  struct addrinfo *res = NULL;
-  *gai = ddplug__store_resolve(host, port, 0, &res);
-  if (*gai != 0) {
-    *err = *gai == EAI_SYSTEM ? errno : 0;
-    return -1;
-  }
-  int fd = -1;
-  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      *err = errno;
-      continue;
-    }
-    int e = 0;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      e = errno;
-      if (e == EINPROGRESS) {
-        /* Writable once connected or failed; SO_ERROR tells which. */
-        int r = ddplug__store_wait_writable(fd, deadline_ns, &e);
-        socklen_t el = sizeof e;
-        if (r == 0)
-          e = ETIMEDOUT;
-        else if (r > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0)
-          e = errno;
-      }
-    }
-    if (e == 0 && ddplug__store_tune_socket(fd) != 0) e = errno;
-    if (e != 0) {
-      *err = e;
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  return fd;
-}
-
 static const char k_secret_hint[] =
     "set the variable named by rendezvous.secret_env to the same value on "
     "every rank";
@@ -511,7 +469,7 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
   int64_t backoff = 10;
   int attempts = 0, err = 0, gai = 0;
   for (;;) {
-    st->fd = try_connect(addr, port, deadline, &err, &gai);
+    st->fd = ddplug__store_tcp_connect(addr, port, deadline, &err, &gai);
     attempts++;
     if (st->fd >= 0) break;
     int64_t left = ddplug__remaining_ms(deadline);

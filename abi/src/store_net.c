@@ -142,3 +142,72 @@ int ddplug__store_send_all(int fd, const void *b, size_t n,
   }
   return 0;
 }
+
+/* One connection attempt to every address of host:port before deadline_ns.
+ * Returns the connected, tuned fd, or -1 with *err (an errno) or *gai (a
+ * getaddrinfo error) saying why. */
+int ddplug__store_tcp_connect(const char *host, int port, uint64_t deadline_ns,
+                       int *err, int *gai) {
+  struct addrinfo *res = NULL;
+  *gai = ddplug__store_resolve(host, port, 0, &res);
+  if (*gai != 0) {
+    *err = *gai == EAI_SYSTEM ? errno : 0;
+    return -1;
+  }
+  int fd = -1;
+  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *err = errno;
+      continue;
+    }
+    int e = 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      e = errno;
+      if (e == EINPROGRESS) {
+        /* Writable once connected or failed; SO_ERROR tells which. */
+        int r = ddplug__store_wait_writable(fd, deadline_ns, &e);
+        socklen_t el = sizeof e;
+        if (r == 0)
+          e = ETIMEDOUT;
+        else if (r > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0)
+          e = errno;
+      }
+    }
+    if (e == 0 && ddplug__store_tune_socket(fd) != 0) e = errno;
+    if (e != 0) {
+      *err = e;
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
+int ddplug__store_recv_all(int fd, void *b, size_t n, uint64_t deadline_ns,
+                           int *err) {
+  uint8_t *p = b;
+  while (n > 0) {
+    ssize_t r = recv(fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= (size_t)r;
+      continue;
+    }
+    if (r == 0) {
+      *err = ECONNRESET;
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      int w = wait_fd(fd, POLLIN, deadline_ns, err);
+      if (w == 1) continue;
+      if (w == 0) *err = ETIMEDOUT;
+      return -1;
+    }
+    *err = errno;
+    return -1;
+  }
+  return 0;
+}

@@ -172,6 +172,20 @@ TEST(a_different_world_size_fails_on_every_rank) {
   CHECK_EQ_INT(dt_run_ranks(4, rank_world_differs, &e, NULL, 60, NULL), 0);
 }
 
+static void rank_zero_world_larger(int rank, int world, void *arg) {
+  (void)world;
+  use_config(EXAMPLE_CONFIG);
+  if (rank == 0) setenv("WORLD_SIZE", "5", 1);
+  check_failure(arg);
+}
+
+/* Rank 0 waits for ranks 0..4 and rank 4 never comes: the others must name
+ * the mismatch (not leave rank 0 to report "rank 4 never joined"). */
+TEST(a_larger_world_size_on_rank_zero_fails_on_every_rank) {
+  expect e = {DDPLUG_E_MISMATCH, {"world size differs", "rank 0 has 5", "has 4"}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_zero_world_larger, &e, NULL, 60, NULL), 0);
+}
+
 static void rank_plugin_version_differs(int rank, int world, void *arg) {
   (void)world;
   use_config(EXAMPLE_CONFIG);

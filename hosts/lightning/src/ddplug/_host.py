@@ -84,7 +84,7 @@ def open_context(
         if world_size > 1:
             if cfg.get("rendezvous.addr") is None and main_address:
                 overrides["rendezvous.addr"] = main_address
-            if cfg.get("rendezvous.port") is None and main_port:
+            if cfg.get("rendezvous.port") is None and main_port and not _torchrun_agent_store(main_port):
                 overrides["rendezvous.port"] = int(main_port)
         merged = cfg.with_overrides(overrides)
     finally:
@@ -99,6 +99,15 @@ def open_context(
     set_current(ctx)
     atexit.register(_close_at_exit, ctx)
     return ctx
+
+
+def _torchrun_agent_store(port: Any) -> bool:
+    """Whether ``port`` is torchrun's own store (torch >= 2.4 serves its agent's
+    TCPStore on MASTER_PORT and says so with TORCHELASTIC_USE_AGENT_STORE). Then
+    the port is left to libddplug, whose rank 0 serves on a free port and
+    publishes it in torchrun's store (abi/src/rendezvous.c)."""
+    flag = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "")
+    return flag in ("True", "true", "1") and str(port) == os.environ.get("MASTER_PORT")
 
 
 def _close_at_exit(ctx: Context) -> None:

@@ -27,7 +27,11 @@ static int64_t seconds_ms(const ddplug_config *cfg, const char *path,
                           int64_t fallback_ms) {
   double v;
   if (ddplug_config_get_double(cfg, path, &v) != DDPLUG_OK || v <= 0) return fallback_ms;
-  return (int64_t)(v * 1000.0 + 0.5);
+  /* A positive timeout is never rounded down to 0 ms ("poll once"), and
+   * never overflows (1e12 s is beyond any run). */
+  if (v >= 1e12) return (int64_t)1e15;
+  int64_t ms = (int64_t)(v * 1000.0 + 0.5);
+  return ms < 1 ? 1 : ms;
 }
 
 static void set_key(ddplug_context *ctx, const char *prefix) {

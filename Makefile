@@ -30,15 +30,20 @@ build: deps
 
 deps: .deps/system .deps/python
 
-# System packages: a C toolchain and CMake are assumed; jansson, pkg-config
-# and libabigail's abidiff (the ABI check) are installed when missing
-# (apt-get update first).
+# System packages: a C toolchain, CMake and Python 3 are assumed; jansson,
+# pkg-config, libabigail's abidiff (the ABI check) and Python's venv module
+# (Debian splits it into python3-venv) are installed when missing (apt-get
+# update first).
 .deps/system:
 	@mkdir -p .deps
-	@if ! pkg-config --exists jansson 2>/dev/null || ! command -v abidiff >/dev/null; then \
-	  echo "ddplug: installing libjansson-dev, pkg-config and abigail-tools (apt-get)"; \
+	@pkgs=""; \
+	pkg-config --exists jansson 2>/dev/null || pkgs="$$pkgs libjansson-dev pkg-config"; \
+	command -v abidiff >/dev/null || pkgs="$$pkgs abigail-tools"; \
+	[ -x "$(PY)" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="$$pkgs python3-venv"; \
+	if [ -n "$$pkgs" ]; then \
+	  echo "ddplug: installing$$pkgs (apt-get)"; \
 	  $(SUDO) apt-get update -qq; \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libjansson-dev pkg-config abigail-tools >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
 	@touch $@
 

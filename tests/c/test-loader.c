@@ -69,6 +69,27 @@ TEST(not_found_lists_every_path_searched) {
   CHECK_CONTAINS(e, "Set DDPLUG_PLUGIN_PATH");
 }
 
+/* DDPLUG_PLUGIN_PATH is searched in order, first match wins, entries that
+ * do not exist are passed over ("test-plugins-alt" holds an "example" of
+ * another version). */
+TEST(plugin_path_is_searched_in_order) {
+  char alt[4096], main_dir[4096], path[8300];
+  snprintf(alt, sizeof alt, "%s/lib/test-plugins-alt", dt_build_dir());
+  snprintf(main_dir, sizeof main_dir, "%s/lib", dt_build_dir());
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  snprintf(path, sizeof path, "/no/such/dir:%s:%s", alt, main_dir);
+  setenv("DDPLUG_PLUGIN_PATH", path, 1);
+  CHECK_OK(ddplug_plugin_inspect("example", &info));
+  CHECK_EQ_STR(info.version, "0.0.9-test");
+  CHECK_CONTAINS(info.path, "test-plugins-alt/libddplug-example.so");
+  snprintf(path, sizeof path, "%s:%s", main_dir, alt);
+  setenv("DDPLUG_PLUGIN_PATH", path, 1);
+  info = (ddplug_plugin_info)DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_OK(ddplug_plugin_inspect("example", &info));
+  CHECK(strcmp(info.version, "0.0.9-test") != 0);
+  CHECK_CONTAINS(info.path, "/lib/libddplug-example.so");
+}
+
 TEST(path_that_does_not_exist) {
   ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
   CHECK_STATUS(ddplug_plugin_inspect("/no/such/libddplug-x.so", &info),

@@ -204,6 +204,26 @@ TEST(a_different_plugin_version_fails_on_every_rank) {
   CHECK_EQ_INT(dt_run_ranks(4, rank_plugin_version_differs, &e, NULL, 60, NULL), 0);
 }
 
+static void rank_plugin_differs(int rank, int world, void *arg) {
+  (void)world;
+  const expect *e = arg;
+  use_config(EXAMPLE_CONFIG);
+  ddplug_open_options opts = DDPLUG_OPEN_OPTIONS_INIT;
+  if (rank == 3) opts.plugin = "oldtable"; /* same config, another plugin */
+  ddplug_context *ctx = (ddplug_context *)0x1;
+  int s = ddplug_open(NULL, &opts, &ctx);
+  CHECK_MSG(s == e->status, "ddplug_open returned %s: %s", ddplug_status_name(s),
+            ddplug_last_error());
+  CHECK(ctx == (ddplug_context *)0x1);
+  for (int i = 0; i < 3 && e->text[i]; i++) CHECK_CONTAINS(ddplug_last_error(), e->text[i]);
+}
+
+TEST(a_different_plugin_fails_on_every_rank) {
+  expect e = {DDPLUG_E_MISMATCH,
+              {"the plugin differs across ranks", "ranks 0-2: example", "rank 3: oldtable"}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_plugin_differs, &e, NULL, 60, NULL), 0);
+}
+
 static void rank_duplicate(int rank, int world, void *arg) {
   (void)world;
   use_config(EXAMPLE_CONFIG);

@@ -127,6 +127,40 @@ TEST(older_table_plugin_runs_through_the_runtime) {
   CHECK_OK(ddplug_close(ctx));
 }
 
+/* rendezvous.external: the store is served elsewhere (here by the test's
+ * parent process) and every rank, rank 0 included, connects to it. */
+static void rank_external(int rank, int world, void *arg) {
+  char cfg[256];
+  snprintf(cfg, sizeof cfg,
+           "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 20, "
+           "\"external\": true, \"addr\": \"127.0.0.1\", \"port\": %d}}",
+           *(const int *)arg);
+  use_config(cfg);
+  setenv("MASTER_PORT", "1", 1); /* the config's port wins */
+  ddplug_context *ctx = open_ok();
+  int64_t v = rank + 1, sum = 0;
+  CHECK_OK(ddplug_allreduce(ctx, &v, &sum, 1, DDPLUG_INT64, DDPLUG_OP_SUM, NULL));
+  CHECK_EQ_INT(sum, world * (world + 1) / 2);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST(an_external_store_serves_the_run) {
+  ddplug_store_server *srv = NULL;
+  CHECK_OK(ddplug_store_serve("127.0.0.1", 0, NULL, &srv));
+  int port = ddplug_store_server_port(srv);
+  CHECK_EQ_INT(dt_run_ranks(3, rank_external, &port, NULL, 60, NULL), 0);
+  /* The run's keys are in the external store (rank 0 served nothing). */
+  ddplug_store *st = NULL;
+  CHECK_OK(ddplug_store_connect("127.0.0.1", port, NULL, 5000, &st));
+  void *val = NULL;
+  uint64_t len = 0;
+  CHECK_OK(ddplug_store_get(st, "ddplug/verdict", 0, &val, &len));
+  CHECK_CONTAINS((const char *)val, "\"ok\":true");
+  ddplug_free(val);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
 /* ---- startup checks ---------------------------------------------------- */
 
 typedef struct expect {

@@ -127,6 +127,34 @@ TEST(older_table_plugin_runs_through_the_runtime) {
   CHECK_OK(ddplug_close(ctx));
 }
 
+/* The config's log_level applies when neither DDPLUG_LOG nor
+ * ddplug_log_set_level() says otherwise; every line carries the rank. */
+static int g_debug_lines, g_unprefixed;
+static void count_lines(void *user, int level, int rank, const char *line) {
+  (void)user;
+  (void)line;
+  if (level == DDPLUG_LOG_DEBUG && rank == 0) g_debug_lines++;
+  if (rank != 0 && rank != -1) g_unprefixed++;
+}
+
+TEST(config_log_level_applies) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("DDPLUG_LOG");
+  CHECK_OK(ddplug_log_set_callback(count_lines, NULL));
+  use_config("{\"plugin\": \"example\", \"log_level\": \"debug\"}");
+  ddplug_context *ctx = open_ok();
+  CHECK_OK(ddplug_close(ctx));
+  CHECK_MSG(g_debug_lines > 0, "no debug line reached the callback");
+  CHECK_EQ_INT(g_unprefixed, 0);
+  g_debug_lines = 0;
+  use_config("{\"plugin\": \"example\", \"log_level\": \"warn\"}");
+  ctx = open_ok();
+  CHECK_OK(ddplug_close(ctx));
+  CHECK_EQ_INT(g_debug_lines, 0);
+  CHECK_OK(ddplug_log_set_callback(NULL, NULL));
+}
+
 /* rendezvous.external: the store is served elsewhere (here by the test's
  * parent process) and every rank, rank 0 included, connects to it. */
 static void rank_external(int rank, int world, void *arg) {

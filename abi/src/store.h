@@ -219,6 +219,12 @@ int ddplug__store_recv_all(int fd, void *b, size_t n, uint64_t deadline_ns,
  * *gai (a getaddrinfo error, then *err is 0 unless EAI_SYSTEM). */
 int ddplug__store_tcp_connect(const char *host, int port, uint64_t deadline_ns,
                               int *err, int *gai);
+/* Connect to host:port, retrying while nothing accepts (10 ms doubling to
+ * 250 ms) until deadline_ns: the fd, or -1 with why[] saying the last
+ * reason. *attempts counts the tries. */
+int ddplug__store_tcp_connect_retry(const char *host, int port,
+                                    uint64_t deadline_ns, int *attempts,
+                                    char *why, size_t why_cap);
 /* Wait until fd is readable before deadline_ns: 1 readable, 0 deadline,
  * -1 with *err = errno. */
 int ddplug__store_wait_readable(int fd, uint64_t deadline_ns, int *err);

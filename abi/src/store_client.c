@@ -13,7 +13,6 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <errno.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -466,33 +465,20 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
 
   uint64_t start = ddplug__now_ns();
   uint64_t deadline = ddplug__deadline_ns(timeout_ms);
-  int64_t backoff = 10;
-  int attempts = 0, err = 0, gai = 0;
-  for (;;) {
-    st->fd = ddplug__store_tcp_connect(addr, port, deadline, &err, &gai);
-    attempts++;
-    if (st->fd >= 0) break;
-    int64_t left = ddplug__remaining_ms(deadline);
-    if (left <= 0) {
-      double waited = (double)(ddplug__now_ns() - start) / 1e9;
-      char why[256];
-      if (gai != 0 && gai != EAI_SYSTEM)
-        snprintf(why, sizeof why, "cannot resolve '%s': %s", addr,
-                 gai_strerror(gai));
-      else
-        snprintf(why, sizeof why, "%s", strerror(err));
-      ddplug__err(DDPLUG_E_TIMEOUT,
-                  "could not connect to the rendezvous store at %s within "
-                  "%lld ms (%d attempt%s in %.1f s): %s (is rank 0 running "
-                  "and reachable? check MASTER_ADDR/MASTER_PORT or "
-                  "rendezvous.addr/port)",
-                  st->where, (long long)timeout_ms, attempts,
-                  attempts == 1 ? "" : "s", waited, why);
-      store_free(st);
-      return DDPLUG_E_TIMEOUT;
-    }
-    ddplug__sleep_ms(DDPLUG__MIN(backoff, left));
-    backoff = DDPLUG__MIN(backoff * 2, 250);
+  int attempts = 0;
+  char why[256];
+  st->fd = ddplug__store_tcp_connect_retry(addr, port, deadline, &attempts, why, sizeof why);
+  if (st->fd < 0) {
+    double waited = (double)(ddplug__now_ns() - start) / 1e9;
+    ddplug__err(DDPLUG_E_TIMEOUT,
+                "could not connect to the rendezvous store at %s within "
+                "%lld ms (%d attempt%s in %.1f s): %s (is rank 0 running "
+                "and reachable? check MASTER_ADDR/MASTER_PORT or "
+                "rendezvous.addr/port)",
+                st->where, (long long)timeout_ms, attempts,
+                attempts == 1 ? "" : "s", waited, why);
+    store_free(st);
+    return DDPLUG_E_TIMEOUT;
   }
   int64_t hs_ms = ddplug__remaining_ms(deadline) + DDPLUG__STORE_REPLY_GRACE_MS;
   int rc = handshake(st, secret, ddplug__deadline_ns(hs_ms), hs_ms);

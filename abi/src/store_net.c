@@ -211,3 +211,26 @@ int ddplug__store_recv_all(int fd, void *b, size_t n, uint64_t deadline_ns,
   }
   return 0;
 }
+
+int ddplug__store_tcp_connect_retry(const char *host, int port,
+                                    uint64_t deadline_ns, int *attempts,
+                                    char *why, size_t why_cap) {
+  int64_t backoff = 10;
+  *attempts = 0;
+  for (;;) {
+    int err = 0, gai = 0;
+    int fd = ddplug__store_tcp_connect(host, port, deadline_ns, &err, &gai);
+    ++*attempts;
+    if (fd >= 0) return fd;
+    int64_t left = ddplug__remaining_ms(deadline_ns);
+    if (left <= 0) {
+      if (gai != 0 && gai != EAI_SYSTEM)
+        snprintf(why, why_cap, "cannot resolve '%s': %s", host, gai_strerror(gai));
+      else
+        snprintf(why, why_cap, "%s", strerror(err));
+      return -1;
+    }
+    ddplug__sleep_ms(DDPLUG__MIN(backoff, left));
+    backoff = DDPLUG__MIN(backoff * 2, 250);
+  }
+}

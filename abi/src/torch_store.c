@@ -22,7 +22,6 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <errno.h>
-#include <netdb.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -76,27 +75,19 @@ int ddplug__tstore_connect(const char *host, int port, uint64_t deadline_ns,
     return ddplug__err(DDPLUG_E_NO_MEMORY,
                        "out of memory connecting to torchrun's store");
   ddplug__store_format_where(ts->where, sizeof ts->where, host, port);
-  int err = 0, gai = 0, attempts = 0;
-  int64_t backoff = 10;
-  for (;;) {
-    ts->fd = ddplug__store_tcp_connect(host, port, deadline_ns, &err, &gai);
-    attempts++;
-    if (ts->fd >= 0) break;
-    int64_t left = ddplug__remaining_ms(deadline_ns);
-    if (left <= 0) {
-      int s = ddplug__err(
-          DDPLUG_E_TIMEOUT,
-          "could not connect to torchrun's store at %s (%d attempt%s): %s "
-          "(TORCHELASTIC_USE_AGENT_STORE=True says torchrun serves it on "
-          "MASTER_ADDR:MASTER_PORT; or set rendezvous.port to a free port "
-          "for ddplug's own store)",
-          ts->where, attempts, attempts == 1 ? "" : "s",
-          gai && gai != EAI_SYSTEM ? gai_strerror(gai) : strerror(err));
-      ddplug__free(ts);
-      return s;
-    }
-    ddplug__sleep_ms(DDPLUG__MIN(backoff, left));
-    backoff = DDPLUG__MIN(backoff * 2, 250);
+  int err = 0, attempts = 0;
+  char why[256];
+  ts->fd = ddplug__store_tcp_connect_retry(host, port, deadline_ns, &attempts, why, sizeof why);
+  if (ts->fd < 0) {
+    int s = ddplug__err(
+        DDPLUG_E_TIMEOUT,
+        "could not connect to torchrun's store at %s (%d attempt%s): %s "
+        "(TORCHELASTIC_USE_AGENT_STORE=True says torchrun serves it on "
+        "MASTER_ADDR:MASTER_PORT; or set rendezvous.port to a free port "
+        "for ddplug's own store)",
+        ts->where, attempts, attempts == 1 ? "" : "s", why);
+    ddplug__free(ts);
+    return s;
   }
   uint8_t hello[1 + 4];
   uint32_t magic = T_MAGIC;

@@ -283,9 +283,14 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
     ncclResult_t r = call_nccl(g, p, dsend, drecv, &gone);
     if (gone) return ddplug_nccl__group_failed_status(g, 0);
     if (r == ncclInProgress) {
-      uint64_t deadline =
-          ddplug_nccl__now_ns() + (uint64_t)g->timeout_ms * 1000000ull;
-      int st = ddplug_nccl__settle(g, deadline, what);
+      /* A non-blocking communicator launches every collective from NCCL's
+       * own thread: wait until it is on the stream (microseconds), so that
+       * the event below follows it. Connections were set up at group
+       * creation; a collective that needs another algorithm's connections
+       * waits here for its peers, within the collective timeout counted
+       * from the start of this collective. */
+      uint64_t deadline = req->start_ns + (uint64_t)g->timeout_ms * 1000000ull;
+      int st = ddplug_nccl__settle(g, deadline, what, req->start_ns);
       if (st != DDPLUG_OK) return st;
     } else if (r != ncclSuccess) {
       return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
@@ -332,9 +337,14 @@ cuda_failed:
 }
 
 /* The collective_start slot (see plugin.h): with DDPLUG_CAP_ASYNC it
- * returns once the operation is enqueued on its CUDA stream (plus, with
- * plugin_options.check_mismatch, one comparison through the store, which
- * waits for rank 0). On failure *req is untouched; unless the failure is
+ * returns once the operation is enqueued on its CUDA stream — NCCL has
+ * launched it; the peers need not have reached it (group_create set up the
+ * connections). Exception: a message size for which NCCL picks an algorithm
+ * whose connections are not set up yet makes NCCL connect them first, which
+ * needs the peers to reach the same collective; that wait is bounded by the
+ * collective timeout and ended by an abort (README.md). With
+ * plugin_options.check_mismatch, one comparison through the store (which
+ * waits for rank 0) comes first. On failure *req is untouched; unless the failure is
  * MISMATCH (or the mismatch check's TIMEOUT), the group is failed as
  * explained above. Called from the group's slot thread only. */
 int ddplug_nccl__collective_start(ddplug_plugin_group *g,
@@ -360,6 +370,9 @@ int ddplug_nccl__collective_start(ddplug_plugin_group *g,
   req->kind = a->kind;
   describe(req, a->dtype, a->op, a->root, a->count, req->what, sizeof req->what);
 
+  /* The collective timeout covers enqueuing and completion together. */
+  req->start_ns = ddplug_nccl__now_ns();
+
   char err[DDPLUG_NCCL__MSG_MAX];
   plan p;
   int st = make_plan(g, a, &p, err, sizeof err);
@@ -381,7 +394,6 @@ int ddplug_nccl__collective_start(ddplug_plugin_group *g,
     g->spare = req;
     return st;
   }
-  req->start_ns = ddplug_nccl__now_ns();
   req->state = DDPLUG_NCCL__PENDING;
   req->prev = NULL;
   req->next = g->live;
@@ -438,18 +450,12 @@ static int poll_once(ddplug_plugin_group *g, ddplug_plugin_request *r) {
 }
 
 /* Past the collective timeout since start: abort the communicator (the
- * operation can no longer complete consistently) and report TIMEOUT; the
+ * operation can no longer complete consistently) and report TIMEOUT, in the
+ * same words as a collective that timed out while being enqueued; the
  * request is final (later waits: ABORTED). */
 static int watchdog(ddplug_plugin_group *g, ddplug_plugin_request *r,
                     uint64_t now) {
-  double s = (double)(now - r->start_ns) / 1e9;
-  ddplug_nccl__group_fail(
-      g, DDPLUG_E_TIMEOUT, 1,
-      "%s did not complete within the collective timeout (%.1f s, running "
-      "%.1f s): the NCCL communicator was aborted on rank %d. A peer is slow, "
-      "stuck, dead, or issued different collectives (NCCL cannot tell which); "
-      "the group cannot be used any more: close the context",
-      r->what, (double)g->timeout_ms / 1e3, s, g->rank);
+  ddplug_nccl__collective_timed_out(g, r->what, r->start_ns, now, 0);
   pthread_mutex_lock(&g->comm_mu);
   ddplug_nccl__fmt(r->msg, sizeof r->msg, "%s", g->fail_msg);
   pthread_mutex_unlock(&g->comm_mu);

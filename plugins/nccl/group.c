@@ -16,7 +16,10 @@
  *      others read it (at most the time left);
  *   5. ncclCommInitRankConfig with blocking = 0, polled until ready; past
  *      the deadline the communicator is aborted (ncclCommAbort) and every
- *      rank learns it through the store key "abort".
+ *      rank learns it through the store key "abort";
+ *   6. one 1-element allreduce, waited for (same deadline): NCCL sets up
+ *      its connections lazily, on first use, with every peer taking part —
+ *      here, rather than in the first collective_start (connect_eagerly).
  * The plugin makes its device current on the calling thread (as
  * torch.cuda.set_device does) and leaves it so.
  *
@@ -259,7 +262,7 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
   pthread_mutex_lock(&g->comm_mu);
   g->comm = comm;
   pthread_mutex_unlock(&g->comm_mu);
-  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator init");
+  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator init", 0);
   if (st != DDPLUG_OK) return st;
 
   cudaError_t ce = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
@@ -274,8 +277,100 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
   return DDPLUG_OK;
 }
 
+/* Step 6: connection setup while every rank is in group_create.
+ *
+ * NCCL (>= 2.22, NCCL_RUNTIME_CONNECT=1 by default) connects the ranks
+ * lazily: the first collective that uses an algorithm sets up its
+ * connections, which needs every peer to take part. On a non-blocking
+ * communicator that collective answers ncclInProgress until the peers have
+ * reached it, so without this step the first collective_start of the run
+ * would wait for the other ranks (and a rank that is late, or that calls a
+ * different collective first, would turn into a timeout or a hang inside
+ * NCCL). One allreduce of one int32 on the scratch word — the barrier's
+ * exact shape — here, bounded by the init deadline, connects what small
+ * collectives and barriers use; afterwards collective_start returns once
+ * NCCL has enqueued the call. Sizes that select another algorithm (e.g.
+ * ring vs tree across nodes, NVLS on NVSwitch systems) still connect on
+ * their first use, with every rank calling the same collective; setting
+ * NCCL_RUNTIME_CONNECT=0 makes NCCL connect every algorithm during init
+ * (more GPU memory) and this step cheap. */
+static int connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
+  static const char what[] = "NCCL connection setup (a 1-element allreduce)";
+  if (g->world < 2) return DDPLUG_OK;
+  uint64_t t0 = ddplug_nccl__now_ns();
+  pthread_mutex_lock(&g->comm_mu);
+  ncclComm_t comm = g->comm;
+  ncclResult_t r = comm ? ncclAllReduce(g->scratch, g->scratch, 1, ncclInt32,
+                                        ncclSum, comm, g->stream)
+                        : ncclSuccess;
+  pthread_mutex_unlock(&g->comm_mu);
+  if (!comm) return ddplug_nccl__group_failed_status(g, 1);
+  if (r == ncclInProgress) {
+    int st = ddplug_nccl__settle(g, deadline, what, 0);
+    if (st != DDPLUG_OK) return st;
+  } else if (r != ncclSuccess) {
+    return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
+                                   "%s: NCCL refused it on rank %d: %s (%s)",
+                                   what, g->rank, ncclGetErrorString(r),
+                                   ncclGetLastError(NULL));
+  }
+  /* Enqueued; now wait until it ran (every rank took part). */
+  ddplug_nccl_event *ev = NULL;
+  cudaError_t ce = ddplug_nccl__event_get(&g->pool, &ev);
+  if (ce == cudaSuccess) {
+    ce = cudaEventRecord(ev->ev, g->stream);
+    uint64_t next_store = ddplug_nccl__now_ns() + 100000000ull;
+    int64_t nap_us = 20;
+    while (ce == cudaSuccess) {
+      ce = cudaEventQuery(ev->ev);
+      if (ce == cudaSuccess) break;
+      if (ce != cudaErrorNotReady) break;
+      ce = cudaSuccess;
+      int st = ddplug_nccl__check_async(g, what);
+      if (st != DDPLUG_OK) {
+        ddplug_nccl__event_put(&g->pool, ev);
+        return st;
+      }
+      uint64_t now = ddplug_nccl__now_ns();
+      if (now >= deadline) {
+        ddplug_nccl__event_put(&g->pool, ev);
+        return ddplug_nccl__group_fail(
+            g, DDPLUG_E_TIMEOUT, 1,
+            "%s did not finish on rank %d within %.1f s: the NCCL "
+            "communicator was aborted (a rank stopped after NCCL init, or the "
+            "GPUs cannot reach each other; NCCL_DEBUG=INFO shows where it "
+            "stopped)",
+            what, g->rank, (double)(now - t0) / 1e9);
+      }
+      if (now >= next_store) {
+        next_store = now + 100000000ull;
+        st = ddplug_nccl__check_peer_abort(g);
+        if (st != DDPLUG_OK) {
+          ddplug_nccl__event_put(&g->pool, ev);
+          return st;
+        }
+      }
+      ddplug_nccl__sleep_us(nap_us);
+      if (nap_us < 1000) nap_us *= 2;
+    }
+    ddplug_nccl__event_put(&g->pool, ev);
+  }
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
+                                   "%s: CUDA failed on rank %d (cuda:%d): %s: %s",
+                                   what, g->rank, g->device,
+                                   cudaGetErrorName(ce), cudaGetErrorString(ce));
+  }
+  ddplug_nccl__log(g->svc, g->log_level, DDPLUG_LOG_DEBUG,
+                   "rank %d: NCCL connections set up in %.1f ms", g->rank,
+                   (double)(ddplug_nccl__now_ns() - t0) / 1e6);
+  return DDPLUG_OK;
+}
+
 /* Releases what create made; the communicator is already aborted or gone. */
 static void release(ddplug_plugin_group *g) {
+  (void)ddplug_nccl__pool_destroy(&g->pool, 0); /* events only: no stages yet */
   if (g->scratch) (void)cudaFree(g->scratch);
   if (g->stream) (void)cudaStreamDestroy(g->stream);
   ddplug_nccl__options_free(&g->opts);
@@ -373,6 +468,7 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
     return st;
   }
   st = init_comm(g, &id, deadline);
+  if (st == DDPLUG_OK) st = connect_eagerly(g, deadline);
   if (st != DDPLUG_OK) {
     ddplug_nccl__group_failed_status(g, 1);
     release(g);
@@ -406,7 +502,7 @@ static int finalize_comm(ddplug_plugin_group *g) {
                                    "ncclCommFinalize failed on rank %d: %s (%s)",
                                    g->rank, ncclGetErrorString(r),
                                    ncclGetLastError(NULL));
-  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator finalize");
+  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator finalize", 0);
   if (st != DDPLUG_OK) return st; /* settle aborted the communicator */
   pthread_mutex_lock(&g->comm_mu);
   comm = g->comm;

@@ -278,10 +278,24 @@ cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g);
 /* progress.c: wait until the communicator's pending NCCL call settles
  * (ncclCommGetAsyncError no longer ncclInProgress), at most until
  * deadline_ns, releasing comm_mu between polls so group_abort stays
- * prompt. what names the operation in messages. On failure the group is
+ * prompt. A non-blocking communicator answers ncclInProgress to every
+ * collective (NCCL launches it from a background thread), so this is on
+ * every collective's path: it busy-polls for the first microseconds, then
+ * yields the CPU, and sleeps (up to 1 ms) only after 2 ms. what names the
+ * operation in messages. coll_start_ns != 0 marks a collective started
+ * then: its deadline passing is reported with the same sentence as the
+ * watchdog's (ddplug_nccl__collective_timed_out). On failure the group is
  * failed (communicator aborted, peers told). */
 int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
-                        const char *what);
+                        const char *what, uint64_t coll_start_ns);
+/* The collective `what`, started at start_ns, ran past the collective
+ * timeout (found at now_ns, while enqueuing or while waiting): fail the
+ * group with TIMEOUT (communicator aborted, peers told) and the one
+ * sentence both paths use — "<what> did not complete within the collective
+ * timeout (...)". Returns TIMEOUT. */
+int ddplug_nccl__collective_timed_out(ddplug_plugin_group *g, const char *what,
+                                      uint64_t start_ns, uint64_t now_ns,
+                                      int enqueuing);
 /* Check the communicator for an asynchronous error (once, no waiting); on
  * one, fail the group (PEER_LOST for ncclRemoteError) and return it. */
 int ddplug_nccl__check_async(ddplug_plugin_group *g, const char *what);

@@ -10,6 +10,8 @@
  *
  * SPDX-License-Identifier: Apache-2.0
  */
+#include <sched.h>
+
 #include "nccl_plugin.h"
 
 #define STORE_POLL_NS 100000000ull /* 100 ms */
@@ -62,13 +64,39 @@ int ddplug_nccl__check_async(ddplug_plugin_group *g, const char *what) {
   return nccl_failed(g, s, what);
 }
 
-/* See nccl_plugin.h. Spins briefly (most calls settle within
- * microseconds), then sleeps 1 ms between polls. */
+/* See nccl_plugin.h. */
+int ddplug_nccl__collective_timed_out(ddplug_plugin_group *g, const char *what,
+                                      uint64_t start_ns, uint64_t now_ns,
+                                      int enqueuing) {
+  double ran = now_ns > start_ns ? (double)(now_ns - start_ns) / 1e9 : 0.0;
+  return ddplug_nccl__group_fail(
+      g, DDPLUG_E_TIMEOUT, 1,
+      "%s did not complete within the collective timeout (%.1f s, running "
+      "%.1f s%s): the NCCL communicator was aborted on rank %d. A peer is slow, "
+      "stuck, dead, or issued different collectives (NCCL cannot tell which); "
+      "the group cannot be used any more: close the context",
+      what, (double)g->timeout_ms / 1e3, ran,
+      enqueuing ? ", NCCL still enqueuing it: connecting to its peers" : "",
+      g->rank);
+}
+
+/* Polling schedule of settle: busy for SETTLE_SPIN_NS (a collective's launch
+ * by NCCL's background thread takes microseconds to tens of microseconds;
+ * the common case must not pay a sleep, which costs >= 50 us of timer
+ * slack), then sched_yield() until SETTLE_YIELD_NS (lets that thread run on
+ * a busy CPU),
+ * then sleeps growing from 50 us to 1 ms (init, finalize, connection setup
+ * waiting for peers). */
+#define SETTLE_SPIN_NS 20000ull     /* 20 us */
+#define SETTLE_YIELD_NS 2000000ull  /* 2 ms  */
+
+/* See nccl_plugin.h. */
 int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
-                        const char *what) {
+                        const char *what, uint64_t coll_start_ns) {
   uint64_t start = ddplug_nccl__now_ns();
   uint64_t next_store = start + STORE_POLL_NS;
-  for (int polls = 0;; polls++) {
+  int64_t nap_us = 50;
+  for (;;) {
     int gone = 0;
     ncclResult_t s = comm_state(g, &gone);
     if (gone || atomic_load(&g->failed))
@@ -76,18 +104,31 @@ int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
     if (s == ncclSuccess) return DDPLUG_OK;
     if (s != ncclInProgress) return nccl_failed(g, s, what);
     uint64_t now = ddplug_nccl__now_ns();
-    if (now >= deadline_ns)
+    if (now >= deadline_ns) {
+      if (coll_start_ns)
+        return ddplug_nccl__collective_timed_out(g, what, coll_start_ns, now, 1);
       return ddplug_nccl__group_fail(
           g, DDPLUG_E_TIMEOUT, 1,
           "%s did not finish on rank %d within %.1f s: the NCCL communicator "
           "was aborted (is every rank running and able to reach the others? "
           "NCCL_DEBUG=INFO shows where it stopped)",
           what, g->rank, (double)(now - start) / 1e9);
+    }
     if (now >= next_store) {
       next_store = now + STORE_POLL_NS;
       int st = ddplug_nccl__check_peer_abort(g);
       if (st != DDPLUG_OK) return st;
     }
-    ddplug_nccl__sleep_us(polls < 100 ? 10 : 1000);
+    uint64_t spent = now - start;
+    if (spent < SETTLE_SPIN_NS) continue;
+    if (spent < SETTLE_YIELD_NS) {
+      sched_yield();
+      continue;
+    }
+    uint64_t wake = now + (uint64_t)nap_us * 1000u;
+    if (wake > deadline_ns) wake = deadline_ns;
+    if (wake > next_store) wake = next_store;
+    ddplug_nccl__sleep_us((int64_t)((wake - now) / 1000u));
+    if (nap_us < 1000) nap_us *= 2;
   }
 }

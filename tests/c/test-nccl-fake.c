@@ -204,6 +204,7 @@ TEST(every_dtype_and_op_on_device_host_and_pinned_buffers) {
   all_created(f, 3);
   for (int r = 0; r < 3; r++) CHECK_OK(f[r].destroyed);
   CHECK_EQ_INT(fake_live_comms(), 0); /* finalized and destroyed */
+  CHECK_EQ_INT(fake_misuses(), 0);    /* every ncclInProgress was settled */
   store_free(s);
 }
 
@@ -332,12 +333,82 @@ static void one_allreduce(frank *f) {
 TEST(init_and_enqueue_in_progress_are_polled) {
   fake_reset();
   fake.init_polls = 20;
-  fake.enqueue_inprogress = 2;
+  fake.enqueue_inprogress = 4; /* the two connection warm-ups, then ours */
   frank f[2];
   fake_world w;
   fake_store *s = run_ranks(f, &w, 2, "{}", 10000, one_allreduce, NULL);
   all_created(f, 2);
   CHECK_EQ_INT(fake.enqueue_inprogress, 0);
+  CHECK_EQ_INT(fake_misuses(), 0);
+  store_free(s);
+}
+
+/* ---- connection setup at group creation -------------------------------- */
+
+/* NCCL connects lazily: a communicator's first collective waits (answering
+ * ncclInProgress) until every peer issued its first one too. group_create
+ * does that first collective itself, so the first collective of the run is
+ * enqueued without waiting for the peer: rank 0's returns from
+ * collective_start while rank 1 has not called anything yet. */
+static void lonely_first_collective_body(frank *f) {
+  float *d;
+  CHECK(cudaMalloc((void **)&d, 64 * sizeof(float)) == cudaSuccess);
+  for (int i = 0; i < 64; i++) d[i] = (float)(f->rank + 1);
+  ddplug_plugin_request *req = NULL;
+  ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, d, d, 64, DDPLUG_FLOAT32,
+                            DDPLUG_OP_SUM, 0, NULL);
+  pthread_barrier_wait(&g_sync); /* both out of group_create */
+  if (f->rank == 0) {
+    CHECK_EQ_INT(fake_connected_comms(), 2); /* both, during group_create */
+    CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
+    int32_t done = 1;
+    CHECK_OK(ddplug_nccl__request_test(f->g, req, &done));
+    CHECK_EQ_INT(done, 0); /* enqueued, waiting for rank 1 on the "GPU" */
+  }
+  pthread_barrier_wait(&g_sync);
+  if (f->rank == 1) CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
+  CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+  ddplug_nccl__request_free(f->g, req);
+  CHECK(d[0] == 3.0f && d[63] == 3.0f);
+  CHECK(cudaFree(d) == cudaSuccess);
+}
+
+TEST(group_create_connects_so_a_first_collective_does_not_wait_for_peers) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 10000, lonely_first_collective_body,
+                            NULL);
+  all_created(f, 2);
+  for (int r = 0; r < 2; r++) CHECK_OK(f[r].destroyed);
+  CHECK_EQ_INT(fake_misuses(), 0);
+  store_free(s);
+}
+
+TEST(connection_setup_that_never_finishes_fails_create_with_timeout) {
+  fake_reset();
+  fake.connect_polls = 1 << 30;
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 500, NULL, NULL);
+  for (int r = 0; r < 2; r++) {
+    CHECK_EQ_INT(f[r].created, DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(f[r].fr.err, "NCCL connection setup (a 1-element allreduce) "
+                                "did not finish on rank");
+  }
+  CHECK_EQ_INT(fake_live_comms(), 0); /* both communicators aborted */
+  CHECK(store_has(s, "abort"));
+  store_free(s);
+}
+
+TEST(one_rank_connects_nothing) {
+  fake_reset();
+  fake.connect_polls = 1 << 30; /* would stall if a lone rank connected */
+  frank f[1];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 1, "{}", 10000, one_allreduce, NULL);
+  all_created(f, 1);
+  CHECK_OK(f[0].destroyed);
   store_free(s);
 }
 
@@ -546,6 +617,46 @@ TEST(an_asynchronous_nccl_error_is_peer_lost) {
   store_free(s);
 }
 
+/* A collective that NCCL keeps ncclInProgress inside the call (as while it
+ * connects an algorithm to a peer that never comes): collective_start gives
+ * up at the collective timeout with the same sentence the watchdog uses, so
+ * callers and peers see one wording whichever path timed out. */
+static void stuck_enqueue_body(frank *f) {
+  if (f->rank == 0) {
+    CHECK(cudaMalloc((void **)&g_buf[0], 64 * sizeof(float)) == cudaSuccess);
+    fake_stall_next_collective(0);
+    ddplug_plugin_request *req = NULL;
+    ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, g_buf[0], g_buf[0], 64,
+                              DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
+    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &req), DDPLUG_E_TIMEOUT);
+    CHECK(req == NULL);
+    CHECK_CONTAINS(f->fr.err, "allreduce seq 1 (64 x float32, sum) did not "
+                              "complete within the collective timeout (0.3 s");
+    CHECK_CONTAINS(f->fr.err, "NCCL still enqueuing it");
+    CHECK_CONTAINS(f->fr.err, "the NCCL communicator was aborted on rank 0");
+    CHECK(atomic_load(&f->g->failed));
+    ddplug_coll_args b = coll(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
+    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &b, &req), DDPLUG_E_ABORTED);
+    CHECK_CONTAINS(f->fr.err, "cannot be used any more (TIMEOUT:");
+    CHECK(cudaFree(g_buf[0]) == cudaSuccess);
+  }
+  pthread_barrier_wait(&g_sync);
+  if (f->rank == 1) {
+    CHECK_EQ_INT(ddplug_nccl__check_peer_abort(f->g), DDPLUG_E_ABORTED);
+    CHECK_CONTAINS(f->fr.err, "did not complete within the collective timeout");
+  }
+}
+
+TEST(a_collective_stuck_in_nccl_times_out_in_collective_start) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 300, stuck_enqueue_body, NULL);
+  all_created(f, 2);
+  CHECK_EQ_INT(fake_live_comms(), 0);
+  store_free(s);
+}
+
 static void *abort_soon(void *p) {
   usleep(100000);
   ddplug_nccl__group_abort(p, "stopped by a test thread");
@@ -575,6 +686,32 @@ static void abort_thread_body(frank *f) {
     CHECK_CONTAINS(f->fr.err, "stopped by a test thread");
     ddplug_nccl__request_free(f->g, req); /* pending: fenced until destroy */
   }
+}
+
+static void abort_stuck_enqueue_body(frank *f) {
+  if (f->rank != 0) return;
+  CHECK(cudaMalloc((void **)&g_buf[0], 64 * sizeof(float)) == cudaSuccess);
+  fake_stall_next_collective(0);
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, abort_soon, f->g) == 0);
+  ddplug_plugin_request *req = NULL;
+  ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, g_buf[0], g_buf[0], 64,
+                            DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
+  CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &req), DDPLUG_E_ABORTED);
+  pthread_join(t, NULL);
+  CHECK(req == NULL);
+  CHECK_CONTAINS(f->fr.err, "aborted on rank 0: stopped by a test thread");
+  CHECK(cudaFree(g_buf[0]) == cudaSuccess);
+}
+
+TEST(abort_from_another_thread_ends_a_collective_stuck_in_nccl) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, abort_stuck_enqueue_body, NULL);
+  all_created(f, 2);
+  CHECK_EQ_INT(fake_live_comms(), 0);
+  store_free(s);
 }
 
 TEST(abort_from_another_thread_ends_the_wait) {

@@ -21,6 +21,13 @@
  *     plugin is a use-after-free ASan sees) and lets that rank's queued
  *     collectives pass; non-blocking communicators answer ncclInProgress
  *     until every rank joined (plus fake.init_polls polls);
+ *   - like NCCL >= 2.22 on a non-blocking communicator, every collective
+ *     answers ncclInProgress (NCCL launches it from a background thread;
+ *     here: for fake.launch_polls polls), and a communicator's first
+ *     collective stays ncclInProgress until every rank of the clique has
+ *     issued its first one (lazy connection setup, NCCL_RUNTIME_CONNECT=1);
+ *     a call while the previous one is still ncclInProgress is refused
+ *     (ncclInvalidUsage) and counted (fake_misuses);
  *   - asynchronous errors can be injected per rank.
  * One lock serialises the whole fake. */
 #include <pthread.h>
@@ -36,17 +43,42 @@
 
 #define MAX_RANKS 16
 
-fake_cfg fake = {2, 23007, 0, 0, ncclSuccess};
+#define FAKE_DEFAULTS ((fake_cfg){2, 23007, 0, 1, 1, 0, 0, 3, ncclSuccess})
+fake_cfg fake = {2, 23007, 0, 1, 1, 0, 0, 3, ncclSuccess};
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int cur_dev = 0;
 static ncclResult_t injected[MAX_RANKS];
-static int live_comms, completed;
+static int live_comms, completed, connected_comms, misuses;
+static int stall_next[MAX_RANKS];
 
 void fake_reset(void) {
   pthread_mutex_lock(&mu);
-  fake = (fake_cfg){2, 23007, 0, 0, ncclSuccess};
+  fake = FAKE_DEFAULTS;
   memset(injected, 0, sizeof injected);
+  memset(stall_next, 0, sizeof stall_next);
+  connected_comms = 0;
+  misuses = 0;
   pthread_mutex_unlock(&mu);
+}
+
+void fake_stall_next_collective(int rank) {
+  pthread_mutex_lock(&mu);
+  stall_next[rank] = 1;
+  pthread_mutex_unlock(&mu);
+}
+
+int fake_connected_comms(void) {
+  pthread_mutex_lock(&mu);
+  int n = connected_comms;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
+int fake_misuses(void) {
+  pthread_mutex_lock(&mu);
+  int n = misuses;
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 void fake_inject_async_error(int rank, ncclResult_t err) {
@@ -231,6 +263,7 @@ typedef struct fk_coll {
 typedef struct fk_clique {
   char id[NCCL_UNIQUE_ID_BYTES];
   int nranks, joined;
+  int connecting;        /* ranks that issued their first collective      */
   int aborted[MAX_RANKS];
   fk_coll *colls;
   struct fk_clique *next;
@@ -369,6 +402,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
 struct ncclComm {
   fk_clique *cl;
   int rank, dev, polls, finalizing;
+  int blocking;
+  int connect;           /* 0 never, 1 waiting for the clique, 2 done     */
+  int connect_polls;
   uint64_t seq;
 };
 
@@ -509,6 +545,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
   c->rank = rank;
   c->dev = cur_dev;
   c->polls = fake.init_polls;
+  c->blocking = !(config && config->blocking == 0);
   cl->joined++;
   live_comms++;
   pthread_mutex_unlock(&mu);
@@ -516,14 +553,30 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
   return config && config->blocking == 0 ? ncclInProgress : ncclSuccess;
 }
 
+/* Under mu: the state ncclCommGetAsyncError reports; polling advances it. */
+static ncclResult_t comm_state(ncclComm_t comm, int poll) {
+  if (injected[comm->rank] != ncclSuccess) return injected[comm->rank];
+  if (comm->cl->joined < comm->cl->nranks) return ncclInProgress;
+  if (comm->connect == 1) {
+    if (comm->cl->connecting < comm->cl->nranks) return ncclInProgress;
+    if (comm->connect_polls > 0) {
+      if (poll) comm->connect_polls--;
+      return ncclInProgress;
+    }
+    if (!poll) return ncclInProgress;
+    comm->connect = 2;
+    connected_comms++;
+  }
+  if (comm->polls > 0) {
+    if (poll) comm->polls--;
+    return ncclInProgress;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
   pthread_mutex_lock(&mu);
-  if (injected[comm->rank] != ncclSuccess) *asyncError = injected[comm->rank];
-  else if (comm->cl->joined < comm->cl->nranks) *asyncError = ncclInProgress;
-  else if (comm->polls > 0) {
-    comm->polls--;
-    *asyncError = ncclInProgress;
-  } else *asyncError = ncclSuccess;
+  *asyncError = comm_state(comm, 1);
   pthread_mutex_unlock(&mu);
   return ncclSuccess;
 }
@@ -579,6 +632,13 @@ static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count
   size_t es = dt_size(dt);
   size_t rbytes = (kind == 2 ? count * (size_t)comm->cl->nranks : count) * es;
   pthread_mutex_lock(&mu);
+  if (comm_state(comm, 0) == ncclInProgress) {
+    misuses++;
+    pthread_mutex_unlock(&mu);
+    fprintf(stderr, "fake nccl: rank %d used its communicator before the "
+                    "previous operation returned ncclSuccess\n", comm->rank);
+    return ncclInvalidUsage;
+  }
   int sends = kind != 1 || comm->rank == root;
   if ((sends && count && !is_device(send, count * es, comm->dev)) ||
       (count && !is_device(recv, rbytes, comm->dev))) {
@@ -612,14 +672,25 @@ static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count
   o->cl = comm->cl;
   o->rank = comm->rank;
   push(resolve(stream), o);
-  ncclResult_t r = ncclSuccess;
-  if (fake.enqueue_inprogress > 0) {
-    fake.enqueue_inprogress--;
-    comm->polls = 3;
-    r = ncclInProgress;
+  if (fake.lazy_connect && comm->connect == 0 && comm->cl->nranks > 1) {
+    comm->connect = 1; /* this collective first sets up the connections */
+    comm->connect_polls = fake.connect_polls;
+    comm->cl->connecting++;
   }
+  if (!comm->blocking) {
+    if (stall_next[comm->rank]) {
+      stall_next[comm->rank] = 0;
+      comm->polls = 1 << 30;
+    } else if (fake.enqueue_inprogress > 0) {
+      fake.enqueue_inprogress--;
+      comm->polls = fake.enqueue_polls;
+    } else {
+      comm->polls = fake.launch_polls;
+    }
+  }
+  ncclResult_t r = comm_state(comm, 0);
   pthread_mutex_unlock(&mu);
-  return r;
+  return r == ncclInProgress ? ncclInProgress : ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

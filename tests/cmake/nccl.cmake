@@ -45,3 +45,25 @@ if(TARGET ddplug-nccl AND TARGET ddplug_cmd)
     PASS_REGULAR_EXPRESSION "plugin +nccl.*capabilities +host-memory, device-memory, async, multi-node, abort, streams.*dtypes +float32, float64, float16, bfloat16, int8, uint8, int32, int64.*ops +sum, avg, min, max, prod"
     TIMEOUT 60)
 endif()
+
+# Under AddressSanitizer (DDPLUG_SANITIZE contains "address", as in the
+# second pass of tests/run-all.sh) the CUDA driver cannot initialise with
+# ASan's default shadow-gap protection: cuInit/cudaGetDeviceCount fail
+# (typically "out of memory"), so on a GPU machine test-nccl-gpu would skip
+# and the no-GPU cases of test-nccl-open/-plugin would run against a GPU that
+# is there. protect_shadow_gap=0 lets the driver map what it needs. The CUDA
+# driver, the static CUDA runtime and NCCL keep allocations until exit that
+# LeakSanitizer would report as leaks in every rank process: those (and only
+# stacks through them) are suppressed by nccl-lsan.supp; leaks of ddplug's
+# own allocations are still reported. test-nccl-fake runs no CUDA code and
+# keeps the defaults.
+if(DDPLUG_SANITIZE MATCHES "address")
+  set(_nccl_san_env
+    "ASAN_OPTIONS=protect_shadow_gap=0"
+    "LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_LIST_DIR}/nccl-lsan.supp:print_suppressions=0")
+  foreach(_t test-nccl-plugin test-nccl-open test-nccl-gpu nccl-info)
+    if(TEST ${_t})
+      set_property(TEST ${_t} APPEND PROPERTY ENVIRONMENT ${_nccl_san_env})
+    endif()
+  endforeach()
+endif()

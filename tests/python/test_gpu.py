@@ -15,21 +15,38 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import run_ranks, run_script
 
 N, B = 96, 4
 
 
 @functools.lru_cache(maxsize=None)
-def visible_gpus() -> int:
-    """CUDA devices a fresh process sees once the CPU tests' mask is lifted."""
+def cuda_probe() -> tuple:
+    """(CUDA devices, NCCL version as a tuple or None) that a fresh process sees
+    once the CPU tests' mask is lifted. The NCCL version is torch's: torch loads
+    its libnccl.so.2 at import, and the nccl plugin then uses that same library
+    (same SONAME), so it is the version that decides whether two ranks may share
+    a GPU (>= 2.30)."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           env=env, capture_output=True, text=True, timeout=120)
+    code = ("import torch\n"
+            "n = torch.cuda.device_count()\n"
+            "try:\n"
+            "    v = torch.cuda.nccl.version() if n else None\n"
+            "except Exception:\n"
+            "    v = None\n"
+            "if isinstance(v, int):\n"  # old torch: NCCL_VERSION_CODE
+            "    v = (v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v // 1000, v // 100 % 10, v % 100)\n"
+            "print(n, '.'.join(map(str, v)) if v else '-')\n")
     try:
-        return int(probe.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return 0
+        probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        count, version = probe.stdout.strip().splitlines()[-1].split()
+        return int(count), (tuple(int(x) for x in version.split(".")) if version != "-" else None)
+    except (ValueError, IndexError, subprocess.SubprocessError, OSError):
+        return 0, None
+
+
+def visible_gpus() -> int:
+    return cuda_probe()[0]
 
 
 def nccl_built() -> bool:
@@ -43,8 +60,12 @@ def need_gpus(n: int) -> None:
         pytest.skip(f"needs {n} CUDA device(s), {visible_gpus()} visible")
 
 
-def gpu_config() -> str:
-    return json.dumps({"plugin": "nccl", "rendezvous": {"timeout_s": 120}, "timeouts": {"collective_s": 120}})
+def gpu_config(shared: bool = False) -> str:
+    cfg: dict = {"plugin": "nccl", "rendezvous": {"timeout_s": 120}, "timeouts": {"collective_s": 120}}
+    if shared:
+        # Both ranks on GPU 0, allowed explicitly (the default refuses it).
+        cfg["plugin_options"] = {"device_map": [0, 0], "allow_shared_gpu": True}
+    return json.dumps(cfg)
 
 
 def gpu_env(n: int) -> dict:
@@ -56,14 +77,11 @@ def flat(steps: list) -> list:
     return [i for step in steps for i in step]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_trainer_on_cuda_through_the_nccl_plugin(out: Path, world: int) -> None:
-    need_gpus(world)
-    run = run_script("lit_run.py", "--scenario", "plain", "--accelerator", "gpu", "--devices", str(world),
-                     "--val", "--config", gpu_config(), out_dir=out, env=gpu_env(world), timeout=600).ok()
-    ranks = run.ranks(world)
+def check_ranks(ranks: list, world: int, devices: list) -> None:
+    """What every CUDA run must show: the nccl plugin on the expected device,
+    one split of the data, collectives through NCCL, averaged gradients."""
     for r in ranks:
-        assert r["plugin"] == "nccl" and r["root_device"] == f"cuda:{r['rank']}"
+        assert r["plugin"] == "nccl" and r["root_device"] == devices[r["rank"]], r
         train = r["streams"]["train"]
         assert train["owner"] == "plugin" and train["reports"][0]["verdict"] == "PASS", train
         assert len(r["seen"]["0"]) == N // (B * world)
@@ -74,3 +92,43 @@ def test_trainer_on_cuda_through_the_nccl_plugin(out: Path, world: int) -> None:
         assert sorted(i for r in ranks for i in flat(r["seen"][epoch])) == list(range(N))
     # gradients were averaged over NCCL: identical parameters on every rank
     assert all(r["params"] == ranks[0]["params"] for r in ranks)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_trainer_on_cuda_through_the_nccl_plugin(out: Path, world: int) -> None:
+    """One rank per GPU, launched by Lightning (devices=world)."""
+    need_gpus(world)
+    run = run_script("lit_run.py", "--scenario", "plain", "--accelerator", "gpu", "--devices", str(world),
+                     "--val", "--config", gpu_config(), out_dir=out, env=gpu_env(world), timeout=600).ok()
+    check_ranks(run.ranks(world), world, [f"cuda:{r}" for r in range(world)])
+
+
+def test_two_ranks_share_one_gpu_through_the_nccl_plugin(out: Path) -> None:
+    """Two ranks on GPU 0 (so it runs on a machine with a single GPU): the
+    multi-rank CUDA path of the adapter — gradient hooks on autograd's CUDA
+    thread calling the plugin on the current stream, collectives between two
+    processes' NCCL communicators on one device. NCCL >= 2.30 with
+    NCCL_MULTI_RANK_GPU_ENABLE=1 allows it; the config allows it explicitly
+    (plugin_options.allow_shared_gpu). Lightning itself refuses devices=2 with
+    one visible GPU, so the two ranks are started torchrun-style as two
+    one-device "nodes" (GROUP_RANK 0 and 1) of the same host; ddplug finds by
+    host identity that they share it (local ranks 0 and 1 of node 0)."""
+    need_gpus(1)
+    version = cuda_probe()[1]
+    if version is None or version < (2, 30, 0):
+        pytest.skip(f"torch's NCCL {'.'.join(map(str, version)) if version else '(none)'} cannot put two ranks"
+                    " on one GPU (needs >= 2.30)")
+    world = 2
+    env = dict(gpu_env(1), NCCL_MULTI_RANK_GPU_ENABLE="1")
+    per_rank = {r: {"GROUP_RANK": r, "NODE_RANK": r, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1,
+                    "TORCHELASTIC_RUN_ID": "ddplug-gpu-test"} for r in range(world)}
+    codes, outs = run_ranks("lit_run.py", world, "--scenario", "plain", "--accelerator", "gpu", "--devices", "1",
+                            "--nodes", str(world), "--val", "--config", gpu_config(shared=True),
+                            out_dir=out, env=env, per_rank_env=per_rank, timeout=600)
+    assert codes == [0] * world, "\n".join(outs)[-8000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    check_ranks(ranks, world, ["cuda:0"] * world)
+    for r in ranks:
+        assert r["lightning_world"]["environment"] == "TorchElasticEnvironment"
+        assert r["ddplug_world"] == {"rank": r["rank"], "world_size": world, "local_rank": r["rank"],
+                                     "node_rank": 0, "num_nodes": 1}

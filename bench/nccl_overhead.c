@@ -1,21 +1,33 @@
 /*
  * nccl_overhead.c — ddplug-nccl-overhead: what the nccl plugin adds on top of
  * NCCL. In every rank process it opens ddplug with plugin "nccl" and, beside
- * it, a communicator of its own (its ncclUniqueId travels through the same
- * ddplug store), then times on the same device buffers, the same stream and
- * in the same run, per message size:
+ * it, two communicators of its own (their ncclUniqueIds travel through the
+ * same ddplug store):
+ *
+ *   nccl-nb  non-blocking (config.blocking = 0), the mode the plugin uses:
+ *            every call may answer ncclInProgress (recent NCCL launches each
+ *            non-blocking collective from a background thread) and the
+ *            caller busy-polls ncclCommGetAsyncError until it settles —
+ *            the least any caller of a non-blocking communicator must do;
+ *   nccl-b   blocking (NCCL's default), the fastest way to call NCCL.
+ *
+ * The plugin's own cost is ddplug - nccl-nb; the cost of non-blocking mode
+ * itself is nccl-nb - nccl-b; ddplug - nccl-b is what a user gives up
+ * against plain blocking NCCL. All three are timed on the same device
+ * buffers, the same stream and in the same run, per message size:
  *
  *   sync   one blocking call after the other:
  *            ddplug_allreduce(ctx, buf, buf, count, float32, sum, stream)
- *            vs  ncclAllReduce(...) + cudaStreamSynchronize(stream)
+ *            vs  ncclAllReduce(...) [+ settle] + cudaStreamSynchronize(stream)
  *   async  iters calls issued back to back, then one wait for all:
  *            ddplug_iallreduce x iters, ddplug_wait x iters
- *            vs  ncclAllReduce x iters, cudaStreamSynchronize
+ *            vs  ncclAllReduce [+ settle] x iters, cudaStreamSynchronize
  *
- * and prints (rank 0, nccl-tests style) the time per call of each, the
- * overhead in µs and in %, and the bus bandwidth. The two are measured in
- * alternating blocks (ddplug, nccl, ddplug, ...) and the best block of each
- * is reported, so that clock changes and noise hit both alike.
+ * and prints (rank 0, nccl-tests style) the device name and NCCL version,
+ * the time per call of each, ddplug's overhead against each in µs and %,
+ * and the bus bandwidth. The contenders are measured in alternating blocks
+ * and the best block of each is reported, so that clock changes and noise
+ * hit all alike.
  *
  * usage: ddplug-nccl-overhead [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR]
  *                             [-w WARMUP] [-i ITERS] [-r REPEATS] [--json FILE]
@@ -119,22 +131,43 @@ static int visible_gpus(char *name, size_t cap) {
 
 /* Best (smallest) average µs per call over `repeats` blocks. */
 typedef struct timing {
-  double ddplug_sync, nccl_sync, ddplug_async, nccl_async;
+  double ddplug_sync, nb_sync, b_sync, ddplug_async, nb_async, b_async;
 } timing;
 
 static double min_d(double a, double b) { return a < b ? a : b; }
 
-static void time_size(ddplug_context *ctx, ncclComm_t comm, cudaStream_t s,
-                      float *buf, size_t count, const opts *o, timing *t) {
+/* A call on a non-blocking communicator: wait until NCCL has enqueued it
+ * (busy poll, no timeout: the least such a caller must do). */
+static void nb_settle(ncclComm_t comm, ncclResult_t r, const char *what) {
+  if (r == ncclSuccess) return;
+  if (r != ncclInProgress) DIE("%s: %s", what, ncclGetErrorString(r));
+  ncclResult_t st = ncclInProgress;
+  while (st == ncclInProgress) NCCL(ncclCommGetAsyncError(comm, &st));
+  if (st != ncclSuccess) DIE("%s: %s", what, ncclGetErrorString(st));
+}
+
+static void nb_allreduce(ncclComm_t nb, float *buf, size_t count, cudaStream_t s) {
+  nb_settle(nb, ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, nb, s),
+            "ncclAllReduce (non-blocking communicator)");
+}
+
+static void time_size(ddplug_context *ctx, ncclComm_t b, ncclComm_t nb,
+                      cudaStream_t s, float *buf, size_t count, const opts *o,
+                      timing *t) {
   ddplug_request **reqs = calloc((size_t)o->iters, sizeof *reqs);
   if (!reqs) DIE("out of memory");
+  /* Warm-up also makes each communicator connect whatever algorithm this
+   * size uses (NCCL connects lazily, on first use). */
   for (int w = 0; w < o->warmup; w++) {
     DDP(ddplug_allreduce(ctx, buf, buf, count, DDPLUG_FLOAT32, DDPLUG_OP_SUM, s));
-    NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+    NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b, s));
+    nb_allreduce(nb, buf, count, s);
     CUDA(cudaStreamSynchronize(s));
   }
-  t->ddplug_sync = t->nccl_sync = t->ddplug_async = t->nccl_async = 1e30;
+  t->ddplug_sync = t->nb_sync = t->b_sync = 1e30;
+  t->ddplug_async = t->nb_async = t->b_async = 1e30;
   for (int r = 0; r < o->repeats; r++) {
+    /* sync */
     DDP(ddplug_barrier(ctx, 60000));
     double t0 = now_us();
     for (int i = 0; i < o->iters; i++)
@@ -144,11 +177,20 @@ static void time_size(ddplug_context *ctx, ncclComm_t comm, cudaStream_t s,
     DDP(ddplug_barrier(ctx, 60000));
     t0 = now_us();
     for (int i = 0; i < o->iters; i++) {
-      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+      nb_allreduce(nb, buf, count, s);
       CUDA(cudaStreamSynchronize(s));
     }
-    t->nccl_sync = min_d(t->nccl_sync, (now_us() - t0) / o->iters);
+    t->nb_sync = min_d(t->nb_sync, (now_us() - t0) / o->iters);
 
+    DDP(ddplug_barrier(ctx, 60000));
+    t0 = now_us();
+    for (int i = 0; i < o->iters; i++) {
+      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b, s));
+      CUDA(cudaStreamSynchronize(s));
+    }
+    t->b_sync = min_d(t->b_sync, (now_us() - t0) / o->iters);
+
+    /* async */
     DDP(ddplug_barrier(ctx, 60000));
     t0 = now_us();
     for (int i = 0; i < o->iters; i++)
@@ -162,12 +204,54 @@ static void time_size(ddplug_context *ctx, ncclComm_t comm, cudaStream_t s,
 
     DDP(ddplug_barrier(ctx, 60000));
     t0 = now_us();
-    for (int i = 0; i < o->iters; i++)
-      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+    for (int i = 0; i < o->iters; i++) nb_allreduce(nb, buf, count, s);
     CUDA(cudaStreamSynchronize(s));
-    t->nccl_async = min_d(t->nccl_async, (now_us() - t0) / o->iters);
+    t->nb_async = min_d(t->nb_async, (now_us() - t0) / o->iters);
+
+    DDP(ddplug_barrier(ctx, 60000));
+    t0 = now_us();
+    for (int i = 0; i < o->iters; i++)
+      NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b, s));
+    CUDA(cudaStreamSynchronize(s));
+    t->b_async = min_d(t->b_async, (now_us() - t0) / o->iters);
   }
   free(reqs);
+}
+
+/* A unique id from rank 0 through the ddplug store, under `key`. */
+static void share_id(ddplug_store *st, int rank, const char *key, ncclUniqueId *id) {
+  if (rank == 0) {
+    NCCL(ncclGetUniqueId(id));
+    DDP(ddplug_store_set(st, key, id, sizeof *id));
+    return;
+  }
+  void *v = NULL;
+  uint64_t len = 0;
+  DDP(ddplug_store_get(st, key, 60000, &v, &len));
+  if (len != sizeof *id) DIE("bad ncclid of %llu bytes under %s", (unsigned long long)len, key);
+  memcpy(id, v, sizeof *id);
+  ddplug_free(v);
+}
+
+static void print_row(FILE *js, int first, size_t bytes, size_t count,
+                      const timing *t, double bus) {
+  if (js)
+    fprintf(js, "%s{\"bytes\":%zu,\"count\":%zu,"
+            "\"sync_ddplug_us\":%.3f,\"sync_nccl_nonblocking_us\":%.3f,"
+            "\"sync_nccl_blocking_us\":%.3f,\"async_ddplug_us\":%.3f,"
+            "\"async_nccl_nonblocking_us\":%.3f,\"async_nccl_blocking_us\":%.3f,"
+            "\"busbw_gbs\":%.3f}",
+            first ? "" : ",", bytes, count, t->ddplug_sync, t->nb_sync, t->b_sync,
+            t->ddplug_async, t->nb_async, t->b_async, bus);
+  printf("%12zu %10zu | %8.2f %8.2f %8.2f %6.2f %5.1f %6.2f %5.1f %8.2f |"
+         " %8.2f %8.2f %8.2f %6.2f %5.1f %6.2f %5.1f\n",
+         bytes, count, t->ddplug_sync, t->nb_sync, t->b_sync,
+         t->ddplug_sync - t->nb_sync, 100.0 * (t->ddplug_sync - t->nb_sync) / t->nb_sync,
+         t->ddplug_sync - t->b_sync, 100.0 * (t->ddplug_sync - t->b_sync) / t->b_sync, bus,
+         t->ddplug_async, t->nb_async, t->b_async,
+         t->ddplug_async - t->nb_async, 100.0 * (t->ddplug_async - t->nb_async) / t->nb_async,
+         t->ddplug_async - t->b_async, 100.0 * (t->ddplug_async - t->b_async) / t->b_async);
+  fflush(stdout);
 }
 
 static void rank_main(int rank, const opts *o, const char *gpu) {
@@ -176,23 +260,24 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
   DDP(ddplug_open(NULL, NULL, &ctx));
   int dev = 0;
   CUDA(cudaGetDevice(&dev)); /* the plugin made its device current */
+  struct cudaDeviceProp prop;
+  CUDA(cudaGetDeviceProperties(&prop, dev));
+  int nccl_version = 0;
+  NCCL(ncclGetVersion(&nccl_version));
 
-  /* The direct communicator: id through the same store. */
+  /* The direct communicators: ids through the same store. */
   ddplug_store *st = ddplug_context_store(ctx);
-  ncclUniqueId id;
-  if (rank == 0) {
-    NCCL(ncclGetUniqueId(&id));
-    DDP(ddplug_store_set(st, "user/bench/ncclid", &id, sizeof id));
-  } else {
-    void *v = NULL;
-    uint64_t len = 0;
-    DDP(ddplug_store_get(st, "user/bench/ncclid", 60000, &v, &len));
-    if (len != sizeof id) DIE("bad ncclid of %llu bytes", (unsigned long long)len);
-    memcpy(&id, v, sizeof id);
-    ddplug_free(v);
-  }
-  ncclComm_t comm;
-  NCCL(ncclCommInitRank(&comm, o->ranks, id, rank));
+  ncclUniqueId id_b, id_nb;
+  share_id(st, rank, "user/bench/ncclid-blocking", &id_b);
+  share_id(st, rank, "user/bench/ncclid-nonblocking", &id_nb);
+  ncclComm_t b = NULL, nb = NULL;
+  NCCL(ncclCommInitRank(&b, o->ranks, id_b, rank));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t init = ncclCommInitRankConfig(&nb, o->ranks, id_nb, rank, &cfg);
+  if (!nb || (init != ncclSuccess && init != ncclInProgress))
+    DIE("ncclCommInitRankConfig (non-blocking): %s", ncclGetErrorString(init));
+  nb_settle(nb, ncclInProgress, "ncclCommInitRankConfig (non-blocking)");
 
   cudaStream_t s;
   CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -206,36 +291,29 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
       DIE("cannot write %s: %s", o->json, strerror(errno));
     if (js)
       fprintf(js, "{\"bench\":\"nccl-overhead\",\"ranks\":%d,\"device\":\"%s\","
+              "\"devices_visible\":\"%s\",\"nccl_version\":%d,"
               "\"dtype\":\"float32\",\"op\":\"sum\",\"rows\":[",
-              o->ranks, gpu);
-    printf("# ddplug-nccl-overhead: ddplug (plugin nccl) vs direct ncclAllReduce, "
-           "float32 sum in place, %d ranks, device %s, best of %d x %d iters\n"
-           "#        size       count |  sync: ddplug(us)  nccl(us)  +us    +%%  "
-           "busbw(GB/s) | async: ddplug(us)  nccl(us)  +us    +%%\n",
-           o->ranks, gpu, o->repeats, o->iters);
+              o->ranks, prop.name, gpu, nccl_version);
+    printf("# ddplug-nccl-overhead: ddplug (plugin nccl) vs direct ncclAllReduce on a\n"
+           "#   non-blocking communicator (nccl-nb, the plugin's mode; busy-polled) and on a\n"
+           "#   blocking one (nccl-b, NCCL's default); float32 sum in place, %d ranks,\n"
+           "#   device %s (cuda:%d on rank 0), NCCL %d.%d.%d, best of %d x %d iters.\n"
+           "#   +us/+%% nb: the plugin's own cost; +us/+%% b: against plain blocking NCCL\n"
+           "#      bytes      count |            sync (us per call)                       "
+           "         busbw |           async (us per call)\n"
+           "#                       |   ddplug  nccl-nb   nccl-b  +us nb  +%% nb   +us b   +%% b   (GB/s) |"
+           "   ddplug  nccl-nb   nccl-b  +us nb  +%% nb   +us b   +%% b\n",
+           o->ranks, prop.name, dev, nccl_version / 10000, nccl_version / 100 % 100,
+           nccl_version % 100, o->repeats, o->iters);
   }
   int first = 1;
   for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;) {
     size_t count = bytes / sizeof(float);
     timing t;
-    time_size(ctx, comm, s, buf, count, o, &t);
+    time_size(ctx, b, nb, s, buf, count, o, &t);
     double bus = (double)(count * sizeof(float)) * 2.0 * (o->ranks - 1) /
                  o->ranks / (t.ddplug_sync * 1e3);
-    if (rank == 0) {
-      if (js)
-        fprintf(js, "%s{\"bytes\":%zu,\"count\":%zu,\"sync_ddplug_us\":%.3f,"
-                "\"sync_nccl_us\":%.3f,\"async_ddplug_us\":%.3f,"
-                "\"async_nccl_us\":%.3f,\"busbw_gbs\":%.3f}",
-                first ? "" : ",", count * sizeof(float), count, t.ddplug_sync,
-                t.nccl_sync, t.ddplug_async, t.nccl_async, bus);
-      printf("%14zu %11zu | %17.2f %9.2f %5.2f %5.1f %12.2f | %18.2f %9.2f %5.2f %5.1f\n",
-             count * sizeof(float), count, t.ddplug_sync, t.nccl_sync,
-             t.ddplug_sync - t.nccl_sync,
-             100.0 * (t.ddplug_sync - t.nccl_sync) / t.nccl_sync, bus,
-             t.ddplug_async, t.nccl_async, t.ddplug_async - t.nccl_async,
-             100.0 * (t.ddplug_async - t.nccl_async) / t.nccl_async);
-      fflush(stdout);
-    }
+    if (rank == 0) print_row(js, first, count * sizeof(float), count, &t, bus);
     first = 0;
     size_t next = (size_t)((double)bytes * o->factor);
     bytes = next > bytes ? next : bytes + 4;
@@ -246,9 +324,13 @@ static void rank_main(int rank, const opts *o, const char *gpu) {
   }
   CUDA(cudaFree(buf));
   CUDA(cudaStreamDestroy(s));
-  NCCL(ncclCommDestroy(comm));
+  NCCL(ncclCommDestroy(b));
+  /* A non-blocking communicator is finalized (polled) before destroy. */
+  nb_settle(nb, ncclCommFinalize(nb), "ncclCommFinalize (non-blocking)");
+  ncclResult_t gone = ncclCommDestroy(nb); /* may finish in NCCL's thread */
+  if (gone != ncclSuccess && gone != ncclInProgress)
+    DIE("ncclCommDestroy (non-blocking): %s", ncclGetErrorString(gone));
   DDP(ddplug_close(ctx));
-  (void)dev;
 }
 
 int main(int argc, char **argv) {

@@ -90,6 +90,20 @@ static int validate(ddplug_context *ctx, const ddplug_coll_args *a, const char *
   return DDPLUG_OK;
 }
 
+/* Caller errors and a mismatch (reported alike on every rank, group still
+ * usable) leave the run going; anything else that left a collective
+ * unstarted or unfinished ends it, with this rank's explanation (the last
+ * error) for everyone. */
+static void end_run_if_broken(ddplug_context *ctx, int s) {
+  if (s == DDPLUG_OK || s == DDPLUG_E_MISMATCH || s == DDPLUG_E_INVALID_ARGUMENT ||
+      s == DDPLUG_E_UNSUPPORTED || atomic_load(&ctx->state) != DDPLUG__CTX_OPEN)
+    return;
+  char msg[DDPLUG__ERRMSG_MAX + 64];
+  snprintf(msg, sizeof msg, "rank %d ended the run: %s", ctx->world.rank, ddplug_last_error());
+  ddplug__ctx_abort(ctx, s, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
+  ddplug__set_last_error(msg);
+}
+
 static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                  ddplug_request **out) {
   if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
@@ -122,6 +136,7 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
     int run = ddplug__ctx_check(ctx);
     if (run != DDPLUG_OK) return ddplug__ctx_fail(ctx, run);
     ddplug__plugin_err_take(ctx, s, "collective_start");
+    end_run_if_broken(ctx, s);
     return ddplug__ctx_fail(ctx, s);
   }
   ctx->seq = a->seq;
@@ -176,7 +191,11 @@ static int finish_failed(ddplug_request *req, int s, int can_block, const char *
   ddplug_context *ctx = req->ctx;
   if (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST) adopt_run_reason(ctx, can_block);
   int run = ddplug__ctx_check(ctx);
-  if (run != DDPLUG_OK && (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST)) {
+  /* Once the run has ended, a request's failure is its consequence (the
+   * plugin was aborted, a wait in host services stopped): say why the run
+   * ended. Only a caller error or a mismatch is the request's own. */
+  if (run != DDPLUG_OK && s != DDPLUG_E_MISMATCH && s != DDPLUG_E_INVALID_ARGUMENT &&
+      s != DDPLUG_E_UNSUPPORTED) {
     s = run;
   } else {
     ddplug__plugin_err_take(ctx, s, slot);
@@ -211,7 +230,7 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
     req->status = DDPLUG_OK;
     return DDPLUG_OK;
   }
-  if (s == DDPLUG_E_TIMEOUT) {
+  if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
     ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", req->what,
                        (double)timeout_ms / 1000.0, ctx->world.rank);
@@ -295,16 +314,7 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
   s = ddplug_wait(req, timeout_ms);
-  /* Caller errors and a mismatch (reported alike on every rank, group still
-   * usable) leave the run going; anything else that left this collective
-   * unfinished ends it, with this rank's explanation for everyone. */
-  if (s != DDPLUG_OK && s != DDPLUG_E_MISMATCH && s != DDPLUG_E_INVALID_ARGUMENT &&
-      s != DDPLUG_E_UNSUPPORTED && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
-    char msg[DDPLUG__ERRMSG_MAX + 64];
-    snprintf(msg, sizeof msg, "rank %d ended the run: %s", ctx->world.rank, ddplug_last_error());
-    ddplug__ctx_abort(ctx, s, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
-    ddplug__set_last_error(msg);
-  }
+  end_run_if_broken(ctx, s);
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
   ddplug_request_free(req);

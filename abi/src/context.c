@@ -54,7 +54,7 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
   if (s == DDPLUG_OK) {
     s = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys, (uint32_t)n,
                           deadline, what, 0);
-    if (s == DDPLUG_E_TIMEOUT) {
+    if (ddplug__own_timeout(ctx, s)) {
       /* Name the ranks that did not arrive. */
       char list[1024] = "";
       size_t len = 0;

@@ -134,6 +134,13 @@ void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags);
 /* DDPLUG_OK while open; else sets the last error to the abort reason and
  * returns the abort status. */
 int ddplug__ctx_check(ddplug_context *ctx);
+/* Whether a TIMEOUT from a wait is this wait's own: the run's abort may
+ * carry TIMEOUT too (another rank's collective timed out), and then its
+ * reason, already in the last error, must not be replaced by "waited N s". */
+static inline int ddplug__own_timeout(ddplug_context *ctx, int s) {
+  return s == DDPLUG_E_TIMEOUT &&
+         atomic_load_explicit(&ctx->state, memory_order_acquire) == DDPLUG__CTX_OPEN;
+}
 
 /* ---- services.c --------------------------------------------------------- */
 

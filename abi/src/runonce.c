@@ -187,7 +187,7 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
   const char *keys[1] = {key};
   int rc = ddplug__wait_keys(ctx, ctx->store, keys, 1,
                              ddplug__deadline_ns(timeout_ms), desc, 0);
-  if (rc == DDPLUG_E_TIMEOUT)
+  if (ddplug__own_timeout(ctx, rc))
     return ddplug__err(DDPLUG_E_TIMEOUT,
                        "%s: no outcome from its runner, %s, after %.1f s "
                        "(is it still working? pass a longer timeout)",

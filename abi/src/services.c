@@ -53,7 +53,7 @@ static int svc_store_get(void *host, const char *key, void *buf, uint64_t cap,
   if (timeout_ms > 0) {
     s = ddplug__wait_keys(ctx, ctx->plugin_store, &kp, 1,
                           ddplug__deadline_ns(timeout_ms), "plugin store get", 1);
-    if (s == DDPLUG_E_TIMEOUT)
+    if (ddplug__own_timeout(ctx, s))
       ddplug__err(s, "waited %.1f s for store key '%s' (plugin %s)",
                   (double)timeout_ms / 1000.0, key, ctx->plugin->table.name);
     if (s != DDPLUG_OK) return svc_fail(ctx, s);

@@ -504,6 +504,32 @@ TEST(abort_while_a_plugin_waits_holding_its_own_lock_does_not_deadlock) {
   CHECK_EQ_INT(dt_run_ranks(2, rank_reentrant, NULL, NULL, 60, NULL), 0);
 }
 
+/* A collective the plugin fails to start (not a caller error) leaves this
+ * rank out of step: the run ends, and the others hear why. */
+static void rank_start_fails(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config("{\"plugin\": \"reentrant\", \"rendezvous\": {\"timeout_s\": 20}}");
+  ddplug_context *ctx = open_ok();
+  if (rank == 0) {
+    float x[7] = {0};
+    ddplug_request *req = NULL;
+    CHECK_STATUS(ddplug_iallreduce(ctx, x, x, 7, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL, &req),
+                 DDPLUG_E_TIMEOUT);
+    CHECK(req == NULL);
+    CHECK_CONTAINS(ddplug_last_error(), "did not start in time (test)");
+  } else {
+    CHECK_STATUS(ddplug_barrier(ctx, 30000), DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "rank 0 ended the run: ");
+    CHECK_CONTAINS(ddplug_last_error(), "did not start in time (test)");
+  }
+  ddplug_close(ctx);
+}
+
+TEST(a_collective_that_fails_to_start_ends_the_run_for_everyone) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_start_fails, NULL, NULL, 60, NULL), 0);
+}
+
 TEST(a_request_outlives_its_closed_context_safely) {
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");

@@ -3,8 +3,9 @@
  * the host services' store, and group_abort takes that same lock. If the
  * runtime called group_abort while holding its own lock, or from inside the
  * waiting slot, a ddplug_abort from another rank would deadlock here.
- * Barriers wait for a key nobody sets (until the run is aborted); other
- * collectives are refused. */
+ * Barriers wait for a key nobody sets (until the run is aborted); an
+ * allreduce of 7 elements fails to start with TIMEOUT; other collectives
+ * are refused. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -45,6 +46,12 @@ static int rt_abort(ddplug_plugin_group *g, const char *reason) {
 }
 
 static int rt_start(ddplug_plugin_group *g, const ddplug_coll_args *a, ddplug_plugin_request **out) {
+  if (a->kind == DDPLUG_COLL_ALLREDUCE && a->count == 7) {
+    /* A start that fails the way a stuck device collective does. */
+    g->svc->set_error(g->svc->host, DDPLUG_E_TIMEOUT,
+                      "reentrant: the collective did not start in time (test)");
+    return DDPLUG_E_TIMEOUT;
+  }
   if (a->kind != DDPLUG_COLL_BARRIER) {
     g->svc->set_error(g->svc->host, DDPLUG_E_UNSUPPORTED, "reentrant: barriers only");
     return DDPLUG_E_UNSUPPORTED;

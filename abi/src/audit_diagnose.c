@@ -13,7 +13,9 @@
  *   missing      tracked union < M - slack(allowed_missing / s);
  *   overlap      tracked repeats > slack(allowed_padding / s);
  *   not advanced shuffling, and some rank's order fingerprint equals its
- *                previous epoch's, or its sampler's epoch lagged the audit.
+ *                previous epoch's, or its sampler's epoch lagged the audit;
+ *   out of range some rank delivered an index < 0 or >= N (any number; also
+ *                without coverage). Verdict priority: k_priority below.
  * slack(x) = x exact; x + 4 sqrt(x) + 4 sampled (the subset's sampling error).
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdarg.h>
@@ -25,7 +27,8 @@
 DDPLUG_API const char *ddplug_audit_verdict_name(int verdict) {
   static const char *const names[DDPLUG_AUDIT_VERDICT_COUNT_] = {
       "UNSET",   "PASS",    "SKIPPED", "UNEVEN", "NO_PARTITION",
-      "DOUBLE_PARTITION", "MISSING", "OVERLAP", "EPOCH_NOT_ADVANCED"};
+      "DOUBLE_PARTITION", "MISSING", "OVERLAP", "EPOCH_NOT_ADVANCED",
+      "OUT_OF_RANGE"};
   if (verdict < 0 || verdict >= DDPLUG_AUDIT_VERDICT_COUNT_) return "UNKNOWN";
   return names[verdict];
 }
@@ -71,6 +74,15 @@ static int64_t mode_steps(const ddplug__audit_stats *all, int world) {
   return best;
 }
 
+/* The violations from the most to the least telling: the verdict is the
+ * first that applies (indices that are no sample at all explain missing
+ * samples and overlap, so they come before them). */
+static const int k_priority[] = {
+    DDPLUG_AUDIT_UNEVEN,           DDPLUG_AUDIT_OUT_OF_RANGE,
+    DDPLUG_AUDIT_NO_PARTITION,     DDPLUG_AUDIT_DOUBLE_PARTITION,
+    DDPLUG_AUDIT_MISSING,          DDPLUG_AUDIT_OVERLAP,
+    DDPLUG_AUDIT_EPOCH_NOT_ADVANCED};
+
 typedef struct diag {
   char line[1024];
   size_t used;
@@ -110,6 +122,24 @@ static void uneven(const ddplug__audit_stats *all, int world, diag *d) {
     dcat(d, "; %d more ranks differ", listed - 4);
   dcat(d, " — every rank must take the same number of steps: use a sampler that "
       "pads or drops to equal lengths per rank");
+}
+
+static void out_of_range(const ddplug__audit_stats *all, int world,
+                         uint64_t n, diag *d) {
+  int listed = 0;
+  for (int r = 0; r < world; r++) {
+    if (all[r].out_of_range <= 0) continue;
+    long long k = (long long)all[r].out_of_range;
+    if (listed == 0)
+      dcat(d, "out of range: rank %d delivered %lld %s outside [0, %llu)", r, k,
+           k == 1 ? "index" : "indices", (unsigned long long)n);
+    else if (listed < 4)
+      dcat(d, "; rank %d delivered %lld", r, k);
+    listed++;
+  }
+  if (listed > 4) dcat(d, "; %d more %s", listed - 4, listed == 5 ? "rank did" : "ranks did");
+  dcat(d, " — they are not samples of this stream: check the N given to the "
+          "audit and the indices the sampler (or dataset index map) yields");
 }
 
 static void not_advanced(const ddplug__audit_stats *all, int world,
@@ -189,6 +219,9 @@ void ddplug__audit_diagnose(const char *stream,
   } else {
     if (v.steps_min != v.steps_max)
       uneven(all, world, raise_violation(&v, d, DDPLUG_AUDIT_UNEVEN));
+    if (v.out_of_range > 0)
+      out_of_range(all, world, v.num_samples,
+                   raise_violation(&v, d, DDPLUG_AUDIT_OUT_OF_RANGE));
     if (coverage) {
       double miss_ok = slack((double)v.allowed_missing / scale, exact);
       double pad_ok = slack((double)v.allowed_padding / scale, exact);
@@ -245,9 +278,9 @@ void ddplug__audit_diagnose(const char *stream,
       not_advanced(all, world, v.epoch,
                    raise_violation(&v, d, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED));
     v.verdict = DDPLUG_AUDIT_PASS;
-    for (int k = DDPLUG_AUDIT_UNEVEN; k < DDPLUG_AUDIT_VERDICT_COUNT_; k++)
-      if (v.violations & (1u << k)) {
-        v.verdict = k;
+    for (size_t i = 0; i < DDPLUG__ARRAY_LEN(k_priority); i++)
+      if (v.violations & (1u << k_priority[i])) {
+        v.verdict = k_priority[i];
         break;
       }
   }
@@ -300,9 +333,9 @@ void ddplug__audit_diagnose(const char *stream,
   for (int k = 0; k < v.ranks_listed; k++)
     cat(v.text, sizeof v.text, &used, "  rank %d: %llu steps, %llu samples\n", k,
         (unsigned long long)v.steps[k], (unsigned long long)v.samples[k]);
-  for (int k = DDPLUG_AUDIT_UNEVEN; k < DDPLUG_AUDIT_VERDICT_COUNT_; k++)
-    if (v.violations & (1u << k))
-      cat(v.text, sizeof v.text, &used, "  diagnosis: %s\n", d[k].line);
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(k_priority); i++)
+    if (v.violations & (1u << k_priority[i]))
+      cat(v.text, sizeof v.text, &used, "  diagnosis: %s\n", d[k_priority[i]].line);
   memcpy(r, &v, DDPLUG__MIN((size_t)size, sizeof v));
   r->struct_size = size;
 }

@@ -78,6 +78,10 @@ uint64_t ddplug__distributed_per_rank(uint64_t n, uint64_t world,
 
 /* ---- the public handle (sampler_api.c, sampler_context.c) ---------------- */
 
+/* The type of the plugin table's sampler_declared slot (plugin.h). */
+typedef int (*ddplug__declared_fn)(ddplug_plugin_sampler *s, uint64_t *padded,
+                                   uint64_t *dropped);
+
 #define DDPLUG__STREAM_MAX 63
 
 struct ddplug_sampler {
@@ -87,7 +91,12 @@ struct ddplug_sampler {
   /* the slots driving impl: a default's, or the plugin's (create unused;
    * declared NULL for a plugin's sampler) */
   ddplug__sampler_ops ops;
+  int from_plugin; /* 1: the plugin's sampler slots serve it              */
+  /* the plugin's sampler_declared slot (ABI 1.2), NULL when it has none */
+  ddplug__declared_fn plugin_declared;
   uint64_t len, epoch, pos;
+  /* what one epoch declares (ddplug__sampler_update_declared), all ranks */
+  uint64_t padded, dropped;
   ddplug_context *ctx; /* context-bound samplers only */
 };
 
@@ -102,9 +111,22 @@ int ddplug__sampler_alloc(const ddplug_sampler_desc *d, ddplug_sampler **out);
 /* Serve s with the default sampler of d->kind. */
 int ddplug__sampler_use_default(ddplug_sampler *s,
                                 const ddplug_sampler_desc *d);
-/* Padding and dropping the sampler declares for one epoch (0 for plugins). */
-void ddplug__sampler_declared(const ddplug_sampler *s, uint64_t *padded,
-                              uint64_t *dropped);
+/* Set s->padded and s->dropped: what one epoch of the sampler pads and
+ * drops, all ranks together — a default's own numbers; a plugin sampler's
+ * sampler_declared slot (ABI 1.2); else derived from its length
+ * (ddplug__sampler_derive_declared). Called at creation and by set_epoch
+ * (never under the data lock: a failing slot is logged). */
+void ddplug__sampler_update_declared(ddplug_sampler *s);
+/* The padding or dropping that an equal-length split of d->num_samples
+ * must have when every one of d->world_size ranks yields `length` indices
+ * (distributed) or batches of d->batch_size (bucket): T = total deliveries;
+ * T - N is padding and N - T dropping, but only within what equalising can
+ * need — fewer than world_size (distributed: ceil/floor of N / world), fewer
+ * than one global batch per bucket (bucket). Anything beyond is not
+ * derived: the audit then reports it as overlap or missing samples. */
+void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
+                                     uint64_t length, uint64_t *padded,
+                                     uint64_t *dropped);
 
 /* Context binding (sampler_context.c): after next delivered n indices
  * starting at position `before`, record them in the stream's open audit (a
@@ -133,6 +155,11 @@ typedef struct ddplug__forced_owner {
 
 /* What the config decides for the data-split layer (split_context.c reads
  * it from the context's config; tests build it directly). */
+/* The least data_split.audit_exact_max the config accepts (config_schema.c):
+ * fewer tracked samples cannot tell a lost or repeated one from sampling
+ * error. */
+#define DDPLUG__AUDIT_EXACT_MIN 1024
+
 typedef struct ddplug__data_policy {
   ddplug__forced_owner fallback;  /* data_split.owner                      */
   ddplug__forced_owner *streams;  /* data_split.streams.<name>.owner       */

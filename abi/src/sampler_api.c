@@ -131,7 +131,9 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
   int st = ops->create(d, &s->impl);
   if (st) return ddplug__err_prefix(st, "stream '%s'", d->stream);
   s->ops = *ops;
-  return s->ops.length(s->impl, &s->len);
+  st = s->ops.length(s->impl, &s->len);
+  if (st == DDPLUG_OK) ddplug__sampler_update_declared(s);
+  return st;
 }
 
 DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
@@ -166,6 +168,7 @@ DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch) {
                                     (unsigned long long)epoch);
   s->epoch = epoch;
   s->pos = 0;
+  ddplug__sampler_update_declared(s);
   return DDPLUG_OK;
 }
 
@@ -231,10 +234,53 @@ DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
   return DDPLUG_OK;
 }
 
-void ddplug__sampler_declared(const ddplug_sampler *s, uint64_t *padded,
-                              uint64_t *dropped) {
+/* a * b, saturating at UINT64_MAX. */
+static uint64_t mul_sat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
+                                     uint64_t length, uint64_t *padded,
+                                     uint64_t *dropped) {
   *padded = *dropped = 0;
-  if (s->ops.declared) s->ops.declared(s->impl, padded, dropped);
+  uint64_t world = d->world_size > 0 ? (uint64_t)d->world_size : 1;
+  uint64_t n = d->num_samples, total, limit;
+  if (d->kind == DDPLUG_SAMPLER_BUCKET) {
+    uint64_t buckets = d->num_boundaries ? (uint64_t)d->num_boundaries + 1
+                                         : (uint64_t)d->num_buckets;
+    uint64_t global = mul_sat(d->batch_size, world);
+    total = mul_sat(mul_sat(length, d->batch_size), world);
+    limit = mul_sat(buckets ? buckets : 1, global);
+  } else {
+    total = mul_sat(length, world);
+    limit = world;
+  }
+  if (total == UINT64_MAX) return;
+  if (total >= n && total - n < limit) *padded = total - n;
+  else if (total < n && n - total < limit) *dropped = n - total;
+}
+
+void ddplug__sampler_update_declared(ddplug_sampler *s) {
+  s->padded = s->dropped = 0;
+  if (s->ops.declared) {
+    s->ops.declared(s->impl, &s->padded, &s->dropped);
+    return;
+  }
+  if (s->plugin_declared) {
+    uint64_t p = 0, d = 0;
+    int st = s->plugin_declared(s->impl, &p, &d);
+    if (st == DDPLUG_OK) {
+      s->padded = p;
+      s->dropped = d;
+      return;
+    }
+    DDPLUG__WARN("stream '%s': the plugin's sampler_declared failed (%s): "
+                 "its padding and dropping are derived from its length "
+                 "instead",
+                 s->stream, ddplug_status_name(st));
+  }
+  ddplug__sampler_derive_declared(&s->desc, s->len, &s->padded, &s->dropped);
 }
 
 DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
@@ -252,13 +298,14 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
   v.kind = s->desc.kind;
   v.rank = s->desc.rank;
   v.world_size = s->desc.world_size;
-  v.from_plugin = s->ops.declared == NULL;
+  v.from_plugin = s->from_plugin;
   v.num_samples = s->desc.num_samples;
   v.batch_size = s->desc.batch_size;
   v.length = s->len;
   v.epoch = s->epoch;
   v.position = s->pos;
-  ddplug__sampler_declared(s, &v.padded, &v.dropped);
+  v.padded = s->padded;
+  v.dropped = s->dropped;
   ddplug__strlcpy(v.stream, s->stream, sizeof v.stream);
   uint32_t size = info->struct_size;
   memcpy(info, &v, DDPLUG__MIN((size_t)size, sizeof v));

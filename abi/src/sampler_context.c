@@ -15,6 +15,17 @@ static int plugin_has_sampler(const ddplug_plugin *t) {
          t->sampler_seek && t->sampler_length && t->sampler_destroy;
 }
 
+/* The plugin's sampler_declared slot, only if its table is of ABI 1.2 or
+ * newer and large enough to hold it (the loader copied a 1.1 table's bytes
+ * only up to the 1.1 end, but check what the plugin said, not our copy). */
+static ddplug__declared_fn plugin_declared_slot(const ddplug__plugin *p) {
+  if (DDPLUG_VERSION_MINOR_OF(p->built_abi) < 2 ||
+      p->built_size < offsetof(ddplug_plugin, sampler_declared) +
+                          sizeof p->table.sampler_declared)
+    return NULL;
+  return p->table.sampler_declared;
+}
+
 static int use_plugin(ddplug_context *ctx, ddplug_sampler *s,
                       const ddplug_sampler_desc *d) {
   const ddplug_plugin *t = &ctx->plugin->table;
@@ -29,8 +40,11 @@ static int use_plugin(ddplug_context *ctx, ddplug_sampler *s,
                              t->sampler_seek, t->sampler_length,
                              t->sampler_destroy, NULL};
   s->ops = ops;
+  s->from_plugin = 1;
+  s->plugin_declared = plugin_declared_slot(ctx->plugin);
   st = s->ops.length(s->impl, &s->len);
   if (st) return ddplug__err(st, "stream '%s': the plugin's sampler_length failed", d->stream);
+  ddplug__sampler_update_declared(s);
   return DDPLUG_OK;
 }
 
@@ -123,6 +137,36 @@ static int replay(ddplug_sampler *s, ddplug_audit *a, uint64_t upto,
             : DDPLUG_OK;
 }
 
+/* Feed one delivery into the open audit a (called with the data lock held,
+ * so that a concurrent ddplug_audit_finish or _free on another thread —
+ * both take the lock to unregister the audit before they read or free it —
+ * waits until this returns). Warnings are returned, not logged: a log
+ * callback must not run under the lock. */
+enum { FEED_OK = 0, FEED_DOUBLE = 1, FEED_REPLAY_FAILED = 2 };
+static int feed_locked(ddplug_sampler *s, ddplug_audit *a, uint64_t before,
+                       const int64_t *idx, uint64_t n) {
+  int warn = FEED_OK;
+  if (a->fed_by_host) { /* the host records it: do not count twice */
+    warn = a->warned_double_feed ? FEED_OK : FEED_DOUBLE;
+    a->warned_double_feed = 1;
+    return warn;
+  }
+  if (!a->fed_by_sampler) {
+    a->fed_by_sampler = 1;
+    /* what the sampler declares adds to what the host declared at
+     * ddplug_audit_begin; never lowers it */
+    a->opts.shuffle = a->opts.shuffle || s->desc.shuffle;
+    a->opts.allowed_padding = DDPLUG__MAX(a->opts.allowed_padding, s->padded);
+    a->opts.allowed_missing = DDPLUG__MAX(a->opts.allowed_missing, s->dropped);
+    a->sampler_epoch = s->epoch;
+    a->epoch_behind = s->epoch != a->epoch;
+    if (before > 0 && replay(s, a, before, s->pos) != DDPLUG_OK)
+      warn = FEED_REPLAY_FAILED;
+  }
+  ddplug__audit_add(a, idx, n, steps_between(s, before, s->pos));
+  return warn;
+}
+
 void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
                               const int64_t *idx, uint64_t n) {
   if (!s->ctx || !s->ctx->data || n == 0) return;
@@ -130,26 +174,14 @@ void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
   ddplug__data_lock(data);
   ddplug__stream *st = ddplug__data_stream(data, s->stream);
   ddplug_audit *a = st ? st->active : NULL;
+  int warn = a ? feed_locked(s, a, before, idx, n) : FEED_OK;
   ddplug__data_unlock(data);
-  if (!a) return;
-  if (a->fed_by_host) { /* the host records it: do not count twice */
-    if (!a->warned_double_feed)
-      DDPLUG__WARN("stream '%s': the host records this audit with "
-                   "ddplug_audit_record and the plugin's sampler delivers too: "
-                   "a plugin-owned stream is recorded by its sampler only; "
-                   "the sampler's deliveries are not recorded", s->stream);
-    a->warned_double_feed = 1;
-    return;
-  }
-  if (!a->fed_by_sampler) {
-    a->fed_by_sampler = 1;
-    a->opts.shuffle = s->desc.shuffle;
-    ddplug__sampler_declared(s, &a->opts.allowed_padding, &a->opts.allowed_missing);
-    a->sampler_epoch = s->epoch;
-    a->epoch_behind = s->epoch != a->epoch;
-    if (before > 0 && replay(s, a, before, s->pos) != DDPLUG_OK)
-      DDPLUG__WARN("%s: the audit misses the epoch's first %llu positions",
-                   ddplug_last_error(), (unsigned long long)before);
-  }
-  ddplug__audit_add(a, idx, n, steps_between(s, before, s->pos));
+  if (warn == FEED_DOUBLE)
+    DDPLUG__WARN("stream '%s': the host records this audit with "
+                 "ddplug_audit_record and the plugin's sampler delivers too: "
+                 "a plugin-owned stream is recorded by its sampler only; "
+                 "the sampler's deliveries are not recorded", s->stream);
+  else if (warn == FEED_REPLAY_FAILED)
+    DDPLUG__WARN("%s: the audit misses the epoch's first %llu positions",
+                 ddplug_last_error(), (unsigned long long)before);
 }

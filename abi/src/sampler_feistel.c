@@ -4,9 +4,10 @@
  * Algorithm (deterministic on every machine: fixed-width integer arithmetic
  * only, no floating point, no platform-dependent types):
  *
- *  1. Domain. b = max(2, ceil(log2 N)) bits, so 2^b is in [N, 2N). A value
- *     x < 2^b is split into a left half of a = ceil(b/2) bits and a right half
- *     of c = floor(b/2) bits (a, c <= 32 because N < 2^64).
+ *  1. Domain. b = max(2, ceil(log2 N)) bits, so 2^b is in [N, 2N) for
+ *     N >= 3; for N <= 2 the floor of 2 bits makes 2^b = 4. A value x < 2^b
+ *     is split into a left half of a = ceil(b/2) bits and a right half of
+ *     c = floor(b/2) bits (a, c <= 32 because N < 2^64).
  *  2. Rounds. Four rounds of an unbalanced Feistel network. One round maps
  *     (L: p bits, R: q bits) to (R: q bits, (L ^ F(R, k_r)) mod 2^p: p bits);
  *     it is invertible (R is kept, L is recovered by xoring F(R) again), so
@@ -20,10 +21,11 @@
  *     seed is a new, independent-looking permutation, computed in O(1).
  *  5. Cycle walking. pi(i) = E(i) if E(i) < N, else E(E(i)), ... : the first
  *     value of i's cycle under E that lands back in [0, N). Because E is a
- *     bijection of [0, 2^b) this is a bijection of [0, N); as 2^b < 2N the
- *     expected number of E evaluations per index is 2^b / N < 2.
+ *     bijection of [0, 2^b) this is a bijection of [0, N); as 2^b < 2N
+ *     (N >= 3) the expected number of E evaluations per index is
+ *     2^b / N < 2 (N = 2: 2; N = 1: 4; N = 0 has no index to map).
  *
- * Memory is the struct (48 bytes) whatever N; any pi(i) costs O(1) expected
+ * Memory is the struct (40 bytes) whatever N; any pi(i) costs O(1) expected
  * time, so any rank computes only its own slice and any position resumes
  * directly. ddplug__feistel_map evaluates a run of inputs in fixed blocks
  * whose straight-line loop the compiler vectorises (an AVX2 clone on x86-64
@@ -34,6 +36,9 @@
 #include "data.h"
 
 #include <string.h>
+
+_Static_assert(sizeof(ddplug__feistel) == 40,
+               "the header comment gives the permutation's size: keep it true");
 
 /* splitmix64: the standard 64-bit state-advancing mixer (Steele, Lea,
  * Flood 2014); used for key derivation only. */

@@ -290,3 +290,61 @@ TEST(skipped_out_of_range_and_names) {
   CHECK_EQ_INT(small.verdict, DDPLUG_AUDIT_SKIPPED);
   CHECK_EQ_INT(small.canary, 0xdeadbeef);
 }
+
+TEST(out_of_range_indices_are_a_violation_named_by_rank) {
+  /* full scope: rank 1 delivers 2 indices >= N and one < 0 in place of
+   * three samples; the verdict names the garbage, not only what it hid */
+  sim s;
+  sim_begin(&s, 3, 30, 1u << 20, DDPLUG__SCOPE_FULL, NULL);
+  for (int r = 0; r < 3; r++) {
+    int64_t idx[10];
+    for (int k = 0; k < 10; k++) idx[k] = r * 10 + k;
+    if (r == 1) {
+      idx[0] = 30;
+      idx[1] = 1000;
+      idx[2] = -5;
+    }
+    ddplug__audit_add(s.a[r], idx, 10, 1);
+  }
+  sim_finish(&s);
+  CHECK_EQ_INT(s.r.verdict, DDPLUG_AUDIT_OUT_OF_RANGE);
+  CHECK(s.r.violations & (1u << DDPLUG_AUDIT_MISSING));
+  CHECK_EQ_INT(s.r.out_of_range, 3);
+  CHECK_CONTAINS(s.r.summary, "out of range: rank 1 delivered 3 indices outside [0, 30) — "
+                              "they are not samples of this stream: check the N given to "
+                              "the audit and the indices the sampler (or dataset index "
+                              "map) yields");
+  CHECK_CONTAINS(s.r.text, "  verdict: OUT_OF_RANGE\n");
+  CHECK_CONTAINS(s.r.text, "indices outside [0, N): 3\n");
+  /* the out-of-range diagnosis is listed before missing samples */
+  const char *oor = strstr(s.r.text, "diagnosis: out of range");
+  const char *miss = strstr(s.r.text, "diagnosis: missing samples");
+  CHECK(oor && miss && oor < miss);
+
+  /* several ranks; steps and order only (no coverage): still a violation */
+  ddplug__audit_stats st[6];
+  memset(st, 0, sizeof st);
+  for (int r = 0; r < 6; r++) {
+    st[r].num_samples = 100;
+    st[r].scope = DDPLUG__SCOPE_ORDER;
+    st[r].steps = 4;
+    st[r].deliveries = 40;
+    st[r].tracked = 100;
+    st[r].out_of_range = r == 0 ? 0 : r;
+  }
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  ddplug__audit_diagnose("val", st, 6, 0, 0, NULL, 0, &r);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_OUT_OF_RANGE);
+  CHECK_EQ_INT(r.full, 0);
+  CHECK_EQ_INT(r.out_of_range, 15);
+  CHECK_CONTAINS(r.summary, "out of range: rank 1 delivered 1 index outside [0, 100); "
+                            "rank 2 delivered 2; rank 3 delivered 3; rank 4 delivered 4; "
+                            "1 more rank did — ");
+  /* uneven steps still come first */
+  st[5].steps = 3;
+  ddplug__audit_diagnose("val", st, 6, 0, 0, NULL, 0, &r);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_UNEVEN);
+  CHECK(r.violations & (1u << DDPLUG_AUDIT_OUT_OF_RANGE));
+  CHECK_EQ_STR(ddplug_audit_verdict_name(DDPLUG_AUDIT_OUT_OF_RANGE), "OUT_OF_RANGE");
+  CHECK_EQ_STR(ddplug_audit_verdict_name(DDPLUG_AUDIT_VERDICT_COUNT_), "UNKNOWN");
+}

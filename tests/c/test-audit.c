@@ -8,11 +8,15 @@
  *   uneven       -> "uneven batches: rank 3 has 62 steps, others 63 (will hang)"
  *   no set_epoch -> "epoch not advanced: ..."
  *   dropped      -> "missing samples: ..."
- * plus sampled mode, on_violation = warn, first_epoch scoping, mismatched
- * audits, ownership conflicts and disagreement, and a plugin's own sampler
- * slots (tests/plugins/sampler-plugin). */
+ *   garbage      -> "out of range: rank 2 delivered 3 indices outside [0, 1000)"
+ * plus sampled mode, on_violation = warn, first_epoch scoping, audit off,
+ * mismatched audits, ownership conflicts and disagreement, and a plugin's
+ * own sampler slots (tests/plugins/sampler-plugin: with sampler_declared,
+ * and as a plugin built against ABI 1.1 without it) on N % world != 0.
+ * The failure modes run on the example backend and on the real host
+ * plugin (libddplug-host.so). */
+#include <pthread.h>
 #include <stdlib.h>
-
 
 #include "data.h"
 #include "harness.h"
@@ -120,10 +124,16 @@ static void run(dt_rank_fn fn, const char *const *env) {
   CHECK_EQ_INT(failed, 0);
 }
 
+/* Run fn on every rank with the plugin named by arg ("host", ...). */
+static void run_on(dt_rank_fn fn, const char *plugin) {
+  int failed = dt_run_ranks(WORLD, fn, (void *)plugin, NULL, 120, NULL);
+  CHECK_EQ_INT(failed, 0);
+}
+
 /* ---- correct splits pass ------------------------------------------------- */
 
 static void rank_plugin_sampler_passes(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_sampler *s = ctx_sampler(ctx, "train", 1, 16);
   int owner;
@@ -161,6 +171,10 @@ static void rank_plugin_sampler_passes(int rank, int world, void *arg) {
 
 TEST_T(correct_plugin_sampler_passes_every_epoch, 150) {
   run(rank_plugin_sampler_passes, NULL);
+}
+
+TEST_T(correct_plugin_sampler_passes_every_epoch_on_host, 150) {
+  run_on(rank_plugin_sampler_passes, "host");
 }
 
 static void rank_bucket_passes_with_padding(int rank, int world, void *arg) {
@@ -225,7 +239,7 @@ TEST_T(an_audit_begun_late_replays_the_epoch, 150) {
 /* ---- broken splits are diagnosed ----------------------------------------- */
 
 static void rank_split_twice(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_audit *a = begin_user(ctx, N, 0, 0);
   /* a rank-aware sampler, then the framework's DistributedSampler again over
@@ -246,9 +260,10 @@ static void rank_split_twice(int rank, int world, void *arg) {
 }
 
 TEST_T(split_twice_is_double_partitioning, 150) { run(rank_split_twice, NULL); }
+TEST_T(split_twice_is_double_partitioning_on_host, 150) { run_on(rank_split_twice, "host"); }
 
 static void rank_not_split(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_audit *a = begin_user(ctx, N, 0, 0);
   ddplug_sampler *s = plain(N, 0, 1, 1, 0); /* world 1 on every rank */
@@ -261,9 +276,10 @@ static void rank_not_split(int rank, int world, void *arg) {
 }
 
 TEST_T(not_split_is_no_partitioning, 150) { run(rank_not_split, NULL); }
+TEST_T(not_split_is_no_partitioning_on_host, 150) { run_on(rank_not_split, "host"); }
 
 static void rank_uneven(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_audit *a = begin_user(ctx, N, 0, 0);
   /* 250 per rank in batches of 4 = 63 steps; rank 3's loader drops its
@@ -290,9 +306,10 @@ static void rank_uneven(int rank, int world, void *arg) {
 }
 
 TEST_T(uneven_steps_are_diagnosed_with_the_rank, 150) { run(rank_uneven, NULL); }
+TEST_T(uneven_steps_are_diagnosed_on_host, 150) { run_on(rank_uneven, "host"); }
 
 static void rank_epoch_not_advanced(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_sampler *s = ctx_sampler(ctx, "train", 1, 0);
   for (uint64_t epoch = 0; epoch < 2; epoch++) {
@@ -318,6 +335,10 @@ static void rank_epoch_not_advanced(int rank, int world, void *arg) {
 
 TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed, 150) {
   run(rank_epoch_not_advanced, NULL);
+}
+
+TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed_on_host, 150) {
+  run_on(rank_epoch_not_advanced, "host");
 }
 
 static void rank_same_order_user(int rank, int world, void *arg) {
@@ -347,7 +368,7 @@ TEST_T(a_user_order_repeated_across_epochs_is_diagnosed, 150) {
 }
 
 static void rank_missing(int rank, int world, void *arg) {
-  setup su = {0};
+  setup su = {arg, NULL};
   ddplug_context *ctx = open_ctx(&su);
   ddplug_audit *a = begin_user(ctx, N, 0, 0);
   ddplug_sampler *s = plain(N, rank, world, 0, 0);
@@ -372,11 +393,12 @@ static void rank_missing(int rank, int world, void *arg) {
 }
 
 TEST_T(missing_samples_are_diagnosed_with_examples, 150) { run(rank_missing, NULL); }
+TEST_T(missing_samples_are_diagnosed_on_host, 150) { run_on(rank_missing, "host"); }
 
 /* ---- modes --------------------------------------------------------------- */
 
 static void rank_sampled(int rank, int world, void *arg) {
-  setup su = {NULL, "{\"audit\": \"every_epoch\", \"audit_exact_max\": 512}"};
+  setup su = {NULL, "{\"audit\": \"every_epoch\", \"audit_exact_max\": 1024}"};
   ddplug_context *ctx = open_ctx(&su);
   const uint64_t n = 100000;
   /* correct split: passes, sampled */
@@ -388,7 +410,7 @@ static void rank_sampled(int rank, int world, void *arg) {
   CHECK_OK(ddplug_audit_finish(a, &r, 30000));
   CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
   CHECK_EQ_INT(r.exact, 0);
-  CHECK_EQ_INT(r.tracked, 512);
+  CHECK_EQ_INT(r.tracked, 1024);
   CHECK_EQ_INT(r.covered, n);
   CHECK_CONTAINS(r.summary, "(sampled)");
   ddplug_audit_free(a);
@@ -571,4 +593,259 @@ static void rank_plugin_slots(int rank, int world, void *arg) {
 
 TEST_T(a_plugin_supplies_its_own_sampler_through_the_slots, 150) {
   run(rank_plugin_slots, NULL);
+}
+
+/* A correct plugin sampler whose split does not come out even: N = 1001 on
+ * 4 ranks (3 padded deliveries, or 1 sample dropped), and whole batches of
+ * 16 per rank (23 padded, or 41 dropped: more than could be derived). */
+typedef struct uneven_case {
+  const char *plugin;
+  int drop_last;
+  uint64_t batch;
+  int verdict;                /* expected                               */
+  uint64_t padding, missing;  /* the report's allowed_* (declared)      */
+  uint64_t per_rank;
+} uneven_case;
+
+static void rank_plugin_uneven_n(int rank, int world, void *arg) {
+  const uneven_case *c = arg;
+  setup su = {c->plugin, NULL};
+  ddplug_context *ctx = open_ctx(&su);
+  const uint64_t n = N + 1;
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = n;
+  d.shuffle = 1;
+  d.seed = 5;
+  d.drop_last = c->drop_last;
+  d.batch_size = c->batch;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &d, &s));
+  ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.from_plugin, 1);
+  CHECK_EQ_INT(info.length, c->per_rank);
+  CHECK_EQ_INT(info.padded, c->padding);
+  CHECK_EQ_INT(info.dropped, c->missing);
+  for (uint64_t epoch = 0; epoch < 2; epoch++) {
+    CHECK_OK(ddplug_sampler_set_epoch(s, epoch));
+    ddplug_audit *a = NULL;
+    CHECK_OK(ddplug_audit_begin(ctx, "train", n, epoch, NULL, &a));
+    CHECK_EQ_INT(drain(s, NULL), c->per_rank);
+    ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+    int st = ddplug_audit_finish(a, &r, 30000);
+    CHECK_MSG(r.verdict == c->verdict, "%s drop_last=%d batch=%llu: %s",
+              c->plugin, c->drop_last, (unsigned long long)c->batch, r.summary);
+    CHECK_EQ_INT(st, c->verdict == DDPLUG_AUDIT_PASS ? DDPLUG_OK : DDPLUG_E_AUDIT_FAILED);
+    CHECK_EQ_INT(r.deliveries, c->per_rank * (uint64_t)world);
+    CHECK_EQ_INT(r.allowed_padding, c->padding);
+    CHECK_EQ_INT(r.allowed_missing, c->missing);
+    uint64_t total = c->per_rank * (uint64_t)world;
+    CHECK_EQ_INT(r.repeats, total > n ? total - n : 0);
+    CHECK_EQ_INT(r.covered, total > n ? n : total);
+    ddplug_audit_free(a);
+  }
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+static void run_uneven(const uneven_case *c) {
+  int failed = dt_run_ranks(WORLD, rank_plugin_uneven_n, (void *)c, NULL, 120, NULL);
+  CHECK_EQ_INT(failed, 0);
+}
+
+TEST_T(a_plugin_sampler_declares_its_padding_when_n_is_not_a_multiple, 150) {
+  /* the slot (ABI 1.2) declares it */
+  uneven_case pad = {"sampler-plugin", 0, 0, DDPLUG_AUDIT_PASS, 3, 0, 251};
+  run_uneven(&pad);
+  uneven_case drop = {"sampler-plugin", 1, 0, DDPLUG_AUDIT_PASS, 0, 1, 250};
+  run_uneven(&drop);
+  /* whole batches of 16: only the slot can know 23 repeats are padding */
+  uneven_case bpad = {"sampler-plugin", 0, 16, DDPLUG_AUDIT_PASS, 23, 0, 256};
+  run_uneven(&bpad);
+  uneven_case bdrop = {"sampler-plugin", 1, 16, DDPLUG_AUDIT_PASS, 0, 41, 240};
+  run_uneven(&bdrop);
+}
+
+TEST_T(a_plugin_sampler_without_the_slot_gets_its_padding_derived, 150) {
+  /* a plugin built against ABI 1.1: torch-like padding is derived from its
+   * length (ceil/floor of N / world) */
+  uneven_case pad = {"sampler-plugin-1.1", 0, 0, DDPLUG_AUDIT_PASS, 3, 0, 251};
+  run_uneven(&pad);
+  uneven_case drop = {"sampler-plugin-1.1", 1, 0, DDPLUG_AUDIT_PASS, 0, 1, 250};
+  run_uneven(&drop);
+  /* what it does not declare and equal lengths do not need is reported */
+  uneven_case bpad = {"sampler-plugin-1.1", 0, 16, DDPLUG_AUDIT_OVERLAP, 0, 0, 256};
+  run_uneven(&bpad);
+  uneven_case bdrop = {"sampler-plugin-1.1", 1, 16, DDPLUG_AUDIT_MISSING, 0, 0, 240};
+  run_uneven(&bdrop);
+}
+
+/* What the host declared at begin is kept: the sampler's declaration adds
+ * to it, never lowers it to its own (smaller) numbers. */
+static void rank_host_declared_kept(int rank, int world, void *arg) {
+  setup su = {"sampler-plugin", NULL};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = N + 1;
+  d.shuffle = 0;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &d, &s));
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.allowed_padding = 10;
+  o.allowed_missing = 4;
+  o.shuffle = 1;
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "train", N + 1, 0, &o, &a));
+  drain(s, NULL);
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(r.allowed_padding, 10);
+  CHECK_EQ_INT(r.allowed_missing, 4);
+  CHECK(a->opts.shuffle == 1); /* the host's shuffle = 1 is kept too */
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(host_declared_allowances_are_never_lowered_by_the_sampler, 150) {
+  run(rank_host_declared_kept, NULL);
+}
+
+/* A rank that delivers indices that are no sample fails the audit even
+ * though coverage, steps and order are fine. */
+static void rank_out_of_range(int rank, int world, void *arg) {
+  setup su = {arg, NULL};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_audit *a = begin_user(ctx, N, 0, 0);
+  ddplug_sampler *s = plain(N, rank, world, 1, 0);
+  record_all(a, s, 10);
+  if (rank == 2) { /* one extra step of garbage: -1, N, N + 7 */
+    int64_t bad[3] = {-1, N, N + 7};
+    CHECK_OK(ddplug_audit_record(a, bad, 3));
+  } else { /* the same number of steps elsewhere */
+    CHECK_OK(ddplug_audit_record(a, NULL, 0));
+  }
+  ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+  CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_AUDIT_FAILED);
+  CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_OUT_OF_RANGE);
+  CHECK_EQ_INT(r.violations, 1u << DDPLUG_AUDIT_OUT_OF_RANGE);
+  CHECK_EQ_INT(r.out_of_range, 3);
+  CHECK_EQ_INT(r.covered, N);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "out of range: rank 2 delivered 3 indices outside [0, 1000) — "
+                 "they are not samples of this stream");
+  CHECK_CONTAINS(r.text, "diagnosis: out of range: rank 2 delivered 3 indices");
+  CHECK_EQ_STR(ddplug_audit_verdict_name(r.verdict), "OUT_OF_RANGE");
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  ddplug_close(ctx);
+}
+
+TEST_T(out_of_range_indices_are_a_violation, 150) { run(rank_out_of_range, NULL); }
+TEST_T(out_of_range_indices_are_a_violation_on_host, 150) {
+  run_on(rank_out_of_range, "host");
+}
+
+/* data_split.audit = "off": every epoch is SKIPPED, locally (no
+ * collective: rank 1 never finishes, and the others do not wait for it),
+ * even for a split that is plainly wrong; the sampler still works. */
+static void rank_audit_off(int rank, int world, void *arg) {
+  setup su = {NULL, "{\"audit\": \"off\"}"};
+  ddplug_context *ctx = open_ctx(&su);
+  ddplug_sampler *cs = ctx_sampler(ctx, "val", 1, 0);
+  for (uint64_t epoch = 0; epoch < 3; epoch++) {
+    ddplug_audit *a = begin_user(ctx, N, epoch, 1);
+    ddplug_sampler *s = plain(N, 0, 1, 1, 0); /* not split, same order */
+    record_all(a, s, 50);
+    ddplug_sampler_free(s);
+    /* a plugin-owned stream is not audited either */
+    ddplug_audit *v = NULL;
+    CHECK_OK(ddplug_audit_begin(ctx, "val", N, epoch, NULL, &v));
+    CHECK_OK(ddplug_sampler_set_epoch(cs, epoch));
+    CHECK_EQ_INT(drain(cs, NULL), N / WORLD);
+    if (rank != 1) {
+      ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+      CHECK_OK(ddplug_audit_finish(a, &r, 2000));
+      CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_SKIPPED);
+      CHECK_EQ_INT(r.violations, 0);
+      CHECK_EQ_INT(r.full, 0);
+      CHECK_EQ_INT(r.world_size, WORLD);
+      CHECK_EQ_INT(r.steps_max, 20);
+      char want[128];
+      snprintf(want, sizeof want,
+               "audit of stream 'train' epoch %llu: SKIPPED (data_split.audit)",
+               (unsigned long long)epoch);
+      CHECK_EQ_STR(r.summary, want);
+      CHECK_OK(ddplug_audit_finish(v, &r, 2000));
+      CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_SKIPPED);
+    }
+    ddplug_audit_free(a);
+    ddplug_audit_free(v);
+  }
+  ddplug_sampler_free(cs);
+  CHECK_OK(ddplug_barrier(ctx, 30000));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(audit_off_skips_every_epoch_without_communicating, 150) {
+  run(rank_audit_off, NULL);
+}
+
+/* The sampler feeds the open audit on one thread while another thread
+ * begins, finishes and frees audits of the same stream: the feed must
+ * never touch an audit being finished or freed (run under ASan/TSan; a
+ * single rank, so the finish's collectives are local). */
+typedef struct race {
+  ddplug_context *ctx;
+  ddplug_sampler *s;
+  volatile int stop;
+  uint64_t delivered;
+} race;
+
+static void *race_feeder(void *arg) {
+  race *x = arg;
+  int64_t buf[7];
+  uint64_t got;
+  for (uint64_t epoch = 0; !x->stop; epoch++) {
+    if (ddplug_sampler_set_epoch(x->s, epoch) != DDPLUG_OK) break;
+    do {
+      if (ddplug_sampler_next(x->s, buf, 7, &got) != DDPLUG_OK) return NULL;
+      x->delivered += got;
+    } while (got && !x->stop);
+  }
+  return NULL;
+}
+
+TEST_T(a_feeding_sampler_and_a_finishing_audit_on_two_threads, 120) {
+  setup su = {NULL, "{\"audit\": \"every_epoch\", \"on_violation\": \"warn\"}"};
+  ddplug_log_set_level(DDPLUG_LOG_ERROR);
+  ddplug_context *ctx = open_ctx(&su); /* no launcher variables: 1 rank */
+  race x = {ctx, ctx_sampler(ctx, "train", 1, 0), 0, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, race_feeder, &x) == 0);
+  uint64_t fed = 0;
+  for (int i = 0; i < 3000; i++) {
+    ddplug_audit *a = NULL;
+    CHECK_OK(ddplug_audit_begin(ctx, "train", N, (uint64_t)i, NULL, &a));
+    for (volatile int spin = 0; spin < (i % 7) * 50; spin++) {
+    }
+    ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
+    if (i % 3 == 0) {
+      ddplug_audit_free(a); /* unfinished: free unregisters it */
+      continue;
+    }
+    CHECK_OK(ddplug_audit_finish(a, &r, 30000));
+    fed += r.deliveries;
+    ddplug_audit_free(a);
+  }
+  x.stop = 1;
+  CHECK(pthread_join(t, NULL) == 0);
+  dt_note("%llu indices delivered, %llu of them into finished audits",
+          (unsigned long long)x.delivered, (unsigned long long)fed);
+  CHECK(fed <= x.delivered);
+  ddplug_sampler_free(x.s);
+  CHECK_OK(ddplug_close(ctx));
 }

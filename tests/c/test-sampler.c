@@ -5,8 +5,10 @@
  * uninterrupted order, chunking independence, torch DistributedSampler's
  * order when not shuffling; the Feistel permutation (bijection, pinned
  * values, rough uniformity); desc validation; allocation failures. */
+#include <stdarg.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "data.h"
 #include "harness.h"
@@ -93,9 +95,10 @@ TEST(feistel_map_equals_apply_for_any_start_stride_count) {
 }
 
 /* The algorithm is part of the contract (same order on every machine and
- * release): these values were computed once — and reproduced by an
- * independent Python transcription of the algorithm documented in
- * sampler_feistel.c — and must never change. */
+ * release): these values were computed once — and are reproduced by an
+ * independent Python transcription of the documented algorithms,
+ * tests/data/feistel_reference.py (feistel_reference_transcription_agrees
+ * runs it) — and must never change. */
 TEST(feistel_values_are_pinned) {
   ddplug__feistel f;
   ddplug__feistel_init(&f, 1000000, 42, 0, DDPLUG__SALT_DISTRIBUTED);
@@ -289,6 +292,37 @@ static int bucket_index(int64_t len) { /* bounds {10, 50, 200} + overflow */
   return len <= 10 ? 0 : len <= 50 ? 1 : len <= 200 ? 2 : 3;
 }
 
+static int cmp_len(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The upper bounds of q quantile buckets of lengths[n], computed here from
+ * the documented rule (u_k = the length at sorted rank ceil((k+1)n/q) - 1,
+ * duplicates merged) — independently of sampler_bucket.c. Returns how many
+ * (<= q) are in bounds[]. */
+static uint32_t quantile_bounds(const int64_t *lengths, uint64_t n, uint32_t q,
+                                int64_t *bounds) {
+  if (n == 0) return 0;
+  int64_t *sorted = malloc(sizeof *sorted * n);
+  memcpy(sorted, lengths, sizeof *sorted * n);
+  qsort(sorted, n, sizeof *sorted, cmp_len);
+  uint32_t m = 0;
+  for (uint32_t k = 0; k < q; k++) {
+    int64_t u = sorted[((uint64_t)(k + 1) * n + q - 1) / q - 1];
+    if (m == 0 || u > bounds[m - 1]) bounds[m++] = u;
+  }
+  free(sorted);
+  return m;
+}
+
+/* The interval (bounds[i-1], bounds[i]] holding len; m = past the last. */
+static uint32_t interval_of(const int64_t *bounds, uint32_t m, int64_t len) {
+  uint32_t i = 0;
+  while (i < m && len > bounds[i]) i++;
+  return i;
+}
+
 static void check_bucket(const bucket_case *c) {
   int64_t *lengths = malloc(sizeof *lengths * (c->n + 1));
   for (uint64_t i = 0; i < c->n; i++) lengths[i] = length_of(i);
@@ -307,6 +341,29 @@ static void check_bucket(const bucket_case *c) {
     d.boundaries = bounds;
     d.num_boundaries = 3;
   }
+  /* the buckets every sample must be in, computed independently */
+  int64_t qb[64];
+  uint32_t nq = 3;
+  if (c->quantile) nq = quantile_bounds(lengths, c->n, (uint32_t)c->quantile, qb);
+  else memcpy(qb, bounds, sizeof bounds);
+  uint64_t sizes[65] = {0};
+  for (uint64_t i = 0; i < c->n; i++) sizes[interval_of(qb, nq, lengths[i])]++;
+  /* equal batch counts: sum over buckets of ceil (floor: drop_last) of
+   * bucket size / (batch_size * world) */
+  uint64_t want_len = 0, global = c->bs * (uint64_t)c->world;
+  for (uint32_t b = 0; b <= nq; b++)
+    want_len += c->drop ? sizes[b] / global : (sizes[b] + global - 1) / global;
+  if (c->quantile && c->n >= 1000) {
+    /* quantile buckets hold about N/q samples each (the 300 distinct
+     * lengths make ties move at most ~N/300 across a bound) */
+    CHECK_EQ_INT(nq, c->quantile);
+    CHECK_EQ_INT(sizes[nq], 0); /* the last bound is the maximum length */
+    for (uint32_t b = 0; b < nq; b++)
+      CHECK_MSG(sizes[b] * 10 >= c->n / (uint64_t)c->quantile * 9 &&
+                    sizes[b] * 10 <= c->n / (uint64_t)c->quantile * 11,
+                "n=%llu q=%d: bucket %u holds %llu samples",
+                (unsigned long long)c->n, c->quantile, b, (unsigned long long)sizes[b]);
+  }
   uint64_t len0 = 0;
   uint32_t *count = calloc(c->n + 1, sizeof *count);
   int64_t *batches[8] = {0};
@@ -320,6 +377,7 @@ static void check_bucket(const bucket_case *c) {
     CHECK_OK(ddplug_sampler_length(s, &len));
     if (r == 0) len0 = len;
     CHECK_EQ_INT(len, len0); /* equal batch counts on every rank */
+    CHECK_EQ_INT(len, want_len);
     batches[r] = malloc(sizeof(int64_t) * (len * c->bs + 1));
     uint64_t got, nb = 0;
     int64_t *buf = batches[r];
@@ -327,12 +385,17 @@ static void check_bucket(const bucket_case *c) {
       CHECK_OK(ddplug_sampler_next(s, buf + nb * c->bs, c->bs + 3, &got));
       if (got == 0) break;
       CHECK_EQ_INT(got, c->bs); /* one whole batch per call */
-      int b0 = bucket_index(lengths[buf[nb * c->bs]]);
+      uint32_t b0 = interval_of(qb, nq, lengths[buf[nb * c->bs]]);
       for (uint64_t t = 0; t < c->bs; t++) {
         int64_t idx = buf[nb * c->bs + t];
         CHECK(idx >= 0 && (uint64_t)idx < c->n);
         count[idx]++;
-        if (!c->quantile) CHECK_EQ_INT(bucket_index(lengths[idx]), b0);
+        /* the whole batch inside one bucket: (qb[b0-1], qb[b0]] */
+        CHECK_MSG(interval_of(qb, nq, lengths[idx]) == b0,
+                  "n=%llu world=%d q=%d: batch %llu mixes length %lld with a "
+                  "batch of bucket %u", (unsigned long long)c->n, c->world,
+                  c->quantile, (unsigned long long)nb, (long long)lengths[idx], b0);
+        if (!c->quantile) CHECK_EQ_INT(bucket_index(lengths[idx]), (int)b0);
       }
       nb++;
     }
@@ -350,11 +413,10 @@ static void check_bucket(const bucket_case *c) {
     ddplug_sampler_free(s);
   }
   /* at each step every rank draws from the same bucket */
-  if (!c->quantile && c->world > 1)
-    for (uint64_t j = 0; j < len0; j++)
-      for (int r = 1; r < c->world; r++)
-        CHECK_EQ_INT(bucket_index(lengths[batches[r][j * c->bs]]),
-                     bucket_index(lengths[batches[0][j * c->bs]]));
+  for (uint64_t j = 0; j < len0; j++)
+    for (int r = 1; r < c->world; r++)
+      CHECK_EQ_INT(interval_of(qb, nq, lengths[batches[r][j * c->bs]]),
+                   interval_of(qb, nq, lengths[batches[0][j * c->bs]]));
   uint64_t distinct = 0, dups = 0;
   for (uint64_t i = 0; i < c->n; i++) {
     distinct += count[i] > 0;
@@ -378,7 +440,7 @@ TEST(bucket_properties_over_n_world_batch_shuffle_drop) {
   static const uint64_t ns[] = {0, 1, 7, 97, 1009, 20011};
   static const uint64_t bss[] = {1, 3, 16};
   for (size_t k = 0; k < DDPLUG__ARRAY_LEN(ns); k++)
-    for (int world = 1; world <= 8; world += (world < 4 ? 1 : 4))
+    for (int world = 1; world <= 8; world++)
       for (size_t b = 0; b < DDPLUG__ARRAY_LEN(bss); b++)
         for (int flags = 0; flags < 8; flags++) {
           bucket_case c = {ns[k], world, flags & 1, (flags >> 1) & 1, bss[b],
@@ -438,6 +500,255 @@ TEST(bucket_reshuffles_per_epoch_and_is_deterministic) {
   CHECK_EQ_INT(pos, 0);
   ddplug_sampler_free(a);
   ddplug_sampler_free(b);
+}
+
+/* ---- what a plugin's sampler declares ----------------------------------- */
+
+static ddplug_sampler_desc dist_desc(uint64_t n, int world) {
+  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  d.num_samples = n;
+  d.world_size = world;
+  return d;
+}
+
+TEST(padding_is_derived_from_the_length_within_what_equalising_needs) {
+  uint64_t p, dr;
+  /* distributed: torch's ceil/floor of N / world, nothing beyond */
+  static const struct { uint64_t n; int world; uint64_t len, padded, dropped; } dc[] = {
+      {1001, 4, 251, 3, 0}, {1001, 4, 250, 0, 1}, {1000, 4, 250, 0, 0},
+      {1001, 4, 252, 0, 0}, /* 7 repeats: more than equal lengths need */
+      {1001, 4, 500, 0, 0}, {1001, 4, 0, 0, 0},   {0, 3, 0, 0, 0},
+      {1, 8, 1, 7, 0},      {7, 8, 0, 0, 7},      {5, 1, 5, 0, 0}};
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(dc); i++) {
+    ddplug_sampler_desc d = dist_desc(dc[i].n, dc[i].world);
+    ddplug__sampler_derive_declared(&d, dc[i].len, &p, &dr);
+    CHECK_MSG(p == dc[i].padded && dr == dc[i].dropped,
+              "N=%llu world=%d length %llu: derived padded %llu dropped %llu",
+              (unsigned long long)dc[i].n, dc[i].world, (unsigned long long)dc[i].len,
+              (unsigned long long)p, (unsigned long long)dr);
+  }
+  /* bucket: less than one global batch (batch_size * world) per bucket */
+  ddplug_sampler_desc b = dist_desc(100, 2);
+  b.kind = DDPLUG_SAMPLER_BUCKET;
+  b.batch_size = 4;
+  b.num_buckets = 3; /* at most 3 * 8 - 1 padded or dropped */
+  static const struct { uint64_t len, padded, dropped; } bc[] = {
+      {13, 4, 0}, {12, 0, 4}, {15, 20, 0}, {16, 0, 0}, {10, 0, 20}, {9, 0, 0}};
+  for (int k = 0; k < 2; k++) {
+    if (k) { /* 2 explicit bounds: 3 buckets too */
+      b.num_buckets = 0;
+      b.num_boundaries = 2;
+    }
+    for (size_t i = 0; i < DDPLUG__ARRAY_LEN(bc); i++) {
+      ddplug__sampler_derive_declared(&b, bc[i].len, &p, &dr);
+      CHECK_MSG(p == bc[i].padded && dr == bc[i].dropped,
+                "bucket length %llu: derived padded %llu dropped %llu",
+                (unsigned long long)bc[i].len, (unsigned long long)p, (unsigned long long)dr);
+    }
+  }
+  /* no overflow at the extremes */
+  ddplug_sampler_desc h = dist_desc(UINT64_MAX / 2, 8);
+  ddplug__sampler_derive_declared(&h, UINT64_MAX / 4, &p, &dr);
+  CHECK_EQ_INT(p, 0);
+  CHECK_EQ_INT(dr, 0);
+}
+
+static int fake_declared_ok(ddplug_plugin_sampler *s, uint64_t *padded, uint64_t *dropped) {
+  (void)s;
+  *padded = 23;
+  *dropped = 2;
+  return DDPLUG_OK;
+}
+
+static int fake_declared_fails(ddplug_plugin_sampler *s, uint64_t *padded, uint64_t *dropped) {
+  (void)s;
+  *padded = 999; /* must not be used */
+  *dropped = 999;
+  return DDPLUG_E_INTERNAL;
+}
+
+static int g_declared_warnings;
+static void capture_declared(void *user, int level, int rank, const char *line) {
+  (void)user;
+  (void)rank;
+  if (level == DDPLUG_LOG_WARN && strstr(line, "the plugin's sampler_declared failed"))
+    g_declared_warnings++;
+}
+
+TEST(a_plugin_sampler_declares_through_its_slot_else_it_is_derived) {
+  ddplug_sampler_desc d = dist_desc(1001, 4);
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_sampler_new(&d, &s));
+  ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.from_plugin, 0);
+  CHECK_EQ_INT(info.padded, 3); /* the default's own numbers */
+  /* served as a plugin's sampler would be: the slot's numbers win, even
+   * beyond what could be derived */
+  s->ops.declared = NULL;
+  s->from_plugin = 1;
+  s->plugin_declared = fake_declared_ok;
+  CHECK_OK(ddplug_sampler_set_epoch(s, 1));
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.from_plugin, 1);
+  CHECK_EQ_INT(info.padded, 23);
+  CHECK_EQ_INT(info.dropped, 2);
+  /* a failing slot: logged, and derived from the length (251 per rank) */
+  ddplug_log_set_callback(capture_declared, NULL);
+  s->plugin_declared = fake_declared_fails;
+  CHECK_OK(ddplug_sampler_set_epoch(s, 2));
+  ddplug_log_set_callback(NULL, NULL);
+  CHECK_EQ_INT(g_declared_warnings, 1);
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.padded, 3);
+  CHECK_EQ_INT(info.dropped, 0);
+  /* no slot (a plugin built against ABI 1.1): derived */
+  s->plugin_declared = NULL;
+  CHECK_OK(ddplug_sampler_set_epoch(s, 3));
+  CHECK_OK(ddplug_sampler_info_get(s, &info));
+  CHECK_EQ_INT(info.padded, 3);
+  ddplug_sampler_free(s);
+}
+
+/* ---- pinned orders (golden values) ---------------------------------------
+
+   The order of every sampler is part of the contract: a checkpoint saved by
+   one release resumes at a position in another. The lines below were
+   computed once and are reproduced by tests/data/feistel_reference.py, an
+   independent transcription of the documented algorithms; any change to
+   the permutation, the padding, the strides, the bucketing or the batch
+   order shows up here. */
+
+static void appendf(char *buf, size_t cap, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t cap, size_t *used, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
+  va_end(ap);
+  CHECK(n >= 0 && (size_t)n < cap - *used);
+  *used += (size_t)n;
+}
+
+/* The lines feistel_reference.py prints, from the C implementation. */
+static void golden_lines(char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = 0;
+  ddplug__feistel f;
+  ddplug__feistel_init(&f, 1000000, 42, 0, DDPLUG__SALT_DISTRIBUTED);
+  appendf(buf, cap, &used, "pi N=1000000 seed=42 epoch=0:");
+  for (uint64_t i = 0; i < 6; i++)
+    appendf(buf, cap, &used, " %llu", (unsigned long long)ddplug__feistel_apply(&f, i));
+  appendf(buf, cap, &used, "\n");
+  for (int drop = 0; drop <= 1; drop++)
+    for (int rank = 0; rank < 3; rank++) {
+      ddplug_sampler *s = make(DDPLUG_SAMPLER_DISTRIBUTED, 10, rank, 3, 1, drop, 7);
+      CHECK_OK(ddplug_sampler_set_epoch(s, 1));
+      int64_t out[8];
+      uint64_t n = drain(s, out, drop ? 3 : 4, 2);
+      appendf(buf, cap, &used,
+              "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=%d rank=%d:", drop, rank);
+      for (uint64_t k = 0; k < n; k++) appendf(buf, cap, &used, " %lld", (long long)out[k]);
+      appendf(buf, cap, &used, "\n");
+      ddplug_sampler_free(s);
+    }
+  int64_t lengths[24];
+  for (int i = 0; i < 24; i++) lengths[i] = (i * 37 + 11) % 97 + 1;
+  static const int64_t bounds[2] = {20, 60};
+  for (int drop = 0; drop <= 1; drop++)
+    for (int q = 0; q <= 1; q++)
+      for (int rank = 0; rank < 2; rank++) {
+        ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+        d.kind = DDPLUG_SAMPLER_BUCKET;
+        d.num_samples = 24;
+        d.rank = rank;
+        d.world_size = 2;
+        d.shuffle = 1;
+        d.drop_last = drop;
+        d.seed = 5;
+        d.lengths = lengths;
+        d.batch_size = 2;
+        if (q) d.num_buckets = 3;
+        else {
+          d.boundaries = bounds;
+          d.num_boundaries = 2;
+        }
+        ddplug_sampler *s = NULL;
+        CHECK_OK(ddplug_sampler_new(&d, &s));
+        CHECK_OK(ddplug_sampler_set_epoch(s, 1));
+        appendf(buf, cap, &used,
+                "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=%d "
+                "bounds=%s rank=%d:", drop, q ? "q3" : "20,60", rank);
+        int64_t b[2];
+        uint64_t got;
+        for (int j = 0;; j++) {
+          CHECK_OK(ddplug_sampler_next(s, b, 2, &got));
+          if (!got) break;
+          appendf(buf, cap, &used, "%s %lld %lld", j ? " |" : "", (long long)b[0],
+                  (long long)b[1]);
+        }
+        appendf(buf, cap, &used, "\n");
+        ddplug_sampler_free(s);
+      }
+}
+
+static const char kGolden[] =
+    "pi N=1000000 seed=42 epoch=0: 778893 52246 643670 42559 628590 804822\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=0 rank=0: 8 5 9 0\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=0 rank=1: 7 3 2 8\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=0 rank=2: 1 6 4 7\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=1 rank=0: 8 5 9\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=1 rank=1: 7 3 2\n"
+    "dist N=10 world=3 seed=7 epoch=1 shuffle=1 drop_last=1 rank=2: 1 6 4\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=0 bounds=20,60 rank=0: "
+    "0 21 | 21 5 | 19 17 | 23 12 | 22 14 | 15 7 | 16 9 | 18 15\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=0 bounds=20,60 rank=1: "
+    "5 8 | 8 13 | 1 3 | 20 10 | 19 17 | 4 2 | 11 6 | 7 4\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=0 bounds=q3 rank=0: "
+    "0 13 | 11 3 | 1 9 | 17 22 | 23 18 | 10 2\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=0 bounds=q3 rank=1: "
+    "5 16 | 21 8 | 6 4 | 19 14 | 15 20 | 7 12\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=1 bounds=20,60 rank=0: "
+    "19 17 | 21 5 | 16 9 | 15 7 | 23 12\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=1 bounds=20,60 rank=1: "
+    "1 3 | 8 13 | 11 6 | 4 2 | 20 10\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=1 bounds=q3 rank=0: "
+    "0 13 | 11 3 | 1 9 | 17 22 | 23 18 | 10 2\n"
+    "bucket N=24 world=2 bs=2 seed=5 epoch=1 shuffle=1 drop_last=1 bounds=q3 rank=1: "
+    "5 16 | 21 8 | 6 4 | 19 14 | 15 20 | 7 12\n";
+
+TEST(sampler_orders_are_pinned) {
+  static char got[8192];
+  golden_lines(got, sizeof got);
+  CHECK_EQ_STR(got, kGolden);
+}
+
+/* Runs tests/data/feistel_reference.py with the repository's .venv Python,
+ * else python3; only notes it when neither is there. */
+TEST(feistel_reference_transcription_agrees) {
+  char script[2048], py[2048], cmd[4608];
+  snprintf(script, sizeof script, "%s/tests/data/feistel_reference.py", dt_source_dir());
+  snprintf(py, sizeof py, "%s/.venv/bin/python", dt_source_dir());
+  if (access(py, X_OK) != 0) {
+    if (system("command -v python3 >/dev/null 2>&1") != 0) {
+      dt_note("no .venv/bin/python and no python3: the transcription was not run");
+      return;
+    }
+    snprintf(py, sizeof py, "python3");
+  }
+  snprintf(cmd, sizeof cmd, "'%s' '%s'", py, script);
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  static char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed (status %d):\n%s", cmd, st, out);
+  static char mine[8192];
+  golden_lines(mine, sizeof mine);
+  CHECK_EQ_STR(out, mine);
+  dt_note("%s agrees with the C samplers (%zu bytes)", py, n);
 }
 
 /* ---- validation ----------------------------------------------------------- */

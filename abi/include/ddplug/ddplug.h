@@ -607,8 +607,9 @@ typedef struct ddplug_sampler_info {
 } ddplug_sampler_info;
 #define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
 
-/* Fill *info. padded/dropped are 0 for a plugin-supplied sampler (the slots
- * do not declare them). Since 1.0. */
+/* Fill *info. padded/dropped: a default sampler's own numbers; for a
+ * plugin-supplied sampler what its sampler_declared slot (plugin ABI 1.2)
+ * reports, else what its length implies (see "audit" below). Since 1.0. */
 DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
                                        ddplug_sampler_info *info);
 
@@ -660,9 +661,11 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
  * plugin has sampler slots (DDPLUG_CAP_SAMPLER) they serve the sampler,
  * otherwise ddplug's defaults do. While an audit is open on the stream
  * (ddplug_audit_begin), every index the sampler delivers is recorded in it,
- * with the padding/dropping the default declares; indices delivered before
- * the audit began in the same epoch are replayed into it. The sampler must
- * be freed before ctx is closed. Since 1.0. */
+ * with the padding/dropping the sampler declares (see "audit" below); indices
+ * delivered before the audit began in the same epoch are replayed into it.
+ * Feeding is safe against ddplug_audit_finish/_free of that audit on another
+ * thread (both wait for a delivery being recorded). The sampler must be
+ * freed before ctx is closed. Since 1.0. */
 DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
                                           const ddplug_sampler_desc *desc,
                                           ddplug_sampler **out);
@@ -678,10 +681,27 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
    Config: "data_split.audit" off | first_epoch (default) | every_epoch;
    "data_split.on_violation" error (default: finish returns
    DDPLUG_E_AUDIT_FAILED with the diagnosis as the last error) | warn (OK
-   and a warning log line); "data_split.audit_exact_max" M.
+   and a warning log line); "data_split.audit_exact_max" M (>= 1024).
    first_epoch audits the first epoch begun for the stream on this context
    in full and checks the second one's order and steps only (the order
    check needs two epochs: it catches a missing set_epoch).
+
+   Padding and dropping. Repeats and holes are violations unless declared:
+   the host declares them in ddplug_audit_options for a stream it records;
+   for a plugin-owned stream the context-bound sampler declares them when it
+   first feeds the audit, raising (never lowering) what the host gave:
+     - ddplug's default samplers declare exactly what they pad or drop (the
+       distributed one world·ceil(N/world) - N or N - world·floor(N/world);
+       the bucket one its per-bucket padding or drop);
+     - a plugin's own sampler declares through its sampler_declared slot
+       (plugin.h, plugin ABI 1.2);
+     - a plugin sampler without that slot (or whose slot fails) is assumed
+       to equalise like the defaults: with T = length·world deliveries
+       (times batch_size for the bucket kind), T - N is allowed as padding,
+       or N - T as dropped samples, if it is less than world (distributed)
+       or than buckets·batch_size·world (bucket); a larger difference is
+       not assumed legitimate and is reported as overlap or missing.
+   ddplug_sampler_info shows the numbers a sampler declares.
 
    Exact mode (N <= M): one bit per sample per rank; union and intersection
    through two allreduces (BOR, BAND on int64 words, in chunks).
@@ -694,8 +714,13 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
    Every collective goes through the context's collectives (any plugin);
    a plugin without int64 BOR/BAND gets counts-only audits (noted).
 
-   Diagnoses (verdict, in priority order), as the one-line text starts:
+   Diagnoses (verdict, in priority order — the verdict is the first that
+   applies, the report's violations and text list all), as the one-line
+   text starts:
      "uneven batches: rank r has k steps, others m (will hang)"
+     "out of range: rank r delivered k indices outside [0, N)"
+                              (indices that are no sample: any count fails;
+                               checked also when coverage is not)
      "no partitioning: every rank saw the same samples"
      "double partitioning: ranks together saw N/G of N samples — the data
       was split twice (e.g. a rank-aware sampler and the framework's
@@ -717,9 +742,10 @@ typedef enum ddplug_audit_verdict {
   DDPLUG_AUDIT_DOUBLE_PARTITION = 5,
   DDPLUG_AUDIT_MISSING = 6,
   DDPLUG_AUDIT_OVERLAP = 7,
-  DDPLUG_AUDIT_EPOCH_NOT_ADVANCED = 8
+  DDPLUG_AUDIT_EPOCH_NOT_ADVANCED = 8,
+  DDPLUG_AUDIT_OUT_OF_RANGE = 9        /* added after 0.1.0 (was counted only) */
 } ddplug_audit_verdict;
-#define DDPLUG_AUDIT_VERDICT_COUNT_ 9
+#define DDPLUG_AUDIT_VERDICT_COUNT_ 10
 
 /* What the host declares about the epoch (for a framework/user-owned
  * stream; a context-bound sampler declares its own). */

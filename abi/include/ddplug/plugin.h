@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define DDPLUG_PLUGIN_ABI_MAJOR 1
-#define DDPLUG_PLUGIN_ABI_MINOR 1
+#define DDPLUG_PLUGIN_ABI_MINOR 2
 #define DDPLUG_PLUGIN_ABI_VERSION \
   DDPLUG_MAKE_VERSION(DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR)
 
@@ -284,7 +284,7 @@ typedef struct ddplug_plugin {
 
   /* ---- end of ABI 1.0 ---- */
 
-  /* --- sampler (optional; all six or none) ------------------------------ */
+  /* --- sampler (optional; all six or none, plus sampler_declared) ------- */
 
   /* Create a sampler for desc (copied). The runtime only calls this for a
    * stream whose split owner is DDPLUG_OWNER_PLUGIN. */
@@ -306,11 +306,26 @@ typedef struct ddplug_plugin {
   void (*sampler_destroy)(ddplug_plugin_sampler *s);
 
   /* ---- end of ABI 1.1 ---- */
+
+  /* (optional, ABI 1.2; only with the six slots above) What one epoch of
+   * this sampler does beyond an exact split, all ranks together:
+   * *padded = deliveries that repeat a sample so that every rank gets the
+   * same count (padding), *dropped = samples no rank delivers (drop_last).
+   * The runtime's audit allows exactly these repeats and holes (ddplug.h,
+   * "audit"). Called from the thread that uses the sampler, after
+   * sampler_create or sampler_set_epoch; must not block. On a failure
+   * status (or when the slot is NULL, or the plugin was built against ABI
+   * 1.1) the runtime derives the two numbers from sampler_length instead. */
+  int (*sampler_declared)(ddplug_plugin_sampler *s, uint64_t *padded,
+                          uint64_t *dropped);
+
+  /* ---- end of ABI 1.2 ---- */
 } ddplug_plugin;
 
 /* Sizes of the table at the end of each minor version, for the loader. */
 #define DDPLUG_PLUGIN_SIZE_1_0 offsetof(ddplug_plugin, sampler_create)
-#define DDPLUG_PLUGIN_SIZE_1_1 sizeof(ddplug_plugin)
+#define DDPLUG_PLUGIN_SIZE_1_1 offsetof(ddplug_plugin, sampler_declared)
+#define DDPLUG_PLUGIN_SIZE_1_2 sizeof(ddplug_plugin)
 
 /* The entry point a plugin exports. host_abi_version is the runtime's
  * DDPLUG_PLUGIN_ABI_VERSION, so a plugin may return a table suited to it (or

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "config.h"
+#include "data.h"
 
 static const char *const k_log_levels[] = {"off",  "error", "warn", "info",
                                            "debug", "trace", NULL};
@@ -132,9 +133,12 @@ static const ddplug__cfg_key k_keys[] = {
          "once."),
     ENUM("data_split.on_violation", k_on_violation, "error",
          "What a failed audit does: fail the run, or log a warning."),
-    INT("data_split.audit_exact_max", DDPLUG__CFG_DEFAULT, 0,
-        DDPLUG__CFG_NO_MAX, 100000000,
-        "Audit exactly up to this many samples per epoch; sample beyond."),
+    INT("data_split.audit_exact_max", DDPLUG__CFG_DEFAULT,
+        DDPLUG__AUDIT_EXACT_MIN, DDPLUG__CFG_NO_MAX, 100000000,
+        "Audit exactly up to this many samples per epoch; beyond, follow "
+        "this many sampled ones (one bit each). At least 1024: fewer cannot "
+        "tell a lost or repeated sample from sampling error (0 would check "
+        "nothing)."),
 
     OBJECT("sampler", DDPLUG__CFG_DEFAULT,
            "ddplug's default samplers (used where the plugin owns the "

@@ -10,16 +10,26 @@
  *   indices/s/rank  this rank's indices / the time to produce them
  *   epoch start     set_epoch + the first next() of 1 index (time to the
  *                   first index of an epoch), median over ranks and epochs
- *   extra memory    peak RSS (getrusage) minus RSS before the first sampler
- *                   was created (the chunk buffer is allocated before)
+ *   extra memory    what this row alone adds: each row runs in a fresh
+ *                   child process (fork), whose peak RSS (getrusage) starts
+ *                   at its RSS at the fork; the child first touches the
+ *                   buffers it shares with the parent and runs the row on
+ *                   a tiny N (so data and code are paged in), then extra = its
+ *                   peak RSS minus its RSS before the real row
+ *                   (/proc/self/statm). No row inherits an earlier row's
+ *                   peak. The chunk buffer and the lengths are allocated
+ *                   before the fork.
  * Rows: distributed shuffled, distributed sequential, and the bucket sampler
  * (on --bucket-N samples with random lengths and 10 quantile buckets).
- * A checksum of every index keeps the work honest and is printed.
+ * A checksum of every index keeps the work honest and is printed, with the
+ * peak RSS of the largest row process.
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +42,7 @@ typedef struct row {
   uint64_t n;
   double rate_mean, rate_min, start_us, extra_kib;
   uint64_t checksum;
+  long peak_kib; /* the row's process: peak RSS */
 } row;
 
 static long rss_kib(void) {
@@ -104,9 +115,80 @@ static void run_row(row *r, ddplug_sampler_desc desc, int world, int ranks,
   r->start_us = starts[nstarts / 2];
   r->rate_mean = sum_rate / nrates;
   r->rate_min = min_rate;
-  long extra = peak_kib() - base_kib;
+  r->peak_kib = peak_kib();
+  long extra = r->peak_kib - base_kib;
   r->extra_kib = extra > 0 ? (double)extra : 0.0;
   free(starts);
+}
+
+/* run_row in a fresh child process: its peak RSS is the RSS it was forked
+ * with plus what the row itself needs, never an earlier row's peak. The
+ * measurements come back through a pipe. */
+static void run_row_isolated(row *r, ddplug_sampler_desc desc, int world,
+                             int ranks, int epochs, int64_t *buf,
+                             uint64_t chunk) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    perror("ddplug-sampler-perf: pipe");
+    exit(1);
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("ddplug-sampler-perf: fork");
+    exit(1);
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    /* warm up on a tiny N first: the code the row runs is paged in (a
+     * forked child faults its shared library text again), so that the
+     * extra memory is the samplers' data, not their code */
+    /* a forked child maps the parent's pages lazily: touch the buffers it
+     * shares with the parent so that they are counted before, not during,
+     * the row */
+    memset(buf, 0, sizeof *buf * chunk);
+    volatile int64_t sink = 0;
+    if (desc.lengths)
+      for (uint64_t i = 0; i < desc.num_samples; i += 512) sink += desc.lengths[i];
+    (void)sink;
+    ddplug_sampler_desc tiny = desc;
+    tiny.num_samples = desc.num_samples < 1000 ? desc.num_samples : 1000;
+    row warm = *r;
+    run_row(&warm, tiny, world, 1, 1, buf, chunk, 0);
+    long base = rss_kib(); /* the child's peak is at least this already */
+    run_row(r, desc, world, ranks, epochs, buf, chunk, base);
+    const char *p = (const char *)r;
+    size_t left = sizeof *r;
+    while (left > 0) {
+      ssize_t w = write(fds[1], p, left);
+      if (w <= 0) _exit(1);
+      p += w;
+      left -= (size_t)w;
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  row got;
+  char *p = (char *)&got;
+  size_t left = sizeof got;
+  while (left > 0) {
+    ssize_t n = read(fds[0], p, left);
+    if (n <= 0) break;
+    p += n;
+    left -= (size_t)n;
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (left != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "ddplug-sampler-perf: the process measuring row '%s' "
+            "(shuffle %d) failed (wait status %d)\n", r->name, r->shuffle, status);
+    exit(1);
+  }
+  got.name = r->name; /* the same static string in both processes */
+  *r = got;
 }
 
 int main(int argc, char **argv) {
@@ -155,10 +237,9 @@ int main(int argc, char **argv) {
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;
     lengths[i] = (int64_t)(1 + x % 1000);
   }
-  long base = rss_kib();
-  row rows[3] = {{"distributed", 1, n, 0, 0, 0, 0, 0},
-                 {"distributed", 0, n, 0, 0, 0, 0, 0},
-                 {"bucket(b=32,q=10)", 1, bucket_n, 0, 0, 0, 0, 0}};
+  row rows[3] = {{"distributed", 1, n, 0, 0, 0, 0, 0, 0},
+                 {"distributed", 0, n, 0, 0, 0, 0, 0, 0},
+                 {"bucket(b=32,q=10)", 1, bucket_n, 0, 0, 0, 0, 0, 0}};
   for (int k = 0; k < 3; k++) {
     ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
     d.kind = k < 2 ? DDPLUG_SAMPLER_DISTRIBUTED : DDPLUG_SAMPLER_BUCKET;
@@ -170,8 +251,10 @@ int main(int argc, char **argv) {
       d.batch_size = 32;
       d.num_buckets = 10;
     }
-    run_row(&rows[k], d, world, ranks, epochs, buf, chunk, base);
+    run_row_isolated(&rows[k], d, world, ranks, epochs, buf, chunk);
   }
+  long peak = 0; /* the largest row process */
+  for (int k = 0; k < 3; k++) peak = rows[k].peak_kib > peak ? rows[k].peak_kib : peak;
   printf("ddplug-sampler-perf: world=%d ranks measured=%d epochs=%d chunk=%llu "
          "(one thread)\n", world, ranks, epochs, (unsigned long long)chunk);
   printf("| %-18s | %-7s | %11s | %16s | %15s | %16s | %17s |\n", "sampler",
@@ -188,7 +271,7 @@ int main(int argc, char **argv) {
   printf("checksums: %llu %llu %llu; peak RSS %ld KiB\n",
          (unsigned long long)rows[0].checksum,
          (unsigned long long)rows[1].checksum,
-         (unsigned long long)rows[2].checksum, peak_kib());
+         (unsigned long long)rows[2].checksum, peak);
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) {
@@ -201,10 +284,12 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++)
       fprintf(f, "%s\n {\"sampler\": \"%s\", \"shuffle\": %s, \"N\": %llu, "
                  "\"indices_per_s_per_rank\": %.0f, \"min_indices_per_s\": %.0f, "
-                 "\"epoch_start_us\": %.3f, \"extra_memory_kib\": %.0f}",
+                 "\"epoch_start_us\": %.3f, \"extra_memory_kib\": %.0f, "
+                 "\"checksum\": %llu, \"peak_rss_kib\": %ld}",
               k ? "," : "", rows[k].name, rows[k].shuffle ? "true" : "false",
               (unsigned long long)rows[k].n, rows[k].rate_mean,
-              rows[k].rate_min, rows[k].start_us, rows[k].extra_kib);
+              rows[k].rate_min, rows[k].start_us, rows[k].extra_kib,
+              (unsigned long long)rows[k].checksum, rows[k].peak_kib);
     fprintf(f, "\n]}\n");
     fclose(f);
   }

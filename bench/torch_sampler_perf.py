@@ -13,7 +13,14 @@ list, then sum: the cheapest way Python can consume it) until it ends.
   epoch start     iter(sampler) + the first next(): torch draws the whole
                   permutation (torch.randperm) and turns it into a Python list
                   here, median over ranks and epochs
-  extra memory    peak RSS (getrusage) minus RSS before the first sampler
+  extra memory    what this row alone adds: each row runs in a fresh child
+                  process (os.fork), whose peak RSS (getrusage) starts at its
+                  RSS at the fork; the child first runs the row on a tiny N
+                  (so the code is paged in), then extra = its peak RSS minus
+                  its RSS before the real row (/proc/self/statm). No row
+                  inherits an earlier row's peak — as ddplug-sampler-perf
+                  measures it
+The last line gives the checksums and the peak RSS of the largest row process.
 At N = 1e8 one rank's epoch holds a list of 1e8 Python ints (several GiB):
 use --ranks 1 on a small machine; every rank does the same work.
 """
@@ -50,7 +57,10 @@ def peak_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def run_row(n, world, ranks, epochs, chunk, shuffle, base_kib):
+def run_row(n, world, ranks, epochs, chunk, shuffle, warm_up=True):
+    if warm_up:  # the code paths once on a tiny N, so extra memory is data
+        run_row(min(n, 1000), world, 1, 1, chunk, shuffle, warm_up=False)
+    base_kib = rss_kib()
     starts, rates, checksum = [], [], 0
     for rank in range(ranks):
         sampler = DistributedSampler(_Sized(n), num_replicas=world, rank=rank,
@@ -73,7 +83,8 @@ def run_row(n, world, ranks, epochs, chunk, shuffle, base_kib):
                 checksum += sum(part)
             rates.append(total / (time.perf_counter() - t2 + (t1 - t0)))
             del it
-    extra = max(0, peak_kib() - base_kib)
+    peak = peak_kib()
+    extra = max(0, peak - base_kib)
     return {
         "sampler": "torch DistributedSampler",
         "shuffle": shuffle,
@@ -83,7 +94,36 @@ def run_row(n, world, ranks, epochs, chunk, shuffle, base_kib):
         "epoch_start_us": statistics.median(starts),
         "extra_memory_kib": extra,
         "checksum": checksum,
+        "peak_rss_kib": peak,
     }
+
+
+def run_row_isolated(*args):
+    """run_row(*args) in a fresh child process (os.fork; the parent has not
+    run a torch operation, so no thread pool is copied): its peak RSS is the
+    RSS it was forked with plus what the row needs, never an earlier row's
+    peak. The row comes back as JSON through a pipe."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(rfd)
+            data = json.dumps(run_row(*args)).encode()
+            with os.fdopen(wfd, "wb") as w:
+                w.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        data = r.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        sys.exit(f"torch_sampler_perf: the process measuring a row failed (wait status {status})")
+    return json.loads(data)
 
 
 def main(argv):
@@ -99,8 +139,7 @@ def main(argv):
         p.error("-w, --epochs and --chunk must be >= 1")
     ranks = a.w if a.ranks < 1 or a.ranks > a.w else a.ranks
     torch.set_num_threads(1)
-    base = rss_kib()
-    rows = [run_row(a.N, a.w, ranks, a.epochs, a.chunk, shuffle, base)
+    rows = [run_row_isolated(a.N, a.w, ranks, a.epochs, a.chunk, shuffle)
             for shuffle in (True, False)]
     print(f"torch_sampler_perf: world={a.w} ranks measured={ranks} "
           f"epochs={a.epochs} chunk={a.chunk} (one thread, torch {torch.__version__})")
@@ -113,7 +152,7 @@ def main(argv):
               f"| {r['min_indices_per_s'] / 1e6:>13.1f} M "
               f"| {r['epoch_start_us']:>16.3f} | {r['extra_memory_kib']:>17.0f} |")
     print("checksums: " + " ".join(str(r["checksum"]) for r in rows)
-          + f"; peak RSS {peak_kib()} KiB")
+          + f"; peak RSS {max(r['peak_rss_kib'] for r in rows)} KiB")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"tool": "torch_sampler_perf", "world": a.w, "ranks": ranks,

@@ -87,14 +87,21 @@ DDPLUG_API int ddplug_audit_record(ddplug_audit *a, const int64_t *indices,
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "ddplug_audit_record: the audit of stream '%s' epoch %llu is finished",
                        a->stream, (unsigned long long)a->epoch);
-  if (a->fed_by_sampler)
+  /* the stream's context-bound sampler may feed this audit from another
+   * thread: decide who records, and record, under the same lock */
+  if (a->state) ddplug__data_lock(a->state);
+  int sampler_feeds = a->fed_by_sampler;
+  if (!sampler_feeds) {
+    a->fed_by_host = 1;
+    ddplug__audit_add(a, indices, n, 1);
+  }
+  if (a->state) ddplug__data_unlock(a->state);
+  if (sampler_feeds)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "ddplug_audit_record: stream '%s' is recorded by its "
                        "context-bound sampler (the plugin owns it): recording "
                        "it here too would count every step twice",
                        a->stream);
-  a->fed_by_host = 1;
-  ddplug__audit_add(a, indices, n, 1);
   return DDPLUG_OK;
 }
 

@@ -527,6 +527,23 @@ failed:
   return rc;
 }
 
+/* Rules across sections, on the effective config: port 0 ("any free port")
+ * cannot be found by other processes, so it only works for one. */
+static int check_across_sections(pctx *c, const json_t *cfg) {
+  const json_t *port = json_object_get(json_object_get(cfg, "rendezvous"), "port");
+  const json_t *ws = json_object_get(json_object_get(cfg, "world"), "world_size");
+  if (port && ws && json_integer_value(port) == 0 && json_integer_value(ws) > 1) {
+    push_key(c, "rendezvous");
+    push_key(c, "port");
+    return fail(c, "0 (any free port) works only for a single process, but "
+                   "world.world_size is %" JSON_INTEGER_FORMAT ": the other "
+                   "ranks could not find it; give a free port, or leave it out "
+                   "to use MASTER_PORT",
+                json_integer_value(ws));
+  }
+  return DDPLUG_OK;
+}
+
 int ddplug__config_build(const json_t *doc, const char *origin, json_t **out) {
   pctx c = {.origin = origin, .len = 0};
   c.path[0] = '\0';
@@ -535,5 +552,10 @@ int ddplug__config_build(const json_t *doc, const char *origin, json_t **out) {
     ddplug__config_describe(doc, got, sizeof got);
     return fail(&c, "the top level must be a JSON object ({...}), got %s", got);
   }
-  return check_object(&c, "", doc, out);
+  int rc = check_object(&c, "", doc, out);
+  if (rc == DDPLUG_OK && (rc = check_across_sections(&c, *out)) != DDPLUG_OK) {
+    json_decref(*out);
+    *out = NULL;
+  }
+  return rc;
 }

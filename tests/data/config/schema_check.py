@@ -27,6 +27,7 @@ C_ONLY = {
     "43-local-rank-not-below-local-world-size": "local_rank < local_world_size",
     "44-local-world-size-above-world-size": "local_world_size <= world_size",
     "45-boundaries-not-ascending": "boundaries strictly ascending",
+    "61-port-zero-with-several-ranks": "rendezvous.port 0 only with world.world_size 1",
 }
 
 

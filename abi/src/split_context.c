@@ -210,7 +210,7 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
     snprintf(what, sizeof what, "ddplug_split_agree('%s')", stream);
     st = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys, (uint32_t)world,
                            ddplug__deadline_ns(timeout_ms), what, 0);
-    if (st == DDPLUG_E_TIMEOUT) { /* name the ranks that did not come */
+    if (ddplug__own_timeout(ctx, st)) { /* name the ranks that did not come */
       char list[512] = "";
       size_t used = 0;
       for (int r = 0; r < world && used + 16 < sizeof list; r++) {

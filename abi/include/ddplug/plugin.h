@@ -61,9 +61,11 @@ typedef struct ddplug_plugin_sampler ddplug_plugin_sampler;
 
 /* ------------------------------------------------------------------------ */
 /* Host services: what the runtime lends a plugin. All function pointers are
- * non-NULL in a table the runtime hands out. Keys are plain C strings of at
- * most 255 bytes; the runtime prefixes them with a per-run, per-plugin
- * namespace, so a plugin may use short names ("addr/3", "ncclid").
+ * non-NULL in a table the runtime hands out. Keys are plain C strings; the
+ * runtime prefixes them with a per-run, per-plugin namespace
+ * ("p/<16 hex digits>/<plugin name>/"), so a plugin may use short names
+ * ("addr/3", "ncclid"), and key plus prefix must fit in 255 bytes (a longer
+ * one is INVALID_ARGUMENT naming the prefix): keep keys under 200 bytes.
  * Values are at most 1 MiB. Store calls are thread-safe. Every store call
  * returns a status; on failure it has stored the detail with set_error.    */
 typedef struct ddplug_host_services {

@@ -219,17 +219,19 @@ static int lift_table(const ddplug_plugin *src, const char *path,
                        "was found through %s; this libddplug speaks ABI %d.%d",
                        path, major, minor, DDPLUG_PLUGIN_ENTRY_SYMBOL,
                        DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR);
-  size_t need = minor == 0 ? DDPLUG_PLUGIN_SIZE_1_0 : DDPLUG_PLUGIN_SIZE_1_1;
-  if (src->struct_size < DDPLUG_PLUGIN_SIZE_1_0 ||
-      (minor >= 1 && src->struct_size < need))
+  /* The size each minor version's table has: a table must be at least
+   * that big, and only that much is read (bytes beyond what its version
+   * defines are not slots, whatever struct_size says). */
+  size_t need = minor == 0   ? DDPLUG_PLUGIN_SIZE_1_0
+                : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
+                             : DDPLUG_PLUGIN_SIZE_1_2;
+  if (src->struct_size < need)
     return ddplug__err(DDPLUG_E_ABI_MISMATCH,
                        "plugin '%s': its table is too small (%u bytes) for "
                        "plugin ABI %u.%u, which needs at least %zu bytes: the "
                        "plugin was built against mismatched headers",
                        path, src->struct_size, major, minor, need);
-  /* Copy what the plugin's claimed version defines and we know, no more:
-   * a 1.0 table's bytes beyond the 1.0 end are not slots. */
-  size_t known = minor == 0 ? DDPLUG_PLUGIN_SIZE_1_0 : sizeof *dst;
+  size_t known = need;
   memset(dst, 0, sizeof *dst);
   memcpy(dst, src, DDPLUG__MIN((size_t)src->struct_size, known));
   dst->struct_size = sizeof *dst;

@@ -10,7 +10,12 @@
  *   one node     small: one-shot finish; large: the chunked pipeline
  *                (allreduce, broadcast from the root, allgather)
  *   many nodes   allreduce  reduce to the leader (pipeline), ring allreduce
- *                           among leaders, broadcast from the leader
+ *                           among leaders, broadcast from the leader;
+ *                           float16/bfloat16 sum/avg/prod keep float32
+ *                           partial sums from the reduce to the leader
+ *                           through the ring (a float32 scratch on the
+ *                           leader, float32 on the wire) and are rounded
+ *                           to 16 bits once, before the broadcast
  *                broadcast  root's node: broadcast from the root; ring chain
  *                           among leaders; other nodes: broadcast from leader
  *                allgather  gather to the leader, ring allgather of node
@@ -80,6 +85,20 @@ int hp_coll_validate(const hp_group *g, const ddplug_coll_args *a) {
 
 /* ---- planning ---------------------------------------------------------------- */
 
+/* A multi-node allreduce of a half type whose partial results must stay
+ * float32 between its steps (sum, avg, prod; min/max are exact in any
+ * precision and stay 16-bit). */
+static int wide_sums(const hp_group *g, const ddplug_coll_args *a) {
+  return g->num_nodes > 1 && a->kind == DDPLUG_COLL_ALLREDUCE && a->count > 0 &&
+         hp_dtype_is_half(a->dtype) &&
+         (a->op == DDPLUG_OP_SUM || a->op == DDPLUG_OP_AVG || a->op == DDPLUG_OP_PROD);
+}
+
+/* See host.h. Pure function of g's fixed fields and a (validated). */
+uint64_t hp_coll_scratch_bytes(const hp_group *g, const ddplug_coll_args *a) {
+  return g->leader && wide_sums(g, a) ? a->count * (uint64_t)sizeof(float) : 0;
+}
+
 static hp_phase *add(hp_req *r, int kind) {
   hp_phase *ph = &r->ph[r->nph++];
   memset(ph, 0, sizeof *ph);
@@ -105,6 +124,15 @@ static hp_pipe *add_pipe(hp_req *r, int mode, int dtype, const void *in,
   p->out = out;
   p->elems = elems;
   return p;
+}
+
+static void add_conv(hp_req *r, int kind, const void *src, void *dst,
+                     uint64_t count, int dtype) {
+  hp_phase *ph = add(r, kind);
+  ph->u.conv.src = src;
+  ph->u.conv.dst = dst;
+  ph->u.conv.count = count;
+  ph->u.conv.dtype = dtype;
 }
 
 static hp_ring *add_ring(hp_req *r, int op, int dtype, void *buf) {
@@ -156,17 +184,26 @@ static void plan_many_nodes(hp_group *g, hp_req *r) {
   unsigned char *recv = a->recv;
   if (a->kind == DDPLUG_COLL_ALLREDUCE) {
     int op = a->op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : a->op;
+    /* half types: the node's partial sums and the ring work in float32,
+     * in the leader's scratch r->wide (allocated at start) */
+    int wide = wide_sums(g, a);
+    int wdt = wide ? DDPLUG_FLOAT32 : a->dtype;
+    unsigned char *acc = wide && g->leader ? (unsigned char *)r->wide : recv;
     if (multi) {
-      hp_pipe *p = add_pipe(r, HP_PIPE_REDUCE_LEADER, a->dtype, a->send, recv, a->count);
+      hp_pipe *p = add_pipe(r, HP_PIPE_REDUCE_LEADER, wdt, a->send, acc, a->count);
       p->op = op;
+      if (wide) p->in_dtype = a->dtype;
+    } else if (wide) {
+      add_conv(r, HP_PH_WIDEN, a->send, acc, a->count, a->dtype);
     } else {
       add_copy(r, a->send, recv, bytes);
     }
     if (g->leader) {
-      hp_ring *rg = add_ring(r, HP_RING_ALLREDUCE, a->dtype, recv);
+      hp_ring *rg = add_ring(r, HP_RING_ALLREDUCE, wdt, acc);
       rg->count = a->count;
       rg->redop = op;
       rg->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
+      if (wide) add_conv(r, HP_PH_NARROW, acc, recv, a->count, a->dtype);
     }
     if (multi) add_pipe(r, HP_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
   } else if (a->kind == DDPLUG_COLL_BROADCAST) {
@@ -232,6 +269,25 @@ static void handshake_enter(hp_group *g, hp_req *r) {
   hp_ctr_post(&me->arrive, (uint32_t)r->k);
 }
 
+/* Local index j left through group_destroy (with nothing pending) before
+ * arriving at r: it never will, and no collective of the group can
+ * complete without it. The group fails with PEER_LOST naming it. */
+static int departed(hp_group *g, hp_req *r, int j) {
+  int peer = g->local_ranks[j];
+  char d[160];
+  hp_desc desc;
+  hp_desc_fill(&desc, &r->args, g->rank);
+  hp_desc_str(&desc, d, sizeof d);
+  hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
+              "rank %d (pid %lld, node %d) closed its group (group_destroy) "
+              "before collective #%llu %s: it has left, and no collective of "
+              "this group can complete without it; every rank must issue the "
+              "same collectives before destroying its group (noticed by rank %d)",
+              peer, (long long)g->pid_of[peer], g->node,
+              (unsigned long long)r->args.seq, d, g->rank);
+  return hp_fail_report(g);
+}
+
 /* Wait for every local rank's arrival, then compare. Returns HP_DONE, or
  * MISMATCH (one node: final), or HP_BLOCKED. */
 static int handshake_step(hp_group *g, hp_req *r, hp_wait_target *wt) {
@@ -239,14 +295,21 @@ static int handshake_step(hp_group *g, hp_req *r, hp_wait_target *wt) {
     r->status = DDPLUG_OK;
     return HP_DONE;
   }
+  int wait_for = -1;
   for (int j = 0; j < g->local_world; j++) {
     hp_ctr *c = &g->shm.ctl[j].arrive;
-    if (!hp_ctr_ge(c, (uint32_t)r->k)) {
-      wt->kind = HP_WAIT_CTR;
-      wt->ctr = c;
-      wt->until = (uint32_t)r->k;
-      return HP_BLOCKED;
-    }
+    if (hp_ctr_ge(c, (uint32_t)r->k)) continue;
+    /* departed is set after the rank's last arrival: re-read the counter */
+    if (atomic_load(&g->shm.procs[j].departed) && !hp_ctr_ge(c, (uint32_t)r->k))
+      return departed(g, r, j);
+    if (wait_for < 0) wait_for = j;
+  }
+  if (wait_for >= 0) {
+    wt->kind = HP_WAIT_CTR;
+    wt->ctr = &g->shm.ctl[wait_for].arrive;
+    wt->until = (uint32_t)r->k;
+    wt->poster = wait_for;
+    return HP_BLOCKED;
   }
   hp_desc mine = my_desc(g, r);
   int st = hp_hs_compare_local(g, r->k, &mine);
@@ -330,12 +393,19 @@ static int phase_step(hp_group *g, hp_req *r, hp_phase *ph, hp_wait_target *wt) 
     case HP_PH_COPY:
       memmove(ph->u.copy.dst, ph->u.copy.src, ph->u.copy.bytes);
       return HP_DONE;
+    case HP_PH_WIDEN:
+      hp_half_widen(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
+      return HP_DONE;
+    case HP_PH_NARROW:
+      hp_half_narrow(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
+      return HP_DONE;
     default: return hp_err(DDPLUG_E_INTERNAL, "unknown phase %d", ph->kind);
   }
 }
 
 /* See host.h. Executor only. */
 int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
+  g->exec_deadline = deadline_ns;
   if (!r->planned) {
     plan(g, r);
     r->planned = 1;
@@ -353,6 +423,7 @@ int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
     hp_phase *ph = &r->ph[r->cur];
     hp_wait_target wt;
     memset(&wt, 0, sizeof wt);
+    wt.poster = -1;
     int st = phase_step(g, r, ph, &wt);
     if (st == HP_DONE) {
       r->cur++;
@@ -365,9 +436,19 @@ int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns) {
       continue;
     }
     if (st > 0 && st != DDPLUG_E_MISMATCH) {
-      /* anything but a mismatch leaves the group unusable */
-      int fst = hp_fail_status(g);
-      if (fst) return hp_fail_report(g);
+      /* Anything but a mismatch leaves the group unusable (a ring stream
+       * out of step would carry the next collective's data into the wrong
+       * place): fail the group, so that this rank starts nothing more and
+       * every other rank learns it (shared memory, the ring). */
+      if (!hp_fail_status(g)) {
+        char why[HP_MSG_MAX];
+        snprintf(why, sizeof why, "%s", hp_errmsg());
+        hp_fail_set(g, st, g->rank, g->rank,
+                    "rank %d stopped at collective #%llu: %s; the group cannot "
+                    "run further collectives: destroy it and create a new one",
+                    g->rank, (unsigned long long)r->args.seq, why);
+      }
+      return hp_fail_report(g);
     }
     return st;
   }

@@ -316,17 +316,46 @@ static void read_control(hp_group *g) {
 /* See host.h. The neighbour's socket broke: if it left because its group
  * failed, its abort record travels backwards around the ring and arrives
  * on our control channel (from the next node) within moments; wait for it
- * a little so every rank names the same cause. Otherwise the neighbour
- * itself is lost. */
-int hp_ring_broken(hp_group *g, int node, const char *what, int err) {
-  if (hp_fail_status(g)) return hp_fail_status(g); /* expected after a failure */
-  uint64_t until = hp_now_ns() + 200ull * 1000 * 1000;
-  while (!hp_fail_status(g) && g->next_fd >= 0 && !g->next_bye && hp_now_ns() < until) {
-    struct pollfd p = {g->next_fd, POLLIN, 0};
-    if (poll(&p, 1, 20) > 0) read_control(g);
-  }
+ * a little (HP_RING_GRACE_NS from the first break, never past deadline_ns,
+ * so request_test does not block) so every rank names the same cause.
+ * Otherwise the neighbour itself is lost. Executor only. */
+#define HP_RING_GRACE_NS (200ull * 1000 * 1000)
+int hp_ring_broken(hp_group *g, int node, const char *what, int err,
+                   uint64_t deadline_ns) {
   int st = hp_fail_status(g);
+  if (st) return st; /* expected after a failure */
+  if (g->next_fd >= 0 && !g->next_bye) read_control(g); /* what is there now */
+  if ((st = hp_fail_status(g))) return st;
+  /* A neighbour that said goodbye (with the group healthy: a goodbye
+   * received after a failure is not looked at) closed its group cleanly:
+   * the ring is broken for good, and a failure record from beyond it
+   * cannot come round. It is the cause, whichever socket broke. */
+  int left = -1;
+  if (g->next_fd >= 0 && g->next_bye) left = next_node(g);
+  else if (g->prev_bye) left = prev_node(g);
+  if (left >= 0) {
+    int who = g->leaders[left];
+    return hp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
+                       "rank %d (leader of node %d, pid %lld) closed its group "
+                       "(group_destroy) and left the ring: no collective of "
+                       "this group can complete without it; every rank must "
+                       "issue the same collectives before destroying its group "
+                       "(noticed by rank %d)", who, left,
+                       (long long)g->pid_of[who], g->rank);
+  }
+  uint64_t now = hp_now_ns();
+  if (g->ring_broken_ns == 0) g->ring_broken_ns = now;
+  uint64_t until = g->ring_broken_ns + HP_RING_GRACE_NS;
+  uint64_t stop = HP_MIN(until, deadline_ns);
+  while (!hp_fail_status(g) && g->next_fd >= 0 && !g->next_bye && now < stop) {
+    struct pollfd p = {g->next_fd, POLLIN, 0};
+    int ms = (int)HP_MIN((stop - now + 999999ull) / 1000000ull, 20ull);
+    if (poll(&p, 1, ms) > 0) read_control(g);
+    now = hp_now_ns();
+  }
+  st = hp_fail_status(g);
   if (st) return st;
+  if (now < until && g->next_fd >= 0 && !g->next_bye) return HP_AGAIN;
   int who = g->leaders[node];
   return hp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
                      "rank %d (leader of node %d, pid %lld) is gone: %s "
@@ -346,11 +375,14 @@ static void read_prev_hangup(hp_group *g) {
     if (n <= 0) break;
     got += (size_t)n;
   }
+  if (got == sizeof m && m.magic == HP_TCP_MAGIC && m.type == HP_MSG_BYE) {
+    g->prev_bye = 1; /* a clean exit: stop watching it */
+    return;
+  }
+  (void)hp_ring_broken(g, prev_node(g),
+                       "it closed its connection without saying goodbye: it "
+                       "exited or was killed", 0, UINT64_MAX);
   g->prev_bye = 1; /* stop watching it either way */
-  if (got == sizeof m && m.magic == HP_TCP_MAGIC && m.type == HP_MSG_BYE) return;
-  hp_ring_broken(g, prev_node(g),
-                 "it closed its connection without saying goodbye: it exited "
-                 "or was killed", 0);
 }
 
 /* See host.h. Thread-safe (the progress thread calls it while another
@@ -358,7 +390,12 @@ static void read_prev_hangup(hp_group *g) {
 void hp_peer_exited(hp_group *g, int j) {
   int peer = g->local_ranks[j];
   atomic_store(&g->pid_gone[j], 1);
-  if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) return;
+  if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) {
+    /* a clean exit; a collective waiting for its arrival re-checks and
+     * reports that the rank closed its group */
+    hp_ctr_wake(&g->shm.ctl[j].arrive);
+    return;
+  }
   hp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
               "rank %d (pid %lld, node %d) exited while the group was "
               "running: killed or crashed (noticed by rank %d on the same "

@@ -87,9 +87,10 @@ int hp_hs_compare_nodes(hp_group *g, const hp_hs_rec *recs, uint64_t k) {
     if (recs[n].magic != HP_TCP_MAGIC || recs[n].index != k ||
         recs[n].node != n)
       return hp_err(DDPLUG_E_INTERNAL,
-                    "ring handshake of collective #%llu: node %d's record is "
-                    "corrupt (stream out of step)",
-                    (unsigned long long)recs[0].desc.seq, n);
+                    "ring handshake of collective #%llu: node %d's record "
+                    "(from rank %d, its leader) is corrupt: the ring "
+                    "connection's stream is out of step",
+                    (unsigned long long)recs[g->node].desc.seq, n, g->leaders[n]);
   }
   for (int n = 0; n < g->num_nodes; n++)
     if (recs[n].status != DDPLUG_OK) {

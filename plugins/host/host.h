@@ -108,6 +108,16 @@ void hp_reduce_into(int dtype, int op, void *dst, const void *src,
 /* x[i] /= divisor (AVG finalisation after a SUM). */
 void hp_divide(int dtype, void *x, uint64_t count, int divisor);
 
+/* float16/bfloat16 buffer <-> float32 buffer (count elements; narrowing
+ * rounds to nearest even). Used where a reduction spans several steps
+ * (the multi-node allreduce): partial results stay float32 and are rounded
+ * once at the end. */
+void hp_half_widen(int dtype, float *out, const void *in, uint64_t count);
+void hp_half_narrow(int dtype, void *out, const float *in, uint64_t count);
+static inline int hp_dtype_is_half(int dtype) {
+  return dtype == DDPLUG_FLOAT16 || dtype == DDPLUG_BFLOAT16;
+}
+
 /* IEEE binary16 and bfloat16 conversions (round to nearest even). */
 float hp_half_to_float(uint16_t h);
 uint16_t hp_float_to_half(float f);
@@ -143,6 +153,10 @@ typedef struct hp_wait_target {
   int kind;        /* HP_WAIT_CTR or HP_WAIT_FDS                          */
   hp_ctr *ctr;     /* CTR: until ctr >= until                             */
   uint32_t until;
+  int poster;      /* CTR: local index of the rank whose arrival ctr
+                      counts, or -1; an arrival wait also ends (returns 0,
+                      the step re-checks) once a local rank has departed
+                      (group_destroy: it will never arrive)               */
   int nfds;        /* FDS: until one of fds[] has its events               */
   struct pollfd fds[2];
 } hp_wait_target;
@@ -330,10 +344,12 @@ void hp_peer_exited(hp_group *g, int j);
 int hp_liveness_poll(hp_group *g, int timeout_ms);
 /* Fill pfd with the liveness descriptors (returns how many). */
 int hp_liveness_fds(hp_group *g, struct pollfd *pfd, int cap);
-/* A ring socket to node's leader broke (what: how). Wait briefly for an
- * abort record explaining it, else record PEER_LOST of that leader.
- * Returns the failure status. */
-int hp_ring_broken(hp_group *g, int node, const char *what, int err);
+/* A ring socket to node's leader broke (what: how). Wait up to 200 ms
+ * from the first break for an abort record explaining it, else record
+ * PEER_LOST of that leader; never waits past deadline_ns. Returns the
+ * failure status, or HP_AGAIN when deadline_ns came first (call again). */
+int hp_ring_broken(hp_group *g, int node, const char *what, int err,
+                   uint64_t deadline_ns);
 /* Open pidfds for same-node peers. */
 int hp_liveness_open(hp_group *g);
 void hp_liveness_close(hp_group *g);
@@ -380,6 +396,9 @@ typedef struct hp_pipe {
   int mode;
   int dtype;
   uint32_t esize;
+  int in_dtype;             /* REDUCE_LEADER: a half type the input is in,
+                               widened to dtype (float32) at copy-in; 0 =
+                               the input is dtype                          */
   int src;                  /* BCAST: local index of the source         */
   int op;                   /* reduce op (AVG → SUM + divisor)           */
   int divisor;
@@ -419,7 +438,9 @@ enum {
   HP_PH_SMALL,         /* one-shot finish of the small-message path      */
   HP_PH_PIPE,          /* shm chunk pipeline                             */
   HP_PH_RING,          /* leader: TCP ring                               */
-  HP_PH_COPY           /* local copy (single rank on a node, world 1)    */
+  HP_PH_COPY,          /* local copy (single rank on a node, world 1)    */
+  HP_PH_WIDEN,         /* half type -> float32 scratch (leader)           */
+  HP_PH_NARROW         /* float32 scratch -> half type, rounded once      */
 };
 
 typedef struct hp_phase {
@@ -429,6 +450,7 @@ typedef struct hp_phase {
     hp_pipe pipe;
     hp_ring ring;
     struct { const void *src; void *dst; uint64_t bytes; } copy;
+    struct { const void *src; void *dst; uint64_t count; int dtype; } conv;
   } u;
 } hp_phase;
 
@@ -449,6 +471,8 @@ struct ddplug_plugin_request {
   int nph, cur;
   hp_phase ph[HP_MAX_PHASES];
   hp_hs_rec *recs;            /* leader: ring handshake records           */
+  float *wide;                /* leader, multi-node half-type allreduce:
+                                 float32 partial sums (freed at completion) */
   struct ddplug_plugin_request *next, *prev; /* pending queue            */
   struct ddplug_plugin_request *anext, *aprev; /* all requests           */
 };
@@ -460,6 +484,11 @@ struct ddplug_plugin_request {
 int hp_coll_advance(hp_group *g, hp_req *r, uint64_t deadline_ns);
 /* Check args against the plugin's rules (dtype/op combinations, buffers). */
 int hp_coll_validate(const hp_group *g, const ddplug_coll_args *a);
+/* Bytes of float32 scratch (hp_req.wide) this rank needs for a (0: none):
+ * a node leader's partial sums of a multi-node float16/bfloat16 allreduce.
+ * Allocated when the collective starts, so that running it cannot fail for
+ * want of memory. */
+uint64_t hp_coll_scratch_bytes(const hp_group *g, const ddplug_coll_args *a);
 
 /* shm_coll.c */
 void hp_pipe_init(hp_group *g, hp_pipe *p);
@@ -550,6 +579,8 @@ struct ddplug_plugin_group {
   int thread_started;
   uint32_t chunk_clock;        /* executor only                          */
   hp_hs_rec *recs;             /* executor only: [num_nodes]             */
+  uint64_t exec_deadline;      /* executor only: the running call's deadline */
+  uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
 };
 
 #endif /* DDPLUG_HOST_H */

@@ -10,6 +10,7 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,31 @@ static int valid_run_id(const char *s) {
           (*s >= '0' && *s <= '9') || *s == '_'))
       return 0;
   return 1;
+}
+
+/* CPUs this process may run on: its affinity mask (taskset, cgroup
+ * cpusets, a launcher's binding), not every CPU the machine has online;
+ * the online count if the mask cannot be read. */
+static long usable_cpus(void) {
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  long conf = sysconf(_SC_NPROCESSORS_CONF);
+  int n = (int)HP_MAX(HP_MAX(online, conf), 1024L);
+  for (int tries = 0; tries < 4; tries++, n *= 4) {
+    cpu_set_t *set = CPU_ALLOC(n);
+    if (!set) break;
+    size_t sz = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(sz, set);
+    if (sched_getaffinity(0, sz, set) == 0) {
+      int c = CPU_COUNT_S(sz, set);
+      CPU_FREE(set);
+      if (c > 0) return c;
+      break;
+    }
+    int e = errno;
+    CPU_FREE(set);
+    if (e != EINVAL) break; /* EINVAL: the kernel's mask is larger */
+  }
+  return online;
 }
 
 /* Check the world description; fills the derived topology of g. */
@@ -202,6 +228,8 @@ static void teardown(hp_group *g) {
   if (g->next_fd >= 0 || g->prev_fd >= 0) hp_tcp_ring_close(g);
   if (g->has_shm) {
     atomic_store(&g->shm.procs[g->local_rank].departed, 1);
+    /* a peer already waiting for this rank's arrival re-checks at once */
+    hp_ctr_wake(&g->shm.ctl[g->local_rank].arrive);
     if (g->shm.creator) hp_shm_unlink(&g->shm);
     hp_shm_detach(&g->shm);
     g->has_shm = 0;
@@ -261,7 +289,10 @@ static int host_group_create(const ddplug_group_init *init,
   }
   g->timeout_ms = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_CREATE_TIMEOUT_MS;
   uint64_t deadline = hp_deadline(g->timeout_ms);
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  /* Spin only while every local rank can have a CPU of its own: when ranks
+   * outnumber the CPUs this process may use, a spinning waiter takes the
+   * CPU from the rank it waits for, so it sleeps almost at once. */
+  long ncpu = usable_cpus();
   int64_t spin_us = g->opt.spin_us >= 0 ? g->opt.spin_us
                     : (ncpu > 0 && g->local_world <= ncpu) ? 50 : 2;
   g->spin_ns = (uint64_t)spin_us * 1000ull;

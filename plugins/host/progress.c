@@ -34,6 +34,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,8 @@ static int oldest_pending(hp_group *g, uint64_t *submit_ns) {
  * and release it if its owner already freed it. */
 static void complete(hp_group *g, hp_req *r, int st) {
   r->status = st;
+  free(r->wide); /* executor-only scratch, unused from now on */
+  r->wide = NULL;
   if (st != DDPLUG_OK) {
     char d[160];
     hp_desc desc;
@@ -142,6 +145,16 @@ int hp_submit(hp_group *g, const ddplug_coll_args *a, hp_req **out) {
   if (!r)
     return hp_err(DDPLUG_E_NO_MEMORY, "collective #%llu: out of memory",
                   (unsigned long long)a->seq);
+  uint64_t scratch = hp_coll_scratch_bytes(g, a);
+  if (scratch > 0 && (scratch > SIZE_MAX || !(r->wide = malloc((size_t)scratch)))) {
+    free(r);
+    return hp_err(DDPLUG_E_NO_MEMORY,
+                  "collective #%llu (allreduce of %llu %s) on rank %d: cannot "
+                  "allocate %llu bytes for its float32 partial sums; nothing "
+                  "was started", (unsigned long long)a->seq,
+                  (unsigned long long)a->count, hp_dtype_name(a->dtype), g->rank,
+                  (unsigned long long)scratch);
+  }
   r->args = *a;
   r->submit_ns = hp_now_ns();
   pthread_mutex_lock(&g->q_mu);
@@ -253,6 +266,7 @@ void hp_free_all_requests(hp_group *g) {
   pthread_mutex_unlock(&g->q_mu);
   while (r) {
     hp_req *n = r->anext;
+    free(r->wide);
     free(r);
     r = n;
   }

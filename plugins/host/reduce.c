@@ -151,6 +151,24 @@ static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
   }
 }
 
+/* See host.h: whole buffers, for the float32 partial sums of multi-node
+ * allreduce (hierarchical steps keep half types wide until the end). */
+void hp_half_widen(int dtype, float *out, const void *in, uint64_t count) {
+  const uint16_t *h = in;
+  for (uint64_t base = 0; base < count; base += HP_BLOCK) {
+    size_t m = (size_t)HP_MIN((uint64_t)HP_BLOCK, count - base);
+    widen(dtype, out + base, h + base, m);
+  }
+}
+
+void hp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
+  uint16_t *h = out;
+  for (uint64_t base = 0; base < count; base += HP_BLOCK) {
+    size_t m = (size_t)HP_MIN((uint64_t)HP_BLOCK, count - base);
+    narrow(dtype, h + base, in + base, m);
+  }
+}
+
 /* ---- combine loops ------------------------------------------------------------ */
 
 /* min and max are the same loops for every type */

@@ -10,6 +10,9 @@
  *              the previous step's receive has finished: the whole ring is
  *              pipelined in tcp_chunk_bytes units, not step by step.
  *              AVG divides each final chunk once, before it is sent on.
+ *              float16/bfloat16 sums come here as float32 (the leader's
+ *              scratch, see coll.c): the ring adds and divides in float32
+ *              and never rounds to 16 bits.
  *   allgather  L-1 allgather steps over node segments, where a node's
  *              segment is its ranks' blocks in rank order (ranks of a node
  *              need not be contiguous).
@@ -117,8 +120,10 @@ static uint64_t send_limit(const hp_group *g, const hp_ring *r, int t) {
   return reduces_at(g, r, t - 1) ? r->red : r->rcvd;
 }
 
+/* The failure, or HP_AGAIN when the caller's deadline comes before the
+ * cause is settled (the step is retried; nothing moved). */
 static int lost(hp_group *g, int node, const char *what, int err) {
-  return hp_ring_broken(g, node, what, err);
+  return hp_ring_broken(g, node, what, err, g->exec_deadline);
 }
 
 static int do_send(hp_group *g, hp_ring *r, int *moved) {

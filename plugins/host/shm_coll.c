@@ -22,7 +22,10 @@
  * every chunk. Ranks run ahead of one another by up to `slots` chunks.
  * The same engine, with roles switched off, does reduce-to-leader,
  * broadcast from one rank, allgather and gather-to-leader (the building
- * blocks of the hierarchical algorithms in coll.c).
+ * blocks of the hierarchical algorithms in coll.c). Reduce-to-leader of a
+ * float16/bfloat16 input (in_dtype) runs in float32: copy-in widens, the
+ * leader receives float32 partial sums, which the ring between nodes
+ * keeps in float32 (rounded once, at the end, in coll.c).
  *
  * Counters are absolute chunk numbers (the group's chunk clock), identical
  * on every rank of the node because every rank runs the same phases.
@@ -174,6 +177,13 @@ static void copy_in(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
   uint32_t es = p->esize;
   unsigned char *dst = stage(g, a, g->local_rank);
+  if (p->in_dtype) {
+    /* a half-type input reduced in float32: widen the whole chunk (own
+     * slice included: reduce_slice reads it from here) */
+    const unsigned char *half = p->in + c * p->chunk_elems * 2;
+    hp_half_widen(p->in_dtype, (float *)(void *)dst, half, m);
+    return;
+  }
   const unsigned char *src = p->in + c * p->chunk_elems * es;
   if (!reduces(p)) {
     memcpy(dst, src, m * es);
@@ -192,8 +202,9 @@ static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   const void *srcs[HP_MAX_LOCAL];
   for (int k = 0; k < g->local_world; k++)
     srcs[k] = stage(g, a, k) + off * p->esize;
-  /* our own contribution comes from the input (see copy_in) */
-  srcs[g->local_rank] = p->in + (c * p->chunk_elems + off) * p->esize;
+  /* our own contribution comes from the input (see copy_in), unless the
+   * input had to be widened */
+  if (!p->in_dtype) srcs[g->local_rank] = p->in + (c * p->chunk_elems + off) * p->esize;
   hp_reduce_n(p->dtype, p->op, stage(g, a, g->local_rank) + off * p->esize,
               srcs, g->local_world, len, p->divisor);
 }

@@ -81,10 +81,17 @@ void hp_ctr_sleep(hp_ctr *c, uint32_t seen, uint64_t timeout_ns, int shared) {
   atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_seq_cst);
 }
 
+static int any_departed(hp_group *g) {
+  for (int j = 0; j < g->local_world; j++)
+    if (atomic_load_explicit(&g->shm.procs[j].departed, memory_order_acquire)) return 1;
+  return 0;
+}
+
 /* Wait for a counter: spin, then sliced futex sleeps with liveness checks. */
-static int wait_ctr(hp_group *g, hp_ctr *c, uint32_t until,
+static int wait_ctr(hp_group *g, hp_ctr *c, uint32_t until, int poster,
                     uint64_t deadline) {
   if (hp_ctr_ge(c, until)) return 0;
+  int arrival = poster >= 0 && g->has_shm;
   uint64_t start = hp_now_ns();
   uint64_t spin_end = HP_MIN(start + g->spin_ns, deadline);
   unsigned iter = 0;
@@ -102,6 +109,9 @@ static int wait_ctr(hp_group *g, hp_ctr *c, uint32_t until,
     if (hp_ctr_ge(c, until)) return 0;
     int fs = hp_fail_status(g);
     if (fs) return fs;
+    /* waiting for arrivals and a local rank left (group_destroy): it will
+     * never arrive; the step sees that and reports it */
+    if (arrival && any_departed(g)) return 0;
     uint64_t now = hp_now_ns();
     if (now >= deadline) return HP_AGAIN;
     uint64_t max_slice = g->leader && g->num_nodes > 1 ? HP_LEADER_SLICE_NS : HP_SLICE_NS;
@@ -152,6 +162,6 @@ static int wait_fds(hp_group *g, const hp_wait_target *t, uint64_t deadline) {
 
 /* See host.h. Called only by the thread executing collectives. */
 int hp_wait(hp_group *g, const hp_wait_target *t, uint64_t deadline_ns) {
-  if (t->kind == HP_WAIT_CTR) return wait_ctr(g, t->ctr, t->until, deadline_ns);
+  if (t->kind == HP_WAIT_CTR) return wait_ctr(g, t->ctr, t->until, t->poster, deadline_ns);
   return wait_fds(g, t, deadline_ns);
 }

@@ -186,3 +186,69 @@ int64_t hdata_check_rank(const void *buf, int dtype, int op, int rank, uint64_t 
   free(tab);
   return bad;
 }
+
+/* ---- float16/bfloat16 data that needs float32 accumulation ---------------- */
+
+/* Element j of rank r (exactly representable in dtype). */
+static double wide_value(int dt, int op, int r, int world, uint64_t j) {
+  if (op == DDPLUG_OP_PROD) {
+    /* ranks 0-2: factors in [1, 2) with 8 (float16) or 6 (bfloat16)
+     * significant bits, so a product of two needs more bits than the type
+     * has and a product of three is still exact in float32; other ranks:
+     * powers of two (exact scaling) */
+    if (r >= 3) return (j + (uint64_t)r) % 3 == 0 ? 2.0 : (j + (uint64_t)r) % 3 == 1 ? 0.5 : 1.0;
+    double steps = dt == DDPLUG_FLOAT16 ? 128.0 : 32.0;
+    uint64_t k = (j * 3 + (uint64_t)r * 5 + 1) % (uint64_t)steps;
+    double v = 1.0 + (double)(2 * k + 1) / (2.0 * steps);
+    return (j % 11 == 0 && r == 0) ? -v : v;
+  }
+  if ((uint64_t)r == j % (uint64_t)world) {
+    double big = dt == DDPLUG_FLOAT16 ? 2048.0 + 2.0 * (double)((j * 7) % 1000)
+                                      : 256.0 + 2.0 * (double)((j * 7) % 128);
+    return j % 5 == 0 ? -big : big;
+  }
+  return 0.25 * (double)((j + (uint64_t)r) % 4 + 1);
+}
+
+void hdata_fill_wide(void *buf, int dtype, int op, int rank, int world, uint64_t count) {
+  uint64_t first = count < HDATA_PERIOD ? count : HDATA_PERIOD;
+  for (uint64_t i = 0; i < first; i++) put(buf, dtype, i, wide_value(dtype, op, rank, world, i), 0);
+  unsigned char *b = buf;
+  for (uint64_t i = first; i < count; i += first) {
+    uint64_t n = count - i < first ? count - i : first;
+    memcpy(b + i * 2, b, n * 2);
+  }
+}
+
+void hdata_ref_wide(void *table, int dtype, int op, int world) {
+  for (uint64_t j = 0; j < HDATA_PERIOD; j++) {
+    /* exact in double, and in float32 (at most 17 significant bits) */
+    double acc = wide_value(dtype, op, 0, world, j);
+    for (int r = 1; r < world; r++) {
+      double v = wide_value(dtype, op, r, world, j);
+      acc = op == DDPLUG_OP_PROD ? acc * v : acc + v;
+    }
+    float f = (float)acc;
+    if (op == DDPLUG_OP_AVG) f = f / (float)world;
+    put(table, dtype, j, (double)f, 0);
+  }
+}
+
+/* Round x to dtype and back. */
+static double round16(int dt, double x) {
+  uint64_t u = 0; /* room for any dtype, though only 16-bit ones come here */
+  put(&u, dt, 0, x, 0);
+  return as_double(&u, dt, 0);
+}
+
+void hdata_ref_pairwise(void *table, int dtype, int op, int world) {
+  for (uint64_t j = 0; j < HDATA_PERIOD; j++) {
+    double acc = wide_value(dtype, op, 0, world, j);
+    for (int r = 1; r < world; r++) {
+      double v = wide_value(dtype, op, r, world, j);
+      acc = round16(dtype, op == DDPLUG_OP_PROD ? acc * v : acc + v);
+    }
+    if (op == DDPLUG_OP_AVG) acc = (double)((float)acc / (float)world);
+    put(table, dtype, j, acc, 0);
+  }
+}

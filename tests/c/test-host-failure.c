@@ -1,14 +1,20 @@
 /* test-host-failure.c — the host plugin when things go wrong, with real
  * processes: a rank SIGKILLed before or in the middle of a collective
- * (small and large allreduce, broadcast, barrier; same node and other
- * node, node leaders included) makes every survivor return PEER_LOST
+ * (small and large allreduce, broadcast, allgather, barrier; same node and
+ * other node, node leaders included) makes every survivor return PEER_LOST
  * naming it; a late rank makes request_wait return TIMEOUT naming the
  * collective's sequence number and the ranks that had not arrived, while
  * the request stays pending and completes later; mismatched collectives
  * (count, dtype, op, kind, root; small and large) return MISMATCH on every
  * rank and leave the group usable; group_abort from any rank (or from
- * another thread of a blocked rank) reaches every rank. Detection
- * latencies are printed, not asserted: waits are bounded by timeouts. */
+ * another thread of a blocked rank) reaches every rank; a rank that closed
+ * its group cleanly (nothing pending) makes its peers' next collective
+ * return PEER_LOST saying so, not a TIMEOUT; a ring stream out of step
+ * (garbage where a handshake record belongs) fails the group on every
+ * rank instead of running later collectives on it; request_test does not
+ * block while the plugin waits to learn why a ring connection broke.
+ * Detection latencies are printed, not asserted: waits are bounded by
+ * timeouts. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -17,7 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
 #include "harness.h"
+#include "host.h"
 #include "host_data.h"
 #include "host_driver.h"
 
@@ -52,19 +61,35 @@ static int start_kind(hd_rank *r, const kill_case *kc, void *send, void *recv,
   return hd_start(r, kc->kind, send, recv, kc->count, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, req);
 }
 
+static void *kill_soon(void *arg) {
+  kill_case *kc = arg;
+  usleep(3000);
+  atomic_store(&kc->sh->event_ns, mono_ns());
+  raise(SIGKILL);
+  return NULL;
+}
+
 static void kill_rank(hd_rank *r, void *arg) {
   kill_case *kc = arg;
   warmup(r);
   uint64_t bytes = kc->count * 4 + 4;
-  float *send = calloc(1, bytes), *recv = calloc(1, bytes);
+  uint64_t rbytes = kc->kind == DDPLUG_COLL_ALLGATHER ? kc->count * 4 * (uint64_t)r->w->world + 4
+                                                      : bytes;
+  float *send = calloc(1, bytes), *recv = calloc(1, rbytes);
+  CHECK(send && recv);
   if (r->rank == kc->victim) {
     if (kc->inside) {
       ddplug_plugin_request *req = NULL;
       CHECK_OK(start_kind(r, kc, send, recv, &req));
-      /* run it a little (inline), then die with it half done */
-      int s = hd_wait(r, req, 3);
-      CHECK_MSG(s == DDPLUG_E_TIMEOUT, "victim: the collective finished too early (%s)",
-                ddplug_status_name(s));
+      /* run it (inline, in request_wait) and die 3 ms into it, half done:
+       * the collective moves tens of MiB per rank, and a wait that makes
+       * progress does not stop at its timeout, so the death comes from
+       * another thread */
+      pthread_t killer;
+      pthread_create(&killer, NULL, kill_soon, kc);
+      int s = hd_wait(r, req, 30000);
+      dt_fail(__FILE__, __LINE__, "victim: the collective finished before the victim died (%s)",
+              ddplug_status_name(s));
     } else {
       usleep(200 * 1000);
     }
@@ -117,6 +142,15 @@ TEST_T(kill_inside_large_broadcast, 60) {
 TEST_T(kill_before_barrier, 60) {
   run_kill(4, NULL, 0, DDPLUG_COLL_BARRIER, 0, 0);
 }
+/* allgather: 64 MiB per rank (receive buffers of ranks x 64 MiB), so the
+ * victim's progress thread cannot finish its part in the moment between
+ * its request_wait timing out and its death */
+TEST_T(kill_before_small_allgather, 60) {
+  run_kill(4, NULL, 1, DDPLUG_COLL_ALLGATHER, 100, 0);
+}
+TEST_T(kill_inside_large_allgather, 60) {
+  run_kill(3, NULL, 1, DDPLUG_COLL_ALLGATHER, 16 * MIB, 1);
+}
 static const int two_nodes[] = {0, 0, 1, 1};
 TEST_T(kill_other_node_leader_inside_large_allreduce, 60) {
   run_kill(4, two_nodes, 2, DDPLUG_COLL_ALLREDUCE, 16 * MIB, 1);
@@ -129,6 +163,12 @@ TEST_T(kill_node_member_before_small_allreduce_two_nodes, 60) {
 }
 TEST_T(kill_leader_before_barrier_two_nodes, 60) {
   run_kill(4, two_nodes, 0, DDPLUG_COLL_BARRIER, 0, 0);
+}
+TEST_T(kill_other_node_leader_inside_large_allgather, 60) {
+  run_kill(4, two_nodes, 2, DDPLUG_COLL_ALLGATHER, 16 * MIB, 1);
+}
+TEST_T(kill_same_node_member_inside_large_allgather_two_nodes, 60) {
+  run_kill(4, two_nodes, 1, DDPLUG_COLL_ALLGATHER, 16 * MIB, 1);
 }
 TEST_T(kill_before_broadcast_one_rank_per_node, 60) {
   const int layout[] = {0, 1, 2};
@@ -328,4 +368,174 @@ static void destroy_pending_rank(hd_rank *r, void *arg) {
 
 TEST_T(destroy_with_pending_collective, 60) {
   CHECK_EQ_INT(hd_run_world(2, NULL, NULL, destroy_pending_rank, NULL, 60, NULL), 0);
+}
+
+/* ---- a rank that closed its group cleanly ------------------------------------ */
+
+typedef struct leave_case {
+  int leaver;
+  const char *needle; /* what the survivors' sentence says about it */
+} leave_case;
+
+/* The leaver runs a few collectives with everyone, then destroys its group
+ * with nothing pending (hd_close) and exits. The others go on to a
+ * collective it never joins: PEER_LOST saying it closed its group, well
+ * before the timeout (which would say "has not arrived"). One survivor
+ * starts at once (it is already waiting when the rank leaves), the others
+ * a little later (the rank has left by then). */
+static void leave_rank(hd_rank *r, void *arg) {
+  leave_case *lc = arg;
+  warmup(r);
+  if (r->rank == lc->leaver) return;
+  if (r->rank % 2 == 0) usleep(300 * 1000);
+  double t0 = hd_now_s();
+  float x[4] = {1, 2, 3, 4}, y[4];
+  int s = hd_coll(r, DDPLUG_COLL_ALLREDUCE, x, y, 4, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, 15000);
+  CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank %d: expected PEER_LOST after rank %d left, got %s: %s",
+            r->rank, lc->leaver, ddplug_status_name(s), r->error);
+  char who[32];
+  snprintf(who, sizeof who, "rank %d (", lc->leaver);
+  CHECK_CONTAINS(r->error, who);
+  CHECK_CONTAINS(r->error, lc->needle);
+  dt_note("rank %d: PEER_LOST after %.1f ms: %s", r->rank, (hd_now_s() - t0) * 1e3, r->error);
+  /* and the group stays failed */
+  ddplug_plugin_request *req = NULL;
+  CHECK_STATUS(hd_start(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, &req),
+               DDPLUG_E_PEER_LOST);
+}
+
+TEST_T(departed_rank_is_peer_lost_one_node, 60) {
+  leave_case lc = {2, "closed its group"};
+  CHECK_EQ_INT(hd_run_world(4, NULL, NULL, leave_rank, &lc, 60, NULL), 0);
+}
+TEST_T(departed_node_member_is_peer_lost_two_nodes, 60) {
+  leave_case lc = {3, "closed its group"};
+  CHECK_EQ_INT(hd_run_world(4, two_nodes, NULL, leave_rank, &lc, 60, NULL), 0);
+}
+TEST_T(departed_node_leader_is_peer_lost_two_nodes, 60) {
+  const int layout[] = {0, 1, 0, 1};
+  leave_case lc = {1, "closed its group"};
+  CHECK_EQ_INT(hd_run_world(4, layout, NULL, leave_rank, &lc, 60, NULL), 0);
+}
+TEST_T(departed_leader_is_peer_lost_one_rank_per_node, 60) {
+  const int layout[] = {0, 1, 2};
+  leave_case lc = {1, "closed its group"};
+  CHECK_EQ_INT(hd_run_world(3, layout, NULL, leave_rank, &lc, 60, NULL), 0);
+}
+
+/* ---- a ring stream out of step ---------------------------------------------------- */
+
+/* Node 0's leader puts a record's worth of zeros on its ring connection
+ * to node 1 between two collectives: node 1 reads them as node 0's
+ * handshake record (corrupt: "stream out of step") and everything after
+ * on that connection is shifted. Every rank must end with the group failed
+ * (INTERNAL, naming the collective), never run another collective on it. */
+static void out_of_step_rank(hd_rank *r, void *arg) {
+  (void)arg;
+  CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
+  CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
+  if (r->rank == 0) {
+    hp_group *g = (hp_group *)r->g;
+    static unsigned char junk[sizeof(hp_hs_rec)];
+    CHECK(g->leader && g->next_fd >= 0);
+    CHECK_EQ_INT(send(g->next_fd, junk, sizeof junk, MSG_NOSIGNAL), (long long)sizeof junk);
+  }
+  /* a few collectives: the group must fail at one of them (node 1 at the
+   * first, node 0 once node 1's failure record reaches it) and stay failed */
+  int s = DDPLUG_OK, i;
+  for (i = 0; i < 5 && s == DDPLUG_OK; i++) {
+    float x[8] = {0}, y[8];
+    ddplug_plugin_request *req = NULL;
+    s = hd_start(r, DDPLUG_COLL_ALLREDUCE, x, y, 8, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req);
+    if (s == DDPLUG_OK) {
+      s = hd_wait(r, req, 10000);
+      hd_free(r, req);
+    }
+  }
+  CHECK_MSG(s == DDPLUG_E_INTERNAL, "rank %d: expected the group to fail with INTERNAL, got %s "
+            "after %d collective(s): %s", r->rank, ddplug_status_name(s), i, r->error);
+  CHECK_CONTAINS(r->error, "out of step");
+  CHECK_CONTAINS(r->error, "cannot run further collectives");
+  if (r->node_of[r->rank] == 1) CHECK_EQ_INT(i, 1); /* node 1 fails at the first */
+  dt_note("rank %d: %s after %d collective(s): %s", r->rank, ddplug_status_name(s), i, r->error);
+  ddplug_plugin_request *req = NULL;
+  CHECK_STATUS(hd_start(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, &req), DDPLUG_E_INTERNAL);
+}
+
+TEST_T(ring_stream_out_of_step_fails_the_group, 60) {
+  CHECK_EQ_INT(hd_run_world(4, two_nodes, NULL, out_of_step_rank, NULL, 60, NULL), 0);
+}
+TEST_T(ring_stream_out_of_step_fails_the_group_one_rank_per_node, 60) {
+  const int layout[] = {0, 1};
+  CHECK_EQ_INT(hd_run_world(2, layout, NULL, out_of_step_rank, NULL, 60, NULL), 0);
+}
+
+/* ---- request_test never blocks ---------------------------------------------------- */
+
+typedef struct test_case {
+  _Atomic int go;   /* node 0 is ready for the end of its connection   */
+  _Atomic int shut; /* node 1's leader has shut its sending side */
+} test_case;
+
+/* Node 1's leader shuts the sending side of its ring connection to node
+ * 0 (without a goodbye and without dying): node 0's leader meets the
+ * connection's end in its next collective and waits up to 200 ms for an
+ * abort record that would explain it. request_test must not wait with it:
+ * it returns done == 0 and the wait goes on in the background, until
+ * PEER_LOST. (Node 0's idle progress thread would notice the end first and
+ * settle it in the background; the test hides it from that thread, as a
+ * running ring phase does, so that the caller's request_test meets it.) */
+static void test_nonblocking_rank(hd_rank *r, void *arg) {
+  test_case *tc = arg;
+  hp_group *g = (hp_group *)r->g;
+  CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
+  if (r->rank == 1) {
+    while (!atomic_load(&tc->go)) usleep(1000);
+    CHECK_EQ_INT(shutdown(g->next_fd, SHUT_WR), 0);
+    atomic_store(&tc->shut, 1);
+    /* node 0's verdict reaches this rank through the ring's control channel */
+    usleep(1000 * 1000);
+    int s = hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 10000);
+    CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank 1: got %s: %s", ddplug_status_name(s), r->error);
+    return;
+  }
+  g->ring_active = 1; /* the progress thread stops watching prev_fd */
+  usleep(50 * 1000);  /* (it may be in a poll that started before) */
+  atomic_store(&tc->go, 1);
+  while (!atomic_load(&tc->shut)) usleep(1000);
+  usleep(100 * 1000); /* the end of the connection has arrived */
+  float x[16] = {0}, y[16];
+  ddplug_plugin_request *req = NULL;
+  CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, x, y, 16, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req));
+  int32_t done = 0;
+  int s = DDPLUG_OK, not_done = 0;
+  double longest = 0, t_end = hd_now_s() + 20;
+  /* the first call runs the collective inline and meets the end at once */
+  double t0 = hd_now_s();
+  s = r->p->request_test(r->g, req, &done);
+  longest = hd_now_s() - t0;
+  CHECK_MSG(!done, "rank 0: the first request_test waited for the cause of the broken "
+            "connection (%.1f ms) and returned %s", longest * 1e3, ddplug_status_name(s));
+  while (!done && hd_now_s() < t_end) {
+    double t1 = hd_now_s();
+    s = r->p->request_test(r->g, req, &done);
+    double dt = hd_now_s() - t1;
+    if (dt > longest) longest = dt;
+    if (!done) {
+      not_done++;
+      usleep(1000);
+    }
+  }
+  CHECK_MSG(done, "rank 0: the allreduce never completed");
+  CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank 0: got %s: %s", ddplug_status_name(s), r->error);
+  CHECK_CONTAINS(r->error, "rank 1 (leader of node 1");
+  dt_note("rank 0: %d request_test calls said not done; the longest took %.2f ms; then %s",
+          not_done, longest * 1e3, r->error);
+  hd_free(r, req);
+}
+
+TEST_T(request_test_does_not_block_on_a_broken_ring, 60) {
+  const int layout[] = {0, 1};
+  test_case *tc = hd_shared_page(4096);
+  CHECK_EQ_INT(hd_run_world(2, layout, NULL, test_nonblocking_rank, tc, 60, NULL), 0);
 }

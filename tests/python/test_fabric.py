@@ -13,12 +13,21 @@ def flat(steps: list) -> list:
     return [i for s in steps for i in s]
 
 
-@pytest.mark.parametrize("world", [2])
+@pytest.mark.parametrize("world", [2, 3])
 def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
-    run = run_script("fabric_run.py", "--devices", str(world), "--by-name", out_dir=out).ok()
+    import torch
+
+    import lit_common
+
+    # small buckets: several gradient allreduces per round
+    cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002})
+    run = run_script("fabric_run.py", "--devices", str(world), "--by-name", "--syncbn", out_dir=out,
+                     env={"DDPLUG_CONFIG": cfg}).ok()
     ranks = run.ranks(world)
+    per_rank = -(-64 // world)  # ddplug's sampler pads to equal shares
     for epoch in ("0", "1"):
-        assert sorted(i for r in ranks for i in flat(r["seen"][epoch])) == list(range(64))
+        every = [i for r in ranks for i in flat(r["seen"][epoch])]
+        assert set(every) == set(range(64)) and len(every) == per_rank * world
     for r in ranks:
         assert flat(r["seen"]["0"]) != flat(r["seen"]["1"]), "Fabric's set_epoch reaches the stream"
         train, ev = r["streams"]["train"], r["streams"]["eval"]
@@ -29,7 +38,25 @@ def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
         assert r["broadcast"] == [0, "x"]
         assert r["rank_kwargs"] == {"num_replicas": world, "rank": r["rank"]}
         assert r["eval_total"] == sum(len(x["eval_seen"]) for x in ranks)
+        # fabric.no_backward_sync on every other micro-batch: one round of allreduces
+        # per optimizer step, not one per micro-batch
+        steps = sum(len(r["seen"][e]) // 2 for e in ("0", "1"))
+        assert r["buckets"] >= 2 and r["per_step"] == [r["buckets"]] * steps
     assert sorted(set(i for r in ranks for i in r["eval_seen"])) == list(range(20))
+    # torch.nn.SyncBatchNorm (which needs torch.distributed) became ddplug's: the
+    # running statistics are those of every rank's samples of each forward
+    x = lit_common.SeqDataset(64).x.double()
+    mean, var = torch.zeros(x.shape[1], dtype=torch.float64), torch.ones(x.shape[1], dtype=torch.float64)
+    for epoch in ("0", "1"):
+        for t in range(len(ranks[0]["seen"][epoch])):
+            batch = x[[i for r in ranks for i in r["seen"][epoch][t]]]
+            mean = 0.9 * mean + 0.1 * batch.mean(0)
+            var = 0.9 * var + 0.1 * batch.var(0, unbiased=True)
+    for r in ranks:
+        assert r["bn"]["class"] == "ddplug.syncbn.SyncBatchNorm"
+        assert r["bn"]["running_mean"] == pytest.approx(mean.tolist(), abs=1e-5)
+        assert r["bn"]["running_var"] == pytest.approx(var.tolist(), abs=1e-5)
+    assert "torch.nn.SyncBatchNorm layer(s) synchronize through ddplug" in run.stdout
 
 
 @pytest.mark.parametrize("failing", [0, 1])

@@ -120,30 +120,54 @@ def test_the_same_sampler_under_ddp_is_split_twice(out: Path) -> None:
         assert r["num_training_batches"] == N // (B * world * world)
 
 
-def test_distributed_sampler_subclass_as_batch_sampler(out: Path) -> None:
-    world = 2
-    run = run_script("lit_run.py", "--scenario", "dsbatch", "--devices", str(world), "--epochs", "1",
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_sampler_subclass_as_batch_sampler(out: Path, world: int) -> None:
+    """Two epochs: set_epoch reaches the user's batch sampler (and the dataset)
+    with 0 then 1, so the order changes."""
+    run = run_script("lit_run.py", "--scenario", "dsbatch", "--devices", str(world), "--epochs", "2",
                      out_dir=out).ok()
     ranks = run.ranks(world)
     for r in ranks:
         assert r["num_training_batches"] == N // (B * world)
         s = r["streams"]["train"]
         assert s["owner"] == "user" and "VITSBucketBatchSampler" in s["line"] and "DistributedSampler" in s["line"]
-        assert s["reports"][0]["verdict"] == "PASS"
-    assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
+        assert [rep["verdict"] for rep in s["reports"]] == ["PASS", "PASS"]
+        assert r["batch_sampler_epochs"] == [0, 1]
+        assert r["dataset_epochs"] == [0, 1]
+        assert flat(r["seen"]["0"]) != flat(r["seen"]["1"]), "the order changes between epochs"
+    for epoch in ("0", "1"):
+        assert sorted(i for r in ranks for i in flat(r["seen"][epoch])) == list(range(N))
 
 
-def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
+@pytest.mark.parametrize("world", [2, 3])
+def test_forced_user_owner_without_split_stops_the_run(out: Path, world: int) -> None:
     cfg = config(data_split={"streams": {"train": {"owner": "user"}}})
-    run = run_script("lit_run.py", "--scenario", "nosplit", "--devices", "2", "--epochs", "1",
+    run = run_script("lit_run.py", "--scenario", "nosplit", "--devices", str(world), "--epochs", "1",
                      "--config", cfg, out_dir=out)
     assert run.returncode != 0
-    for r in run.ranks(2):
+    for r in run.ranks(world):
         assert r["type"] == "AuditFailed", r
         assert "no partitioning" in r["error"]
         assert "owner user (forced by data_split.streams.train.owner" in r["error"]
         assert "let ddplug split it" in r["error"]
     assert "no partitioning: every rank saw the same samples" in run.output
+
+
+def test_a_sampler_that_asks_torch_distributed_for_ranks_is_named(out: Path) -> None:
+    """GPT-SoVITS' upstream bucket sampler calls dist.get_world_size() when
+    num_replicas is not given: DDP initialized torch.distributed, ddplug does not.
+    Every rank stops at dataloader setup naming the sampler, the line and what to pass."""
+    run = run_script("lit_run.py", "--scenario", "distsampler", "--devices", "2", "--epochs", "1", out_dir=out)
+    assert run.returncode != 0
+    for rank, r in enumerate(run.ranks(2)):
+        assert r["type"] == "TorchDistributedNotInitialized", r
+        e = r["error"]
+        assert f"rank {rank}: train_dataloader() (lit_run.py:" in e, e
+        assert "DDPOnlyBucketSampler.__init__ (lit_common.py:" in e and "torch.distributed.get_world_size()" in e
+        assert "runs without torch.distributed" in e
+        assert f"num_replicas=self.trainer.world_size, rank=self.trainer.global_rank (here 2 and {rank})" in e
+        assert "**self.trainer.distributed_sampler_kwargs" in e
+        assert "Default process group has not been initialized" in r["traceback"], "the original error is chained"
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -152,7 +176,7 @@ def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
     cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}, checks={"param_sync_every": 1})
     common = ["--scenario", "parity", "--devices", str(world), "--epochs", "2", "--accumulate", "2"]
     ddp = run_script("lit_run.py", *common, "--strategy", "ddp", out_dir=out / "ddp").ok()
-    mine = run_script("lit_run.py", *common, "--config", cfg, out_dir=out / "ddplug").ok()
+    mine = run_script("lit_run.py", *common, "--config", cfg, "--count-syncs", out_dir=out / "ddplug").ok()
     a, b = ddp.ranks(world), mine.ranks(world)
     for r in range(world):
         assert a[r]["seen"] == b[r]["seen"], "same data per rank and step"
@@ -160,6 +184,15 @@ def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
         for pa, pb in zip(a[r]["params"], b[r]["params"]):
             assert pa == pytest.approx(pb, rel=1e-5, abs=1e-6)
         assert b[r]["streams"]["train"]["owner"] == "user"
+        # Parity cannot tell whether every micro-batch synchronized (the average of
+        # sums is the same): count the gradient allreduces instead.
+        syncs, steps = b[r]["syncs"], b[r]["global_step"]
+        assert syncs["buckets"] >= 2
+        assert syncs["per_step"] == [syncs["buckets"]] * steps, "one round per optimizer step, not per micro-batch"
+        assert syncs["rounds"] == steps
+        # every bucket of the synchronizing micro-batch started while its backward ran
+        # (before post_backward finishes the round); none in the accumulating one
+        assert syncs["in_backward"] == [0, syncs["buckets"]] * steps
 
 
 def test_parameter_check_names_the_rank_that_drifted(out: Path) -> None:
@@ -197,8 +230,10 @@ def test_a_killed_rank_is_named_on_the_survivor(out: Path, killed: int) -> None:
 
 def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
     # a DataLoader worker prefetches ahead of the loop: the checkpoint must hold
-    # what the loop consumed, not what the sampler handed out
-    world, steps_per_epoch = 2, N // (B * 2)
+    # what the loop consumed, not what the sampler handed out (2 ranks only: two
+    # runs per case; resume with 3 ranks is the same code with another world size)
+    world = 2
+    steps_per_epoch = N // (B * world)
     first = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
                        "--max-steps", "5", "--ckpt-every", "3", "--workers", "1", out_dir=out / "a").ok()
     ckpt = out / "a" / "ckpt" / "step=3.ckpt"
@@ -214,8 +249,8 @@ def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
         assert len(after["0"]) == steps_per_epoch - 3
 
 
-def test_predict_and_test_split_by_the_plugin(out: Path) -> None:
-    world = 2
+@pytest.mark.parametrize("world", [2, 3])
+def test_predict_and_test_split_by_the_plugin(out: Path, world: int) -> None:
     run = run_script("lit_run.py", "--scenario", "predict", "--devices", str(world), out_dir=out).ok()
     ranks = run.ranks(world)
     assert sorted(i for r in ranks for i in r["predicted"]) == list(range(N))

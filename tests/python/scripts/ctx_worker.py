@@ -150,6 +150,113 @@ def gradsync(ctx: ddplug.Context) -> dict:
     return res
 
 
+def syncbn(ctx: ddplug.Context) -> dict:
+    """ddplug's SyncBatchNorm on this rank's share of a batch against plain
+    BatchNorm on the whole batch in one process — torch.nn.SyncBatchNorm's
+    definition. Ranks hold different batch sizes (an empty one with 3 ranks)."""
+    import torch
+
+    from ddplug.gradsync import GradientSync, broadcast_module, check_parameters_equal
+    from ddplug.syncbn import SyncBatchNorm, convert_sync_batchnorm, synced_buffers
+
+    w, r = ctx.world_size, ctx.rank
+    sizes = [5, 3] if w == 2 else [5, 0, 4]
+    lo, hi = sum(sizes[:r]), sum(sizes[: r + 1])
+    g = torch.Generator().manual_seed(5)
+    res: dict = {}
+
+    def err(a, b) -> float:
+        return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+    for case, shape, momentum in (("3d", (4, 6), 0.1), ("4d", (3, 2, 5), 0.1), ("cumulative", (4, 6), None)):
+        kind = torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d
+        base = kind(shape[0], momentum=momentum)
+        with torch.no_grad():
+            base.weight.copy_(torch.rand(shape[0], generator=g) + 0.5)
+            base.bias.copy_(torch.randn(shape[0], generator=g))
+        mine = convert_sync_batchnorm(base)
+        assert isinstance(mine, SyncBatchNorm) and mine.weight is base.weight
+        ref = kind(shape[0], momentum=momentum)  # separate parameters and statistics
+        ref.load_state_dict(mine.state_dict())
+        worst = {"out": 0.0, "grad_x": 0.0, "grad_w": 0.0, "grad_b": 0.0}
+        for step in range(2):
+            full = torch.randn((sum(sizes),) + shape, generator=g) * 3 + 2
+            up = torch.randn(full.shape, generator=g)
+            x_ref = full.clone().requires_grad_(True)
+            y_ref = ref(x_ref)
+            (y_ref * up).sum().backward()
+            x = full[lo:hi].clone().requires_grad_(True)
+            mine.zero_grad()
+            y = mine(x)
+            (y * up[lo:hi]).sum().backward()  # the whole loss is the sum of every rank's
+            gw, gb = mine.weight.grad.clone(), mine.bias.grad.clone()
+            ctx.allreduce(gw, "sum")
+            ctx.allreduce(gb, "sum")
+            worst["out"] = max(worst["out"], err(y, y_ref[lo:hi]))
+            worst["grad_x"] = max(worst["grad_x"], err(x.grad, x_ref.grad[lo:hi]))
+            worst["grad_w"] = max(worst["grad_w"], err(gw, ref.weight.grad))
+            worst["grad_b"] = max(worst["grad_b"], err(gb, ref.bias.grad))
+            ref.zero_grad()
+        worst["running_mean"] = err(mine.running_mean, ref.running_mean)
+        worst["running_var"] = err(mine.running_var, ref.running_var)
+        worst["batches"] = [int(mine.num_batches_tracked), int(ref.num_batches_tracked)]
+        mine.eval()
+        ref.eval()
+        probe = torch.randn((3,) + shape, generator=g)
+        worst["eval_out"] = err(mine(probe), ref(probe))  # running statistics, no collective
+        res[case] = worst
+
+    # In a model, with the bucketed gradient sync running during the same backward
+    # (the BatchNorm allreduces interleave with the buckets' asynchronous ones).
+    torch.manual_seed(7 + r)  # different init per rank: the broadcast fixes it
+    ref_model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 2))
+    model = convert_sync_batchnorm(torch.nn.Sequential(*[type(m)(*_ctor(m)) for m in ref_model]))
+    broadcast_module(ctx, model)
+    ref_model.load_state_dict(model.state_dict())
+    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.001, first_bucket_mb=0.0005, average=True)
+    gs.attach()
+    per = 4
+    worst = 0.0
+    for step in range(3):
+        full = torch.randn(per * w, 6, generator=g)
+        model.zero_grad()
+        model(full[r * per:(r + 1) * per]).pow(2).mean().backward()
+        gs.finish()
+        ref_model.zero_grad()
+        out = ref_model(full).pow(2)
+        torch.stack([out[k * per:(k + 1) * per].mean() for k in range(w)]).mean().backward()
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            worst = max(worst, err(p.grad, q.grad))
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), ref_model.parameters()):
+                p.sub_(0.1 * p.grad)
+                q.sub_(0.1 * q.grad)
+    gs.detach()
+    res["model_grads"] = worst
+    res["model_buckets"] = len(gs.buckets)
+    res["model_running_mean"] = err(model[1].running_mean, ref_model[1].running_mean)
+    buffers = list(synced_buffers(model))
+    res["synced_buffers"] = len(buffers)
+    check_parameters_equal(ctx, model.parameters(), 3, buffers)  # equal everywhere: passes
+    if r == 1:
+        with torch.no_grad():
+            model[4].running_mean.add_(0.25)
+    try:
+        check_parameters_equal(ctx, model.parameters(), 4, synced_buffers(model))
+    except ddplug.errors.ParametersDiffer as e:
+        res["drift"] = str(e)
+    return res
+
+
+def _ctor(m) -> tuple:
+    import torch
+
+    return (m.in_features, m.out_features) if isinstance(m, torch.nn.Linear) else \
+        (m.num_features,) if isinstance(m, torch.nn.BatchNorm1d) else ()
+
+
 def _functional(model, params: list):
     import torch
 
@@ -227,6 +334,8 @@ def main() -> None:
             res = errors(ctx)
         elif mode == "gradsync":
             res = gradsync(ctx)
+        elif mode == "syncbn":
+            res = syncbn(ctx)
         elif mode.startswith("runonce-"):
             _, scope, what = mode.split("-")
             res = runonce(ctx, scope, what == "fail")

@@ -1,6 +1,7 @@
 """A Lightning Fabric run with the ddplug strategy (devices=N, real subprocess
 ranks): a plain loader split by the plugin, gradients synchronized (with a
-no_backward_sync accumulation step), collectives, a named eval stream.
+no_backward_sync accumulation step, gradient allreduces counted per optimizer
+step), collectives, a named eval stream, optionally torch.nn.SyncBatchNorm.
 Each rank writes $DDPLUG_TEST_OUT/rank<r>.json."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     p.add_argument("--stop-epoch", type=int, default=-1, help="save a checkpoint in this epoch and stop")
     p.add_argument("--stop-after", type=int, default=3, help="... after this many batches")
     p.add_argument("--resume", default=None, help="checkpoint to continue from (fabric.load)")
+    p.add_argument("--syncbn", action="store_true",
+                   help="a BatchNorm1d first, converted with torch.nn.SyncBatchNorm.convert_sync_batchnorm")
     args = p.parse_args()
     strategy = "ddplug" if args.by_name else \
         ddplug.fabric.DdplugStrategy(config=json.loads(args.config) if args.config else None)
@@ -38,8 +41,20 @@ def main() -> None:
     fabric.seed_everything(7)
     ds, ev = C.SeqDataset(64), C.SeqDataset(20, seed=3)
     model = torch.nn.Sequential(torch.nn.Linear(C.FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if args.syncbn:  # Fabric's documented way to ask for synchronized batch norm
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+            torch.nn.Sequential(torch.nn.BatchNorm1d(C.FEATURES), *model))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = fabric.setup(model, opt)
+    calls = {"n": 0}
+    start = fabric.strategy.context.iallreduce
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        return start(*a, **k)
+
+    fabric.strategy.context.iallreduce = counting  # the gradient sync's allreduces
+    per_step: list = []
     train = DataLoader(ds, batch_size=4, shuffle=True, num_workers=args.workers)
     evald = ddplug.fabric.name_stream(DataLoader(ev, batch_size=4), "eval")
     train, evald = fabric.setup_dataloaders(train, evald)
@@ -64,13 +79,21 @@ def main() -> None:
                 loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])
                 fabric.backward(loss)
             if not accumulate:
+                per_step.append(calls["n"])
+                calls["n"] = 0
                 opt.step()
                 opt.zero_grad()
     eval_seen = [i for batch in evald for i in batch["idx"].tolist()]
     total = fabric.all_reduce(torch.tensor(float(len(eval_seen))), reduce_op="sum")
     gathered = fabric.all_gather(torch.tensor([fabric.global_rank]))
     s = fabric.strategy
+    extra: dict = {}
+    if args.syncbn:
+        bn = model.module[0]
+        extra["bn"] = {"class": f"{type(bn).__module__}.{type(bn).__name__}", "running_mean": bn.running_mean.tolist(),
+                       "running_var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked)}
     C.write_result(fabric.global_rank, {
+        **extra, "per_step": per_step, "buckets": len(s._grad_sync.buckets),
         "rank": fabric.global_rank, "seen": seen, "eval_seen": eval_seen, "eval_total": float(total),
         "gathered": gathered.flatten().tolist(), "params": C.params_list(model),
         "streams": C.streams_summary(s), "rank_kwargs": s.rank_kwargs,

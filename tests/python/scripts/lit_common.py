@@ -78,6 +78,23 @@ class SoVITSBucketSampler(Sampler):
         return self.num_samples
 
 
+class DDPOnlyBucketSampler(SoVITSBucketSampler):
+    """GPT-SoVITS' upstream bucket sampler takes its ranks from torch.distributed
+    when num_replicas/rank are not given — which only works where something
+    initialized a process group (DDP does; ddplug does not)."""
+
+    def __init__(self, dataset: SeqDataset, batch_size: int, num_replicas: Any = None, rank: Any = None) -> None:
+        import torch.distributed as dist
+
+        if num_replicas is None:
+            if not dist.is_available():
+                raise RuntimeError("Requires distributed package to be available")
+            num_replicas = dist.get_world_size()
+        if rank is None:
+            rank = dist.get_rank()
+        super().__init__(dataset, num_replicas, rank, batch_size)
+
+
 class VITSBucketBatchSampler(DistributedSampler):
     """A DistributedSampler subclass that yields batches (VITS-style), meant to be
     passed as ``batch_sampler=``: Lightning only checks ``dataloader.sampler``."""
@@ -87,6 +104,11 @@ class VITSBucketBatchSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
         self.lengths = dataset.lengths
+        self.epochs_set: list = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs_set.append(int(epoch))
+        super().set_epoch(epoch)
 
     def __iter__(self):
         mine = list(super().__iter__())
@@ -140,6 +162,20 @@ class Recorder(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class BNRecorder(Recorder):
+    """Recorder with a BatchNorm1d on the raw features first: its running statistics
+    follow from the samples of each step alone (every rank's, when synchronized)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.BatchNorm1d(FEATURES), *self.net)
+        self.bn_class_in_fit = None
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.bn_class_in_fit = f"{type(self.net[0]).__module__}.{type(self.net[0]).__name__}"
+        return super().training_step(batch, batch_idx)
 
 
 def params_list(module: torch.nn.Module) -> list:

@@ -29,7 +29,7 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--scenario", required=True,
                    choices=["plain", "sovits", "dsbatch", "nosplit", "parity", "resume", "predict", "prepare",
-                            "desync"])
+                            "desync", "syncbn", "distsampler"])
     p.add_argument("--strategy", default="ddplug", choices=["ddplug", "ddplug-by-name", "ddp"])
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
@@ -51,6 +51,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises in training step --fail-step")
     p.add_argument("--fail-step", type=int, default=3)
     p.add_argument("--fail-kill", action="store_true", help="the failing rank dies by SIGKILL instead")
+    p.add_argument("--count-syncs", action="store_true",
+                   help="count the gradient allreduces started per optimizer step and during backward")
     return p.parse_args()
 
 
@@ -86,8 +88,10 @@ class Data(pl.LightningDataModule):
             s = C.SoVITSBucketSampler(self.ds, num_replicas=ws, rank=rank, batch_size=a.batch)
             return DataLoader(self.ds, batch_size=a.batch, sampler=s)
         if a.scenario == "dsbatch":
-            bs = C.VITSBucketBatchSampler(self.ds, a.batch, num_replicas=ws, rank=rank)
-            return DataLoader(self.ds, batch_sampler=bs)
+            self.user_batch_sampler = C.VITSBucketBatchSampler(self.ds, a.batch, num_replicas=ws, rank=rank)
+            return DataLoader(self.ds, batch_sampler=self.user_batch_sampler)
+        if a.scenario == "distsampler":  # ranks from torch.distributed, as under DDP
+            return DataLoader(self.ds, batch_size=a.batch, sampler=C.DDPOnlyBucketSampler(self.ds, a.batch))
         if a.scenario == "parity":
             s = DistributedSampler(self.ds, num_replicas=ws, rank=rank, shuffle=True, seed=3)
             return DataLoader(self.ds, batch_size=a.batch, sampler=s)
@@ -116,6 +120,44 @@ class FailOnRank(pl.Callback):
             raise RuntimeError(f"CUDA out of memory on rank {self.rank} (test)")
 
 
+class CountSyncs(pl.Callback):
+    """Counts the gradient allreduces the strategy starts (Context.iallreduce): per
+    optimizer step, and those already started when backward returned
+    (on_after_backward runs before the strategy's post_backward finishes the round)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.per_step: list = []
+        self.in_backward: list = []
+        self.buckets = 0
+        self.rounds = 0
+
+    def on_train_start(self, trainer, module):
+        ctx = trainer.strategy.context
+        start = ctx.iallreduce
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return start(*args, **kwargs)
+
+        ctx.iallreduce = counting
+        self.buckets = len(trainer.strategy._grad_sync.buckets)
+
+    def on_after_backward(self, trainer, module):
+        self.in_backward.append(self.calls)
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.per_step.append(self.calls)
+        self.calls = 0
+
+    def on_train_end(self, trainer, module):
+        self.rounds = trainer.strategy._grad_sync.syncs
+
+    def result(self) -> dict:
+        return {"per_step": self.per_step, "in_backward": self.in_backward, "buckets": self.buckets,
+                "rounds": self.rounds}
+
+
 class Desync(pl.Callback):
     """Rank 1 nudges a parameter after its second step, behind the gradient sync's back."""
 
@@ -140,9 +182,12 @@ def main() -> None:
         strategy = "ddplug"
     else:
         strategy = "ddp"
-    model = C.Recorder()
+    model = C.BNRecorder() if args.scenario == "syncbn" else C.Recorder()
     data = Data(args)
     callbacks: list = []
+    counter = CountSyncs() if args.count_syncs else None
+    if counter is not None:
+        callbacks.append(counter)
     if args.scenario == "desync":
         callbacks.append(Desync())
     if args.fail_rank >= 0:
@@ -158,6 +203,7 @@ def main() -> None:
         enable_progress_bar=False, enable_model_summary=False,
         logger=CSVLogger(os.path.join(os.environ["DDPLUG_TEST_OUT"], "logs"), name="run") if args.csv else False,
         enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks, deterministic=True,
+        sync_batchnorm=args.scenario == "syncbn",
     )
     result: dict = {}
     if args.scenario == "predict":
@@ -183,6 +229,15 @@ def main() -> None:
         "prepared_seen": getattr(data, "prepared_seen", None),
         "dataset_epochs": data.ds.epochs_seen,
     })
+    if counter is not None:
+        result["syncs"] = counter.result()
+    if hasattr(data, "user_batch_sampler"):
+        result["batch_sampler_epochs"] = data.user_batch_sampler.epochs_set
+    if args.scenario == "syncbn":
+        bn = model.net[0]
+        result["bn"] = {"class_in_fit": model.bn_class_in_fit, "class_after": type(bn).__name__,
+                        "running_mean": bn.running_mean.tolist(), "running_var": bn.running_var.tolist(),
+                        "batches": int(bn.num_batches_tracked)}
     if args.strategy != "ddp":
         ctx = trainer.strategy.context
         result["ddplug_world"] = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,

@@ -9,7 +9,11 @@ For Lightning users, one line::
 ``ddplug.fabric.DdplugStrategy`` does the same for Lightning Fabric. The rest of
 this package is the binding those strategies are built from: :class:`Context`
 (joining a run, collectives), :class:`~ddplug.config.Config`, the samplers, the
-audit, and :func:`run_once` / :func:`once`.
+audit, :class:`SyncBatchNorm`, and :func:`run_once` / :func:`once`.
+
+Errors: every failing library call raises a :class:`DdplugError` subclass named
+after its status (``ddplug.Timeout``, ``ddplug.PeerLost``, ``ddplug.Aborted``,
+``ddplug.AuditFailed``, ...; the same classes as in :mod:`ddplug.errors`).
 """
 
 from __future__ import annotations
@@ -18,16 +22,38 @@ __version__ = "0.1.0"
 
 from .config import Config  # noqa: E402
 from .context import Context  # noqa: E402
-from .errors import DdplugError  # noqa: E402
+from .errors import (  # noqa: E402
+    AbiMismatch,
+    Aborted,
+    AuditFailed,
+    ConfigError,
+    DdplugError,
+    InternalError,
+    InvalidArgument,
+    Mismatch,
+    NoMemory,
+    NotFound,
+    ParametersDiffer,
+    PeerLost,
+    SplitConflict,
+    SystemFailure,
+    Timeout,
+    TorchDistributedNotInitialized,
+    Unsupported,
+)
 from .runonce import RunOnceFailed, once, run_once  # noqa: E402
 
 
 def __getattr__(name: str):
-    # Imported on first use: it needs torch, which the binding alone does not.
+    # Imported on first use: they need torch, which the binding alone does not.
     if name == "rank_aware":
         from .ownership import rank_aware
 
         return rank_aware
+    if name == "SyncBatchNorm":
+        from .syncbn import SyncBatchNorm
+
+        return SyncBatchNorm
     raise AttributeError(f"module 'ddplug' has no attribute {name!r}")
 
 
@@ -46,10 +72,27 @@ def library_path() -> str:
 
 
 __all__ = [
+    "AbiMismatch",
+    "Aborted",
+    "AuditFailed",
     "Config",
+    "ConfigError",
     "Context",
     "DdplugError",
+    "InternalError",
+    "InvalidArgument",
+    "Mismatch",
+    "NoMemory",
+    "NotFound",
+    "ParametersDiffer",
+    "PeerLost",
     "RunOnceFailed",
+    "SplitConflict",
+    "SyncBatchNorm",
+    "SystemFailure",
+    "Timeout",
+    "TorchDistributedNotInitialized",
+    "Unsupported",
     "library_path",
     "library_version",
     "once",

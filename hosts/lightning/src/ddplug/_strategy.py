@@ -119,8 +119,11 @@ class DdplugParallel:
         """Abort the run everywhere so the other ranks fail now, with this rank's
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
+        from .errors import TorchDistributedNotInitialized
+
         ctx = self._ctx
-        if ctx is not None and not ctx.closed and not ctx._aborted and not _host.raised_everywhere(exception):
+        everywhere = _host.raised_everywhere(exception) or isinstance(exception, TorchDistributedNotInitialized)
+        if ctx is not None and not ctx.closed and not ctx._aborted and not everywhere:
             ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
 
     def _live(self) -> Optional[Context]:
@@ -155,9 +158,9 @@ class DdplugParallel:
         if gs is not None and gs.enabled and gs._round:
             gs.finish()
 
-    def _after_optimizer_step(self, params: Any) -> None:
+    def _after_optimizer_step(self, params: Any, buffers: Any = ()) -> None:
         """Every "checks.param_sync_every" optimizer steps: check that every rank
-        holds the same parameters (collective)."""
+        holds the same parameters and synchronized buffers (collective)."""
         self._optimizer_steps += 1
         ctx = self._live()
         if ctx is None:
@@ -170,7 +173,7 @@ class DdplugParallel:
             finally:
                 cfg.close()
         if every > 0 and self._optimizer_steps % every == 0:
-            check_parameters_equal(ctx, params, self._optimizer_steps)
+            check_parameters_equal(ctx, params, self._optimizer_steps, buffers)
 
     def close(self) -> None:
         """Leave the run now (else at interpreter exit, so that several runs of one

@@ -72,6 +72,13 @@ class Aborted(DdplugError):
     pass
 
 
+class TorchDistributedNotInitialized(Unsupported):
+    """User code asked ``torch.distributed`` for ranks (a sampler built without
+    ``num_replicas``/``rank``), which ddplug never initializes; raised by the
+    strategy with the culprit's name and what to pass instead. Every rank raises it
+    by itself."""
+
+
 class SplitConflict(DdplugError):
     pass
 

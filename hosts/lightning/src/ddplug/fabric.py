@@ -14,6 +14,11 @@ Fabric injects its DistributedSampler only when the strategy has
 returns None there so ddplug is the only layer that decides — ranks for a user's
 own rank-aware sampler are in :attr:`DdplugStrategy.rank_kwargs`.
 
+Synchronized batch norm: Fabric's way of asking for it,
+``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` before ``fabric.setup``,
+needs torch.distributed; ``setup_module`` replaces those layers by
+:class:`ddplug.syncbn.SyncBatchNorm` (statistics over every rank through ddplug).
+
 Streams are named "train" (the first loader), then "loader1", "loader2", ...; name
 one yourself with :func:`name_stream` before ``setup_dataloaders``. A loader that
 shuffles (RandomSampler) is split with the config's shuffle; others keep order.
@@ -28,7 +33,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Optional, Union
 
 from torch import Tensor
-from torch.nn import Module
+from torch.nn import Module, SyncBatchNorm
 from torch.utils.data import DataLoader, RandomSampler
 from typing_extensions import override
 
@@ -42,6 +47,7 @@ from lightning.fabric.strategies.strategy import TBroadcast, _BackwardSyncContro
 from lightning.fabric.utilities.distributed import ReduceOp
 
 from . import _host
+from . import syncbn as _syncbn
 from ._strategy import DdplugParallel
 from .audit import Report
 from .config import ConfigSource
@@ -102,6 +108,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         )
         self._ddplug_init(config, timeout_s)
         self._loaders = 0
+        self._modules: list = []  # weak references to the modules set up (their synced buffers)
         self._backward_sync_control = _DdplugBackwardSyncControl(self)
 
     # ------------------------------------------------------------------ properties
@@ -134,8 +141,14 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @override
     def setup_module(self, module: Module) -> Module:
         """Parameters and buffers from rank 0; gradient hooks installed (the module
-        is not wrapped)."""
+        is not wrapped); torch.nn.SyncBatchNorm layers synchronize through ddplug."""
         assert self._ctx is not None
+        torch_sync = [n for n, m in module.named_modules() if isinstance(m, SyncBatchNorm)]
+        if torch_sync:
+            module = _syncbn.convert_sync_batchnorm(module, only_torch_sync=True)
+            self._log_rank_zero(f"{len(torch_sync)} torch.nn.SyncBatchNorm layer(s) synchronize through ddplug"
+                                " (torch's needs torch.distributed)")
+        self._modules = [r for r in self._modules if r() is not None] + [weakref.ref(module)]
         broadcast_module(self._ctx, module)
         if any(p.requires_grad for p in module.parameters()):
             if self._grad_sync is not None:
@@ -169,7 +182,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         self._finish_pending_sync()  # a plain loss.backward() instead of fabric.backward()
         out = super().optimizer_step(optimizer, **kwargs)
-        self._after_optimizer_step(p for g in optimizer.param_groups for p in g["params"])
+        self._after_optimizer_step((p for g in optimizer.param_groups for p in g["params"]),
+                                   (b for r in self._modules if r() is not None for b in _syncbn.synced_buffers(r())))
         return out
 
     # ------------------------------------------------------------------ collectives

@@ -66,31 +66,42 @@ class _Bucket:
         return sum(s.numel for s in self.slots) * p.element_size()
 
 
-def check_parameters_equal(ctx: Context, params: Iterable[torch.nn.Parameter], step: int) -> None:
+def check_parameters_equal(ctx: Context, params: Iterable[torch.nn.Parameter], step: int,
+                           buffers: Iterable[torch.Tensor] = ()) -> None:
     """Collective: raise :class:`~ddplug.errors.ParametersDiffer` on every rank,
-    naming the ranks whose parameters differ from rank 0's (config
-    "checks.param_sync_every"). Compares per-parameter fingerprints (sum and
-    sum of squares in float64), so it costs one pass over the parameters and
-    one small allgather."""
+    naming the ranks whose parameters (and ``buffers``: the running statistics of
+    synchronized batch norm, equal on every rank by construction) differ from rank
+    0's (config "checks.param_sync_every"). Other buffers are not compared: they may
+    differ between ranks by design (a plain BatchNorm's statistics of its own
+    batches). Compares per-tensor fingerprints (sum and sum of squares in float64),
+    so it costs one pass over the tensors and one small allgather."""
     import numpy as np
 
     from .errors import ParametersDiffer, status_code
 
     with torch.no_grad():
         fp = [float(v) for p in params for v in (p.double().sum(), p.double().pow(2).sum())]
+        nparams = len(fp)
+        fp += [float(v) for b in buffers for v in (b.double().sum(), b.double().pow(2).sum())]
     mine = np.asarray(fp, dtype=np.float64)
     every = np.empty(mine.size * ctx.world_size, dtype=np.float64)
     ctx.allgather(mine, every)
     every = every.reshape(ctx.world_size, mine.size)
     scale = np.maximum(np.abs(every[0]), 1.0)
-    differ = [r for r in range(1, ctx.world_size) if np.any(np.abs(every[r] - every[0]) > 1e-6 * scale)]
+    off = np.abs(every - every[0]) > 1e-6 * scale
+    differ = [r for r in range(1, ctx.world_size) if np.any(off[r])]
     if differ:
         ranks = ", ".join(str(r) for r in differ)
+        what = []
+        if np.any(off[:, :nparams]):
+            what.append("parameters")
+        if np.any(off[:, nparams:]):
+            what.append("synchronized BatchNorm running statistics")
         raise ParametersDiffer(
             status_code("MISMATCH"), "MISMATCH", "collectives differ across ranks",
-            f"parameters differ across ranks after step {step}: rank(s) {ranks} disagree with rank 0"
-            " (checks.param_sync_every). Something changed parameters outside the synchronized gradient"
-            " step (a rank-dependent update, an unsynchronized buffer, different initialization after setup).",
+            f"{' and '.join(what)} differ across ranks after step {step}: rank(s) {ranks} disagree with rank 0"
+            " (checks.param_sync_every). Something changed them outside the synchronized step (a"
+            " rank-dependent update, a layer that is not synchronized, different initialization after setup).",
             f"rank {ctx.rank}",
         )
 

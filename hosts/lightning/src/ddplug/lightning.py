@@ -24,6 +24,12 @@ What it does that DDPStrategy does not:
 * ``prepare_data`` runs once per node (or globally) while the others wait through
   the store (Lightning's ``_InfiniteBarrier`` is a no-op without torch.distributed,
   lightning/fabric/utilities/distributed.py:404-430);
+* ``Trainer(sync_batchnorm=True)`` synchronizes batch norm through ddplug
+  (:class:`ddplug.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
+  silently normalize per rank), and so do ``torch.nn.SyncBatchNorm`` layers a model
+  brings; the original layer classes are restored after fitting;
+* a sampler that asks ``torch.distributed`` for its ranks stops the run with an
+  error naming it and the arguments to pass instead (:mod:`ddplug._torchdist`);
 * the sampler's epoch and position are saved in checkpoints (Lightning saves loaders
   that have ``state_dict``, lightning/pytorch/utilities/combined_loader.py:378-394)
   and a resumed run continues where it stopped.
@@ -45,6 +51,7 @@ from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
@@ -52,7 +59,8 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.strategies.strategy import TBroadcast
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-from . import _host
+from . import _host, _torchdist
+from . import syncbn as _syncbn
 from ._strategy import DdplugParallel
 from .audit import Report
 from .config import ConfigSource
@@ -61,6 +69,22 @@ from .runonce import once
 from .streams import DataSplit, StreamBatchSampler
 
 log = logging.getLogger(__name__)
+
+
+class DdplugSyncBatchNorm(LayerSync):
+    """``Trainer(sync_batchnorm=True)`` under the ddplug strategy: every batch-norm
+    layer becomes :class:`ddplug.syncbn.SyncBatchNorm` (statistics over every rank
+    through ddplug), and back to its original class in :meth:`revert`. The strategy
+    puts it in place of Lightning's ``TorchSyncBatchNorm``, whose
+    ``torch.nn.SyncBatchNorm`` needs torch.distributed."""
+
+    @override
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        return _syncbn.convert_sync_batchnorm(model)
+
+    @override
+    def revert(self, model: torch.nn.Module) -> torch.nn.Module:
+        return _syncbn.revert_sync_batchnorm(model)
 
 
 class DdplugStrategy(DdplugParallel, ParallelStrategy):
@@ -100,6 +124,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._stream_counters: dict = {}
         self._runs = 0
         self._prepare_data_patched: Optional[tuple] = None
+        self._guarded_sources: list = []
+        self._bn_converted = False
 
     # ------------------------------------------------------------------ properties
     # root_device, num_nodes, num_processes, context, streams: DdplugParallel.
@@ -153,10 +179,11 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             on_report=self._on_audit_report,
             should_audit=self._should_audit,
         )
+        self._guard_dataloader_hooks(trainer)
         trainer_fn = trainer.state.fn
         assert self.model is not None
-        if trainer_fn == TrainerFn.FITTING and self._layer_sync:
-            self.model = self._layer_sync.apply(self.model)
+        if trainer_fn == TrainerFn.FITTING:
+            self._sync_batchnorm()
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         broadcast_module(self._ctx, self.model)
@@ -241,7 +268,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._finish_pending_sync()  # gradients from a backward outside Lightning's
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.lightning_module is not None
-        self._after_optimizer_step(self.lightning_module.parameters())
+        self._after_optimizer_step(self.lightning_module.parameters(),
+                                   _syncbn.synced_buffers(self.lightning_module))
         return out
 
     # ------------------------------------------------------------------ collectives
@@ -296,6 +324,12 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         # still ask their length after the strategy's teardown (trainer.py:1099-1106).
         self._restore_sampler_injection()
         self._unpatch_prepare_data()
+        self._unguard_dataloader_hooks()
+        if self._bn_converted and self.model is not None:
+            # the model leaves with the layer classes it came with (DDPStrategy.teardown
+            # reverts its layer sync too, ddp.py:433-442)
+            self.model = _syncbn.revert_sync_batchnorm(self.model)
+            self._bn_converted = False
         aborted = self._ctx is not None and self._ctx._aborted
         super().teardown()
         if aborted and self._ctx is not None:
@@ -306,6 +340,60 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self._ctx = None
 
     # ------------------------------------------------------------------ helpers
+    def _sync_batchnorm(self) -> None:
+        """``sync_batchnorm=True`` (Lightning's TorchSyncBatchNorm) becomes ddplug's
+        layer sync; another LayerSync plugin is applied as given; torch.nn.SyncBatchNorm
+        layers left in the model (the user's own, or from such a plugin) are replaced
+        too: without torch.distributed they would normalize per rank, silently."""
+        assert self.model is not None
+        if type(self._layer_sync) is TorchSyncBatchNorm:
+            self._layer_sync = DdplugSyncBatchNorm()
+        if self._layer_sync is not None:
+            self.model = self._layer_sync.apply(self.model)
+        torch_sync = [n for n, m in self.model.named_modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+        if torch_sync:
+            self.model = _syncbn.convert_sync_batchnorm(self.model, only_torch_sync=True)
+            shown = ", ".join(n or "(the model)" for n in torch_sync[:5]) + (" ..." if len(torch_sync) > 5 else "")
+            self._log_rank_zero(f"{len(torch_sync)} torch.nn.SyncBatchNorm layer(s) ({shown}) synchronize"
+                                " through ddplug (torch's needs torch.distributed)")
+        self._bn_converted = _syncbn.has_sync_batchnorm(self.model)
+        if self._bn_converted and isinstance(self._layer_sync, DdplugSyncBatchNorm):
+            self._log_rank_zero("sync_batchnorm: batch norm statistics over every rank, through ddplug")
+
+    def _guard_dataloader_hooks(self, trainer: "pl.Trainer") -> None:
+        """Turn torch's "default process group has not been initialized" from a
+        ``*_dataloader()`` hook (a sampler asking torch.distributed for its ranks)
+        into an error naming the sampler and the arguments to pass."""
+        self._unguard_dataloader_hooks()
+        loops = (trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop,
+                 trainer.test_loop, trainer.predict_loop)
+        for loop in loops:
+            source = getattr(loop, "_data_source", None)
+            if source is None or "dataloader" in vars(source):
+                continue
+            self._guarded_sources.append(source)
+            source.dataloader = self._guarded(source)
+
+    def _guarded(self, source: Any) -> Callable[[], Any]:
+        request = source.dataloader
+
+        def dataloader() -> Any:
+            try:
+                return request()
+            except (ValueError, RuntimeError) as exc:
+                err = _torchdist.explain(exc, source.name, rank=self.global_rank, world_size=self.world_size,
+                                         rank_source="self.trainer")
+                if err is None:
+                    raise
+                raise err from exc
+
+        return dataloader
+
+    def _unguard_dataloader_hooks(self) -> None:
+        for source in self._guarded_sources:
+            vars(source).pop("dataloader", None)
+        self._guarded_sources = []
+
     def _take_over_sampler_injection(self, trainer: "pl.Trainer") -> None:
         conn = trainer._accelerator_connector
         if self._user_use_distributed_sampler is None:
@@ -401,4 +489,4 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
 
 DdplugStrategy.register_strategies(StrategyRegistry)
 
-__all__ = ["DdplugStrategy"]
+__all__ = ["DdplugStrategy", "DdplugSyncBatchNorm"]

@@ -367,6 +367,7 @@ static int run_rank(const opts *o) {
     fclose(js);
   }
   if (rank == 0) printf("# total wrong elements: %llu\n", (unsigned long long)total_wrong);
+  fflush(stdout);
   free(send);
   free(recv);
   free(table);
@@ -402,7 +403,9 @@ static int launch(const opts *o) {
         snprintf(v, sizeof v, "simnode%d", r % o->nodes);
         setenv("DDPLUG_HOST_ID", v, 1);
       }
-      _exit(run_rank(o));
+      int rc = run_rank(o);
+      fflush(stdout); /* _exit does not flush stdio */
+      _exit(rc);
     }
     pids[r] = pid;
   }

@@ -12,7 +12,10 @@ best time, since a shared machine is noisy):
   2. ddplug-allreduce-perf --plugin host;
   3. gloo_allreduce_perf.py --mode tcp (gloo's TCP transport);
   4. gloo_allreduce_perf.py --mode shm (gloo's shared-memory allreduce, if
-     this torch has it; the run says whether it was used);
+     this torch has it; the run says whether it was used). torch 2.13.0+cpu
+     does not have it (see gloo_allreduce_perf.py: none of its strings are in
+     libtorch_cpu.so), so there this column is gloo's TCP path again, run
+     with LOCAL_WORLD_SIZE set, and is labelled gloo(LWS);
 then prints one table: time and busbw of each, and the memory-traffic bound.
 The bound: an allreduce of S bytes over n ranks in one node must read every
 input and write every output, 2·n·S bytes, so time >= 2·n·S / BW, i.e.
@@ -92,6 +95,7 @@ def main():
     measure_copy("start")
     runs = {"ddplug": [], "gloo_tcp": [], "gloo_shm": []}
     shm_used = shm_in_build = False
+    shm_evidence = None
     for i in range(a.repeat):
         j = os.path.join(a.out, f"ddplug.{i}.json")
         if run([perf] + sizes + ["--plugin", "host", "--options", a.options, "--json", j], env) == 0:
@@ -104,6 +108,7 @@ def main():
                 if mode == "shm":
                     shm_used = shm_used or doc.get("shm_used", False)
                     shm_in_build = doc.get("shm_in_build", False)
+                    shm_evidence = doc.get("shm_evidence", shm_evidence)
         # the copy bandwidth again after every round: a busy machine
         # understates it, and an understated bound flatters the results
         measure_copy(f"round{i}")
@@ -139,9 +144,13 @@ def main():
               f"{cell(tables['gloo_shm'], s, 12)} | {bound_busbw:>6.2f} {pct:>6} {x:>6}")
     wrong = sum(r["wrong"] for t in tables.values() for r in t.values())
     print(f"# wrong elements in all checked results: {wrong}")
+    marks = ""
+    if shm_evidence and shm_evidence.get("markers"):
+        marks = "; strings in " + os.path.basename(shm_evidence["library"]) + ": " + ", ".join(
+            f"{k} {'yes' if v else 'no'}" for k, v in shm_evidence["markers"].items())
     print(f"# gloo shared-memory allreduce: {'used' if shm_used else 'not used'}; "
-          f"{'present' if shm_in_build else 'absent'} in this torch build "
-          f"(switch: LOCAL_WORLD_SIZE == world size, as torchrun sets it)")
+          f"{'present' if shm_in_build else 'ABSENT'} in this torch build "
+          f"(switch: LOCAL_WORLD_SIZE == world size, as torchrun sets it{marks})")
     # goals of issue 3
     print("# goals (issue 3, 2 ranks):")
     d64 = tables["ddplug"].get(64 << 20)
@@ -163,6 +172,7 @@ def main():
               f"here {n} ranks on {os.cpu_count()} cores): {'met' if d8['time_us'] <= 5 else 'NOT met'}")
     summary = {"ranks": n, "dtype": a.d, "copy_bw": bw, "bound_busbw": bound_busbw,
                "repeat": a.repeat, "gloo_shm_used": shm_used, "gloo_shm_in_build": shm_in_build,
+               "gloo_shm_evidence": shm_evidence,
                "rows": {k: [t[s] for s in sorted(t)] for k, t in tables.items()}}
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -8,14 +8,28 @@ line by line.
 --mode tcp  gloo's TCP transport (the default path of torch.distributed on
             CPU): the workers run without LOCAL_WORLD_SIZE.
 --mode shm  gloo's shared-memory allreduce, where the gloo bundled with torch
-            has it. Upstream gloo (pytorch/gloo PR #458, "Intra-node shared
-            memory (SHM) optimizations for CPU primitives", merged 2025-08)
-            takes it inside allreduce's ring() when the environment variable
-            LOCAL_WORLD_SIZE equals the group size (torchrun sets it), naming
-            its segments /dev/shm/shm_allreduce_buffer_<uid>_<addr>_<port>_<rank>.
-            This mode sets LOCAL_WORLD_SIZE=n, then reports whether the path
-            really ran (a shm_allreduce_buffer segment appeared) and whether
-            libtorch_cpu.so contains it at all.
+            has it. Upstream gloo added one (gloo/allreduce_shm.cc, pytorch/gloo
+            PR #458, "Intra-node shared memory (SHM) optimizations for CPU
+            primitives", 2025): allreduce() switches to it when the
+            environment variable LOCAL_WORLD_SIZE equals the group size
+            (torchrun sets it); its segments are named
+            /dev/shm/shm_allreduce_buffer_<uid>_<addr>_<port>_<rank> (earlier
+            revisions: deepspeed_allreduce_buffer_...), and some revisions take
+            the world size and rank from PMI_SIZE and PMI_RANK (std::stoi of
+            getenv: a crash when unset). This mode sets LOCAL_WORLD_SIZE=n and,
+            harmlessly, PMI_SIZE=n and PMI_RANK=rank, then reports whether the
+            path is in this torch's libtorch_cpu.so (the strings above) and
+            whether it really ran (a segment appeared in /dev/shm).
+
+            Finding for torch 2.13.0+cpu (the .venv of this repository): the
+            path is ABSENT. libtorch_cpu.so contains none of
+            "shm_allreduce_buffer", "deepspeed_allreduce_buffer",
+            "LOCAL_WORLD_SIZE", "PMI_SIZE" (grep -c -a: 0 each), and of gloo's
+            source paths compiled into it (strings | grep third_party/gloo)
+            it lists gloo/allreduce.cc but no gloo/allreduce_shm.cc. So
+            --mode shm measures gloo's TCP path again, with LOCAL_WORLD_SIZE
+            set; the run says so (detected at run time, so a later torch with
+            the path is measured through it and reported as used).
 
 Every worker pins torch to one intra-op thread (gloo uses its own), checks
 the result of one extra allreduce per size (#wrong), and the slowest rank's
@@ -34,7 +48,11 @@ import time
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
 OPS = {"sum": "SUM", "avg": "AVG", "min": "MIN", "max": "MAX", "prod": "PRODUCT",
        "bor": "BOR", "band": "BAND"}
-SHM_MARK = b"shm_allreduce_buffer"
+# Strings that gloo's shared-memory allreduce puts into the library: its
+# segment names (current and earlier upstream revisions), the environment
+# variables it reads, its source file's path.
+SHM_MARKS = (b"shm_allreduce_buffer", b"deepspeed_allreduce_buffer",
+             b"LOCAL_WORLD_SIZE", b"PMI_SIZE", b"gloo/allreduce_shm")
 
 
 def parse_size(s):
@@ -62,16 +80,28 @@ def args_parser():
     return p
 
 
-def torch_has_gloo_shm():
-    """Whether libtorch_cpu.so contains gloo's shared-memory allreduce."""
+def torch_gloo_shm_evidence():
+    """Look for gloo's shared-memory allreduce in this torch's libtorch_cpu.so.
+    Returns (present, path, {marker: found}); present is None when the
+    library cannot be read."""
+    import mmap
     import torch
     lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     try:
-        with open(lib, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return SHM_MARK in data
+        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            found = {k.decode(): m.find(k) >= 0 for k in SHM_MARKS}
+    except (OSError, ValueError):
+        return None, lib, {}
+    # the segment name is the one string its code cannot do without
+    present = found["shm_allreduce_buffer"] or found["deepspeed_allreduce_buffer"]
+    return present, lib, found
+
+
+def describe_evidence(present, lib, found):
+    if present is None:
+        return f"cannot read {lib}: unknown whether this torch has it"
+    marks = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in found.items())
+    return (f"{'PRESENT' if present else 'ABSENT'} in this torch build ({lib}: {marks})")
 
 
 def sizes(a):
@@ -193,6 +223,15 @@ def free_port():
 
 def launch(a):
     port = free_port()
+    evidence = None
+    if a.mode == "shm":
+        import torch
+        evidence = torch_gloo_shm_evidence()
+        print(f"# torch {torch.__version__}: gloo shared-memory allreduce "
+              f"{describe_evidence(*evidence)}", flush=True)
+        if evidence[0] is False:
+            print("# --mode shm therefore measures gloo's TCP path (with LOCAL_WORLD_SIZE set)",
+                  flush=True)
     seen = set()
     stop = threading.Event()
 
@@ -208,25 +247,34 @@ def launch(a):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.n), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         if a.mode == "shm":
-            env["LOCAL_WORLD_SIZE"] = str(a.n)
+            # the switch, and what some gloo revisions read with std::stoi
+            # (a crash when unset): harmless for a gloo without the path
+            env.update(LOCAL_WORLD_SIZE=str(a.n), PMI_SIZE=str(a.n), PMI_RANK=str(r))
         else:
-            env.pop("LOCAL_WORLD_SIZE", None)
+            for k in ("LOCAL_WORLD_SIZE", "PMI_SIZE", "PMI_RANK"):
+                env.pop(k, None)
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"]
                                       + sys.argv[1:], env=env))
     rc = max(p.wait() for p in procs)
     stop.set()
     watcher.join()
     if a.mode == "shm":
-        has = torch_has_gloo_shm()
-        print(f"# gloo shared-memory allreduce: {'USED' if seen else 'not used'} "
-              f"(segments seen: {len(seen)}); libtorch_cpu.so "
-              f"{'contains' if has else 'does not contain'} gloo's allreduce_shm "
-              f"(marker '{SHM_MARK.decode()}'); switch: LOCAL_WORLD_SIZE == world size")
+        present, lib, found = evidence
+        if seen:
+            verdict = f"USED (segments seen in /dev/shm: {len(seen)})"
+        elif present is False:
+            verdict = "ABSENT in this torch: the rows above are gloo's TCP path"
+        else:
+            verdict = ("not used (no shm_allreduce_buffer segment appeared; "
+                       "switch: LOCAL_WORLD_SIZE == world size)")
+        print(f"# gloo shared-memory allreduce: {verdict}; {describe_evidence(*evidence)}",
+              flush=True)
         if a.json and os.path.exists(a.json):
             with open(a.json) as f:
                 doc = json.load(f)
             doc["shm_used"] = bool(seen)
-            doc["shm_in_build"] = bool(has)
+            doc["shm_in_build"] = bool(present)
+            doc["shm_evidence"] = {"library": lib, "markers": found}
             with open(a.json, "w") as f:
                 json.dump(doc, f, indent=1)
     return rc

@@ -120,12 +120,13 @@ def _close_at_exit(ctx: Context) -> None:
 def raised_everywhere(exc: BaseException) -> bool:
     """Whether every rank raises ``exc`` by itself (a collective verdict: a failed
     audit, a split conflict found by agreement, a run-once failure, the parameter
-    check), so aborting
-    the run would only replace the other ranks' clear error with "aborted"."""
-    from .errors import AuditFailed, ParametersDiffer, SplitConflict
+    check, a sampler that needs torch.distributed), so aborting the run would
+    only replace the other ranks' clear error with "aborted"."""
+    from .errors import AuditFailed, ParametersDiffer, SplitConflict, TorchDistributedNotInitialized
     from .runonce import RunOnceFailed
 
-    return isinstance(exc, (AuditFailed, ParametersDiffer, SplitConflict, RunOnceFailed))
+    return isinstance(exc, (AuditFailed, ParametersDiffer, SplitConflict, RunOnceFailed,
+                            TorchDistributedNotInitialized))
 
 
 def _op_name(reduce_op: Any) -> str:

@@ -119,10 +119,8 @@ class DdplugParallel:
         """Abort the run everywhere so the other ranks fail now, with this rank's
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
-        from .errors import TorchDistributedNotInitialized
-
         ctx = self._ctx
-        everywhere = _host.raised_everywhere(exception) or isinstance(exception, TorchDistributedNotInitialized)
+        everywhere = _host.raised_everywhere(exception)
         if ctx is not None and not ctx.closed and not ctx._aborted and not everywhere:
             ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
 

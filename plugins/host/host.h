@@ -108,6 +108,13 @@ void hp_reduce_into(int dtype, int op, void *dst, const void *src,
 /* x[i] /= divisor (AVG finalisation after a SUM). */
 void hp_divide(int dtype, void *x, uint64_t count, int divisor);
 
+/* Copy n bytes (copy.c): glibc's memcpy, except where it is slow (a
+ * destination 1..63 bytes past the source modulo 4 KiB, on CPUs whose
+ * `rep movsb` stalls there) and, with stream, through non-temporal stores
+ * that bypass the cache (then call hp_copy_fence before publishing). */
+void hp_copy(void *dst, const void *src, size_t n, int stream);
+void hp_copy_fence(int stream);
+
 /* float16/bfloat16 buffer <-> float32 buffer (count elements; narrowing
  * rounds to nearest even). Used where a reduction spans several steps
  * (the multi-node allreduce): partial results stay float32 and are rounded

@@ -225,11 +225,11 @@ void hp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
     T acc[HP_BLOCK];                                                         \
     for (uint64_t base = 0; base < count; base += HP_BLOCK) {                \
       size_t m = (size_t)HP_MIN((uint64_t)HP_BLOCK, count - base);           \
-      memcpy(acc, (const T *)srcs[0] + base, m * sizeof(T));                 \
+      hp_copy(acc, (const T *)srcs[0] + base, m * sizeof(T), 0);             \
       for (int k = 1; k < n; k++) COMBINE(op, acc, (const T *)srcs[k] + base, m); \
       if (divisor > 0)                                                       \
         for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / divisor);        \
-      memcpy(dst + base, acc, m * sizeof(T));                                \
+      hp_copy(dst + base, acc, m * sizeof(T), 0);                            \
     }                                                                        \
   }
 

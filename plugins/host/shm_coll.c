@@ -33,9 +33,6 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <string.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 #include "host.h"
 
@@ -61,7 +58,7 @@ void hp_small_put(hp_group *g, hp_req *r) {
   unsigned char *mine = hp_small_slot(g, g->local_rank, r->k);
   if (a->kind == DDPLUG_COLL_ALLREDUCE || a->kind == DDPLUG_COLL_ALLGATHER ||
       (a->kind == DDPLUG_COLL_BROADCAST && a->root == g->rank))
-    memcpy(mine, a->send, bytes);
+    hp_copy(mine, a->send, bytes, 0);
 }
 
 /* After every rank arrived and the descriptors matched. */
@@ -82,7 +79,7 @@ void hp_small_finish(hp_group *g, hp_req *r) {
       if (a->root == g->rank) {
         if (a->send != a->recv) memmove(a->recv, a->send, bytes);
       } else {
-        memcpy(a->recv, hp_small_slot(g, g->local_of[a->root], r->k), bytes);
+        hp_copy(a->recv, hp_small_slot(g, g->local_of[a->root], r->k), bytes, 0);
       }
       break;
     case DDPLUG_COLL_ALLGATHER:
@@ -92,7 +89,7 @@ void hp_small_finish(hp_group *g, hp_req *r) {
         if (j == g->local_rank) {
           if ((const void *)dst != a->send) memmove(dst, a->send, bytes);
         } else {
-          memcpy(dst, hp_small_slot(g, j, r->k), bytes);
+          hp_copy(dst, hp_small_slot(g, j, r->k), bytes, 0);
         }
       }
       break;
@@ -186,13 +183,13 @@ static void copy_in(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   }
   const unsigned char *src = p->in + c * p->chunk_elems * es;
   if (!reduces(p)) {
-    memcpy(dst, src, m * es);
+    hp_copy(dst, src, m * es, 0);
     return;
   }
   uint64_t off, len;
   slice(g, p, m, g->local_rank, &off, &len);
-  memcpy(dst, src, off * es);
-  memcpy(dst + (off + len) * es, src + (off + len) * es, (m - off - len) * es);
+  hp_copy(dst, src, off * es, 0);
+  hp_copy(dst + (off + len) * es, src + (off + len) * es, (m - off - len) * es, 0);
 }
 
 static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
@@ -212,42 +209,6 @@ static void reduce_slice(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
 /* Copy to the user's output. Large outputs are written with non-temporal
  * stores: no read-for-ownership of lines we overwrite entirely, and the
  * output does not evict the staging slots from the cache. */
-static void out_copy(void *dst, const void *src, size_t n, int stream) {
-#if defined(__x86_64__)
-  if (stream && n >= 256) {
-    unsigned char *d = dst;
-    const unsigned char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    size_t body = n & ~(size_t)63;
-    for (size_t i = 0; i < body; i += 64) {
-      __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
-      __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
-      __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
-      __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
-      _mm_stream_si128((__m128i *)(d + i), x0);
-      _mm_stream_si128((__m128i *)(d + i + 16), x1);
-      _mm_stream_si128((__m128i *)(d + i + 32), x2);
-      _mm_stream_si128((__m128i *)(d + i + 48), x3);
-    }
-    memcpy(d + body, s + body, n - body);
-    return;
-  }
-#endif
-  (void)stream;
-  memcpy(dst, src, n);
-}
-
-static void out_fence(int stream) {
-#if defined(__x86_64__)
-  if (stream) _mm_sfence();
-#endif
-  (void)stream;
-}
-
 static void copy_out(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
   uint64_t first = c * p->chunk_elems;
@@ -262,20 +223,20 @@ static void copy_out(hp_group *g, hp_pipe *p, uint64_t c, uint32_t a) {
         uint64_t off, len;
         slice(g, p, m, k, &off, &len);
         if (len)
-          out_copy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es, nt);
+          hp_copy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es, nt);
       }
       break;
     case HP_PIPE_BCAST:
-      out_copy(p->out + first * es, stage(g, a, p->src), m * es, nt);
+      hp_copy(p->out + first * es, stage(g, a, p->src), m * es, nt);
       break;
     default: /* ALLGATHER, GATHER_LEADER: out is the whole receive buffer */
       for (int k = 0; k < g->local_world; k++) {
         uint64_t at = (uint64_t)g->local_ranks[k] * p->elems + first;
-        out_copy(p->out + at * es, stage(g, a, k), m * es, nt);
+        hp_copy(p->out + at * es, stage(g, a, k), m * es, nt);
       }
       break;
   }
-  out_fence(nt);
+  hp_copy_fence(nt);
 }
 
 /* See host.h: run the pipeline as far as it goes without waiting. */

@@ -22,6 +22,9 @@ Configurations:
   ddp (gloo), bucket view      gradient_as_bucket_view=True
   ddp (gloo), 100 MiB buckets  bucket_cap_mb=100, gradient_as_bucket_view=True
   ddplug (host)                strategy=DdplugStrategy() with the default config
+  no communication (1 rank)    the same step in one process (devices=1): the floor
+                               no strategy can beat; what is left above it is
+                               the cost of the gradient exchange
 "gloo at its best" is the fastest ddp row. The table gives the median and mean step
 time and the ratio to the default ddp row. The machine's other load shows up as
 noise: compare rows of one invocation, re-run for confirmation.
@@ -46,6 +49,7 @@ CONFIGS = [
     ("ddp (gloo), bucket view", "ddp", {"gradient_as_bucket_view": True}),
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
     ("ddplug (host)", "ddplug", {}),
+    ("no communication (1 rank)", "single", {}),
 ]
 
 
@@ -106,9 +110,12 @@ def worker(args: argparse.Namespace) -> None:
         from lightning.pytorch.strategies import DDPStrategy
 
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
+    devices = 2
+    if args.strategy == "single":  # the floor: the same step without any gradient exchange
+        strategy, devices = "auto", 1
     timer = Timer()
     model = Net()
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps + args.warmup,
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps + args.warmup,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[timer])
     trainer.fit(model, DataLoader(data, batch_size=args.batch, shuffle=True))
@@ -202,6 +209,17 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
         print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
               f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
+    floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
+    mine = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug"), None)
+    if floor is not None and base is not None and mine is not None:
+        # What each strategy adds to the step beyond its computation.
+        over = {"ddp default": base - floor, "gloo best": best - floor, "ddplug": mine - floor}
+        for r in rows:
+            r["above_floor_ms"] = r["median_ms"] - floor
+        print(f"\nexchange cost above the 1-rank floor ({floor:.1f} ms): ddp default {over['ddp default']:.1f} ms,"
+              f" gloo best {over['gloo best']:.1f} ms, ddplug {over['ddplug']:.1f} ms"
+              + (f" ({over['ddp default'] / over['ddplug']:.1f}x less than ddp default)" if over["ddplug"] > 0 else ""),
+              flush=True)
 
 if __name__ == "__main__":
     main()

@@ -511,6 +511,15 @@ static void rank_start_fails(int rank, int world, void *arg) {
   (void)arg;
   use_config("{\"plugin\": \"reentrant\", \"rendezvous\": {\"timeout_s\": 20}}");
   ddplug_context *ctx = open_ok();
+  /* Rank 0 fails only once rank 1 has finished opening (else rank 1's open
+   * is what the abort ends): a key of the test's own in the run's store. */
+  ddplug_store *st = NULL;
+  CHECK_OK(ddplug_store_connect("127.0.0.1", atoi(getenv("MASTER_PORT")), NULL, 10000, &st));
+  if (rank == 1) CHECK_OK(ddplug_store_set(st, "test/rank1-opened", "1", 1));
+  void *v = NULL;
+  if (rank == 0) CHECK_OK(ddplug_store_get(st, "test/rank1-opened", 10000, &v, NULL));
+  ddplug_free(v);
+  ddplug_store_close(st);
   if (rank == 0) {
     float x[7] = {0};
     ddplug_request *req = NULL;

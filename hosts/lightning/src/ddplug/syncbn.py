@@ -35,27 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from . import _host
 from .context import Context, current
-
-
-def _staged(ctx: Context, tensor: Tensor) -> Tensor:
-    from ._host import _staged as staged
-
-    return staged(ctx, tensor)
-
-
-def _allgather(ctx: Context, local: Tensor) -> Tensor:
-    """(world_size, numel) of every rank's ``local`` (1-D), on ``local``'s device."""
-    work = _staged(ctx, local)
-    out = torch.empty(ctx.world_size * work.numel(), dtype=work.dtype, device=work.device)
-    ctx.allgather(work, out)
-    return out.view(ctx.world_size, -1).to(local.device)
-
-
-def _allreduce_sum(ctx: Context, t: Tensor) -> Tensor:
-    work = _staged(ctx, t)
-    ctx.allreduce(work, "sum")
-    return work.to(t.device)
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -78,7 +59,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             var, mean = torch.var_mean(x.to(sdt), dim=dims, correction=0)
             local[1: c + 1] = mean
             local[c + 1:] = var
-        every = _allgather(ctx, local)
+        every = _host.all_gather(ctx, local)
         counts, means, variances = every[:, :1], every[:, 1: c + 1], every[:, c + 1:]
         total = int(counts.sum().item())
         if total <= 1:
@@ -121,7 +102,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_b = sum_dy.to(weight.dtype) if need_b and weight is not None else None
         grad_x = None
         if need_x:  # every rank has the same graph, so every rank joins this allreduce
-            both = _allreduce_sum(fctx.ddplug, torch.cat([sum_dy, sum_dy_xmu]))
+            both = _host.reduce(fctx.ddplug, torch.cat([sum_dy, sum_dy_xmu]), "sum")
             mean_dy = both[:c] / fctx.total
             mean_dy_xmu = both[c:] / fctx.total
             scale = invstd if weight is None else invstd * weight.to(sdt)

@@ -120,8 +120,7 @@ class DdplugParallel:
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
         ctx = self._ctx
-        everywhere = _host.raised_everywhere(exception)
-        if ctx is not None and not ctx.closed and not ctx._aborted and not everywhere:
+        if ctx is not None and not ctx.closed and not ctx._aborted and not _host.raised_everywhere(exception):
             ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
 
     def _live(self) -> Optional[Context]:

@@ -162,8 +162,8 @@ typedef struct hp_wait_target {
   uint32_t until;
   int poster;      /* CTR: local index of the rank whose arrival ctr
                       counts, or -1; an arrival wait also ends (returns 0,
-                      the step re-checks) once a local rank has departed
-                      (group_destroy: it will never arrive)               */
+                      the step re-checks) once a local rank departed
+                      (group_destroy) before arriving: it never will      */
   int nfds;        /* FDS: until one of fds[] has its events               */
   struct pollfd fds[2];
 } hp_wait_target;

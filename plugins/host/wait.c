@@ -81,9 +81,14 @@ void hp_ctr_sleep(hp_ctr *c, uint32_t seen, uint64_t timeout_ns, int shared) {
   atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_seq_cst);
 }
 
-static int any_departed(hp_group *g) {
+/* A local rank that left (group_destroy) without reaching arrival `until`:
+ * it never will. (One that departed after arriving is no reason to stop
+ * waiting for another: returning at once would turn the wait into a spin.) */
+static int never_arrives(hp_group *g, uint32_t until) {
   for (int j = 0; j < g->local_world; j++)
-    if (atomic_load_explicit(&g->shm.procs[j].departed, memory_order_acquire)) return 1;
+    if (atomic_load_explicit(&g->shm.procs[j].departed, memory_order_acquire) &&
+        !hp_ctr_ge(&g->shm.ctl[j].arrive, until))
+      return 1;
   return 0;
 }
 
@@ -111,7 +116,7 @@ static int wait_ctr(hp_group *g, hp_ctr *c, uint32_t until, int poster,
     if (fs) return fs;
     /* waiting for arrivals and a local rank left (group_destroy): it will
      * never arrive; the step sees that and reports it */
-    if (arrival && any_departed(g)) return 0;
+    if (arrival && never_arrives(g, until)) return 0;
     uint64_t now = hp_now_ns();
     if (now >= deadline) return HP_AGAIN;
     uint64_t max_slice = g->leader && g->num_nodes > 1 ? HP_LEADER_SLICE_NS : HP_SLICE_NS;

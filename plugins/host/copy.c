@@ -8,9 +8,11 @@
  * 2.1-2.7 GB/s instead of 30-48 GB/s for 4 KiB..128 KiB blocks). A malloc'd
  * user buffer is 16 bytes past a page boundary, the shared-memory slots are
  * page-aligned: every copy of such a buffer hit it, and allreduces of 32 KiB
- * to 4 MiB ran at a quarter of their speed. Those copies (offset 1..63, to
- * be safe) go through a plain vector loop instead; every other copy is
- * glibc's. Large outputs may use streaming stores (see hp_copy in host.h).
+ * to 4 MiB ran at a quarter of their speed. Those copies (skew 1..31)
+ * go through a plain vector loop instead; every other copy is glibc's, which
+ * is as fast or faster there (skews 32..63 included). Large outputs may use
+ * streaming stores (see hp_copy in host.h). `build/bin/ddplug-copy-perf`
+ * prints both, by size and skew.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -58,7 +60,7 @@ static void vector_copy(unsigned char *d, const unsigned char *s, size_t n, int 
 void hp_copy(void *dst, const void *src, size_t n, int stream) {
 #if defined(__x86_64__)
   uintptr_t skew = ((uintptr_t)dst - (uintptr_t)src) & 4095;
-  if (n >= 256 && (stream || (skew >= 1 && skew <= 63))) {
+  if (n >= 256 && (stream || (skew >= 1 && skew <= 31))) {
     vector_copy(dst, src, n, stream);
     return;
   }

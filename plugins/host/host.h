@@ -109,7 +109,7 @@ void hp_reduce_into(int dtype, int op, void *dst, const void *src,
 void hp_divide(int dtype, void *x, uint64_t count, int divisor);
 
 /* Copy n bytes (copy.c): glibc's memcpy, except where it is slow (a
- * destination 1..63 bytes past the source modulo 4 KiB, on CPUs whose
+ * destination 1..31 bytes past the source modulo 4 KiB, on CPUs whose
  * `rep movsb` stalls there) and, with stream, through non-temporal stores
  * that bypass the cache (then call hp_copy_fence before publishing). */
 void hp_copy(void *dst, const void *src, size_t n, int stream);

@@ -5,6 +5,7 @@
  * killed (PEER_LOST naming it), rank 0 killed, abort from one rank, a
  * collective timeout and a mismatched collective. */
 #include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -155,8 +156,11 @@ TEST(config_log_level_applies) {
   CHECK_OK(ddplug_log_set_callback(NULL, NULL));
 }
 
-/* rendezvous.external: the store is served elsewhere (here by the test's
- * parent process) and every rank, rank 0 included, connects to it. */
+/* rendezvous.external: the store is served elsewhere (here by a process of
+ * its own) and every rank, rank 0 included, connects to it. The server runs
+ * in a forked child, not in a thread of this process: the ranks are forked
+ * from here, and a fork taken while another thread holds a lock (malloc's,
+ * ASan's) can leave the child waiting for it forever. */
 static void rank_external(int rank, int world, void *arg) {
   char cfg[256];
   snprintf(cfg, sizeof cfg,
@@ -173,9 +177,23 @@ static void rank_external(int rank, int world, void *arg) {
 }
 
 TEST(an_external_store_serves_the_run) {
-  ddplug_store_server *srv = NULL;
-  CHECK_OK(ddplug_store_serve("127.0.0.1", 0, NULL, &srv));
-  int port = ddplug_store_server_port(srv);
+  int fds[2];
+  CHECK(pipe(fds) == 0);
+  pid_t server = fork();
+  CHECK(server >= 0);
+  if (server == 0) { /* the external store: serve until killed */
+    close(fds[0]);
+    ddplug_store_server *srv = NULL;
+    int port = ddplug_store_serve("127.0.0.1", 0, NULL, &srv) == DDPLUG_OK
+                   ? ddplug_store_server_port(srv)
+                   : -1;
+    if (write(fds[1], &port, sizeof port) != (ssize_t)sizeof port) _exit(1);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  int port = -1;
+  CHECK(read(fds[0], &port, sizeof port) == (ssize_t)sizeof port && port > 0);
+  close(fds[0]);
   CHECK_EQ_INT(dt_run_ranks(3, rank_external, &port, NULL, 60, NULL), 0);
   /* The run's keys are in the external store (rank 0 served nothing). */
   ddplug_store *st = NULL;
@@ -186,7 +204,8 @@ TEST(an_external_store_serves_the_run) {
   CHECK_CONTAINS((const char *)val, "\"ok\":true");
   ddplug_free(val);
   ddplug_store_close(st);
-  ddplug_store_server_stop(srv);
+  kill(server, SIGKILL);
+  CHECK(waitpid(server, NULL, 0) == server);
 }
 
 /* ---- startup checks ---------------------------------------------------- */

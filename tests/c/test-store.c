@@ -211,27 +211,42 @@ TEST(get_timeout_names_key_and_time) {
 
 /* ---- blocking calls served by other processes ---------------------------- */
 
+/* The setter is forked before the test's server thread exists (as in the
+ * hammer test below: a fork while another thread holds an allocator lock
+ * can leave the child stuck), and connects once the server is up. */
 typedef struct setter_arg {
   int port;
   int delay_ms;
   const char *key;
   const char *value;
+  const char *gate; /* NULL, or a key to wait for before the delay */
 } setter_arg;
 
 static void setter_main(void *p) {
   setter_arg *a = p;
   ddplug_store *st = st_connect(a->port, NULL);
+  if (a->gate) {
+    void *v = NULL;
+    CHECK_OK(ddplug_store_get(st, a->gate, 20000, &v, NULL));
+    ddplug_free(v);
+  }
   ddplug__sleep_ms(a->delay_ms);
   CHECK_OK(ddplug_store_set(st, a->key, a->value, strlen(a->value)));
   ddplug_store_close(st);
 }
 
+static ddplug_store_server *serve_on(int port) {
+  ddplug_store_server *srv = NULL;
+  CHECK_OK(ddplug_store_serve("127.0.0.1", port, NULL, &srv));
+  return srv;
+}
+
 TEST(get_waits_for_key_set_later_by_another_process) {
-  ddplug_store_server *srv = st_serve(NULL);
-  int port = ddplug_store_server_port(srv);
-  ddplug_store *st = st_connect(port, NULL);
-  setter_arg a = {port, 300, "late/key", "arrived"};
+  int port = dt_free_port();
+  setter_arg a = {port, 300, "late/key", "arrived", NULL};
   pid_t pid = dt_fork(setter_main, &a);
+  ddplug_store_server *srv = serve_on(port);
+  ddplug_store *st = st_connect(port, NULL);
   void *v = NULL;
   double t0 = st_now_s();
   CHECK_OK(ddplug_store_get(st, "late/key", 20000, &v, NULL));
@@ -245,14 +260,15 @@ TEST(get_waits_for_key_set_later_by_another_process) {
 }
 
 TEST(wait_is_woken_by_another_process_and_delete_rearms) {
-  ddplug_store_server *srv = st_serve(NULL);
-  int port = ddplug_store_server_port(srv);
+  int port = dt_free_port();
+  setter_arg a = {port, 200, "x/1", "v", "x/go"};
+  pid_t pid = dt_fork(setter_main, &a);
+  ddplug_store_server *srv = serve_on(port);
   ddplug_store *st = st_connect(port, NULL);
   /* A key set and deleted again before the wait must not count. */
   CHECK_OK(ddplug_store_set(st, "x/1", "", 0));
   CHECK_OK(ddplug_store_delete(st, "x/1", NULL));
-  setter_arg a = {port, 200, "x/1", "v"};
-  pid_t pid = dt_fork(setter_main, &a);
+  CHECK_OK(ddplug_store_set(st, "x/go", "", 0)); /* now the setter may set x/1 */
   const char *keys[] = {"x/1"};
   CHECK_OK(ddplug_store_wait(st, keys, 1, 20000));
   st_join_child(pid, 10000, "the setter");

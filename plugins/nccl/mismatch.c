@@ -4,12 +4,15 @@
  *
  * NCCL itself cannot detect mismatched collectives: different counts or
  * dtypes produce garbage or overrun buffers, different kinds or a missing
- * call hang until the collective timeout. With the check on, for sequence
+ * call hang until the collective timeout. With the check on, for check
  * number N every rank R > 0 publishes its description as "mm/N/R"; rank 0
  * reads them all, compares with its own and publishes one verdict
  * "mm/N/verdict" that every rank reads. So a mismatch is reported on every
  * rank, naming the first rank that differs and both calls, and nothing is
- * enqueued: the group stays usable. Cost: one store write and one read per
+ * enqueued: the group stays usable. N counts checks, not collectives: the
+ * runtime gives the next call the refused call's seq again (it was never
+ * started), and keys of that seq would find the refused call's verdict.
+ * Cost: one store write and one read per
  * collective per rank (rank 0: world - 1 reads), i.e. milliseconds; meant
  * for debugging, off by default.
  *
@@ -46,8 +49,8 @@ static void describe(const ddplug_coll_args *a, char *buf, size_t cap) {
 }
 
 /* Rank 0: read every description, decide, publish "<status> <text>". */
-static int judge(ddplug_plugin_group *g, uint64_t seq, const char *mine,
-                 uint64_t deadline, char *verdict, size_t cap) {
+static int judge(ddplug_plugin_group *g, uint64_t round, uint64_t seq,
+                 const char *mine, uint64_t deadline, char *verdict, size_t cap) {
   const ddplug_host_services *s = g->svc;
   int st = DDPLUG_OK;
   int32_t differ = 0;
@@ -55,7 +58,7 @@ static int judge(ddplug_plugin_group *g, uint64_t seq, const char *mine,
   for (int32_t r = 1; r < g->world && st == DDPLUG_OK; r++) {
     char key[64], theirs[256];
     uint64_t len = 0;
-    snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)seq, r);
+    snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)round, r);
     int gs = s->store_get(s->host, key, theirs, sizeof theirs - 1, &len,
                           ddplug_nccl__left_ms(deadline));
     if (gs != DDPLUG_OK) {
@@ -86,11 +89,11 @@ static int judge(ddplug_plugin_group *g, uint64_t seq, const char *mine,
   if (n < 0) n = 0;
   if ((size_t)n >= cap) n = (int)cap - 1;
   char key[64];
-  snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)seq);
+  snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)round);
   int ps = s->store_set(s->host, key, verdict, (uint64_t)n);
-  /* Every rank read verdict seq-1 before publishing for seq. */
-  if (seq > 1) {
-    snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)(seq - 1));
+  /* Every rank read verdict round-1 before publishing for round. */
+  if (round > 1) {
+    snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)(round - 1));
     (void)s->store_delete(s->host, key);
   }
   return ps;
@@ -106,8 +109,9 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
   uint64_t len = 0;
   int st;
   if (g->world == 1) return DDPLUG_OK;
+  uint64_t round = ++g->mm_round;
   if (g->rank == 0) {
-    st = judge(g, a->seq, mine, deadline, verdict, sizeof verdict);
+    st = judge(g, round, a->seq, mine, deadline, verdict, sizeof verdict);
     if (st != DDPLUG_OK)
       return ddplug_nccl__fail(s, st,
                                "collective seq %llu: cannot publish the "
@@ -116,12 +120,12 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
                                ddplug_nccl__status_name(st));
     len = strlen(verdict);
   } else {
-    snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)a->seq, g->rank);
+    snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)round, g->rank);
     st = s->store_set(s->host, key, mine, strlen(mine));
     if (st == DDPLUG_OK) {
       /* Rank 0 gives up on a missing rank after the timeout and says so in
        * its verdict: wait longer than that for the verdict. */
-      snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)a->seq);
+      snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)round);
       st = s->store_get(s->host, key, verdict, sizeof verdict - 1, &len,
                         ddplug_nccl__left_ms(deadline) + g->timeout_ms);
     }

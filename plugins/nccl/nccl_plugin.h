@@ -249,6 +249,8 @@ struct ddplug_plugin_group {
   int fail_status;                   /* under comm_mu                       */
   char fail_msg[DDPLUG_NCCL__MSG_MAX]; /* under comm_mu                     */
 
+  uint64_t mm_round;                 /* mismatch checks so far (slot thread) */
+
   cudaStream_t stream;               /* internal: barriers                  */
   int32_t *scratch;                  /* device int32 for barriers           */
   ddplug_nccl_pool pool;

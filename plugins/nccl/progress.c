@@ -16,11 +16,16 @@
 
 #define STORE_POLL_NS 100000000ull /* 100 ms */
 
+/* ncclTimeout (8) is newer than some NCCL headers the plugin builds against
+ * (2.28's end at ncclInProgress): matched by value, so the plugin builds
+ * against either and an older library, which never returns it, is unaffected. */
+#define NCCL_RESULT_TIMEOUT 8
+
 int ddplug_nccl__status_of(ncclResult_t r) {
-  switch (r) {
+  switch ((int)r) {
     case ncclSuccess: return DDPLUG_OK;
     case ncclRemoteError: return DDPLUG_E_PEER_LOST;
-    case ncclTimeout: return DDPLUG_E_TIMEOUT;
+    case NCCL_RESULT_TIMEOUT: return DDPLUG_E_TIMEOUT;
     case ncclInvalidArgument:
     case ncclInvalidUsage: return DDPLUG_E_INVALID_ARGUMENT;
     case ncclSystemError:

@@ -35,6 +35,12 @@ void dt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define DT_SKIP_EXIT 77
 void dt_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
+/* The current case's process keeps descriptors it cannot close (a loaded
+ * CUDA driver holds its device files, pipes and sockets until exit): the
+ * leak check is skipped for this case, with `why` noted. Call it in the
+ * case's own process, right after the call that opened them. */
+void dt_fds_kept_by_process(const char *why);
+
 /* TEST(name) { ... }  — 60 s timeout. TEST_T(name, seconds) for others. */
 #define TEST_T(name, timeout_s)                                              \
   static void dt_case_##name(void);                                          \

@@ -18,7 +18,7 @@ if(TARGET ddplug_nccl_objs)
   # and to see whether a GPU is there) and the plugin built.
   foreach(_t test-nccl-open test-nccl-gpu)
     if(TARGET ${_t})
-      target_link_libraries(${_t} PRIVATE ddplug_nccl_cudart)
+      target_link_libraries(${_t} PRIVATE ddplug_nccl_cudart ${CMAKE_DL_LIBS})
       target_compile_definitions(${_t} PRIVATE DDPLUG_TEST_NCCL=1)
       add_dependencies(${_t} ddplug-nccl)
     endif()

@@ -2,7 +2,7 @@
  * allreduce_perf.c — ddplug-allreduce-perf, an allreduce benchmark in the
  * manner of nccl-tests' all_reduce_perf, through the public API.
  *
- *   ddplug-allreduce-perf -b 8 -e 256M -f 2 -n 2 --plugin host
+ *   ddplug-allreduce-perf -b 8 -e 256M -f 2 -n 2 --plugin cpu
  *
  *   -b SIZE        smallest message in bytes (K, M, G suffixes)     [8]
  *   -e SIZE        largest message                                   [64M]
@@ -19,7 +19,7 @@
  *                  and enough for about 0.1 s per size)              [0]
  *   -I             in place (send == recv)
  *   -c 0|1         check results (one extra, verified run per size)  [1]
- *   --plugin NAME  plugin to load                                     [host]
+ *   --plugin NAME  plugin to load                                     [cpu]
  *                  nccl: runs ddplug-nccl-overhead (beside this program)
  *                  with -n -b -e -f -w -i --json, which times the plugin
  *                  against direct ncclAllReduce on the same device buffers,
@@ -84,7 +84,7 @@ static void usage(void) {
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){.min_bytes = 8, .max_bytes = 64ull << 20, .factor = 2.0, .ranks = 1, .nodes = 1,
               .dtype = DDPLUG_FLOAT32, .op = DDPLUG_OP_SUM, .warmup = 5, .check = 1,
-              .plugin = "host", .options = "{}"};
+              .plugin = "cpu", .options = "{}"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int used = 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""compare_allreduce.py — ddplug's host plugin against torch.distributed gloo,
+"""compare_allreduce.py — ddplug's cpu plugin against torch.distributed gloo,
 side by side, in one run, with this machine's memory-bandwidth limit.
 
     .venv/bin/python bench/compare_allreduce.py --build build -n 2 -b 8 -e 256M
@@ -9,7 +9,7 @@ best time, since a shared machine is noisy):
   1. ddplug-allreduce-perf --copy-bw: STREAM-style copy bandwidth BW (bytes
      read + written per second, one thread per rank), measured again after
      every round, the best kept;
-  2. ddplug-allreduce-perf --plugin host;
+  2. ddplug-allreduce-perf --plugin cpu;
   3. gloo_allreduce_perf.py --mode tcp (gloo's TCP transport);
   4. gloo_allreduce_perf.py --mode shm (gloo's shared-memory allreduce, if
      this torch has it; the run says whether it was used). torch 2.13.0+cpu
@@ -75,7 +75,7 @@ def main():
     ap.add_argument("-d", default="float32")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default="out/compare")
-    ap.add_argument("--options", default="{}", help="host plugin_options")
+    ap.add_argument("--options", default="{}", help="cpu plugin_options")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     perf = os.path.join(a.build, "bin", "ddplug-allreduce-perf")
@@ -98,7 +98,7 @@ def main():
     shm_evidence = None
     for i in range(a.repeat):
         j = os.path.join(a.out, f"ddplug.{i}.json")
-        if run([perf] + sizes + ["--plugin", "host", "--options", a.options, "--json", j], env) == 0:
+        if run([perf] + sizes + ["--plugin", "cpu", "--options", a.options, "--json", j], env) == 0:
             runs["ddplug"].append(load(j)["rows"])
         for mode in ("tcp", "shm"):
             j = os.path.join(a.out, f"gloo_{mode}.{i}.json")

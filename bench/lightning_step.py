@@ -21,7 +21,7 @@ Configurations:
   ddp (gloo), default          strategy="ddp" as a user gets it (25 MiB buckets)
   ddp (gloo), bucket view      gradient_as_bucket_view=True
   ddp (gloo), 100 MiB buckets  bucket_cap_mb=100, gradient_as_bucket_view=True
-  ddplug (host)                strategy=DdplugStrategy() with the default config
+  ddplug (cpu)                strategy=DdplugStrategy() with the default config
   no communication (1 rank)    the same step in one process (devices=1): the floor
                                no strategy can beat; what is left above it is
                                the cost of the gradient exchange
@@ -48,7 +48,7 @@ CONFIGS = [
     ("ddp (gloo), default", "ddp", {}),
     ("ddp (gloo), bucket view", "ddp", {"gradient_as_bucket_view": True}),
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
-    ("ddplug (host)", "ddplug", {}),
+    ("ddplug (cpu)", "ddplug", {}),
     ("no communication (1 rank)", "single", {}),
 ]
 

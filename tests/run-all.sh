@@ -17,7 +17,7 @@ if compgen -G "tests/python/test_*.py" >/dev/null; then
 fi
 # The C tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (LeakSanitizer checks every forked case and rank). The big collective
-# matrix is left to the normal build (its code paths run in test-host-api
+# matrix is left to the normal build (its code paths run in test-cpu-api
 # here too). DDPLUG_SANITIZE_PASS=0 skips this pass.
 if [[ "${DDPLUG_SANITIZE_PASS:-1}" != 0 ]]; then
   ASAN_BUILD="$BUILD-asan"
@@ -28,6 +28,6 @@ if [[ "${DDPLUG_SANITIZE_PASS:-1}" != 0 ]]; then
     -DDDPLUG_PYTHON="$(cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")/bin/python" \
     >"$ASAN_BUILD.configure.log" 2>&1 || { cat "$ASAN_BUILD.configure.log"; exit 1; }
   cmake --build "$ASAN_BUILD" -j "$JOBS" >"$ASAN_BUILD.build.log" 2>&1 || { tail -50 "$ASAN_BUILD.build.log"; exit 1; }
-  ctest --test-dir "$ASAN_BUILD" --output-on-failure -j "$JOBS" -E '^test-host-coll$'
+  ctest --test-dir "$ASAN_BUILD" --output-on-failure -j "$JOBS" -E '^test-cpu-coll$'
 fi
 echo "== all tests passed"

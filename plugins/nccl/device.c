@@ -95,7 +95,7 @@ void ddplug_nccl__no_device_text(cudaError_t err, char *buf, size_t cap) {
                    "no CUDA device visible (%s, driver: %s, runtime: CUDA "
                    "%d.%d; cudaGetDeviceCount: %s: %s). The nccl plugin needs "
                    "one GPU per rank; on a machine without GPUs use the "
-                   "\"host\" plugin",
+                   "\"cpu\" plugin",
                    visible_devices(vis, sizeof vis), drv, rv / 1000,
                    (rv % 1000) / 10, cudaGetErrorName(err),
                    cudaGetErrorString(err));

@@ -10,7 +10,7 @@
 
 #include <stdio.h>
 
-#include "store.h"
+#include "store/store.h"
 
 static uint64_t g_fuzz_rng = 1;
 static inline void fuzz_seed(uint64_t seed) { g_fuzz_rng = seed ? seed : 1; }

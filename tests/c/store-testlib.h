@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "store.h"
+#include "store/store.h"
 
 static inline ddplug_store_server *st_serve(const char *secret) {
   ddplug_store_server *srv = NULL;

@@ -7,7 +7,7 @@
  * diagnoses in real multi-process runs are in test-audit.c. */
 #include <stdlib.h>
 
-#include "data.h"
+#include "data/data.h"
 #include "harness.h"
 
 #define MAXR 8

@@ -14,11 +14,11 @@
  * own sampler slots (tests/plugins/sampler-plugin: with sampler_declared,
  * and as a plugin built against ABI 1.1 without it) on N % world != 0.
  * The failure modes run on the example backend and on the real host
- * plugin (libddplug-host.so). */
+ * plugin (libddplug-cpu.so). */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "data.h"
+#include "data/data.h"
 #include "harness.h"
 
 #define WORLD 4
@@ -124,7 +124,7 @@ static void run(dt_rank_fn fn, const char *const *env) {
   CHECK_EQ_INT(failed, 0);
 }
 
-/* Run fn on every rank with the plugin named by arg ("host", ...). */
+/* Run fn on every rank with the plugin named by arg ("cpu", ...). */
 static void run_on(dt_rank_fn fn, const char *plugin) {
   int failed = dt_run_ranks(WORLD, fn, (void *)plugin, NULL, 120, NULL);
   CHECK_EQ_INT(failed, 0);
@@ -173,8 +173,8 @@ TEST_T(correct_plugin_sampler_passes_every_epoch, 150) {
   run(rank_plugin_sampler_passes, NULL);
 }
 
-TEST_T(correct_plugin_sampler_passes_every_epoch_on_host, 150) {
-  run_on(rank_plugin_sampler_passes, "host");
+TEST_T(correct_plugin_sampler_passes_every_epoch_on_cpu, 150) {
+  run_on(rank_plugin_sampler_passes, "cpu");
 }
 
 static void rank_bucket_passes_with_padding(int rank, int world, void *arg) {
@@ -260,7 +260,7 @@ static void rank_split_twice(int rank, int world, void *arg) {
 }
 
 TEST_T(split_twice_is_double_partitioning, 150) { run(rank_split_twice, NULL); }
-TEST_T(split_twice_is_double_partitioning_on_host, 150) { run_on(rank_split_twice, "host"); }
+TEST_T(split_twice_is_double_partitioning_on_cpu, 150) { run_on(rank_split_twice, "cpu"); }
 
 static void rank_not_split(int rank, int world, void *arg) {
   setup su = {arg, NULL};
@@ -276,7 +276,7 @@ static void rank_not_split(int rank, int world, void *arg) {
 }
 
 TEST_T(not_split_is_no_partitioning, 150) { run(rank_not_split, NULL); }
-TEST_T(not_split_is_no_partitioning_on_host, 150) { run_on(rank_not_split, "host"); }
+TEST_T(not_split_is_no_partitioning_on_cpu, 150) { run_on(rank_not_split, "cpu"); }
 
 static void rank_uneven(int rank, int world, void *arg) {
   setup su = {arg, NULL};
@@ -306,7 +306,7 @@ static void rank_uneven(int rank, int world, void *arg) {
 }
 
 TEST_T(uneven_steps_are_diagnosed_with_the_rank, 150) { run(rank_uneven, NULL); }
-TEST_T(uneven_steps_are_diagnosed_on_host, 150) { run_on(rank_uneven, "host"); }
+TEST_T(uneven_steps_are_diagnosed_on_cpu, 150) { run_on(rank_uneven, "cpu"); }
 
 static void rank_epoch_not_advanced(int rank, int world, void *arg) {
   setup su = {arg, NULL};
@@ -337,8 +337,8 @@ TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed, 150) {
   run(rank_epoch_not_advanced, NULL);
 }
 
-TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed_on_host, 150) {
-  run_on(rank_epoch_not_advanced, "host");
+TEST_T(a_sampler_left_at_an_old_epoch_is_diagnosed_on_cpu, 150) {
+  run_on(rank_epoch_not_advanced, "cpu");
 }
 
 static void rank_same_order_user(int rank, int world, void *arg) {
@@ -393,7 +393,7 @@ static void rank_missing(int rank, int world, void *arg) {
 }
 
 TEST_T(missing_samples_are_diagnosed_with_examples, 150) { run(rank_missing, NULL); }
-TEST_T(missing_samples_are_diagnosed_on_host, 150) { run_on(rank_missing, "host"); }
+TEST_T(missing_samples_are_diagnosed_on_cpu, 150) { run_on(rank_missing, "cpu"); }
 
 /* ---- modes --------------------------------------------------------------- */
 
@@ -745,8 +745,8 @@ static void rank_out_of_range(int rank, int world, void *arg) {
 }
 
 TEST_T(out_of_range_indices_are_a_violation, 150) { run(rank_out_of_range, NULL); }
-TEST_T(out_of_range_indices_are_a_violation_on_host, 150) {
-  run_on(rank_out_of_range, "host");
+TEST_T(out_of_range_indices_are_a_violation_on_cpu, 150) {
+  run_on(rank_out_of_range, "cpu");
 }
 
 /* data_split.audit = "off": every epoch is SKIPPED, locally (no

@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "harness.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -191,7 +191,7 @@ TEST(defaults_are_the_documented_ones) {
       "\"data_split\":{\"audit\":\"first_epoch\",\"audit_exact_max\":100000000,"
       "\"on_violation\":\"error\",\"owner\":\"auto\",\"streams\":{}},"
       "\"gradients\":{\"average\":true,\"bucket_mb\":25,\"first_bucket_mb\":1},"
-      "\"log_level\":\"warn\",\"plugin\":\"host\",\"plugin_options\":{},"
+      "\"log_level\":\"warn\",\"plugin\":\"cpu\",\"plugin_options\":{},"
       "\"rendezvous\":{\"external\":false,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":300},"
       "\"sampler\":{\"bucket\":{\"batch_size\":8,\"num_buckets\":8,\"pad\":\"repeat\"},"
       "\"drop_last\":false,\"kind\":\"distributed\",\"seed\":0,\"shuffle\":true},"
@@ -248,8 +248,8 @@ TEST(hash_ignores_process_keys_and_form_but_not_content) {
   /* equal: form, explicit defaults, and what describes the process */
   static const char *const same[] = {
       " { } ",
-      "{\"plugin\": \"host\", \"sampler\": {\"shuffle\": true, \"seed\": 0}}",
-      "{\"sampler\": {\"seed\": 0, \"shuffle\": true}, \"plugin\": \"host\"}",
+      "{\"plugin\": \"cpu\", \"sampler\": {\"shuffle\": true, \"seed\": 0}}",
+      "{\"sampler\": {\"seed\": 0, \"shuffle\": true}, \"plugin\": \"cpu\"}",
       "{\"rendezvous\": {\"timeout_s\": 300.0}}",
       "{\"log_level\": \"trace\"}",
       "{\"world\": {\"rank\": 3, \"world_size\": 4, \"host_id\": \"n1\"}}",

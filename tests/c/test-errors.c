@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "base/base.h"
 
 TEST(every_status_has_name_and_message) {
   for (int s = 0; s < DDPLUG_STATUS_COUNT_; s++) {

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "run/context.h"
 
 static char g_path[4096];
 static const char *fixture(const char *name) {
@@ -67,6 +67,22 @@ TEST(not_found_lists_every_path_searched) {
   CHECK_CONTAINS(e, "/nonexistent-b/libddplug-nosuch.so (no such file)");
   CHECK_CONTAINS(e, DDPLUG_PLUGIN_INSTALL_DIR "/libddplug-nosuch.so");
   CHECK_CONTAINS(e, "Set DDPLUG_PLUGIN_PATH");
+}
+
+/* A name close to an installed plugin's, or the CPU plugin's former name,
+ * gets a "did you mean". */
+TEST(not_found_suggests_the_closest_plugin_name) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/lib", dt_build_dir());
+  setenv("DDPLUG_PLUGIN_PATH", dir, 1);
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_STATUS(ddplug_plugin_inspect("cpuu", &info), DDPLUG_E_NOT_FOUND);
+  CHECK_CONTAINS(ddplug_last_error(), "plugin 'cpuu' not found; searched: ");
+  CHECK_CONTAINS(ddplug_last_error(), " Did you mean \"cpu\"? Set DDPLUG_PLUGIN_PATH");
+  CHECK_STATUS(ddplug_plugin_inspect("host", &info), DDPLUG_E_NOT_FOUND);
+  CHECK_CONTAINS(ddplug_last_error(), "Did you mean \"cpu\"?");
+  CHECK_STATUS(ddplug_plugin_inspect("zzzzzz", &info), DDPLUG_E_NOT_FOUND);
+  CHECK(strstr(ddplug_last_error(), "Did you mean") == NULL);
 }
 
 /* DDPLUG_PLUGIN_PATH is searched in order, first match wins, entries that

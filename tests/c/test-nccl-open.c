@@ -83,7 +83,7 @@ static void open_fails(int rank, int world, void *arg) {
 static const expect no_device = {
     DDPLUG_E_UNSUPPORTED,
     {"no CUDA device visible (CUDA_VISIBLE_DEVICES", "driver: ",
-     "use the \"host\" plugin"}};
+     "use the \"cpu\" plugin"}};
 
 TEST(open_one_rank_without_a_gpu_is_unsupported) {
   need_no_gpu();

@@ -174,7 +174,7 @@ TEST(no_device_text_says_why) {
   CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES");
   CHECK_CONTAINS(buf, "driver: ");
   CHECK_CONTAINS(buf, "cudaErrorInsufficientDriver");
-  CHECK_CONTAINS(buf, "use the \"host\" plugin");
+  CHECK_CONTAINS(buf, "use the \"cpu\" plugin");
   setenv("CUDA_VISIBLE_DEVICES", "7", 1);
   ddplug_nccl__no_device_text(cudaErrorNoDevice, buf, sizeof buf);
   CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES=\"7\"");

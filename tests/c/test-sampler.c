@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "data.h"
+#include "data/data.h"
 #include "harness.h"
 
 /* ---- helpers ------------------------------------------------------------ */

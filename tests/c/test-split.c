@@ -5,7 +5,7 @@
  * names, and thread safety of concurrent claims. */
 #include <pthread.h>
 
-#include "data.h"
+#include "data/data.h"
 #include "harness.h"
 
 static ddplug__data_state *state_with(int fallback, const char *stream,

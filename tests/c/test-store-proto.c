@@ -8,7 +8,7 @@
 
 #include "harness.h"
 #include "store-fuzzgen.h"
-#include "store.h"
+#include "store/store.h"
 
 /* Decode the frame in b (skipping its length field). */
 static int decode(const ddplug__sbuf *b, ddplug__store_req *q, const char **why) {

@@ -2,7 +2,7 @@
  * Lightning's launcher, SLURM, single process, precedence, and every kind
  * of inconsistent input with the variables named. */
 #include "harness.h"
-#include "internal.h"
+#include "run/context.h"
 
 typedef struct envcase {
   const char *name;

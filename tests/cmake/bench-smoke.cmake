@@ -1,5 +1,5 @@
 # Smoke tests of the benchmark program ddplug-allreduce-perf
-# (bench/allreduce_perf.c) with the host plugin, so that a broken benchmark
+# (bench/allreduce_perf.c) with the cpu plugin, so that a broken benchmark
 # is noticed by ctest: small sizes (8 B to 64 KiB), few iterations, ranks it
 # launches itself (one node, and two simulated nodes with a 16-bit type).
 # Each must exit 0, print its table up to the largest size, and its own
@@ -25,10 +25,10 @@ if(CMAKE_SCRIPT_MODE_FILE)
   return()
 endif()
 
-if(TARGET ddplug-allreduce-perf AND TARGET ddplug-host)
+if(TARGET ddplug-allreduce-perf AND TARGET ddplug-cpu)
   set(_bench_smoke_cases
-    "host-bench-allreduce-perf-smoke|-b 8 -e 64K -f 2 -n 2 -w 1 -i 3"
-    "host-bench-allreduce-perf-smoke-two-nodes|-b 16 -e 64K -f 4 -n 4 -N 2 -d bfloat16 -o avg -w 1 -i 3")
+    "cpu-bench-allreduce-perf-smoke|-b 8 -e 64K -f 2 -n 2 -w 1 -i 3"
+    "cpu-bench-allreduce-perf-smoke-two-nodes|-b 16 -e 64K -f 4 -n 4 -N 2 -d bfloat16 -o avg -w 1 -i 3")
   foreach(_case IN LISTS _bench_smoke_cases)
     string(REPLACE "|" ";" _parts "${_case}")
     list(GET _parts 0 _name)

@@ -94,7 +94,7 @@ elseif(MODE STREQUAL "bad")
 elseif(MODE STREQUAL "stdin")
   execute_process(COMMAND ${CMD} check-config - INPUT_FILE ${_data}/good/full.json
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0 OR NOT out MATCHES "^<stdin>: ok: plugin host, world rank 2 of 8, ")
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "^<stdin>: ok: plugin cpu, world rank 2 of 8, ")
     message(FATAL_ERROR "check-config - < full.json: exit ${rc}\n${out}${err}")
   endif()
   execute_process(COMMAND ${CMD} check-config - INPUT_FILE ${_data}/bad/16-unknown-key-suggest.json
@@ -107,7 +107,7 @@ elseif(MODE STREQUAL "stdin")
 elseif(MODE STREQUAL "json")
   run(rc out err check-config --json ${_data}/good/minimal.json)
   if(NOT rc EQUAL 0 OR NOT out MATCHES
-     "^\\{\"checks\":\\{\"duplicate_gpu\":\"error\",\"param_sync_every\":0\\},.*\"plugin\":\"host\",.*\"timeouts\":\\{\"collective_s\":300\\}\\}\n$")
+     "^\\{\"checks\":\\{\"duplicate_gpu\":\"error\",\"param_sync_every\":0\\},.*\"plugin\":\"cpu\",.*\"timeouts\":\\{\"collective_s\":300\\}\\}\n$")
     message(FATAL_ERROR "check-config --json: exit ${rc}\n${out}${err}")
   endif()
 

@@ -6,8 +6,8 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
   set(_store_src ${PROJECT_SOURCE_DIR}/abi/src)
   add_executable(fuzz-store-frames
     ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz-store-frames.c
-    ${_store_src}/store_proto.c ${_store_src}/store_table.c
-    ${_store_src}/sha256.c ${_store_src}/util.c)
+    ${_store_src}/store/proto.c ${_store_src}/store/table.c
+    ${_store_src}/store/sha256.c ${_store_src}/base/util.c)
   target_include_directories(fuzz-store-frames PRIVATE ${_store_src})
   target_link_libraries(fuzz-store-frames PRIVATE ddplug_headers)
   target_compile_options(fuzz-store-frames PRIVATE ${DDPLUG_WARNINGS}

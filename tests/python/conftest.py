@@ -31,8 +31,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
-# The plugin the tests run on: "host" (CPU, shared memory) unless told otherwise.
-TEST_PLUGIN = os.environ.get("DDPLUG_TEST_PLUGIN", "host")
+# The plugin the tests run on: "cpu" (CPU, shared memory) unless told otherwise.
+TEST_PLUGIN = os.environ.get("DDPLUG_TEST_PLUGIN", "cpu")
 os.environ.setdefault("DDPLUG_CONFIG", json.dumps({"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}))
 
 

@@ -134,12 +134,12 @@ def test_candidates_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_config_errors_carry_position_and_class(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{\n  "plugin": "host",\n  "sampler": {"shufle": true}\n}\n')
+    bad.write_text('{\n  "plugin": "cpu",\n  "sampler": {"shufle": true}\n}\n')
     with pytest.raises(errors.ConfigError) as e:
         ddplug.Config.from_file(bad)
     assert "shufle" in str(e.value) and "shuffle" in str(e.value) and "[CONFIG]" in str(e.value)
     with pytest.raises(errors.ConfigError) as e:
-        ddplug.Config.from_string('{"plugin": "host",}', "inline")
+        ddplug.Config.from_string('{"plugin": "cpu",}', "inline")
     assert "inline:1:" in str(e.value)
 
 

@@ -23,7 +23,7 @@ def test_collectives(out: Path, world: int) -> None:
     res = results(out, world, codes, outs)
     total = sum(range(1, world + 1))
     for r in res:
-        assert r["plugin"] in ("host", "example")
+        assert r["plugin"] in ("cpu", "example")
         assert r["sum"] == [float(total)] * 5
         assert r["avg"] == pytest.approx([total / world] * 3)
         assert r["max"] == [world - 1, 0]
@@ -36,7 +36,7 @@ def test_collectives(out: Path, world: int) -> None:
         assert r["async_done"] == [True] * 4
         assert r["store_get"] == "hello\x00bytes"
         assert r["store_total"] == total
-        if r["plugin"] == "host":
+        if r["plugin"] == "cpu":
             assert r["bf16"] == pytest.approx([0.5 * total] * 7, rel=1e-2)
 
 

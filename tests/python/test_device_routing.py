@@ -1,6 +1,6 @@
 """CUDA routing, as far as a machine without a GPU can test it: a CUDA root
 device opens the "nccl" plugin unless the config names a plugin; CPU tensors stay
-on "host"; what the collectives give the plugin (stream, staging) per device."""
+on "cpu"; what the collectives give the plugin (stream, staging) per device."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ def test_config_names_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("DDPLUG_CONFIG", raising=False)
     assert _host.config_names_plugin(None) is False
     assert _host.config_names_plugin({"sampler": {}}) is False
-    assert _host.config_names_plugin({"plugin": "host"}) is True
+    assert _host.config_names_plugin({"plugin": "cpu"}) is True
     assert _host.config_names_plugin('{"plugin": "mine"}') is True
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"gradients": {"bucket_mb": 5}}))
     assert _host.config_names_plugin(str(f)) is False
-    f.write_text(json.dumps({"plugin": "host"}))
+    f.write_text(json.dumps({"plugin": "cpu"}))
     assert _host.config_names_plugin(f) is True
     monkeypatch.setenv("DDPLUG_CONFIG", str(f))
     assert _host.config_names_plugin(None) is True

@@ -22,7 +22,7 @@ export OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/run.json" <<'JSON'
-{"plugin": "host", "log_level": "warn", "rendezvous": {"timeout_s": 60}, "timeouts": {"collective_s": 60}}
+{"plugin": "cpu", "log_level": "warn", "rendezvous": {"timeout_s": 60}, "timeouts": {"collective_s": 60}}
 JSON
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 fails=0

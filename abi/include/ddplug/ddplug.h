@@ -341,8 +341,8 @@ typedef struct ddplug_plugin_info {
 } ddplug_plugin_info;
 #define DDPLUG_PLUGIN_INFO_INIT {sizeof(ddplug_plugin_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, {0}, {0}, {0}, {0}}
 
-/* Load the plugin named name_or_path (a name "host" is looked up as
- * libddplug-host.so in each directory of DDPLUG_PLUGIN_PATH, then the
+/* Load the plugin named name_or_path (a name "cpu" is looked up as
+ * libddplug-cpu.so in each directory of DDPLUG_PLUGIN_PATH, then the
  * installed plugin directory, then beside libddplug.so; anything containing
  * '/' is a path), check its ABI, fill *info, and unload it.
  * Errors: NOT_FOUND (last-error lists every path searched), ABI_MISMATCH

@@ -8,7 +8,7 @@ Data parallelism without ``torch.distributed``: ranks come from Lightning's clus
 environment (LightningEnvironment for ``devices=N`` with Lightning's subprocess
 launcher, TorchElasticEnvironment under torchrun, SLURMEnvironment, ...) and are
 passed to ddplug explicitly, so both agree. Collectives, gradient allreduce and the
-data split go through libddplug (plugin "host" for CPU tensors, "nccl" for CUDA).
+data split go through libddplug (plugin "cpu" for CPU tensors, "nccl" for CUDA).
 
 What it does that DDPStrategy does not:
 

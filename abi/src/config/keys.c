@@ -1,0 +1,332 @@
+/* config_schema.c — the one table of configuration keys (name, type, range,
+ * enum values, default, description) that drives the parser, the defaults,
+ * the getters and the messages; abi/schema/ddplug-config.schema.json is
+ * checked against it by tests/c/test-config.c. Also: the small pattern
+ * matcher for names, and "did you mean" suggestions.
+ * SPDX-License-Identifier: Apache-2.0 */
+#include <string.h>
+#include <strings.h>
+
+#include "config/config.h"
+
+static const char *const k_log_levels[] = {"off",  "error", "warn", "info",
+                                           "debug", "trace", NULL};
+static const char *const k_owners[] = {"auto", "plugin", "framework", "user",
+                                       NULL};
+static const char *const k_audits[] = {"off", "first_epoch", "every_epoch",
+                                       NULL};
+static const char *const k_on_violation[] = {"error", "warn", NULL};
+static const char *const k_sampler_kinds[] = {"distributed", "bucket", NULL};
+static const char *const k_pads[] = {"repeat", "drop", NULL};
+static const char *const k_duplicate_gpu[] = {"error", "warn", "allow", NULL};
+
+#define ENV_NAME_PATTERN "^[A-Za-z_][A-Za-z0-9_]*$"
+#define ENV_NAME_HINT \
+  "an environment variable name (letters, digits and '_', not starting " \
+  "with a digit)"
+#define STREAM_NAME_PATTERN "^[A-Za-z0-9_.-]{1,63}$"
+#define STREAM_NAME_HINT \
+  "a stream name of 1 to 63 characters of A-Z a-z 0-9 _ . -"
+
+/* 2^53: the largest integer every JSON reader keeps exactly. */
+#define MAX_SAFE_INT 9007199254740992LL
+
+#define OBJECT(p, pres, d) \
+  {.path = p, .type = DDPLUG__CFG_OBJECT, .presence = pres, .description = d}
+#define ENUM(p, values, def, d)                                           \
+  {.path = p, .type = DDPLUG__CFG_ENUM, .presence = DDPLUG__CFG_DEFAULT, \
+   .enum_values = values, .def_str = def, .description = d}
+#define BOOL(p, def, d)                                                   \
+  {.path = p, .type = DDPLUG__CFG_BOOL, .presence = DDPLUG__CFG_DEFAULT, \
+   .def_int = def, .description = d}
+#define INT(p, pres, lo, hi, def, d)                                 \
+  {.path = p, .type = DDPLUG__CFG_INT, .presence = pres, .imin = lo, \
+   .imax = hi, .def_int = def, .description = d}
+/* A number lo < v <= hi. */
+#define NUMBER(p, lo, hi, def, d)                                           \
+  {.path = p, .type = DDPLUG__CFG_NUMBER, .presence = DDPLUG__CFG_DEFAULT, \
+   .nmin = lo, .nmin_exclusive = 1, .nmax = hi, .def_num = def,           \
+   .description = d}
+#define STRING(p, pres, lo, hi, def, d)                                    \
+  {.path = p, .type = DDPLUG__CFG_STRING, .presence = pres, .min_len = lo, \
+   .max_len = hi, .def_str = def, .description = d}
+
+static const ddplug__cfg_key k_keys[] = {
+    STRING("plugin", DDPLUG__CFG_DEFAULT, 1, 0, "cpu",
+           "The strategy plugin: a name (looked up as libddplug-NAME.so) or a "
+           "path to a plugin file (contains '/')."),
+    ENUM("log_level", k_log_levels, "warn",
+         "Log threshold of this process (DDPLUG_LOG and "
+         "ddplug_log_set_level() take precedence). Not part of the config "
+         "hash."),
+
+    OBJECT("world", DDPLUG__CFG_OPTIONAL,
+           "An explicit world, used instead of the launcher's environment; "
+           "rank and world_size are then required. Describes this process, "
+           "so it is not part of the config hash."),
+    INT("world.rank", DDPLUG__CFG_REQUIRED, 0, 65535, 0,
+        "This process's rank, less than world_size."),
+    INT("world.world_size", DDPLUG__CFG_REQUIRED, 1, 65536, 0,
+        "Number of processes in the run."),
+    INT("world.local_rank", DDPLUG__CFG_OPTIONAL, 0, 65535, 0,
+        "Rank among the processes on this node, less than local_world_size."),
+    INT("world.local_world_size", DDPLUG__CFG_OPTIONAL, 1, 65536, 0,
+        "Number of processes on this node, at most world_size."),
+    INT("world.node_rank", DDPLUG__CFG_OPTIONAL, 0, 65535, 0,
+        "Index of this node."),
+    STRING("world.host_id", DDPLUG__CFG_OPTIONAL, 1, 255, NULL,
+           "Node identity: ranks with equal host ids share a node (default: "
+           "DDPLUG_HOST_ID, then hostname and boot id)."),
+
+    OBJECT("rendezvous", DDPLUG__CFG_DEFAULT,
+           "Where and how the ranks meet (the rendezvous store)."),
+    STRING("rendezvous.addr", DDPLUG__CFG_OPTIONAL, 1, 255, NULL,
+           "Store address (default: from world discovery, e.g. "
+           "MASTER_ADDR)."),
+    INT("rendezvous.port", DDPLUG__CFG_OPTIONAL, 0, 65535, 0,
+        "Store port (default: from world discovery, e.g. MASTER_PORT)."),
+    NUMBER("rendezvous.timeout_s", 0, 86400, 300,
+           "Seconds to wait for every rank to join at startup."),
+    {.path = "rendezvous.secret_env",
+     .type = DDPLUG__CFG_STRING,
+     .presence = DDPLUG__CFG_DEFAULT,
+     .pattern = ENV_NAME_PATTERN,
+     .pattern_hint = ENV_NAME_HINT,
+     .def_str = "DDPLUG_SECRET",
+     .description = "Name of the environment variable holding the store's "
+                    "shared secret (no secret if it is unset)."},
+    BOOL("rendezvous.external", 0,
+         "true: the store is served elsewhere and every rank connects to "
+         "addr:port (it must be a fresh store for every run); false: rank 0 "
+         "serves it."),
+
+    OBJECT("timeouts", DDPLUG__CFG_DEFAULT, "Timeouts of blocking calls."),
+    NUMBER("timeouts.collective_s", 0, 86400, 300,
+           "Seconds a collective may wait for the other ranks before the run "
+           "is aborted."),
+
+    OBJECT("data_split", DDPLUG__CFG_DEFAULT,
+           "Which layer splits the data among ranks, and the audit that "
+           "proves it."),
+    ENUM("data_split.owner", k_owners, "auto",
+         "Split owner of every stream not listed in streams: plugin "
+         "(ddplug's sampler), framework (the trainer's own), user (the "
+         "dataset is rank-aware) or auto (user if a rank-aware sampler is "
+         "found, else plugin)."),
+    {.path = "data_split.streams",
+     .type = DDPLUG__CFG_MAP,
+     .presence = DDPLUG__CFG_DEFAULT,
+     .pattern = STREAM_NAME_PATTERN,
+     .pattern_hint = STREAM_NAME_HINT,
+     .description = "Per-stream split owners, by stream name (train, val, "
+                    "test, predict or any name)."},
+    OBJECT("data_split.streams.*", DDPLUG__CFG_OPTIONAL,
+           "The split settings of one stream."),
+    {.path = "data_split.streams.*.owner",
+     .type = DDPLUG__CFG_ENUM,
+     .presence = DDPLUG__CFG_REQUIRED,
+     .enum_values = k_owners,
+     .description = "Split owner of this stream."},
+    ENUM("data_split.audit", k_audits, "first_epoch",
+         "When to audit that the ranks together saw each sample exactly "
+         "once."),
+    ENUM("data_split.on_violation", k_on_violation, "error",
+         "What a failed audit does: fail the run, or log a warning."),
+    INT("data_split.audit_exact_max", DDPLUG__CFG_DEFAULT,
+        DDPLUG__AUDIT_EXACT_MIN, DDPLUG__CFG_NO_MAX, 100000000,
+        "Audit exactly up to this many samples per epoch; beyond, follow "
+        "this many sampled ones (one bit each). At least 1024: fewer cannot "
+        "tell a lost or repeated sample from sampling error (0 would check "
+        "nothing)."),
+
+    OBJECT("sampler", DDPLUG__CFG_DEFAULT,
+           "ddplug's default samplers (used where the plugin owns the "
+           "split)."),
+    ENUM("sampler.kind", k_sampler_kinds, "distributed",
+         "distributed: an index sampler, equal length per rank; bucket: "
+         "length-bucketed batches, equal number per rank."),
+    BOOL("sampler.shuffle", 1, "Shuffle each epoch (seed + epoch)."),
+    INT("sampler.seed", DDPLUG__CFG_DEFAULT, 0, MAX_SAFE_INT, 0,
+        "Seed of the shuffle; identical on every rank."),
+    BOOL("sampler.drop_last", 0,
+         "Drop the tail so every rank gets equal whole parts (false: pad by "
+         "repeating samples)."),
+    OBJECT("sampler.bucket", DDPLUG__CFG_DEFAULT,
+           "Settings of the bucket sampler."),
+    {.path = "sampler.bucket.boundaries",
+     .type = DDPLUG__CFG_INT_ARRAY,
+     .presence = DDPLUG__CFG_OPTIONAL,
+     .imin = 1,
+     .imax = DDPLUG__CFG_NO_MAX,
+     .min_len = 1,
+     .max_len = 1024,
+     .ascending = 1,
+     .description = "Upper length bounds of the buckets, strictly "
+                    "ascending (absent: num_buckets quantile buckets)."},
+    INT("sampler.bucket.num_buckets", DDPLUG__CFG_DEFAULT, 1, 1024, 8,
+        "Number of quantile buckets when boundaries are absent."),
+    INT("sampler.bucket.batch_size", DDPLUG__CFG_DEFAULT, 1, 1048576, 8,
+        "Samples per batch on each rank."),
+    ENUM("sampler.bucket.pad", k_pads, "repeat",
+         "How batches are made equal in number across ranks: repeat "
+         "samples, or drop the excess."),
+
+    OBJECT("gradients", DDPLUG__CFG_DEFAULT, "Gradient allreduce."),
+    NUMBER("gradients.bucket_mb", 0, 4096, 25,
+           "Size of a gradient bucket in MiB."),
+    NUMBER("gradients.first_bucket_mb", 0, 4096, 1,
+           "Size of the first gradient bucket in MiB (small, so that "
+           "communication starts early)."),
+    BOOL("gradients.average", 1,
+         "Divide the summed gradients by the world size."),
+
+    OBJECT("checks", DDPLUG__CFG_DEFAULT, "Startup and runtime checks."),
+    ENUM("checks.duplicate_gpu", k_duplicate_gpu, "error",
+         "Two ranks bound to one GPU: fail, warn, or allow."),
+    INT("checks.param_sync_every", DDPLUG__CFG_DEFAULT, 0, DDPLUG__CFG_NO_MAX,
+        0,
+        "Check every N steps that parameters are identical on all ranks "
+        "(0: never)."),
+
+    {.path = "plugin_options",
+     .type = DDPLUG__CFG_FREE,
+     .presence = DDPLUG__CFG_DEFAULT,
+     .description = "Options for the plugin, passed to it as JSON; the "
+                    "plugin validates them."},
+};
+
+const ddplug__cfg_key *ddplug__config_keys(size_t *count) {
+  if (count) *count = DDPLUG__ARRAY_LEN(k_keys);
+  return k_keys;
+}
+
+const ddplug__cfg_key *ddplug__config_key_find(const char *path, size_t len) {
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(k_keys); i++)
+    if (strlen(k_keys[i].path) == len && !memcmp(k_keys[i].path, path, len))
+      return &k_keys[i];
+  return NULL;
+}
+
+int ddplug__config_key_is_child(const ddplug__cfg_key *k, const char *parent) {
+  size_t plen = strlen(parent);
+  const char *rest = k->path;
+  if (plen) {
+    if (strncmp(k->path, parent, plen) != 0 || k->path[plen] != '.') return 0;
+    rest = k->path + plen + 1;
+  }
+  return strchr(rest, '.') == NULL;
+}
+
+const ddplug__cfg_key *ddplug__config_key_child(const char *parent,
+                                                const char *name, size_t len) {
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(k_keys); i++) {
+    const ddplug__cfg_key *k = &k_keys[i];
+    const char *kn = ddplug__config_key_name(k);
+    if (strlen(kn) == len && !memcmp(kn, name, len) &&
+        ddplug__config_key_is_child(k, parent))
+      return k;
+  }
+  return NULL;
+}
+
+const char *ddplug__config_key_name(const ddplug__cfg_key *k) {
+  const char *dot = strrchr(k->path, '.');
+  return dot ? dot + 1 : k->path;
+}
+
+/* ---- patterns ------------------------------------------------------------ */
+
+/* One atom of a pattern: a bracket class and how often it may repeat. */
+typedef struct atom {
+  const char *cls; /* after '[' */
+  size_t cls_len;  /* up to, not including, ']' */
+  size_t min, max; /* max SIZE_MAX = unbounded */
+} atom;
+
+static int class_has(const atom *a, unsigned char c) {
+  for (size_t i = 0; i < a->cls_len; i++) {
+    unsigned char lo = (unsigned char)a->cls[i];
+    if (i + 2 < a->cls_len && a->cls[i + 1] == '-') {
+      unsigned char hi = (unsigned char)a->cls[i + 2];
+      if (c >= lo && c <= hi) return 1;
+      i += 2;
+    } else if (c == lo) {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Parse a decimal number at *p; advances *p. */
+static size_t parse_count(const char **p) {
+  size_t v = 0;
+  while (**p >= '0' && **p <= '9') v = v * 10 + (size_t)(*(*p)++ - '0');
+  return v;
+}
+
+/* Backtracking over at most a handful of atoms: fine for names. */
+static int match_atoms(const atom *atoms, size_t n, const unsigned char *t,
+                       size_t len) {
+  if (n == 0) return len == 0;
+  size_t run = 0;
+  while (run < len && run < atoms[0].max && class_has(&atoms[0], t[run])) run++;
+  for (size_t k = run + 1; k-- > atoms[0].min;)
+    if (match_atoms(atoms + 1, n - 1, t + k, len - k)) return 1;
+  return 0;
+}
+
+int ddplug__config_pattern_match(const char *pattern, const char *text,
+                                 size_t len) {
+  atom atoms[8];
+  size_t n = 0;
+  const char *p = pattern;
+  if (*p++ != '^') return -1;
+  while (*p && *p != '$') {
+    if (*p != '[' || n == DDPLUG__ARRAY_LEN(atoms)) return -1;
+    const char *end = strchr(p + 1, ']');
+    if (!end || end == p + 1) return -1;
+    atom a = {p + 1, (size_t)(end - p - 1), 1, 1};
+    p = end + 1;
+    if (*p == '*' || *p == '+') {
+      a.min = *p == '*' ? 0 : 1;
+      a.max = SIZE_MAX;
+      p++;
+    } else if (*p == '{') {
+      p++;
+      a.min = parse_count(&p);
+      if (*p++ != ',') return -1;
+      a.max = parse_count(&p);
+      if (*p++ != '}' || a.max < a.min) return -1;
+    }
+    atoms[n++] = a;
+  }
+  if (*p != '$' || p[1] != '\0') return -1;
+  return match_atoms(atoms, n, (const unsigned char *)text, len);
+}
+
+/* ---- did you mean -------------------------------------------------------- */
+
+void ddplug__suggest_init(ddplug__suggest *s, const char *word) {
+  s->word = word;
+  s->best[0] = '\0';
+  s->best_dist = -1;
+}
+
+/* Close enough: at most 2 edits, and fewer than half the longer word. */
+void ddplug__suggest_offer(ddplug__suggest *s, const char *cand, size_t len) {
+  char buf[sizeof s->best];
+  if (len >= sizeof buf || !s->word) return;
+  memcpy(buf, cand, len);
+  buf[len] = '\0';
+  int d = ddplug__edit_distance(s->word, buf, 2);
+  if (d > 1 && strcasecmp(s->word, buf) == 0) d = 1; /* "AUTO" → "auto" */
+  size_t longer = DDPLUG__MAX(strlen(s->word), len);
+  if (d > 2 || d == 0 || (size_t)(2 * d) >= longer) return;
+  if (s->best_dist >= 0 && d >= s->best_dist) return;
+  memcpy(s->best, buf, len + 1);
+  s->best_dist = d;
+}
+
+const char *ddplug__suggest_best(const ddplug__suggest *s) {
+  return s->best_dist >= 0 ? s->best : NULL;
+}

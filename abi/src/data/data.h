@@ -1,0 +1,290 @@
+/*
+ * data.h — the data layer's header: internal declarations of data-split
+ * ownership, the samplers and the audit. Depends on base/, config/ and
+ * run/. The module map of abi/src/data/:
+ *   feistel.c       keyed bijection of [0, N) (Feistel + cycle walking)
+ *   distributed.c   the default distributed index sampler
+ *   bucket.c        the default length-bucketed batch sampler
+ *   sampler.c       ddplug_sampler_*: validation, dispatch to the defaults or
+ *                   a plugin's sampler slots, audit feed; the stream-name rule
+ *   sampler_bind.c  ddplug_context_sampler_new: a sampler bound to a context
+ *   owner.c         per-stream split ownership (claims, forced owners)
+ *   agree.c         ddplug_split_*: claims agreed across ranks via the store
+ *   record.c        the audit's per-rank recording (exact set or sample)
+ *   diagnose.c      the verdict and texts from gathered statistics
+ *   audit.c         ddplug_audit_*: begin, record, the collective finish
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef DDPLUG_DATA_H
+#define DDPLUG_DATA_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+
+/* ---- the permutation (sampler_feistel.c) --------------------------------- */
+
+#define DDPLUG__FEISTEL_ROUNDS 4
+
+/* A keyed bijection pi of [0, n). Plain data: copy freely. */
+typedef struct ddplug__feistel {
+  uint64_t n;
+  uint32_t bits_hi, bits_lo; /* widths of the left and right halves */
+  uint32_t mask_hi, mask_lo;
+  uint32_t key[DDPLUG__FEISTEL_ROUNDS];
+} ddplug__feistel;
+
+/* Derive the permutation of [0, n) for (seed, epoch, salt). O(1), never
+ * fails (returns DDPLUG_OK); n may be 0 or 1. */
+int ddplug__feistel_init(ddplug__feistel *f, uint64_t n, uint64_t seed,
+                         uint64_t epoch, uint64_t salt);
+/* pi(i) for i < n. */
+uint64_t ddplug__feistel_apply(const ddplug__feistel *f, uint64_t i);
+/* out[t] = pi(start + t * stride) for t < count; every input must be < n. */
+void ddplug__feistel_map(const ddplug__feistel *f, uint64_t start,
+                         uint64_t stride, uint64_t count, int64_t *out);
+
+/* Salts that keep the permutations of one (seed, epoch) independent. */
+#define DDPLUG__SALT_DISTRIBUTED 0x64697374ull /* "dist" */
+#define DDPLUG__SALT_BATCH_ORDER 0x62617463ull /* "batc" */
+#define DDPLUG__SALT_BUCKET 0x6275636bull      /* "buck" + bucket number */
+#define DDPLUG__SALT_AUDIT 0x61756469ull       /* "audi" */
+
+/* ---- default samplers (sampler_distributed.c, sampler_bucket.c) ---------- */
+
+/* Both defaults implement the plugin's sampler slots (plugin.h) with the same
+ * contracts, so sampler_api.c drives a default and a plugin-supplied sampler
+ * through one table. `create` validates desc itself (a copied, size-checked
+ * desc; kind already matched) and sets the last error on failure. */
+typedef struct ddplug__sampler_ops {
+  int (*create)(const ddplug_sampler_desc *desc, ddplug_plugin_sampler **out);
+  int (*set_epoch)(ddplug_plugin_sampler *s, uint64_t epoch);
+  int (*next)(ddplug_plugin_sampler *s, int64_t *out, uint64_t cap,
+              uint64_t *n);
+  int (*seek)(ddplug_plugin_sampler *s, uint64_t position);
+  int (*length)(ddplug_plugin_sampler *s, uint64_t *length);
+  void (*destroy)(ddplug_plugin_sampler *s);
+  /* What the default declares about one epoch across all ranks: deliveries
+   * that repeat a sample to pad ranks to equal length, and samples that
+   * drop_last leaves out. */
+  void (*declared)(ddplug_plugin_sampler *s, uint64_t *padded,
+                   uint64_t *dropped);
+} ddplug__sampler_ops;
+
+extern const ddplug__sampler_ops ddplug__distributed_ops;
+extern const ddplug__sampler_ops ddplug__bucket_ops;
+
+/* Samples per rank per epoch of the distributed sampler: ceil(n/world)
+ * (padded) or floor(n/world) (drop_last), as torch's DistributedSampler. */
+uint64_t ddplug__distributed_per_rank(uint64_t n, uint64_t world,
+                                      int drop_last);
+
+/* ---- the public handle (sampler_api.c, sampler_context.c) ---------------- */
+
+/* The type of the plugin table's sampler_declared slot (plugin.h). */
+typedef int (*ddplug__declared_fn)(ddplug_plugin_sampler *s, uint64_t *padded,
+                                   uint64_t *dropped);
+
+#define DDPLUG__STREAM_MAX 63
+
+struct ddplug_sampler {
+  ddplug_sampler_desc desc; /* validated copy; lengths/boundaries cleared */
+  char stream[DDPLUG__STREAM_MAX + 1];
+  ddplug_plugin_sampler *impl;
+  /* the slots driving impl: a default's, or the plugin's (create unused;
+   * declared NULL for a plugin's sampler) */
+  ddplug__sampler_ops ops;
+  int from_plugin; /* 1: the plugin's sampler slots serve it              */
+  /* the plugin's sampler_declared slot (ABI 1.2), NULL when it has none */
+  ddplug__declared_fn plugin_declared;
+  uint64_t len, epoch, pos;
+  /* what one epoch declares (ddplug__sampler_update_declared), all ranks */
+  uint64_t padded, dropped;
+  ddplug_context *ctx; /* context-bound samplers only */
+};
+
+/* 0 if stream is a valid stream name (1..63 of [A-Za-z0-9_.-]); else
+ * INVALID_ARGUMENT with `what` as the message's head. */
+int ddplug__stream_name_check(const char *stream, const char *what);
+/* Validate *in and copy it into *d (defaults filled: stream "train", world
+ * 1). Errors name `what`, the stream and the field. */
+int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
+                              ddplug_sampler_desc *d, const char *what);
+int ddplug__sampler_alloc(const ddplug_sampler_desc *d, ddplug_sampler **out);
+/* Serve s with the default sampler of d->kind. */
+int ddplug__sampler_use_default(ddplug_sampler *s,
+                                const ddplug_sampler_desc *d);
+/* Set s->padded and s->dropped: what one epoch of the sampler pads and
+ * drops, all ranks together — a default's own numbers; a plugin sampler's
+ * sampler_declared slot (ABI 1.2); else derived from its length
+ * (ddplug__sampler_derive_declared). Called at creation and by set_epoch
+ * (never under the data lock: a failing slot is logged). */
+void ddplug__sampler_update_declared(ddplug_sampler *s);
+/* The padding or dropping that an equal-length split of d->num_samples
+ * must have when every one of d->world_size ranks yields `length` indices
+ * (distributed) or batches of d->batch_size (bucket): T = total deliveries;
+ * T - N is padding and N - T dropping, but only within what equalising can
+ * need — fewer than world_size (distributed: ceil/floor of N / world), fewer
+ * than one global batch per bucket (bucket). Anything beyond is not
+ * derived: the audit then reports it as overlap or missing samples. */
+void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
+                                     uint64_t length, uint64_t *padded,
+                                     uint64_t *dropped);
+
+/* Context binding (sampler_context.c): after next delivered n indices
+ * starting at position `before`, record them in the stream's open audit (a
+ * no-op for a standalone sampler). Problems are logged, never returned:
+ * next() has consumed the indices already. */
+void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
+                              const int64_t *idx, uint64_t n);
+
+/* ---- split ownership and per-stream state (split_owner.c) --------------- */
+
+#define DDPLUG__CLAIMANT_MAX 160
+
+enum ddplug__audit_mode {
+  DDPLUG__AUDIT_OFF = 0,
+  DDPLUG__AUDIT_FIRST_EPOCH = 1,
+  DDPLUG__AUDIT_EVERY_EPOCH = 2
+};
+
+/* A stream's owner forced by the config, and the config key that did it. */
+typedef struct ddplug__forced_owner {
+  char stream[DDPLUG__STREAM_MAX + 1]; /* "" = the default for all streams */
+  int owner;                           /* DDPLUG_OWNER_*; UNSET = auto      */
+  char by[DDPLUG__CLAIMANT_MAX];       /* "data_split.streams.train.owner in
+                                          config.json"                     */
+} ddplug__forced_owner;
+
+/* What the config decides for the data-split layer (split_context.c reads
+ * it from the context's config; tests build it directly). */
+
+typedef struct ddplug__data_policy {
+  ddplug__forced_owner fallback;  /* data_split.owner                      */
+  ddplug__forced_owner *streams;  /* data_split.streams.<name>.owner       */
+  uint32_t nstreams;
+  int audit_mode;                 /* ddplug__audit_mode                    */
+  int on_violation_warn;          /* 0: error, 1: warn                      */
+  uint64_t exact_max;             /* data_split.audit_exact_max            */
+} ddplug__data_policy;
+
+typedef struct ddplug__stream {
+  char name[DDPLUG__STREAM_MAX + 1];
+  int owner;                         /* DDPLUG_OWNER_*, UNSET until claimed */
+  char claimant[DDPLUG__CLAIMANT_MAX];
+  uint64_t audits_begun;             /* audits begun for this stream       */
+  uint64_t agree_calls;              /* ddplug_split_agree calls so far    */
+  int has_prev;                      /* order fingerprint of the last epoch */
+  uint64_t prev_epoch, prev_fingerprint;
+  struct ddplug_audit *active;       /* the audit open on it, if any       */
+} ddplug__stream;
+
+/* The context's data-split state (ctx->data). Thread-safe (one mutex). */
+typedef struct ddplug__data_state {
+  void *mutex; /* pthread_mutex_t */
+  ddplug__data_policy policy;
+  ddplug__stream *streams;
+  uint32_t nstreams, cap;
+} ddplug__data_state;
+
+/* Takes ownership of policy->streams (also on failure). */
+int ddplug__data_state_new(ddplug__data_policy *policy,
+                           ddplug__data_state **out);
+void ddplug__data_state_free(void *state);
+void ddplug__data_lock(ddplug__data_state *st);
+void ddplug__data_unlock(ddplug__data_state *st);
+/* The stream's entry, created on first use; NULL (last error set) when out
+ * of memory. Call with the lock held. */
+ddplug__stream *ddplug__data_stream(ddplug__data_state *st, const char *name);
+/* The config's forced owner of a stream (owner UNSET when none/auto). */
+const ddplug__forced_owner *ddplug__data_forced(const ddplug__data_state *st,
+                                                const char *stream);
+/* The claim rules: see ddplug_split_claim. Takes the lock. */
+int ddplug__split_claim(ddplug__data_state *st, const char *stream, int owner,
+                        const char *claimant);
+/* The resolved owner (a claim, else a forced owner, else UNSET) and who
+ * decided it ("" when unset). Takes the lock. */
+void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
+                           int *owner, char *claimant, size_t cap);
+
+/* The context's data state, created from its config on first use
+ * (split_context.c). */
+int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out);
+
+/* The agreement check on gathered owners: owners[r] and claimants[r] of
+ * every rank. OK when all equal; else SPLIT_CONFLICT naming the ranks that
+ * differ from the majority. */
+int ddplug__split_agree_check(const char *stream, int world,
+                              const int *owners,
+                              const char *const *claimants);
+
+/* ---- audit (audit_record.c, audit_diagnose.c, audit_run.c) ------------- */
+
+enum ddplug__audit_scope {
+  DDPLUG__SCOPE_SKIP = 0,  /* not audited: counts only, no communication  */
+  DDPLUG__SCOPE_ORDER = 1, /* steps and order only                        */
+  DDPLUG__SCOPE_FULL = 2   /* steps, order, coverage                      */
+};
+
+/* One rank's contribution to the finish, exchanged by allgather. */
+typedef struct ddplug__audit_stats {
+  int64_t stream_hash, epoch, num_samples, scope;
+  int64_t steps, deliveries, tracked_deliveries, distinct;
+  int64_t out_of_range, order_repeated, epoch_behind, shuffle;
+  int64_t allowed_padding, allowed_missing, tracked, coverage_ok;
+} ddplug__audit_stats;
+#define DDPLUG__AUDIT_NSTATS \
+  ((uint64_t)(sizeof(ddplug__audit_stats) / sizeof(int64_t)))
+
+struct ddplug_audit {
+  ddplug_context *ctx;          /* NULL in unit tests                      */
+  ddplug__data_state *state;    /* the context's data state (or a test's)  */
+  char stream[DDPLUG__STREAM_MAX + 1];
+  int rank, world;
+  int scope;                    /* ddplug__audit_scope                     */
+  int finished;
+  uint64_t n, epoch;
+  ddplug_audit_options opts;    /* declared by the host (or a sampler)     */
+  int exact;                    /* 1: every sample tracked                 */
+  uint64_t tracked;             /* M: samples tracked                      */
+  ddplug__feistel subset;       /* sampled mode: i tracked iff pi(i) < M   */
+  uint64_t *bits;               /* [words] tracked samples seen            */
+  uint64_t words;
+  uint64_t steps, deliveries, tracked_deliveries, out_of_range;
+  uint64_t fingerprint;         /* order hash of the deliveries            */
+  int has_prev;                 /* the stream's previous epoch's order     */
+  uint64_t prev_epoch, prev_fingerprint;
+  int fed_by_sampler, fed_by_host;
+  int warned_double_feed;
+  int epoch_behind;             /* a sampler fed it from an older epoch    */
+  uint64_t sampler_epoch;
+};
+
+/* Allocate an audit (no registration): scope decides whether a bitmap of
+ * min(n, exact_max) bits is allocated. */
+int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
+                        const ddplug_audit_options *opts, int scope,
+                        uint64_t exact_max, int rank, int world,
+                        ddplug_audit **out);
+/* Record n indices as `steps` steps (0 for more samples of the current
+ * step). Never fails. */
+void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
+                       uint64_t steps);
+/* Take the audit off its stream (if registered) and keep its order
+ * fingerprint there for the next epoch's check. */
+void ddplug__audit_unregister(ddplug_audit *a);
+/* This rank's stats for the finish. */
+void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s);
+uint64_t ddplug__audit_stream_hash(const char *stream);
+
+/* Build the report from every rank's stats (all[world]) and, for a full
+ * scope with coverage, the tracked union/intersection counts and up to
+ * nmissing example indices never seen. */
+void ddplug__audit_diagnose(const char *stream,
+                            const ddplug__audit_stats *all, int world,
+                            uint64_t covered, uint64_t common,
+                            const uint64_t *missing, int nmissing,
+                            ddplug_audit_report *r);
+
+#endif /* DDPLUG_DATA_H */

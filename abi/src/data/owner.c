@@ -1,0 +1,189 @@
+/* split_owner.c — who splits each data stream: the per-stream registry of
+ * the data-split state, the claim rules, forced owners from the config, and
+ * the check that all ranks resolved the same owner.
+ *
+ * Rules (ddplug_split_claim): the first claim of a stream wins; the same
+ * owner again is fine (the first claimant is kept); a different owner is
+ * SPLIT_CONFLICT naming both claimants and what to change. A config that
+ * forces an owner (data_split.streams.<name>.owner, else data_split.owner,
+ * unless "auto") makes every disagreeing claim a conflict naming the key.
+ * SPDX-License-Identifier: Apache-2.0 */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "data/data.h"
+
+int ddplug__data_state_new(ddplug__data_policy *policy,
+                           ddplug__data_state **out) {
+  ddplug__data_state *st = ddplug__calloc(1, sizeof *st);
+  pthread_mutex_t *mu = ddplug__malloc(sizeof *mu);
+  if (!st || !mu) {
+    ddplug__free(st);
+    ddplug__free(mu);
+    ddplug__free(policy->streams);
+    policy->streams = NULL;
+    return ddplug__err(DDPLUG_E_NO_MEMORY, "data split state: out of memory");
+  }
+  pthread_mutex_init(mu, NULL);
+  st->mutex = mu;
+  st->policy = *policy;
+  policy->streams = NULL;
+  *out = st;
+  return DDPLUG_OK;
+}
+
+void ddplug__data_state_free(void *state) {
+  ddplug__data_state *st = state;
+  if (!st) return;
+  pthread_mutex_destroy(st->mutex);
+  ddplug__free(st->mutex);
+  ddplug__free(st->policy.streams);
+  ddplug__free(st->streams);
+  ddplug__free(st);
+}
+
+void ddplug__data_lock(ddplug__data_state *st) { pthread_mutex_lock(st->mutex); }
+void ddplug__data_unlock(ddplug__data_state *st) {
+  pthread_mutex_unlock(st->mutex);
+}
+
+ddplug__stream *ddplug__data_stream(ddplug__data_state *st, const char *name) {
+  for (uint32_t i = 0; i < st->nstreams; i++)
+    if (strcmp(st->streams[i].name, name) == 0) return &st->streams[i];
+  if (st->nstreams == st->cap) {
+    uint32_t cap = st->cap ? st->cap * 2 : 4;
+    ddplug__stream *grown = ddplug__realloc(st->streams, sizeof *grown * cap);
+    if (!grown) {
+      ddplug__err(DDPLUG_E_NO_MEMORY, "data split state: out of memory");
+      return NULL;
+    }
+    st->streams = grown;
+    st->cap = cap;
+  }
+  ddplug__stream *s = &st->streams[st->nstreams++];
+  memset(s, 0, sizeof *s);
+  ddplug__strlcpy(s->name, name, sizeof s->name);
+  return s;
+}
+
+const ddplug__forced_owner *ddplug__data_forced(const ddplug__data_state *st,
+                                                const char *stream) {
+  for (uint32_t i = 0; i < st->policy.nstreams; i++)
+    if (strcmp(st->policy.streams[i].stream, stream) == 0)
+      return &st->policy.streams[i];
+  return &st->policy.fallback;
+}
+
+/* What to change, for a conflict between two owners. */
+static const char *advice(int a, int b) {
+  int has_framework = a == DDPLUG_OWNER_FRAMEWORK || b == DDPLUG_OWNER_FRAMEWORK;
+  int has_user = a == DDPLUG_OWNER_USER || b == DDPLUG_OWNER_USER;
+  if (has_framework && has_user)
+    return "turn off the framework's sampler injection (Lightning: "
+           "use_distributed_sampler=False) or make the user's sampler "
+           "rank-unaware";
+  if (has_framework)
+    return "turn off the framework's sampler injection (Lightning: "
+           "use_distributed_sampler=False) or let ddplug's sampler go";
+  return "use ddplug's sampler with a rank-unaware dataset, or set the "
+         "stream's owner to 'user' and do not create ddplug's sampler for it";
+}
+
+int ddplug__split_claim(ddplug__data_state *st, const char *stream, int owner,
+                        const char *claimant) {
+  int rc = DDPLUG_OK;
+  ddplug__data_lock(st);
+  const ddplug__forced_owner *forced = ddplug__data_forced(st, stream);
+  ddplug__stream *s = ddplug__data_stream(st, stream);
+  if (!s) {
+    rc = DDPLUG_E_NO_MEMORY;
+  } else if (forced->owner != DDPLUG_OWNER_UNSET && forced->owner != owner) {
+    rc = ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
+                     "stream '%s': '%s' claims the split for %s, but %s forces "
+                     "owner %s: change that setting, or stop '%s' from "
+                     "splitting the data",
+                     stream, claimant, ddplug_owner_name(owner), forced->by,
+                     ddplug_owner_name(forced->owner), claimant);
+  } else if (s->owner == DDPLUG_OWNER_UNSET) {
+    s->owner = owner;
+    ddplug__strlcpy(s->claimant, claimant, sizeof s->claimant);
+  } else if (s->owner != owner) {
+    rc = ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
+                     "stream '%s' is already split by %s (claimed by '%s'); "
+                     "'%s' claims it for %s: exactly one layer may split the "
+                     "data — %s",
+                     stream, ddplug_owner_name(s->owner), s->claimant,
+                     claimant, ddplug_owner_name(owner),
+                     advice(s->owner, owner));
+  }
+  ddplug__data_unlock(st);
+  return rc;
+}
+
+void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
+                           int *owner, char *claimant, size_t cap) {
+  ddplug__data_lock(st);
+  const ddplug__forced_owner *forced = ddplug__data_forced(st, stream);
+  const ddplug__stream *s = NULL;
+  for (uint32_t i = 0; i < st->nstreams && !s; i++)
+    if (strcmp(st->streams[i].name, stream) == 0) s = &st->streams[i];
+  if (s && s->owner != DDPLUG_OWNER_UNSET) {
+    *owner = s->owner;
+    if (claimant) ddplug__strlcpy(claimant, s->claimant, cap);
+  } else {
+    *owner = forced->owner;
+    if (claimant) ddplug__strlcpy(claimant, forced->owner ? forced->by : "", cap);
+  }
+  ddplug__data_unlock(st);
+}
+
+/* Append ", r" for every rank with owners[r] == want (or != want). */
+static void list_ranks(char *buf, size_t cap, int world, const int *owners,
+                       int want, int equal) {
+  size_t used = strlen(buf);
+  int first = 1;
+  for (int r = 0; r < world && used + 16 < cap; r++) {
+    if ((owners[r] == want) != equal) continue;
+    used += (size_t)snprintf(buf + used, cap - used, first ? "%d" : ", %d", r);
+    first = 0;
+  }
+}
+
+int ddplug__split_agree_check(const char *stream, int world,
+                              const int *owners,
+                              const char *const *claimants) {
+  /* the majority owner (ties: the lowest value) */
+  int best = owners[0], best_n = 0;
+  for (int i = 0; i < world; i++) {
+    int n = 0;
+    for (int r = 0; r < world; r++) n += owners[r] == owners[i];
+    if (n > best_n || (n == best_n && owners[i] < best)) {
+      best = owners[i];
+      best_n = n;
+    }
+  }
+  if (best_n == world) return DDPLUG_OK;
+  int odd = -1, maj = -1;
+  for (int r = 0; r < world; r++) {
+    if (owners[r] != best && odd < 0) odd = r;
+    if (owners[r] == best && maj < 0) maj = r;
+  }
+  char differ[512] = "", agree[512] = "", who_odd[256], who_maj[256];
+  list_ranks(differ, sizeof differ, world, owners, best, 0);
+  list_ranks(agree, sizeof agree, world, owners, best, 1);
+  if (claimants[odd][0]) snprintf(who_odd, sizeof who_odd, "claimed by '%s'", claimants[odd]);
+  else snprintf(who_odd, sizeof who_odd, "not claimed");
+  if (claimants[maj][0]) snprintf(who_maj, sizeof who_maj, "claimed by '%s'", claimants[maj]);
+  else snprintf(who_maj, sizeof who_maj, "not claimed");
+  const char *name_odd = ddplug_owner_name(owners[odd]);
+  const char *name_maj = ddplug_owner_name(best);
+  return ddplug__err(
+      DDPLUG_E_SPLIT_CONFLICT,
+      "stream '%s': ranks disagree on who splits the data: rank(s) %s resolved "
+      "%s (rank %d: %s) while rank(s) %s resolved %s (rank %d: %s) — every "
+      "rank must make the same claim: check that the sampler setup and the "
+      "config are the same on every rank",
+      stream, differ, name_odd ? name_odd : "?", odd, who_odd, agree,
+      name_maj ? name_maj : "?", maj, who_maj);
+}

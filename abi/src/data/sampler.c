@@ -1,0 +1,320 @@
+/* sampler_api.c — ddplug_sampler_*: desc validation, one handle that drives
+ * either a default sampler (sampler_distributed.c, sampler_bucket.c) or a
+ * plugin's sampler slots, and position bookkeeping.
+ * SPDX-License-Identifier: Apache-2.0 */
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/data.h"
+
+int ddplug__stream_name_check(const char *stream, const char *what) {
+  size_t len = strlen(stream);
+  if (len == 0 || len > DDPLUG__STREAM_MAX)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream name '%s' must have 1 to %d characters",
+                       what, stream, DDPLUG__STREAM_MAX);
+  for (size_t i = 0; i < len; i++) {
+    char c = stream[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+             (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    if (!ok)
+      return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                         "%s: stream name '%s' has character '%c' at %zu; use "
+                         "letters, digits, '_', '-' and '.'",
+                         what, stream, c, i);
+  }
+  return DDPLUG_OK;
+}
+
+int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
+                              ddplug_sampler_desc *d, const char *what) {
+  if (!in)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: desc is NULL", what);
+  if (DDPLUG_VERSION_MAJOR_OF(in->abi_version) != DDPLUG_PLUGIN_ABI_MAJOR)
+    return ddplug__err(DDPLUG_E_ABI_MISMATCH,
+                       "%s: desc has ABI version %u.%u, this library speaks "
+                       "%u.x (fill it with DDPLUG_SAMPLER_DESC_INIT)",
+                       what, DDPLUG_VERSION_MAJOR_OF(in->abi_version),
+                       DDPLUG_VERSION_MINOR_OF(in->abi_version),
+                       DDPLUG_PLUGIN_ABI_MAJOR);
+  if (in->struct_size < offsetof(ddplug_sampler_desc, stream))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: desc struct_size %u is too small (at least %zu; "
+                       "fill it with DDPLUG_SAMPLER_DESC_INIT)",
+                       what, in->struct_size,
+                       offsetof(ddplug_sampler_desc, stream));
+  memset(d, 0, sizeof *d);
+  memcpy(d, in, DDPLUG__MIN((size_t)in->struct_size, sizeof *d));
+  d->struct_size = sizeof *d;
+  d->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+  if (!d->stream) d->stream = "train";
+  int st = ddplug__stream_name_check(d->stream, what);
+  if (st) return st;
+  if (d->world_size == 0 && d->rank == 0) d->world_size = 1;
+  if (d->world_size < 1 || d->rank < 0 || d->rank >= d->world_size)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': rank %d is not in a world of %d "
+                       "(need 0 <= rank < world_size)",
+                       what, d->stream, d->rank, d->world_size);
+  if ((d->shuffle != 0 && d->shuffle != 1) ||
+      (d->drop_last != 0 && d->drop_last != 1))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': shuffle (%d) and drop_last (%d) must "
+                       "be 0 or 1",
+                       what, d->stream, d->shuffle, d->drop_last);
+  if (d->num_samples > (uint64_t)INT64_MAX)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': num_samples %llu does not fit the "
+                       "int64 indices (at most 2^63 - 1)",
+                       what, d->stream, (unsigned long long)d->num_samples);
+  if (d->kind == DDPLUG_SAMPLER_DISTRIBUTED) return DDPLUG_OK;
+  if (d->kind != DDPLUG_SAMPLER_BUCKET)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': kind %d is not a sampler kind (use "
+                       "DDPLUG_SAMPLER_DISTRIBUTED or DDPLUG_SAMPLER_BUCKET)",
+                       what, d->stream, d->kind);
+  if (d->batch_size == 0)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': the bucket sampler needs batch_size "
+                       ">= 1 (per rank)",
+                       what, d->stream);
+  if (d->num_samples > 0 && !d->lengths)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': the bucket sampler needs lengths[%llu]",
+                       what, d->stream, (unsigned long long)d->num_samples);
+  if (d->boundaries) {
+    if (d->num_boundaries == 0)
+      return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                         "%s: stream '%s': boundaries given with "
+                         "num_boundaries 0",
+                         what, d->stream);
+    for (uint32_t i = 1; i < d->num_boundaries; i++)
+      if (d->boundaries[i] <= d->boundaries[i - 1])
+        return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                           "%s: stream '%s': boundaries must be strictly "
+                           "ascending: boundaries[%u] = %lld <= "
+                           "boundaries[%u] = %lld",
+                           what, d->stream, i, (long long)d->boundaries[i],
+                           i - 1, (long long)d->boundaries[i - 1]);
+  } else if (d->num_boundaries != 0) {
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': num_boundaries %u but boundaries is "
+                       "NULL",
+                       what, d->stream, d->num_boundaries);
+  } else if (d->num_buckets == 0) {
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': give boundaries, or num_buckets >= 1 "
+                       "for quantile buckets",
+                       what, d->stream);
+  }
+  return DDPLUG_OK;
+}
+
+/* Allocate the handle around a validated desc (no implementation yet). */
+int ddplug__sampler_alloc(const ddplug_sampler_desc *d, ddplug_sampler **out) {
+  ddplug_sampler *s = ddplug__calloc(1, sizeof *s);
+  if (!s) return ddplug__err(DDPLUG_E_NO_MEMORY, "sampler: out of memory");
+  s->desc = *d;
+  ddplug__strlcpy(s->stream, d->stream, sizeof s->stream);
+  s->desc.stream = s->stream;
+  s->desc.lengths = NULL;
+  s->desc.boundaries = NULL;
+  *out = s;
+  return DDPLUG_OK;
+}
+
+int ddplug__sampler_use_default(ddplug_sampler *s,
+                                const ddplug_sampler_desc *d) {
+  const ddplug__sampler_ops *ops = d->kind == DDPLUG_SAMPLER_BUCKET
+                                       ? &ddplug__bucket_ops
+                                       : &ddplug__distributed_ops;
+  int st = ops->create(d, &s->impl);
+  if (st) return ddplug__err_prefix(st, "stream '%s'", d->stream);
+  s->ops = *ops;
+  st = s->ops.length(s->impl, &s->len);
+  if (st == DDPLUG_OK) ddplug__sampler_update_declared(s);
+  return st;
+}
+
+DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
+                                  ddplug_sampler **out) {
+  if (!out)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_new: out is NULL");
+  ddplug_sampler_desc d;
+  int st = ddplug__sampler_desc_copy(desc, &d, "ddplug_sampler_new");
+  if (st) return st;
+  ddplug_sampler *s;
+  st = ddplug__sampler_alloc(&d, &s);
+  if (st) return st;
+  st = ddplug__sampler_use_default(s, &d);
+  if (st) {
+    ddplug_sampler_free(s);
+    return st;
+  }
+  *out = s;
+  return DDPLUG_OK;
+}
+
+static int check_handle(const ddplug_sampler *s, const char *what) {
+  if (!s) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: sampler is NULL", what);
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch) {
+  int st = check_handle(s, "ddplug_sampler_set_epoch");
+  if (st) return st;
+  st = s->ops.set_epoch(s->impl, epoch);
+  if (st) return ddplug__err_prefix(st, "stream '%s' set_epoch(%llu)", s->stream,
+                                    (unsigned long long)epoch);
+  s->epoch = epoch;
+  s->pos = 0;
+  ddplug__sampler_update_declared(s);
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
+                                   uint64_t cap, uint64_t *n) {
+  int st = check_handle(s, "ddplug_sampler_next");
+  if (st) return st;
+  if (!n || (!out && cap > 0))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_next: stream '%s': out (with cap > 0) "
+                       "and n must not be NULL",
+                       s->stream);
+  uint64_t got = 0;
+  if (s->pos < s->len) {
+    st = s->ops.next(s->impl, out, cap, &got);
+    if (st) return ddplug__err_prefix(st, "stream '%s' next", s->stream);
+    if (got > cap)
+      return ddplug__err(DDPLUG_E_INTERNAL,
+                         "stream '%s': the sampler delivered %llu indices into "
+                         "a buffer of %llu",
+                         s->stream, (unsigned long long)got,
+                         (unsigned long long)cap);
+  }
+  uint64_t before = s->pos;
+  s->pos += s->desc.kind == DDPLUG_SAMPLER_BUCKET ? (got > 0) : got;
+  ddplug__sampler_feed_hook(s, before, out, got);
+  *n = got;
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position) {
+  int st = check_handle(s, "ddplug_sampler_seek");
+  if (st) return st;
+  if (position > s->len)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_seek: stream '%s': position %llu is "
+                       "past the end of the epoch (length %llu on rank %d)",
+                       s->stream, (unsigned long long)position,
+                       (unsigned long long)s->len, s->desc.rank);
+  st = s->ops.seek(s->impl, position);
+  if (st) return ddplug__err_prefix(st, "stream '%s' seek", s->stream);
+  s->pos = position;
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_length(const ddplug_sampler *s,
+                                     uint64_t *length) {
+  int st = check_handle(s, "ddplug_sampler_length");
+  if (st) return st;
+  if (!length)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_length: length is NULL");
+  *length = s->len;
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
+                                       uint64_t *position) {
+  int st = check_handle(s, "ddplug_sampler_position");
+  if (st) return st;
+  if (!position)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_position: position is NULL");
+  *position = s->pos;
+  return DDPLUG_OK;
+}
+
+/* a * b, saturating at UINT64_MAX. */
+static uint64_t mul_sat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
+                                     uint64_t length, uint64_t *padded,
+                                     uint64_t *dropped) {
+  *padded = *dropped = 0;
+  uint64_t world = d->world_size > 0 ? (uint64_t)d->world_size : 1;
+  uint64_t n = d->num_samples, total, limit;
+  if (d->kind == DDPLUG_SAMPLER_BUCKET) {
+    uint64_t buckets = d->num_boundaries ? (uint64_t)d->num_boundaries + 1
+                                         : (uint64_t)d->num_buckets;
+    uint64_t global = mul_sat(d->batch_size, world);
+    total = mul_sat(mul_sat(length, d->batch_size), world);
+    limit = mul_sat(buckets ? buckets : 1, global);
+  } else {
+    total = mul_sat(length, world);
+    limit = world;
+  }
+  if (total == UINT64_MAX) return;
+  if (total >= n && total - n < limit) *padded = total - n;
+  else if (total < n && n - total < limit) *dropped = n - total;
+}
+
+void ddplug__sampler_update_declared(ddplug_sampler *s) {
+  s->padded = s->dropped = 0;
+  if (s->ops.declared) {
+    s->ops.declared(s->impl, &s->padded, &s->dropped);
+    return;
+  }
+  if (s->plugin_declared) {
+    uint64_t p = 0, d = 0;
+    int st = s->plugin_declared(s->impl, &p, &d);
+    if (st == DDPLUG_OK) {
+      s->padded = p;
+      s->dropped = d;
+      return;
+    }
+    DDPLUG__WARN("stream '%s': the plugin's sampler_declared failed (%s): "
+                 "its padding and dropping are derived from its length "
+                 "instead",
+                 s->stream, ddplug_status_name(st));
+  }
+  ddplug__sampler_derive_declared(&s->desc, s->len, &s->padded, &s->dropped);
+}
+
+DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
+                                       ddplug_sampler_info *info) {
+  int st = check_handle(s, "ddplug_sampler_info_get");
+  if (st) return st;
+  if (!info || info->struct_size < offsetof(ddplug_sampler_info, stream))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_info_get: info is NULL or too small "
+                       "(fill it with DDPLUG_SAMPLER_INFO_INIT)");
+  ddplug_sampler_info v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  v.abi_version = DDPLUG_ABI_VERSION;
+  v.kind = s->desc.kind;
+  v.rank = s->desc.rank;
+  v.world_size = s->desc.world_size;
+  v.from_plugin = s->from_plugin;
+  v.num_samples = s->desc.num_samples;
+  v.batch_size = s->desc.batch_size;
+  v.length = s->len;
+  v.epoch = s->epoch;
+  v.position = s->pos;
+  v.padded = s->padded;
+  v.dropped = s->dropped;
+  ddplug__strlcpy(v.stream, s->stream, sizeof v.stream);
+  uint32_t size = info->struct_size;
+  memcpy(info, &v, DDPLUG__MIN((size_t)size, sizeof v));
+  info->struct_size = size;
+  return DDPLUG_OK;
+}
+
+DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s) {
+  if (!s) return;
+  if (s->impl && s->ops.destroy) s->ops.destroy(s->impl);
+  ddplug__free(s);
+}

@@ -1,0 +1,224 @@
+/*
+ * context.h — the run layer's header: the context (one process's membership
+ * in a run) and the functions its files share, grouped by file. Depends on
+ * base/, config/ and store/.
+ * The module map of abi/src/run/:
+ *   context.c     the context: failure state, waits, open/close/abort, queries
+ *   join.c        serve or reach the store, claim the rank, the join record,
+ *                 read the verdict (run id, locality)
+ *   checks.c      rank 0's startup checks, one function each, and the verdict
+ *   torchrun.c    the store's port through torchrun's agent store
+ *   watcher.c     the thread that adopts another rank's failure
+ *   services.c    the host services table plugins get (store, log, clock)
+ *   collective.c  argument checks, sequence numbers, requests, waits
+ *   loader.c      plugin search, dlopen, version negotiation, table lifting
+ *   world.c       world discovery from the config and the environment
+ *   runonce.c     run-once: one rank does the work, the others wait for it
+ *
+ * Store key layout (all under the run's store; a store serves one run):
+ *   ddplug/join/<rank>     rank's join record (JSON)
+ *   ddplug/claim/<rank>    who claimed that rank (duplicate detection)
+ *   ddplug/joined          counter of processes that joined
+ *   ddplug/verdict         rank 0's startup verdict (JSON: ok + layout, or error)
+ *   ddplug/ready/<rank>    rank created its plugin group
+ *   ddplug/abort           "<STATUS>|<sentence>": the first failure of the run
+ *   ddplug/procs           counter of processes that connected (rank 0
+ *                          serves until all world_size came and left)
+ *   ddplug/closing/<rank>  rank reached ddplug_close (the close barrier)
+ *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (data/agree.c)
+ *   ddplug/runonce/...     run-once status (runonce.c)
+ *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
+ *   user/...               the host's keys (ddplug_context_store)
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef DDPLUG_CONTEXT_H
+#define DDPLUG_CONTEXT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "base/base.h"
+
+/* ---- world.c ------------------------------------------------------------ */
+
+/* Environment lookup used by world discovery (getenv in production, a table
+ * in tests). Returns NULL for an unset variable. */
+typedef const char *(*ddplug__env_fn)(const char *name, void *user);
+int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn env,
+                               void *env_user, ddplug_world *out);
+
+/* ---- loader.c ----------------------------------------------------------- */
+
+typedef struct ddplug__plugin {
+  void *dl;                 /* dlopen handle                              */
+  ddplug_plugin table;      /* the plugin's table lifted to the latest ABI:
+                               slots it did not know are NULL             */
+  uint32_t built_abi;       /* abi_version the plugin was built against   */
+  uint32_t built_size;      /* its struct_size                            */
+  char path[4096];          /* the file loaded                            */
+} ddplug__plugin;
+
+/* Find, load and validate a plugin (see ddplug_plugin_inspect). On failure
+ * *out is untouched and nothing stays loaded. */
+int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out);
+void ddplug__plugin_unload(ddplug__plugin *p);
+/* Fill a public info struct (honouring its struct_size) from a plugin. */
+void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info);
+
+/* Granularity of store waits that also watch for an abort of the run. */
+#define DDPLUG__WAIT_SLICE_MS 100
+
+enum ddplug__ctx_state {
+  DDPLUG__CTX_OPEN = 0,
+  DDPLUG__CTX_ABORTED = 1 /* abort_status/abort_reason say why */
+};
+
+struct ddplug_context {
+  ddplug_config *cfg;            /* owned copy                              */
+  ddplug_world world;            /* after locality discovery                */
+  int32_t num_nodes;
+  int32_t *node_of_rank;         /* [world_size]                            */
+  int32_t *local_rank_of;        /* [world_size]                            */
+  int64_t *pid_of_rank;          /* [world_size]                            */
+  char host_id[256];
+  char run_id[40];
+  char framework[64];
+  char store_addr[256];
+  int32_t store_port;
+  int64_t rdzv_timeout_ms;
+  int64_t coll_timeout_ms;
+  uint64_t open_deadline_ns;     /* ddplug_open's one deadline (rendezvous) */
+
+  ddplug_store_server *server;   /* rank 0, unless the store is external    */
+  ddplug_store *store;           /* main client                             */
+  ddplug_store *watch_store;     /* the failure watcher's client            */
+  ddplug_store *plugin_store;    /* the plugin's host services' client      */
+
+  ddplug__plugin *plugin;
+  ddplug_plugin_group *group;    /* NULL until group_create returned        */
+  ddplug_host_services services;
+  ddplug_group_init init;        /* what the plugin was given              */
+  char plugin_prefix[128];       /* "p/<run_id>/<name>/"                    */
+
+  pthread_t watcher;
+  int watcher_running;
+  atomic_int watcher_stop;
+
+  pthread_mutex_t mu;            /* guards group, the abort's first write,
+                                    plugin_notified, aborting, live       */
+  pthread_cond_t abort_cv;       /* aborting dropped to 0                   */
+  atomic_int state;              /* ddplug__ctx_state (release/acquire)     */
+  int abort_status;              /* written once, before state flips        */
+  char abort_reason[DDPLUG__ERRMSG_MAX];
+  int plugin_notified;           /* group_abort was called                  */
+  int aborting;                  /* group_abort calls in progress           */
+  struct ddplug_request *live;   /* requests not yet freed (orphaned at close) */
+
+  /* The plugin's explanation of its last failure (services.set_error). */
+  pthread_mutex_t plugin_err_mu;
+  int plugin_err_set;
+  int plugin_err_status;
+  char plugin_err[DDPLUG__ERRMSG_MAX];
+
+  uint64_t seq;                  /* collectives started so far              */
+  ddplug__errslot err;           /* ddplug_context_error                    */
+
+  /* Data-split state (split/sampler/audit modules); freed through
+   * data_free at close. */
+  void *data;
+  void (*data_free)(void *data);
+};
+
+/* Non-zero ranks wait this long past ddplug_open's deadline for rank 0's
+ * verdict: rank 0 reports missing ranks exactly at the deadline. */
+static inline uint64_t ddplug__open_grace_ns(const ddplug_context *ctx) {
+  int64_t ms = ctx->rdzv_timeout_ms / 10 > 2000 ? ctx->rdzv_timeout_ms / 10 : 2000;
+  return (uint64_t)ms * 1000000ull;
+}
+
+/* ---- context.c: the failure state ---------------------------------------- */
+
+/* Record the run's first failure locally (first wins). Flags:
+ *   DDPLUG__ABORT_PUBLISH  publish it through the store for the other ranks;
+ *   DDPLUG__ABORT_NOTIFY   call the plugin's group_abort (once per context).
+ * Never pass NOTIFY from inside a plugin slot (host services): the plugin
+ * is told by the watcher instead, never re-entered on its own thread. */
+#define DDPLUG__ABORT_PUBLISH 1
+#define DDPLUG__ABORT_NOTIFY 2
+void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int flags);
+/* Abort ctx with a published abort value "<STATUS>|<sentence>" (flags as
+ * for ddplug__ctx_abort). */
+void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags);
+/* DDPLUG_OK while open; else sets the last error to the abort reason and
+ * returns the abort status. */
+int ddplug__ctx_check(ddplug_context *ctx);
+/* Whether a TIMEOUT from a wait is this wait's own: the run's abort may
+ * carry TIMEOUT too (another rank's collective timed out), and then its
+ * reason, already in the last error, must not be replaced by "waited N s". */
+static inline int ddplug__own_timeout(ddplug_context *ctx, int s) {
+  return s == DDPLUG_E_TIMEOUT &&
+         atomic_load_explicit(&ctx->state, memory_order_acquire) == DDPLUG__CTX_OPEN;
+}
+/* Record the thread's last error into ctx's slot and return status. */
+int ddplug__ctx_fail(ddplug_context *ctx, int status);
+/* Wait until every key exists, in slices, failing early when the run is
+ * aborted. what names the wait in a TIMEOUT message. in_plugin: called from
+ * a plugin slot (host services), so the plugin is not told of an abort
+ * here (the watcher tells it). */
+int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
+                      const char *const *keys, uint32_t nkeys,
+                      uint64_t deadline_ns, const char *what, int in_plugin);
+
+/* ---- join.c ------------------------------------------------------------- */
+
+/* Choose the host identity, serve (rank 0) and connect the store, and ask
+ * the store to publish this rank's loss if its connection drops. */
+int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *opts);
+/* Claim the rank, publish the join record, (rank 0) wait for everyone and
+ * run the startup checks, read the verdict and learn locality. Needs the
+ * plugin loaded. On failure the context keeps what it created (context.c
+ * cleans up). */
+int ddplug__rendezvous_join(ddplug_context *ctx);
+
+/* ---- checks.c ----------------------------------------------------------- */
+
+/* Rank 0: wait for every join record, run the startup checks and publish
+ * the verdict (or the failed check's sentence, also as the run's abort). */
+int ddplug__startup_checks(ddplug_context *ctx);
+
+/* ---- torchrun.c --------------------------------------------------------- */
+
+/* Whether this rank must exchange the store's port through torchrun's agent
+ * store (TORCHELASTIC_USE_AGENT_STORE, MASTER_PORT is the agent's, no
+ * rendezvous.port in the config, not an external store). */
+int ddplug__torchrun_agent_store(const ddplug_context *ctx, int external);
+/* The agent-store key for this open: unique per run id, restart and open. */
+void ddplug__torchrun_port_key(char *buf, size_t cap);
+/* Rank 0 publishes *port (> 0) under key; the others read it into *port.
+ * Bounded by ddplug_open's deadline. */
+int ddplug__torchrun_exchange_port(ddplug_context *ctx, const char *key, int *port);
+
+/* ---- watcher.c ---------------------------------------------------------- */
+
+int ddplug__watcher_start(ddplug_context *ctx);
+void ddplug__watcher_stop(ddplug_context *ctx);
+
+/* ---- services.c --------------------------------------------------------- */
+
+/* Fill ctx->services, the host services table the plugin gets. */
+void ddplug__services_init(ddplug_context *ctx);
+/* Clear the plugin's error before calling a slot. */
+void ddplug__plugin_err_clear(ddplug_context *ctx);
+/* After a slot returned status != OK: set the thread's last error to the
+ * plugin's explanation (or a generic one naming the slot) and return status. */
+int ddplug__plugin_err_take(ddplug_context *ctx, int status, const char *slot);
+
+/* ---- collective.c --------------------------------------------------------- */
+
+/* At close, before group_destroy: requests not yet freed lose their
+ * context; the plugin's side of finished ones is freed now, of pending ones
+ * by group_destroy. Freeing a request later frees only its wrapper. */
+void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group);
+
+#endif /* DDPLUG_CONTEXT_H */

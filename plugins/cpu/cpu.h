@@ -1,0 +1,593 @@
+/*
+ * cpu.h — the single internal header of the `cpu` plugin (CPU backend:
+ * shared memory inside a node, a TCP ring between nodes). Everything here is
+ * hidden (-fvisibility=hidden); the plugin exports only
+ * ddplug_plugin_entry_v1. Internal names use the cp_ prefix. Files, one
+ * concept each:
+ *   plugin.c    the table, group create/destroy/abort, the slots
+ *   options.c   plugin_options (strict JSON knobs)
+ *   errors.c    thread-local error sentence, logging through host services
+ *   reduce.c    dtype x op kernels (fp16/bf16 accumulate in float32)
+ *   shm.c       segment create/attach/unlink, stale-segment cleanup
+ *   wait.c      counters in shared memory: post, spin briefly, futex sleep
+ *   failure.c   the group's failure record (abort, peer loss), liveness
+ *               (pidfds of same-node peers, ring sockets), propagation
+ *   tcp.c       sockets: listen/connect/accept, address exchange, framing
+ *   handshake.c per-collective descriptors, mismatch detection, verdicts
+ *   shm_coll.c  in-node algorithms: small-message path, chunked pipeline
+ *   ring.c      inter-node ring (reduce-scatter/allgather, chain broadcast)
+ *   coll.c      plans a collective as phases and drives them
+ *   progress.c  requests, the in-order queue, the progress thread,
+ *               request wait/test/free
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef DDPLUG_CPU_PLUGIN_H
+#define DDPLUG_CPU_PLUGIN_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddplug/plugin.h"
+
+#define CP_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define CP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Most ranks on one node (the kernels keep a source list on the stack). */
+#define CP_MAX_LOCAL 256
+
+/* Longest human sentence the plugin produces. */
+#define CP_MSG_MAX 768
+
+/* Internal results besides the DDPLUG_E_* codes (which are > 0). */
+#define CP_AGAIN (-1)   /* deadline reached, nothing failed: try again later */
+#define CP_BLOCKED (-2) /* a step cannot progress until its wait target moves */
+#define CP_DONE (-3)    /* a step finished its phase                         */
+
+typedef struct ddplug_plugin_group cp_group;
+typedef struct ddplug_plugin_request cp_req;
+
+/* ---- errors and logging (errors.c) ------------------------------------- */
+
+/* Record the detail sentence for status in this thread's error buffer and
+ * return status (so `return cp_err(E, "...")` reads naturally). */
+int cp_err(int status, const char *fmt, ...) CP_PRINTF(2, 3);
+/* Same with ": strerror(errno_value)" appended. */
+int cp_err_errno(int status, int errno_value, const char *fmt, ...)
+    CP_PRINTF(3, 4);
+/* Prefix the current sentence: "prefix: old". Returns status. */
+int cp_err_prefix(int status, const char *fmt, ...) CP_PRINTF(2, 3);
+/* This thread's current sentence ("" if none). */
+const char *cp_errmsg(void);
+void cp_errmsg_set(const char *text);
+/* Log through the host services when level passes the group's threshold. */
+void cp_log(const cp_group *g, int level, const char *fmt, ...) CP_PRINTF(3, 4);
+
+/* ---- options (options.c) ------------------------------------------------ */
+
+typedef struct cp_options {
+  uint64_t chunk_bytes;     /* shm pipeline chunk per rank and slot       */
+  uint64_t small_msg_bytes; /* bytes per rank up to which the one-shot path runs */
+  int64_t spin_us;          /* spin before sleeping; -1 = automatic        */
+  uint32_t slots;           /* pipeline depth (chunks in flight)          */
+  uint64_t tcp_chunk_bytes; /* ring pipelining unit between nodes         */
+  uint64_t nt_bytes;        /* outputs this large use streaming stores    */
+  char addr[64];            /* address advertised to other nodes ("" = auto) */
+} cp_options;
+
+/* The list of known keys, for messages. */
+extern const char cp_option_keys[];
+/* Parse options_json (the config's "plugin_options" object; NULL or "" = {})
+ * into *out with defaults. DDPLUG_E_CONFIG naming plugin_options.<key> on an
+ * unknown key, a wrong type or an out-of-range value. */
+int cp_options_parse(const char *options_json, cp_options *out);
+
+/* ---- reduce kernels (reduce.c) ------------------------------------------ */
+
+uint32_t cp_dtype_size(int dtype);
+const char *cp_dtype_name(int dtype);
+const char *cp_op_name(int op);
+const char *cp_kind_name(int kind);
+int cp_dtype_is_int(int dtype);
+
+/* dst[i] = op over k of srcs[k][i] for i < count, combining the sources in
+ * order k = 0..nsrc-1 (so every rank computing the same reduction gets the
+ * same bits). fp16/bf16 accumulate in float32 and round once. If divisor > 0
+ * the result is divided by it (AVG): floats after accumulation, integers
+ * truncated toward zero. op AVG accumulates as SUM. dst may alias srcs[k]. */
+void cp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
+                 int nsrc, uint64_t count, int divisor);
+/* dst[i] = dst[i] op src[i] (two-operand form, used by the TCP ring). */
+void cp_reduce_into(int dtype, int op, void *dst, const void *src,
+                    uint64_t count);
+/* x[i] /= divisor (AVG finalisation after a SUM). */
+void cp_divide(int dtype, void *x, uint64_t count, int divisor);
+
+/* Copy n bytes (copy.c): glibc's memcpy, except where it is slow (a
+ * destination 1..31 bytes past the source modulo 4 KiB, on CPUs whose
+ * `rep movsb` stalls there) and, with stream, through non-temporal stores
+ * that bypass the cache (then call cp_copy_fence before publishing). */
+void cp_copy(void *dst, const void *src, size_t n, int stream);
+void cp_copy_fence(int stream);
+
+/* float16/bfloat16 buffer <-> float32 buffer (count elements; narrowing
+ * rounds to nearest even). Used where a reduction spans several steps
+ * (the multi-node allreduce): partial results stay float32 and are rounded
+ * once at the end. */
+void cp_half_widen(int dtype, float *out, const void *in, uint64_t count);
+void cp_half_narrow(int dtype, void *out, const float *in, uint64_t count);
+static inline int cp_dtype_is_half(int dtype) {
+  return dtype == DDPLUG_FLOAT16 || dtype == DDPLUG_BFLOAT16;
+}
+
+/* IEEE binary16 and bfloat16 conversions (round to nearest even). */
+float cp_half_to_float(uint16_t h);
+uint16_t cp_float_to_half(float f);
+float cp_bf16_to_float(uint16_t b);
+uint16_t cp_float_to_bf16(float f);
+
+/* ---- counters in shared memory (wait.c) --------------------------------- */
+
+/* A monotonically increasing 32-bit counter on its own cache line, with a
+ * count of sleepers so that posting costs no system call when nobody sleeps.
+ * Comparisons are wrap-safe. */
+typedef struct cp_ctr {
+  _Atomic uint32_t val;
+  _Atomic uint32_t waiters;
+  char pad[56];
+} cp_ctr;
+
+static inline int cp_seq_ge(uint32_t a, uint32_t b) {
+  return (int32_t)(a - b) >= 0;
+}
+static inline int cp_ctr_ge(cp_ctr *c, uint32_t v) {
+  return cp_seq_ge(atomic_load_explicit(&c->val, memory_order_acquire), v);
+}
+/* Publish v (release) and wake sleepers of c, if any. */
+void cp_ctr_post(cp_ctr *c, uint32_t v);
+/* Wake every sleeper of c (abort, failure). */
+void cp_ctr_wake(cp_ctr *c);
+/* Sleep on c while its value is `seen`, at most timeout_ns (futex). */
+void cp_ctr_sleep(cp_ctr *c, uint32_t seen, uint64_t timeout_ns, int shared);
+
+/* What a blocked step waits for. */
+typedef struct cp_wait_target {
+  int kind;        /* CP_WAIT_CTR or CP_WAIT_FDS                          */
+  cp_ctr *ctr;     /* CTR: until ctr >= until                             */
+  uint32_t until;
+  int poster;      /* CTR: local index of the rank whose arrival ctr
+                      counts, or -1; an arrival wait also ends (returns 0,
+                      the step re-checks) once a local rank departed
+                      (group_destroy) before arriving: it never will      */
+  int nfds;        /* FDS: until one of fds[] has its events               */
+  struct pollfd fds[2];
+} cp_wait_target;
+#define CP_WAIT_CTR 1
+#define CP_WAIT_FDS 2
+
+/* Wait for t, spinning for the group's spin time, then sleeping, checking
+ * the group's failure state and its peers' liveness every slice. Returns 0
+ * when t is reached, CP_AGAIN at deadline_ns, or the group's failure. */
+int cp_wait(cp_group *g, const cp_wait_target *t, uint64_t deadline_ns);
+
+uint64_t cp_now_ns(void);
+/* Deadline for timeout_ms from now; UINT64_MAX for a negative timeout. */
+uint64_t cp_deadline(int64_t timeout_ms);
+
+/* ---- shared memory segment (shm.c) -------------------------------------- */
+
+#define CP_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
+#define CP_SHM_VERSION 1u
+#define CP_SHM_PREFIX "ddplug-cpu-"
+
+/* A process that attached, for stale-segment cleanup and liveness. */
+typedef struct cp_proc {
+  _Atomic int64_t pid;
+  _Atomic uint64_t start_time; /* /proc/<pid>/stat starttime (clock ticks) */
+  _Atomic uint32_t departed;   /* 1: left through group_destroy            */
+  uint32_t pad;
+} cp_proc;
+
+/* One collective as a rank saw it: compared across ranks at every
+ * collective's handshake (mismatch detection). */
+typedef struct cp_desc {
+  uint64_t seq;   /* runtime sequence number (args.seq)                   */
+  uint64_t count;
+  int32_t kind, dtype, op, root;
+  int32_t rank;   /* who wrote it                                         */
+  int32_t small;  /* 1 if the writer also put its data in its small slot  */
+} cp_desc;
+
+/* The first failure of a group (abort, peer loss) as every rank reports it. */
+typedef struct cp_fail_rec {
+  _Atomic uint32_t state; /* 0 none, 1 being written, 2 set              */
+  int32_t status;         /* DDPLUG_E_ABORTED, _PEER_LOST, ...            */
+  int32_t rank;           /* the rank lost, or the rank that aborted      */
+  int32_t origin;         /* the rank that detected or called abort       */
+  char msg[CP_MSG_MAX];
+} cp_fail_rec;
+
+/* Per-rank control block: the rank's counters and its descriptors. */
+typedef struct cp_rank_ctl {
+  cp_ctr arrive; /* low 32 bits of the last collective it arrived at     */
+  cp_ctr cin;    /* pipeline chunks copied in (absolute)                 */
+  cp_ctr cred;   /* pipeline chunks reduced                              */
+  cp_ctr cout;   /* pipeline chunks finished (slot may be reused)        */
+  cp_desc desc[2]; /* by parity of the collective index                  */
+  char pad[64 - (2 * sizeof(cp_desc)) % 64];
+} cp_rank_ctl;
+
+typedef struct cp_shm_hdr {
+  _Atomic uint64_t magic; /* CP_SHM_MAGIC once initialised (written last) */
+  uint32_t version;
+  int32_t local_world;
+  int32_t node;
+  int32_t num_nodes;
+  uint32_t slots;
+  uint32_t pad0;
+  uint64_t total_bytes;
+  uint64_t chunk_bytes;
+  uint64_t small_bytes;
+  char run_id[48];
+  _Atomic int64_t creator_pid;
+  _Atomic uint64_t creator_start;
+  uint64_t procs_off, ctl_off, arrived_off, small_off, stage_off;
+  cp_ctr attached;      /* processes attached so far                    */
+  cp_ctr verdict;       /* multi-node: collective index of the verdict  */
+  int32_t verdict_status;
+  int32_t pad1;
+  char verdict_msg[CP_MSG_MAX];
+  cp_fail_rec fail[2];  /* see failure.c                                 */
+} cp_shm_hdr;
+
+typedef struct cp_shm_params {
+  const char *run_id;
+  int32_t local_world, node, num_nodes;
+  uint32_t slots;
+  uint64_t chunk_bytes, small_bytes;
+} cp_shm_params;
+
+typedef struct cp_shm {
+  void *base;
+  size_t size;
+  char name[128];
+  int creator;
+  int unlinked;
+  cp_shm_hdr *hdr;
+  cp_proc *procs;          /* [local_world]                              */
+  cp_rank_ctl *ctl;        /* [local_world]                              */
+  _Atomic uint64_t *arrived; /* [num_nodes] last collective index heard from */
+  unsigned char *small;    /* [local_world][2][small_bytes]              */
+  unsigned char *stage;    /* [slots][local_world][chunk_bytes]          */
+} cp_shm;
+
+/* Segment name for a run and node: "/ddplug-cpu-<run_id>-n<node>". */
+void cp_shm_name(char *out, size_t cap, const char *run_id, int node);
+/* Create (exclusively), size and initialise the segment; on failure nothing
+ * is left behind. */
+int cp_shm_create(cp_shm *s, const cp_shm_params *p);
+/* Open an existing segment and check it matches p. */
+int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p);
+/* Record this process (pid, start time) in slot local_index. */
+void cp_shm_register(cp_shm *s, int local_index);
+/* Remove the name (mappings stay valid). Idempotent. */
+void cp_shm_unlink(cp_shm *s);
+void cp_shm_detach(cp_shm *s);
+/* Remove /dev/shm/ddplug-cpu-* segments (of this user) whose every recorded
+ * process is dead. Returns how many were removed. */
+int cp_shm_cleanup_stale(const cp_group *g);
+/* Count such abandoned segments; remove them too if remove != 0. */
+int cp_shm_stale(const cp_group *g, int remove);
+/* Start time of pid from /proc (0 if it does not exist). */
+uint64_t cp_proc_start_time(int64_t pid);
+/* True if pid runs and started at start_time (0 = do not compare). */
+int cp_proc_alive(int64_t pid, uint64_t start_time);
+
+/* ---- TCP (tcp.c) --------------------------------------------------------- */
+
+#define CP_TCP_MAGIC 0x48504c47u /* "GLPH" */
+enum { CP_MSG_HELLO = 1, CP_MSG_ABORT = 2, CP_MSG_BYE = 3 };
+
+/* Control record travelling backwards around the ring (and BYE forwards). */
+typedef struct cp_ctl_msg {
+  uint32_t magic;
+  uint32_t type;
+  int32_t status;
+  int32_t rank;        /* lost or aborting rank                           */
+  int32_t origin;      /* detecting rank                                  */
+  int32_t origin_node;
+  uint64_t run_hash;
+  char msg[CP_MSG_MAX];
+} cp_ctl_msg;
+
+/* A control record of `type` from this rank (magic, run hash, origin). */
+void cp_ctl_init(const cp_group *g, cp_ctl_msg *m, uint32_t type);
+int cp_tcp_listen(int *fd, int *port);
+/* Pick the address to advertise (option or first non-loopback IPv4). */
+void cp_tcp_local_addr(const char *opt, char *out, size_t cap);
+int cp_tcp_connect(const char *hostport, uint64_t deadline, int *fd);
+int cp_tcp_accept(int lfd, uint64_t deadline, int *fd);
+/* Blocking-with-deadline exact transfers (setup and teardown only). */
+int cp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline);
+int cp_tcp_recv_all(int fd, void *buf, size_t len, uint64_t deadline);
+/* Tune a connected socket: TCP_NODELAY, buffers, keepalive, O_NONBLOCK. */
+void cp_tcp_tune(int fd);
+/* Build the ring: publish this leader's address, connect to the next
+ * node's leader, accept the previous one's. */
+int cp_tcp_ring_setup(cp_group *g, uint64_t deadline);
+/* Say goodbye on both ring sockets and close them. */
+void cp_tcp_ring_close(cp_group *g);
+
+/* ---- failure and liveness (failure.c) ------------------------------------ */
+
+/* Record the group's first failure (later ones are ignored), publish it to
+ * the node's shared memory and, for a node leader, backwards around the
+ * ring; wake everything that sleeps. Returns the status now in force. */
+int cp_fail_set(cp_group *g, int status, int rank, int origin,
+                const char *fmt, ...) CP_PRINTF(5, 6);
+/* Adopt a failure record that arrived from elsewhere (ring message). */
+int cp_fail_adopt(cp_group *g, int status, int rank, int origin,
+                  const char *msg, int from_ring);
+/* 0 if the group is healthy, else its failure status (cheap: atomics). */
+int cp_fail_status(cp_group *g);
+/* Put the failure sentence in this thread's error buffer; return status. */
+int cp_fail_report(cp_group *g);
+/* The effective failure record (NULL while healthy). */
+const cp_fail_rec *cp_fail_get(cp_group *g);
+/* A blocked collective was woken by a failure: if it is an abort, watch
+ * peers up to 150 ms (never past deadline_ns) for a death that upgrades it
+ * to PEER_LOST; then report (as cp_fail_report). Executor only. */
+int cp_fail_settle(cp_group *g, uint64_t deadline_ns);
+/* Local index j's process exited: PEER_LOST unless it departed cleanly.
+ * Thread-safe. */
+void cp_peer_exited(cp_group *g, int j);
+/* Check peers: pidfds of same-node peers, ring sockets (control messages,
+ * hang-ups). timeout_ms 0 polls. Returns cp_fail_status afterwards. */
+int cp_liveness_poll(cp_group *g, int timeout_ms);
+/* Fill pfd with the liveness descriptors (returns how many). */
+int cp_liveness_fds(cp_group *g, struct pollfd *pfd, int cap);
+/* A ring socket to node's leader broke (what: how). Wait up to 200 ms
+ * from the first break for an abort record explaining it, else record
+ * PEER_LOST of that leader; never waits past deadline_ns. Returns the
+ * failure status, or CP_AGAIN when deadline_ns came first (call again). */
+int cp_ring_broken(cp_group *g, int node, const char *what, int err,
+                   uint64_t deadline_ns);
+/* Open pidfds for same-node peers. */
+int cp_liveness_open(cp_group *g);
+void cp_liveness_close(cp_group *g);
+/* Wake every sleeper of the node segment (used by abort and failures). */
+void cp_wake_all(cp_group *g);
+
+/* ---- handshake and mismatch (handshake.c) -------------------------------- */
+
+/* Record of one node sent around the ring at a collective's handshake. */
+typedef struct cp_hs_rec {
+  uint32_t magic;
+  int32_t node;
+  int32_t leader;       /* global rank of the node's leader               */
+  int32_t status;       /* OK, or MISMATCH found inside the node           */
+  uint64_t index;       /* internal collective index                      */
+  cp_desc desc;         /* the leader's descriptor                        */
+  char detail[CP_MSG_MAX];
+} cp_hs_rec;
+
+void cp_desc_fill(cp_desc *d, const ddplug_coll_args *a, int rank);
+/* Human form: "allreduce(count=10, float32, sum)". */
+void cp_desc_str(const cp_desc *d, char *out, size_t cap);
+/* Compare the local ranks' descriptors for collective index k (all have
+ * arrived). MISMATCH with a sentence naming two ranks, or OK. */
+int cp_hs_compare_local(cp_group *g, uint64_t k, const cp_desc *mine);
+/* Compare the nodes' records after the ring exchange. */
+int cp_hs_compare_nodes(cp_group *g, const cp_hs_rec *recs, uint64_t k);
+/* Sentence for a TIMEOUT of collective index k: which ranks had not
+ * arrived. */
+void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap);
+
+/* ---- collectives ---------------------------------------------------------- */
+
+/* Pipeline modes (shm_coll.c). */
+enum {
+  CP_PIPE_ALLREDUCE = 1, /* all copy in, reduce own slice, all copy out   */
+  CP_PIPE_REDUCE_LEADER, /* same, only the leader copies out              */
+  CP_PIPE_BCAST,         /* one source copies in, the others copy out     */
+  CP_PIPE_ALLGATHER,     /* all copy their block in, all copy all out     */
+  CP_PIPE_GATHER_LEADER  /* all copy their block in, the leader copies out */
+};
+
+typedef struct cp_pipe {
+  int mode;
+  int dtype;
+  uint32_t esize;
+  int in_dtype;             /* REDUCE_LEADER: a half type the input is in,
+                               widened to dtype (float32) at copy-in; 0 =
+                               the input is dtype                          */
+  int src;                  /* BCAST: local index of the source         */
+  int op;                   /* reduce op (AVG → SUM + divisor)           */
+  int divisor;
+  const unsigned char *in;  /* what this rank copies in                  */
+  unsigned char *out;       /* where copy-out writes                     */
+  uint64_t elems;           /* elements per copy-in rank                 */
+  uint64_t chunk_elems;
+  uint64_t nchunks;
+  uint32_t base;            /* chunk clock at phase entry                */
+  uint64_t c_in, c_red, c_out; /* this rank's progress (relative chunks) */
+  int stream;               /* write the output with non-temporal stores */
+} cp_pipe;
+
+/* Ring operations (ring.c). */
+enum { CP_RING_ALLREDUCE = 1, CP_RING_ALLGATHER, CP_RING_BCAST, CP_RING_RECORDS };
+
+typedef struct cp_ring {
+  int op;
+  unsigned char *buf;
+  uint64_t count;        /* ALLREDUCE/BCAST: elements                    */
+  uint64_t block_bytes;  /* ALLGATHER: bytes per rank; RECORDS: per node  */
+  int redop;
+  int divisor;
+  int dtype;
+  uint32_t esize;
+  int root_node;         /* BCAST                                        */
+  uint64_t index;        /* RECORDS: collective index (arrival tracking) */
+  int nsteps;
+  int ts, tr;            /* current send / receive step                  */
+  uint64_t sent, rcvd, red, fill;
+  int active;
+} cp_ring;
+
+enum {
+  CP_PH_HANDSHAKE = 1, /* local descriptors (+ small data), compare      */
+  CP_PH_VERDICT,       /* multi-node: ring handshake (leader) / wait     */
+  CP_PH_SMALL,         /* one-shot finish of the small-message path      */
+  CP_PH_PIPE,          /* shm chunk pipeline                             */
+  CP_PH_RING,          /* leader: TCP ring                               */
+  CP_PH_COPY,          /* local copy (single rank on a node, world 1)    */
+  CP_PH_WIDEN,         /* half type -> float32 scratch (leader)           */
+  CP_PH_NARROW         /* float32 scratch -> half type, rounded once      */
+};
+
+typedef struct cp_phase {
+  int kind;
+  int entered;
+  union {
+    cp_pipe pipe;
+    cp_ring ring;
+    struct { const void *src; void *dst; uint64_t bytes; } copy;
+    struct { const void *src; void *dst; uint64_t count; int dtype; } conv;
+  } u;
+} cp_phase;
+
+#define CP_MAX_PHASES 6
+
+struct ddplug_plugin_request {
+  ddplug_coll_args args;
+  uint64_t k;                 /* internal collective index (1, 2, ...)    */
+  uint64_t submit_ns;
+  _Atomic int done;           /* 1 once complete (status/msg valid)      */
+  int status;
+  char msg[CP_MSG_MAX];
+  int user_freed;             /* guarded by the queue mutex              */
+  _Atomic int by_thread;      /* 1 if the progress thread executed it     */
+  /* execution state (touched only by the executor) */
+  int planned;
+  int small;
+  int nph, cur;
+  cp_phase ph[CP_MAX_PHASES];
+  cp_hs_rec *recs;            /* leader: ring handshake records           */
+  float *wide;                /* leader, multi-node half-type allreduce:
+                                 float32 partial sums (freed at completion) */
+  struct ddplug_plugin_request *next, *prev; /* pending queue            */
+  struct ddplug_plugin_request *anext, *aprev; /* all requests           */
+};
+
+/* Plan and run r as far as possible before deadline_ns. Returns DDPLUG_OK
+ * when it completed (successfully), CP_AGAIN at the deadline, or the final
+ * failure (MISMATCH, PEER_LOST, ...), with the sentence in the thread's
+ * error buffer. */
+int cp_coll_advance(cp_group *g, cp_req *r, uint64_t deadline_ns);
+/* Check args against the plugin's rules (dtype/op combinations, buffers). */
+int cp_coll_validate(const cp_group *g, const ddplug_coll_args *a);
+/* Bytes of float32 scratch (cp_req.wide) this rank needs for a (0: none):
+ * a node leader's partial sums of a multi-node float16/bfloat16 allreduce.
+ * Allocated when the collective starts, so that running it cannot fail for
+ * want of memory. */
+uint64_t cp_coll_scratch_bytes(const cp_group *g, const ddplug_coll_args *a);
+
+/* shm_coll.c */
+void cp_pipe_init(cp_group *g, cp_pipe *p);
+int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt);
+void cp_small_put(cp_group *g, cp_req *r);
+void cp_small_finish(cp_group *g, cp_req *r);
+unsigned char *cp_small_slot(cp_group *g, int local, uint64_t k);
+
+/* ring.c */
+void cp_ring_init(cp_group *g, cp_ring *r);
+int cp_ring_step(cp_group *g, cp_ring *r, cp_wait_target *wt);
+
+/* ---- requests and progress (progress.c) ---------------------------------- */
+
+int cp_engine_start(cp_group *g);
+void cp_engine_stop(cp_group *g);
+int cp_submit(cp_group *g, const ddplug_coll_args *a, cp_req **out);
+int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms);
+int cp_req_test(cp_group *g, cp_req *r, int32_t *done);
+void cp_req_free(cp_group *g, cp_req *r);
+/* Number of requests submitted and not complete. */
+int cp_pending(cp_group *g);
+void cp_free_all_requests(cp_group *g);
+
+/* ---- the group ------------------------------------------------------------ */
+
+enum { CP_PT_BUSY = 0, CP_PT_LIGHT = 1, CP_PT_DEEP = 2 };
+
+struct ddplug_plugin_group {
+  /* identity */
+  int rank, world, local_rank, local_world, node, num_nodes;
+  int32_t *node_of;     /* [world]                                       */
+  int32_t *local_of;    /* [world]                                       */
+  int64_t *pid_of;      /* [world]                                       */
+  int32_t *local_ranks; /* [local_world] global rank of each local index */
+  int32_t *leaders;     /* [num_nodes] global rank of each node's leader */
+  int32_t *node_size;   /* [num_nodes]                                   */
+  int32_t **node_ranks; /* [num_nodes][node_size] ranks in rank order    */
+  int leader;           /* 1 if local_rank == 0                          */
+  char run_id[48];
+  uint64_t run_hash;
+  char host_id[64];
+  const ddplug_host_services *svc;
+  int32_t log_level;
+  int64_t timeout_ms;
+  cp_options opt;
+  uint64_t spin_ns;
+
+  /* node segment (local_world > 1) */
+  int has_shm;
+  cp_shm shm;
+
+  /* ring (leaders, num_nodes > 1) */
+  int next_fd, prev_fd;
+  pthread_mutex_t ctl_mu;  /* writes of control messages on prev_fd    */
+  unsigned char ctl_rx[sizeof(cp_ctl_msg)];
+  size_t ctl_rx_len;
+  int next_bye, prev_bye;  /* neighbours said goodbye                    */
+  int ring_active;         /* a ring phase is reading prev_fd            */
+  _Atomic int ring_told[2]; /* each failure slot went out on the ring   */
+  unsigned char *ring_tmp; /* tcp_chunk_bytes scratch for reductions    */
+  _Atomic uint64_t *arrived_local; /* [num_nodes] when there is no shm  */
+
+  /* liveness */
+  int *pidfd;              /* [local_world], -1 for self/none            */
+  _Atomic int *pid_gone;   /* [local_world] exit seen (clean or not)     */
+  int pid_poll;            /* no pidfds: poll /proc at liveness checks   */
+  int abort_fd;            /* eventfd, readable once the group failed   */
+
+  /* failure (failure.c): two write-once slots, see there */
+  _Atomic int fail_status;     /* effective status, 0 while healthy      */
+  cp_fail_rec fail[2];
+  _Atomic int stopping;
+
+  /* engine */
+  pthread_mutex_t q_mu;
+  cp_req *q_head, *q_tail;     /* pending, in order                      */
+  cp_req *all;                 /* every request not yet released          */
+  uint64_t next_k;             /* guarded by q_mu                         */
+  _Atomic uint64_t exec_k;     /* index being executed (for messages)     */
+  _Atomic int exec;            /* 1 while some thread executes            */
+  cp_ctr ev;                   /* bumped at completions and exec release */
+  _Atomic int lazy;            /* callers execute inline; thread waits   */
+  _Atomic int pt_mode;
+  _Atomic uint64_t last_submit_ns;
+  int wake_fd;                 /* eventfd: work for the progress thread  */
+  pthread_t thread;
+  int thread_started;
+  uint32_t chunk_clock;        /* executor only                          */
+  cp_hs_rec *recs;             /* executor only: [num_nodes]             */
+  uint64_t exec_deadline;      /* executor only: the running call's deadline */
+  uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
+};
+
+#endif /* DDPLUG_CPU_PLUGIN_H */

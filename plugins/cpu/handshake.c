@@ -1,0 +1,174 @@
+/*
+ * handshake.c — every collective starts with a handshake that compares what
+ * each rank called: (seq, kind, count, dtype, op, root). Inside a node each
+ * rank publishes its descriptor in shared memory with its arrival; between
+ * nodes the leaders pass one record per node around the ring. Every rank
+ * compares against the same reference (local index 0, then node 0), so all
+ * ranks reach the same verdict and name the same two ranks: MISMATCH on all
+ * ranks instead of garbage or a hang, and the group stays usable because
+ * nobody moved data for the mismatched collective.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu.h"
+
+void cp_desc_fill(cp_desc *d, const ddplug_coll_args *a, int rank) {
+  memset(d, 0, sizeof *d);
+  d->seq = a->seq;
+  d->count = a->count;
+  d->kind = a->kind;
+  d->dtype = a->dtype;
+  d->op = a->kind == DDPLUG_COLL_ALLREDUCE ? a->op : 0;
+  d->root = a->kind == DDPLUG_COLL_BROADCAST ? a->root : 0;
+  d->rank = rank;
+}
+
+void cp_desc_str(const cp_desc *d, char *out, size_t cap) {
+  switch (d->kind) {
+    case DDPLUG_COLL_ALLREDUCE:
+      snprintf(out, cap, "allreduce(count=%llu, %s, %s)",
+               (unsigned long long)d->count, cp_dtype_name(d->dtype),
+               cp_op_name(d->op));
+      break;
+    case DDPLUG_COLL_BROADCAST:
+      snprintf(out, cap, "broadcast(count=%llu, %s, root=%d)",
+               (unsigned long long)d->count, cp_dtype_name(d->dtype), d->root);
+      break;
+    case DDPLUG_COLL_ALLGATHER:
+      snprintf(out, cap, "allgather(count=%llu, %s)",
+               (unsigned long long)d->count, cp_dtype_name(d->dtype));
+      break;
+    case DDPLUG_COLL_BARRIER: snprintf(out, cap, "barrier()"); break;
+    default: snprintf(out, cap, "collective kind %d", d->kind); break;
+  }
+}
+
+static int same(const cp_desc *a, const cp_desc *b) {
+  return a->seq == b->seq && a->kind == b->kind && a->count == b->count &&
+         a->dtype == b->dtype && a->op == b->op && a->root == b->root;
+}
+
+static int mismatch(const cp_desc *ref, const cp_desc *other) {
+  char a[160], b[160];
+  cp_desc_str(ref, a, sizeof a);
+  cp_desc_str(other, b, sizeof b);
+  if (ref->seq != other->seq)
+    return cp_err(DDPLUG_E_MISMATCH,
+                  "collectives differ across ranks: rank %d is at collective "
+                  "#%llu (%s) but rank %d at #%llu (%s); every rank must issue "
+                  "the same collectives in the same order",
+                  ref->rank, (unsigned long long)ref->seq, a, other->rank,
+                  (unsigned long long)other->seq, b);
+  return cp_err(DDPLUG_E_MISMATCH,
+                "collective #%llu differs across ranks: rank %d called %s but "
+                "rank %d called %s; every rank must issue the same collectives "
+                "in the same order with the same count, dtype, op and root",
+                (unsigned long long)ref->seq, ref->rank, a, other->rank, b);
+}
+
+/* See cpu.h. Reads the descriptors of collective index k of every local
+ * rank (all arrived, so they are stable). */
+int cp_hs_compare_local(cp_group *g, uint64_t k, const cp_desc *mine) {
+  if (!g->has_shm) return DDPLUG_OK;
+  const cp_desc *ref = &g->shm.ctl[0].desc[k & 1];
+  for (int j = 0; j < g->local_world; j++) {
+    const cp_desc *d = j == g->local_rank ? mine : &g->shm.ctl[j].desc[k & 1];
+    if (!same(ref, d)) return mismatch(ref, d);
+  }
+  return DDPLUG_OK;
+}
+
+/* See cpu.h. recs[node] holds every node's record. */
+int cp_hs_compare_nodes(cp_group *g, const cp_hs_rec *recs, uint64_t k) {
+  for (int n = 0; n < g->num_nodes; n++) {
+    if (recs[n].magic != CP_TCP_MAGIC || recs[n].index != k ||
+        recs[n].node != n)
+      return cp_err(DDPLUG_E_INTERNAL,
+                    "ring handshake of collective #%llu: node %d's record "
+                    "(from rank %d, its leader) is corrupt: the ring "
+                    "connection's stream is out of step",
+                    (unsigned long long)recs[g->node].desc.seq, n, g->leaders[n]);
+  }
+  for (int n = 0; n < g->num_nodes; n++)
+    if (recs[n].status != DDPLUG_OK) {
+      char detail[CP_MSG_MAX];
+      snprintf(detail, sizeof detail, "%s", recs[n].detail);
+      return cp_err(recs[n].status, "%s", detail);
+    }
+  for (int n = 1; n < g->num_nodes; n++)
+    if (!same(&recs[0].desc, &recs[n].desc))
+      return mismatch(&recs[0].desc, &recs[n].desc);
+  return DDPLUG_OK;
+}
+
+/* Append "a, b-c, d" for a sorted rank list. */
+static void append_ranks(char *out, size_t cap, const int *r, int n) {
+  size_t len = strlen(out);
+  for (int i = 0; i < n && len < cap; i++) {
+    int j = i;
+    while (j + 1 < n && r[j + 1] == r[j] + 1) j++;
+    if (j > i + 1)
+      len += (size_t)snprintf(out + len, cap - len, "%s%d-%d", i ? ", " : "", r[i], r[j]);
+    else if (j == i + 1)
+      len += (size_t)snprintf(out + len, cap - len, "%s%d, %d", i ? ", " : "", r[i], r[j]);
+    else
+      len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? ", " : "", r[i]);
+    i = j;
+  }
+}
+
+/* See cpu.h. Reads counters concurrently with the executor (atomics). */
+void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
+  int *miss = NULL, nmiss = 0;
+  int local[512], far[512], nfar = 0;
+  miss = local;
+  out[0] = '\0';
+  uint64_t exec_k = atomic_load(&g->exec_k);
+  if (exec_k < k) {
+    snprintf(out, cap, "it has not started: this rank is still executing "
+             "collective index %llu ahead of it", (unsigned long long)exec_k);
+    return;
+  }
+  if (g->has_shm) {
+    for (int j = 0; j < g->local_world && nmiss < 512; j++)
+      if (!cp_ctr_ge(&g->shm.ctl[j].arrive, (uint32_t)k))
+        miss[nmiss++] = g->local_ranks[j];
+  }
+  if (g->num_nodes > 1) {
+    _Atomic uint64_t *arr = g->has_shm ? g->shm.arrived : g->arrived_local;
+    for (int n = 0; n < g->num_nodes; n++) {
+      if (n == g->node) continue;
+      if (atomic_load(&arr[n]) >= k) continue;
+      for (int i = 0; i < g->node_size[n] && nfar < 512; i++)
+        far[nfar++] = g->node_ranks[n][i];
+    }
+  }
+  /* sort (small lists) */
+  for (int a = 1; a < nmiss; a++)
+    for (int b = a; b > 0 && miss[b - 1] > miss[b]; b--) {
+      int t = miss[b]; miss[b] = miss[b - 1]; miss[b - 1] = t;
+    }
+  for (int a = 1; a < nfar; a++)
+    for (int b = a; b > 0 && far[b - 1] > far[b]; b--) {
+      int t = far[b]; far[b] = far[b - 1]; far[b - 1] = t;
+    }
+  size_t len = 0;
+  if (nmiss) {
+    len += (size_t)snprintf(out + len, cap - len, "rank%s ", nmiss > 1 ? "s" : "");
+    append_ranks(out, cap, miss, nmiss);
+    len = strlen(out);
+    len += (size_t)snprintf(out + len, cap - len, " %s not arrived",
+                            nmiss > 1 ? "have" : "has");
+  }
+  if (nfar && len < cap) {
+    len += (size_t)snprintf(out + len, cap - len, "%sranks on other nodes not "
+                            "heard from yet: ", nmiss ? "; " : "");
+    append_ranks(out, cap, far, nfar);
+  }
+  if (!nmiss && !nfar)
+    snprintf(out, cap, "every rank has arrived; the data transfer is still "
+             "in progress");
+}

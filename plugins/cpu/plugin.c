@@ -1,0 +1,431 @@
+/*
+ * plugin.c — the `cpu` plugin's table and its process-group slots.
+ *
+ * libddplug-cpu.so: the CPU backend. Shared memory inside a node, a TCP
+ * ring between nodes, hierarchical when both; asynchronous requests with a
+ * progress thread; peer loss, abort and mismatched collectives reported on
+ * every rank. See README.md beside this file for the design, the options
+ * and the guarantees. Exports only ddplug_plugin_entry_v1.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+#define HOST_PLUGIN_VERSION "0.1.0"
+#define DEFAULT_CREATE_TIMEOUT_MS 300000
+
+static int report(const ddplug_host_services *svc, int status) {
+  if (status != DDPLUG_OK && svc && svc->set_error)
+    svc->set_error(svc->host, status, cp_errmsg());
+  return status;
+}
+
+static int valid_run_id(const char *s) {
+  if (!s || !*s || strlen(s) > 32) return 0;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+          (*s >= '0' && *s <= '9') || *s == '_'))
+      return 0;
+  return 1;
+}
+
+/* CPUs this process may run on: its affinity mask (taskset, cgroup
+ * cpusets, a launcher's binding), not every CPU the machine has online;
+ * the online count if the mask cannot be read. */
+static long usable_cpus(void) {
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  long conf = sysconf(_SC_NPROCESSORS_CONF);
+  int n = (int)CP_MAX(CP_MAX(online, conf), 1024L);
+  for (int tries = 0; tries < 4; tries++, n *= 4) {
+    cpu_set_t *set = CPU_ALLOC(n);
+    if (!set) break;
+    size_t sz = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(sz, set);
+    if (sched_getaffinity(0, sz, set) == 0) {
+      int c = CPU_COUNT_S(sz, set);
+      CPU_FREE(set);
+      if (c > 0) return c;
+      break;
+    }
+    int e = errno;
+    CPU_FREE(set);
+    if (e != EINVAL) break; /* EINVAL: the kernel's mask is larger */
+  }
+  return online;
+}
+
+/* Check the world description; fills the derived topology of g. */
+static int topology(cp_group *g, const ddplug_group_init *in) {
+  if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
+    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "group_create: rank %d / world size %d is not a valid rank",
+                  in->rank, in->world_size);
+  if (in->num_nodes < 1 || in->num_nodes > in->world_size ||
+      in->node_rank < 0 || in->node_rank >= in->num_nodes)
+    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "group_create: node %d of %d nodes is not valid for a world "
+                  "of %d", in->node_rank, in->num_nodes, in->world_size);
+  if (!in->node_of_rank || !in->local_rank_of || !in->pid_of_rank)
+    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "group_create: node_of_rank, local_rank_of and pid_of_rank "
+                  "are required");
+  if (!valid_run_id(in->run_id))
+    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "group_create: run_id '%s' must be 1-32 characters of "
+                  "[A-Za-z0-9_]", in->run_id ? in->run_id : "(null)");
+  int W = in->world_size, L = in->num_nodes;
+  g->rank = in->rank;
+  g->world = W;
+  g->node = in->node_rank;
+  g->num_nodes = L;
+  g->node_of = calloc((size_t)W, sizeof *g->node_of);
+  g->local_of = calloc((size_t)W, sizeof *g->local_of);
+  g->pid_of = calloc((size_t)W, sizeof *g->pid_of);
+  g->leaders = calloc((size_t)L, sizeof *g->leaders);
+  g->node_size = calloc((size_t)L, sizeof *g->node_size);
+  g->node_ranks = calloc((size_t)L, sizeof *g->node_ranks);
+  if (!g->node_of || !g->local_of || !g->pid_of || !g->leaders ||
+      !g->node_size || !g->node_ranks)
+    return cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+  memcpy(g->node_of, in->node_of_rank, sizeof(int32_t) * (size_t)W);
+  memcpy(g->local_of, in->local_rank_of, sizeof(int32_t) * (size_t)W);
+  memcpy(g->pid_of, in->pid_of_rank, sizeof(int64_t) * (size_t)W);
+  for (int r = 0; r < W; r++) {
+    if (g->node_of[r] < 0 || g->node_of[r] >= L)
+      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "group_create: node_of_rank[%d] = %d is not in [0, %d)",
+                    r, g->node_of[r], L);
+    g->node_size[g->node_of[r]]++;
+  }
+  for (int n = 0; n < L; n++) {
+    if (g->node_size[n] == 0)
+      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "group_create: node %d has no ranks", n);
+    if (g->node_size[n] > CP_MAX_LOCAL)
+      return cp_err(DDPLUG_E_UNSUPPORTED,
+                    "group_create: %d ranks on node %d; plugin cpu supports "
+                    "at most %d per node", g->node_size[n], n, CP_MAX_LOCAL);
+    g->node_ranks[n] = calloc((size_t)g->node_size[n], sizeof(int32_t));
+    if (!g->node_ranks[n]) return cp_err(DDPLUG_E_NO_MEMORY, "out of memory");
+    g->node_size[n] = 0;
+  }
+  for (int r = 0; r < W; r++) {
+    int n = g->node_of[r];
+    g->node_ranks[n][g->node_size[n]++] = r;
+  }
+  g->local_world = g->node_size[g->node];
+  g->local_rank = g->local_of[g->rank];
+  if (in->local_rank != g->local_rank || in->local_world_size != g->local_world ||
+      g->node_of[g->rank] != g->node)
+    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                  "group_create: rank %d: local rank %d of %d on node %d "
+                  "disagrees with the arrays (local %d of %d on node %d)",
+                  g->rank, in->local_rank, in->local_world_size, in->node_rank,
+                  g->local_rank, g->local_world, g->node_of[g->rank]);
+  g->local_ranks = calloc((size_t)g->local_world, sizeof *g->local_ranks);
+  g->pidfd = calloc((size_t)g->local_world, sizeof *g->pidfd);
+  g->pid_gone = calloc((size_t)g->local_world, sizeof *g->pid_gone);
+  if (!g->local_ranks || !g->pidfd || !g->pid_gone)
+    return cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+  for (int j = 0; j < g->local_world; j++) g->local_ranks[j] = -1;
+  for (int j = 0; j < g->local_world; j++) g->pidfd[j] = -1;
+  for (int n = 0; n < L; n++) g->leaders[n] = -1;
+  for (int r = 0; r < W; r++) {
+    int n = g->node_of[r], lr = g->local_of[r];
+    if (lr < 0 || lr >= g->node_size[n])
+      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "group_create: local_rank_of[%d] = %d is not in [0, %d) "
+                    "(node %d)", r, lr, g->node_size[n], n);
+    if (lr == 0) g->leaders[n] = r;
+    if (n == g->node) {
+      if (g->local_ranks[lr] >= 0)
+        return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                      "group_create: ranks %d and %d both have local rank %d "
+                      "on node %d", g->local_ranks[lr], r, lr, n);
+      g->local_ranks[lr] = r;
+    }
+  }
+  g->leader = g->local_rank == 0;
+  snprintf(g->run_id, sizeof g->run_id, "%s", in->run_id);
+  snprintf(g->host_id, sizeof g->host_id, "%s", in->host_id ? in->host_id : "");
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = g->run_id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  g->run_hash = h;
+  return DDPLUG_OK;
+}
+
+/* Create or attach the node's segment; wait until every local rank is in,
+ * then unlink its name. */
+static int setup_shm(cp_group *g, uint64_t deadline) {
+  cp_shm_params p = {g->run_id, g->local_world, g->node, g->num_nodes,
+                     g->opt.slots, g->opt.chunk_bytes, g->opt.small_msg_bytes};
+  char key[32];
+  snprintf(key, sizeof key, "shm/%d", g->node);
+  int st;
+  if (g->local_rank == 0) {
+    cp_shm_cleanup_stale(g);
+    st = cp_shm_create(&g->shm, &p);
+    if (st != DDPLUG_OK) return st;
+    g->has_shm = 1;
+    st = g->svc->store_set(g->svc->host, key, g->shm.name, strlen(g->shm.name));
+    if (st != DDPLUG_OK)
+      return cp_err(st, "rank %d: publishing the shared memory name failed", g->rank);
+  } else {
+    char name[128];
+    uint64_t len = 0;
+    int64_t ms = (int64_t)((deadline - CP_MIN(deadline, cp_now_ns())) / 1000000ull);
+    st = g->svc->store_get(g->svc->host, key, name, sizeof name - 1, &len, ms);
+    if (st != DDPLUG_OK)
+      return cp_err(st, "rank %d: rank %d (local rank 0 of node %d) never "
+                    "published the node's shared memory (store key %s)",
+                    g->rank, g->local_ranks[0], g->node, key);
+    name[len] = '\0';
+    if ((st = cp_shm_attach(&g->shm, name, &p)) != DDPLUG_OK) return st;
+    g->has_shm = 1;
+  }
+  cp_shm_register(&g->shm, g->local_rank);
+  cp_ctr *att = &g->shm.hdr->attached;
+  atomic_fetch_add(&att->val, 1);
+  cp_ctr_wake(att);
+  while (!cp_ctr_ge(att, (uint32_t)g->local_world)) {
+    uint64_t now = cp_now_ns();
+    if (now >= deadline) {
+      char who[256] = "";
+      size_t n = 0;
+      for (int j = 0; j < g->local_world && n < sizeof who; j++)
+        if (atomic_load(&g->shm.procs[j].pid) == 0)
+          n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", n ? ", " : "",
+                                g->local_ranks[j]);
+      return cp_err(DDPLUG_E_TIMEOUT,
+                    "rank %d: ranks %s of node %d did not attach to the node's "
+                    "shared memory in time", g->rank, who, g->node);
+    }
+    cp_ctr_sleep(att, atomic_load(&att->val), CP_MIN(deadline - now, 50000000ull), 1);
+  }
+  if (g->local_rank == 0) cp_shm_unlink(&g->shm);
+  for (int j = 0; j < g->local_world; j++) {
+    int64_t pid = atomic_load(&g->shm.procs[j].pid);
+    if (pid != g->pid_of[g->local_ranks[j]])
+      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
+                    "rank %d: pid_of_rank[%d] = %lld but the process that "
+                    "attached as local rank %d is pid %lld", g->rank,
+                    g->local_ranks[j], (long long)g->pid_of[g->local_ranks[j]],
+                    j, (long long)pid);
+  }
+  return DDPLUG_OK;
+}
+
+static void teardown(cp_group *g) {
+  cp_engine_stop(g);
+  if (g->next_fd >= 0 || g->prev_fd >= 0) cp_tcp_ring_close(g);
+  if (g->has_shm) {
+    atomic_store(&g->shm.procs[g->local_rank].departed, 1);
+    /* a peer already waiting for this rank's arrival re-checks at once */
+    cp_ctr_wake(&g->shm.ctl[g->local_rank].arrive);
+    if (g->shm.creator) cp_shm_unlink(&g->shm);
+    cp_shm_detach(&g->shm);
+    g->has_shm = 0;
+  } else if (g->shm.creator) {
+    cp_shm_unlink(&g->shm);
+  }
+  cp_liveness_close(g);
+  if (g->abort_fd >= 0) close(g->abort_fd);
+  if (g->wake_fd >= 0) close(g->wake_fd);
+  cp_free_all_requests(g);
+  pthread_mutex_destroy(&g->q_mu);
+  pthread_mutex_destroy(&g->ctl_mu);
+  if (g->node_ranks)
+    for (int n = 0; n < g->num_nodes; n++) free(g->node_ranks[n]);
+  free(g->node_ranks);
+  free(g->node_of);
+  free(g->local_of);
+  free(g->pid_of);
+  free(g->local_ranks);
+  free(g->leaders);
+  free(g->node_size);
+  free(g->pidfd);
+  free(g->pid_gone);
+  free(g->ring_tmp);
+  free(g->recs);
+  free(g->arrived_local);
+  free(g);
+}
+
+/* Create this rank's member of the group (collective; see plugin.h).
+ * Blocks at most init->timeout_ms (5 minutes if unset) while the node's
+ * ranks attach to shared memory and the leaders connect the ring. On
+ * failure nothing is left allocated or open, *out is untouched and
+ * set_error has the sentence. */
+static int host_group_create(const ddplug_group_init *init,
+                             const ddplug_host_services *svc,
+                             ddplug_plugin_group **out) {
+  if (!svc || !init || !out) return DDPLUG_E_INVALID_ARGUMENT;
+  if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, set_error))
+    return DDPLUG_E_ABI_MISMATCH;
+  if (!DDPLUG_HAS_FIELD(init, ddplug_group_init, log_level))
+    return report(svc, cp_err(DDPLUG_E_ABI_MISMATCH,
+                              "group_create: ddplug_group_init of %u bytes is "
+                              "older than ABI 1.0", init->struct_size));
+  cp_group *g = calloc(1, sizeof *g);
+  if (!g) return report(svc, cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory"));
+  g->svc = svc;
+  g->log_level = init->log_level;
+  g->next_fd = g->prev_fd = g->abort_fd = g->wake_fd = -1;
+  pthread_mutex_init(&g->q_mu, NULL);
+  pthread_mutex_init(&g->ctl_mu, NULL);
+  int st = cp_options_parse(init->options_json, &g->opt);
+  if (st == DDPLUG_OK) st = topology(g, init);
+  if (st != DDPLUG_OK) {
+    teardown(g);
+    return report(svc, st);
+  }
+  g->timeout_ms = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_CREATE_TIMEOUT_MS;
+  uint64_t deadline = cp_deadline(g->timeout_ms);
+  /* Spin only while every local rank can have a CPU of its own: when ranks
+   * outnumber the CPUs this process may use, a spinning waiter takes the
+   * CPU from the rank it waits for, so it sleeps almost at once. */
+  long ncpu = usable_cpus();
+  int64_t spin_us = g->opt.spin_us >= 0 ? g->opt.spin_us
+                    : (ncpu > 0 && g->local_world <= ncpu) ? 50 : 2;
+  g->spin_ns = (uint64_t)spin_us * 1000ull;
+  g->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g->abort_fd < 0 || g->wake_fd < 0) {
+    st = cp_err_errno(DDPLUG_E_SYSTEM, errno, "group_create: eventfd failed");
+    goto fail;
+  }
+  if (g->num_nodes > 1) {
+    g->arrived_local = calloc((size_t)g->num_nodes, sizeof *g->arrived_local);
+    if (!g->arrived_local) {
+      st = cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+      goto fail;
+    }
+  }
+  if (g->local_world > 1 && (st = setup_shm(g, deadline)) != DDPLUG_OK) goto fail;
+  if ((st = cp_liveness_open(g)) != DDPLUG_OK) goto fail;
+  if (g->num_nodes > 1 && g->leader) {
+    g->ring_tmp = malloc(g->opt.tcp_chunk_bytes);
+    g->recs = calloc((size_t)g->num_nodes, sizeof *g->recs);
+    if (!g->ring_tmp || !g->recs) {
+      st = cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+      goto fail;
+    }
+    if ((st = cp_tcp_ring_setup(g, deadline)) != DDPLUG_OK) goto fail;
+  }
+  if ((st = cp_engine_start(g)) != DDPLUG_OK) goto fail;
+  cp_log(g, DDPLUG_LOG_DEBUG,
+         "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "
+         "chunk %llu B x %u slots, small <= %llu B, spin %lld us",
+         g->rank, g->world, g->local_rank, g->local_world, g->node,
+         g->num_nodes, (unsigned long long)g->opt.chunk_bytes, g->opt.slots,
+         (unsigned long long)g->opt.small_msg_bytes, (long long)spin_us);
+  *out = g;
+  return DDPLUG_OK;
+fail:
+  st = report(svc, st);
+  teardown(g);
+  return st;
+}
+
+/* Release the group (see plugin.h). Never blocks on peers: a collective
+ * still pending aborts the group first (peers are told). Marks this rank
+ * departed so peers do not take its exit for a crash. */
+static int host_group_destroy(ddplug_plugin_group *g) {
+  if (!g) return DDPLUG_OK;
+  int pending = cp_pending(g);
+  if (pending > 0)
+    cp_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank,
+                "rank %d destroyed its group with %d collective(s) still "
+                "pending", g->rank, pending);
+  teardown(g);
+  return DDPLUG_OK;
+}
+
+/* Abort (see plugin.h). Thread-safe, any thread, never blocks for long (at
+ * most ~200 ms telling the previous node over the ring). */
+static int host_group_abort(ddplug_plugin_group *g, const char *reason) {
+  if (!g) return DDPLUG_E_INVALID_ARGUMENT;
+  cp_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank, "aborted by rank %d: %s",
+              g->rank, reason && *reason ? reason : "(no reason given)");
+  return DDPLUG_OK;
+}
+
+/* Start a collective (see plugin.h): enqueues it and returns; never waits
+ * for peers. On failure nothing was started and *req is untouched. */
+static int host_collective_start(ddplug_plugin_group *g,
+                                 const ddplug_coll_args *args,
+                                 ddplug_plugin_request **req) {
+  if (!g || !args || !req) return DDPLUG_E_INVALID_ARGUMENT;
+  if (!DDPLUG_HAS_FIELD(args, ddplug_coll_args, reserved0))
+    return report(g->svc, cp_err(DDPLUG_E_ABI_MISMATCH,
+                                 "collective_start: ddplug_coll_args of %u "
+                                 "bytes is older than ABI 1.0", args->struct_size));
+  ddplug_coll_args a;
+  memset(&a, 0, sizeof a);
+  memcpy(&a, args, CP_MIN((size_t)args->struct_size, sizeof a));
+  return report(g->svc, cp_submit(g, &a, req));
+}
+
+/* Wait for a request (see plugin.h); TIMEOUT leaves it pending. */
+static int host_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *req,
+                             int64_t timeout_ms) {
+  if (!g || !req) return DDPLUG_E_INVALID_ARGUMENT;
+  return report(g->svc, cp_req_wait(g, req, timeout_ms));
+}
+
+/* Test a request without blocking (see plugin.h). */
+static int host_request_test(ddplug_plugin_group *g, ddplug_plugin_request *req,
+                             int32_t *done) {
+  if (!g || !req || !done) return DDPLUG_E_INVALID_ARGUMENT;
+  return report(g->svc, cp_req_test(g, req, done));
+}
+
+/* Release a request (see plugin.h). A pending one keeps executing in order
+ * and is released when it completes or at group_destroy. */
+static void host_request_free(ddplug_plugin_group *g, ddplug_plugin_request *req) {
+  if (g && req) cp_req_free(g, req);
+}
+
+static const ddplug_plugin host_table = {
+    .struct_size = sizeof(ddplug_plugin),
+    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "cpu",
+    .version = HOST_PLUGIN_VERSION,
+    .description = "CPU backend: shared-memory collectives in a node, TCP "
+                   "ring between nodes, async requests, failure and mismatch "
+                   "detection",
+    .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE |
+            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT,
+    .dtype_mask = DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) |
+                  DDPLUG_DTYPE_BIT(DDPLUG_FLOAT16) | DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16) |
+                  DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |
+                  DDPLUG_DTYPE_BIT(DDPLUG_INT32) | DDPLUG_DTYPE_BIT(DDPLUG_INT64),
+    .op_mask = DDPLUG_OP_BIT(DDPLUG_OP_SUM) | DDPLUG_OP_BIT(DDPLUG_OP_AVG) |
+               DDPLUG_OP_BIT(DDPLUG_OP_MIN) | DDPLUG_OP_BIT(DDPLUG_OP_MAX) |
+               DDPLUG_OP_BIT(DDPLUG_OP_PROD) | DDPLUG_OP_BIT(DDPLUG_OP_BOR) |
+               DDPLUG_OP_BIT(DDPLUG_OP_BAND),
+    .group_create = host_group_create,
+    .group_destroy = host_group_destroy,
+    .group_abort = host_group_abort,
+    .collective_start = host_collective_start,
+    .request_wait = host_request_wait,
+    .request_test = host_request_test,
+    .request_free = host_request_free,
+    /* sampler slots NULL: the runtime's default samplers serve */
+};
+
+/* The plugin's only exported symbol. Returns the table for any ABI 1.x
+ * runtime, NULL for another major. */
+DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
+DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version) {
+  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR) return NULL;
+  return &host_table;
+}

@@ -1,0 +1,291 @@
+/*
+ * shm.c — the node's shared-memory segment: create, attach, unlink, and the
+ * safe cleanup of segments that crashed runs left behind.
+ *
+ * One segment per node and run, named /ddplug-cpu-<run_id>-n<node>. The node's
+ * first local rank creates it exclusively (O_EXCL), sizes it, writes the
+ * header and publishes the header's magic last; the others attach and check
+ * that the layout (ranks, chunk size, slots) matches theirs. Every process
+ * records its pid and start time in the segment. Once every local rank has
+ * attached, the creator unlinks the name: the mappings stay valid and
+ * nothing is left in /dev/shm even if the whole job is killed. A name can
+ * only be left behind by a crash between creation and the last attach; the
+ * next group_create on the machine removes such a segment when every
+ * process it recorded (creator and attached ranks) is dead — a pid is
+ * "alive" only if it exists and started at the recorded time, so a reused
+ * pid does not keep garbage alive, and a live run is never touched.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+/* Layout of a segment for params p; offsets into the header, total size. */
+static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
+  uint64_t off = ALIGN_UP(sizeof(cp_shm_hdr), 4096);
+  h->procs_off = off;
+  off = ALIGN_UP(off + sizeof(cp_proc) * (uint64_t)p->local_world, 64);
+  h->ctl_off = off;
+  off = ALIGN_UP(off + sizeof(cp_rank_ctl) * (uint64_t)p->local_world, 64);
+  h->arrived_off = off;
+  off = ALIGN_UP(off + sizeof(uint64_t) * (uint64_t)p->num_nodes, 4096);
+  h->small_off = off;
+  off = ALIGN_UP(off + 2 * p->small_bytes * (uint64_t)p->local_world, 4096);
+  h->stage_off = off;
+  off += (uint64_t)p->slots * (uint64_t)p->local_world * p->chunk_bytes;
+  h->total_bytes = ALIGN_UP(off, 4096);
+}
+
+static void bind_pointers(cp_shm *s) {
+  unsigned char *b = s->base;
+  s->hdr = (cp_shm_hdr *)b;
+  s->procs = (cp_proc *)(b + s->hdr->procs_off);
+  s->ctl = (cp_rank_ctl *)(b + s->hdr->ctl_off);
+  s->arrived = (_Atomic uint64_t *)(b + s->hdr->arrived_off);
+  s->small = b + s->hdr->small_off;
+  s->stage = b + s->hdr->stage_off;
+}
+
+void cp_shm_name(char *out, size_t cap, const char *run_id, int node) {
+  snprintf(out, cap, "/" CP_SHM_PREFIX "%s-n%d", run_id, node);
+}
+
+/* Start time (field 22 of /proc/<pid>/stat, clock ticks since boot); 0 if
+ * the process does not exist or has exited (a zombie). */
+uint64_t cp_proc_start_time(int64_t pid) {
+  char path[64], buf[1024];
+  if (pid <= 0) return 0;
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+  if (!p || !p[1] || !p[2]) return 0;
+  if (p[2] == 'Z' || p[2] == 'X') return 0; /* exited, not yet reaped */
+  /* after ')' come fields 3.. ; starttime is field 22 */
+  int field = 2;
+  for (p++; *p && field < 22; p++)
+    if (*p == ' ') field++;
+  return strtoull(p, NULL, 10);
+}
+
+int cp_proc_alive(int64_t pid, uint64_t start_time) {
+  if (pid <= 0) return 0;
+  uint64_t st = cp_proc_start_time(pid);
+  if (st == 0) return 0;
+  return start_time == 0 || st == start_time;
+}
+
+/* Create, size, map and initialise a new segment. On failure nothing is
+ * left (the name is unlinked) and the sentence says why. */
+int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
+  memset(s, 0, sizeof *s);
+  cp_shm_hdr proto;
+  memset(&proto, 0, sizeof proto);
+  layout(p, &proto);
+  cp_shm_name(s->name, sizeof s->name, p->run_id, p->node);
+  int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return cp_err_errno(DDPLUG_E_SYSTEM, errno,
+                        "shm_open(%s) for the node's shared memory failed%s",
+                        s->name,
+                        errno == EEXIST ? " (a segment of the same run id "
+                                          "exists and is in use)" : "");
+  /* Reserve the pages now: a /dev/shm too small for the segment is then an
+   * error here, not a SIGBUS in the middle of a collective. */
+  int e = posix_fallocate(fd, 0, (off_t)proto.total_bytes);
+  if (e == EINVAL || e == EOPNOTSUPP)
+    e = ftruncate(fd, (off_t)proto.total_bytes) == 0 ? 0 : errno;
+  if (e != 0) {
+    close(fd);
+    shm_unlink(s->name);
+    return cp_err_errno(DDPLUG_E_SYSTEM, e,
+                        "reserving %llu bytes of shared memory for %s failed "
+                        "(is /dev/shm large enough? lower plugin_options "
+                        "chunk_bytes or slots)", (unsigned long long)proto.total_bytes,
+                        s->name);
+  }
+  void *base = mmap(NULL, proto.total_bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, fd, 0);
+  e = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(s->name);
+    return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s (%llu bytes) failed",
+                        s->name, (unsigned long long)proto.total_bytes);
+  }
+  s->base = base;
+  s->size = proto.total_bytes;
+  s->creator = 1;
+  cp_shm_hdr *h = base;
+  /* a new segment is zero-filled: counters, flags and records start at 0 */
+  h->version = CP_SHM_VERSION;
+  h->local_world = p->local_world;
+  h->node = p->node;
+  h->num_nodes = p->num_nodes;
+  h->slots = p->slots;
+  h->total_bytes = proto.total_bytes;
+  h->chunk_bytes = p->chunk_bytes;
+  h->small_bytes = p->small_bytes;
+  snprintf(h->run_id, sizeof h->run_id, "%s", p->run_id);
+  h->procs_off = proto.procs_off;
+  h->ctl_off = proto.ctl_off;
+  h->arrived_off = proto.arrived_off;
+  h->small_off = proto.small_off;
+  h->stage_off = proto.stage_off;
+  atomic_store(&h->creator_pid, (int64_t)getpid());
+  atomic_store(&h->creator_start, cp_proc_start_time(getpid()));
+  atomic_store_explicit(&h->magic, CP_SHM_MAGIC, memory_order_release);
+  bind_pointers(s);
+  return DDPLUG_OK;
+}
+
+/* Attach to the segment named name and check its layout against p. */
+int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->name, sizeof s->name, "%s", name);
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return cp_err_errno(DDPLUG_E_SYSTEM, errno,
+                        "cannot open the node's shared memory %s", name);
+  struct stat stt;
+  if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(cp_shm_hdr)) {
+    close(fd);
+    return cp_err(DDPLUG_E_INTERNAL, "shared memory %s is too small", name);
+  }
+  void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (base == MAP_FAILED)
+    return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s failed", name);
+  s->base = base;
+  s->size = (size_t)stt.st_size;
+  cp_shm_hdr *h = base;
+  cp_shm_hdr want;
+  memset(&want, 0, sizeof want);
+  layout(p, &want);
+  if (atomic_load_explicit(&h->magic, memory_order_acquire) != CP_SHM_MAGIC ||
+      h->version != CP_SHM_VERSION) {
+    cp_shm_detach(s);
+    return cp_err(DDPLUG_E_INTERNAL,
+                  "shared memory %s is not an initialised ddplug host "
+                  "segment of this version", name);
+  }
+  if (h->local_world != p->local_world || h->slots != p->slots ||
+      h->chunk_bytes != p->chunk_bytes || h->small_bytes != p->small_bytes ||
+      h->num_nodes != p->num_nodes || h->total_bytes != want.total_bytes ||
+      s->size < want.total_bytes || strcmp(h->run_id, p->run_id) != 0) {
+    char msg[CP_MSG_MAX];
+    snprintf(msg, sizeof msg,
+             "the node's ranks disagree on the shared-memory layout of %s: "
+             "creator has %d local ranks, chunk_bytes %llu, slots %u, "
+             "small_msg_bytes %llu; this rank has %d, %llu, %u, %llu "
+             "(plugin_options must be identical on every rank)",
+             name, h->local_world, (unsigned long long)h->chunk_bytes,
+             h->slots, (unsigned long long)h->small_bytes, p->local_world,
+             (unsigned long long)p->chunk_bytes, p->slots,
+             (unsigned long long)p->small_bytes);
+    cp_shm_detach(s);
+    return cp_err(DDPLUG_E_CONFIG, "%s", msg);
+  }
+  bind_pointers(s);
+  return DDPLUG_OK;
+}
+
+void cp_shm_register(cp_shm *s, int local_index) {
+  cp_proc *pr = &s->procs[local_index];
+  atomic_store(&pr->start_time, cp_proc_start_time(getpid()));
+  atomic_store(&pr->pid, (int64_t)getpid());
+}
+
+void cp_shm_unlink(cp_shm *s) {
+  if (!s->unlinked && s->name[0]) {
+    shm_unlink(s->name);
+    s->unlinked = 1;
+  }
+}
+
+void cp_shm_detach(cp_shm *s) {
+  if (s->base) munmap(s->base, s->size);
+  s->base = NULL;
+  s->hdr = NULL;
+}
+
+/* Is the segment at path (already opened as fd) abandoned? 1 = every
+ * recorded process is dead; 0 = in use or cannot tell (kept). */
+static int segment_abandoned(int fd, time_t mtime) {
+  struct stat stt;
+  if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(cp_shm_hdr))
+    return 0;
+  void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return 0;
+  const cp_shm_hdr *h = base;
+  int abandoned = 0;
+  if (atomic_load(&h->magic) != CP_SHM_MAGIC) {
+    /* Not (yet) initialised: a creator between ftruncate and its header, or
+     * one that died there. Only an old one is garbage. */
+    abandoned = time(NULL) - mtime > 60; /* our prefix: our creator died */
+  } else if (h->version == CP_SHM_VERSION && h->procs_off < (uint64_t)stt.st_size &&
+             h->local_world > 0 &&
+             h->procs_off + sizeof(cp_proc) * (uint64_t)h->local_world <=
+                 (uint64_t)stt.st_size) {
+    abandoned = !cp_proc_alive(atomic_load(&h->creator_pid),
+                               atomic_load(&h->creator_start));
+    const cp_proc *procs = (const cp_proc *)((const char *)base + h->procs_off);
+    for (int i = 0; abandoned && i < h->local_world; i++)
+      if (cp_proc_alive(atomic_load(&procs[i].pid),
+                        atomic_load(&procs[i].start_time)))
+        abandoned = 0;
+  }
+  munmap(base, (size_t)stt.st_size);
+  return abandoned;
+}
+
+/* See cpu.h. Only segments this user owns are considered. */
+int cp_shm_cleanup_stale(const cp_group *g) { return cp_shm_stale(g, 1); }
+
+int cp_shm_stale(const cp_group *g, int remove) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, CP_SHM_PREFIX, strlen(CP_SHM_PREFIX)) != 0) continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    struct stat stt;
+    int mine = fstat(fd, &stt) == 0 && stt.st_uid == getuid();
+    int gone = mine && segment_abandoned(fd, stt.st_mtime);
+    close(fd);
+    if (gone && !remove) {
+      removed++;
+      continue;
+    }
+    if (gone && shm_unlink(name) == 0) {
+      removed++;
+      cp_log(g, DDPLUG_LOG_INFO,
+             "removed stale shared memory /dev/shm/%s (every process that "
+             "used it has exited)", e->d_name);
+    }
+  }
+  closedir(d);
+  return removed;
+}

@@ -3,7 +3,8 @@
  * stdout (or, with --json, the effective config as canonical JSON). Invalid:
  * exit 1 and exactly the library's error line on stderr
  * ("FILE:LINE:COLUMN: message" or "FILE: key.path: message"). Usage errors
- * exit 2. "-" reads the config from standard input (named "<stdin>"). */
+ * exit 2. "-" reads the config from standard input (named "<stdin>").
+ * `ddplug check-config --schema` prints the config's JSON Schema. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,10 +17,13 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ddplug check-config [--json] FILE\n"
+          "       ddplug check-config --schema\n"
           "  Validate the ddplug config FILE ('-' reads standard input).\n"
           "  Prints one summary line and exits 0 if it is valid; prints the\n"
           "  error (FILE:LINE:COLUMN or FILE: key.path) and exits 1 if not.\n"
-          "  --json  print the effective config (defaults filled in) instead\n");
+          "  --json    print the effective config (defaults filled in) instead\n"
+          "  --schema  print the config's JSON Schema (every key, its type,\n"
+          "            range, default and meaning) and exit\n");
 }
 
 /* A growing text buffer for the summary line. */
@@ -151,6 +155,16 @@ int ddplug_cmd_check_config(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--schema")) {
+      char *text = NULL;
+      if (ddplug_config_schema(&text) != DDPLUG_OK) {
+        fprintf(stderr, "ddplug check-config: %s\n", ddplug_last_error());
+        return 1;
+      }
+      printf("%s\n", text);
+      ddplug_free(text);
       return 0;
     }
     if (!strcmp(argv[i], "--json")) {

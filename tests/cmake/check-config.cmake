@@ -7,7 +7,7 @@
 # line), every bad config fails with exactly its .err text on stderr (exit
 # 1), standard input ('-'), --json, a missing file, and usage errors (exit 2).
 # Also registered here: config-schema-jsonschema (tests/data/config/
-# schema_check.py), the schema checked by an independent validator.
+# schema_check.py), the generated schema checked by an independent validator.
 
 if(NOT CMAKE_SCRIPT_MODE_FILE)
   foreach(_mode examples good bad stdin json missing usage)
@@ -18,13 +18,18 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     set_tests_properties(check-config-${_mode} PROPERTIES
       ENVIRONMENT "${DDPLUG_TEST_ENV}" TIMEOUT 120 LABELS config)
   endforeach()
-  # The JSON Schema against an independent validator (Python jsonschema);
-  # skipped (exit 77) where that package is not installed.
-  find_program(DDPLUG_SCHEMA_PYTHON NAMES python3 python)
-  if(DDPLUG_SCHEMA_PYTHON)
+  # The generated JSON Schema against an independent validator (Python
+  # jsonschema, which `make` installs into the project's venv; skipped, exit
+  # 77, in a build configured without that Python).
+  if(DDPLUG_PYTHON)
+    set(_schema_python ${DDPLUG_PYTHON})
+  else()
+    find_program(_schema_python NAMES python3 python)
+  endif()
+  if(_schema_python)
     add_test(NAME config-schema-jsonschema
-      COMMAND ${DDPLUG_SCHEMA_PYTHON} ${PROJECT_SOURCE_DIR}/tests/data/config/schema_check.py
-              ${PROJECT_SOURCE_DIR})
+      COMMAND ${_schema_python} ${PROJECT_SOURCE_DIR}/tests/data/config/schema_check.py
+              ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/share/ddplug/ddplug-config.schema.json)
     set_tests_properties(config-schema-jsonschema PROPERTIES
       SKIP_RETURN_CODE 77 TIMEOUT 120 LABELS config)
   endif()

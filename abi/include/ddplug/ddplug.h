@@ -109,8 +109,8 @@ DDPLUG_API int ddplug_log_set_level(int level);
 DDPLUG_API int ddplug_log_level_parse(const char *text, int *level);
 
 /* ========================================================================
- * Configuration — strict JSON (see README "Configuration" and
- * abi/schema/ddplug-config.schema.json). Unknown keys (with a "did you mean"
+ * Configuration — strict JSON (see README "Configuration" and the JSON
+ * Schema, ddplug_config_schema). Unknown keys (with a "did you mean"
  * suggestion), duplicate keys, wrong types and out-of-range values are
  * DDPLUG_E_CONFIG with the key path; syntax errors carry FILE:LINE:COLUMN.
  * A config handle is immutable and may be shared between threads.
@@ -141,6 +141,14 @@ DDPLUG_API void ddplug_config_free(ddplug_config *cfg);
  * no insignificant white space. *out is released with ddplug_free.
  * Since 1.0. */
 DDPLUG_API int ddplug_config_to_json(const ddplug_config *cfg, char **out);
+
+/* The JSON Schema (draft 2020-12) of the config, generated from the
+ * loader's key table: every key with its type, range, enum values, default
+ * and description (the few rules a schema cannot express are listed in its
+ * top-level description). *out (indented JSON text) is released with
+ * ddplug_free; NULL on failure. Errors: INVALID_ARGUMENT (out NULL),
+ * NO_MEMORY. Never blocks; thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_config_schema(char **out);
 
 /* 64-bit hash of the run-wide part of the config: the canonical JSON (as
  * ddplug_config_to_json) of the effective config WITHOUT "world" and

@@ -1,13 +1,13 @@
 /*
  * config.h — the config layer's header: internals of the strict JSON
- * configuration, shared by its files and by tests/c/test-config.c (which
- * checks the key table against abi/schema/ddplug-config.schema.json).
+ * configuration, shared by its files and by tests/c/test-config.c.
  * Everything here is internal (ddplug__ prefix, hidden). Depends on base/.
  * The module map of abi/src/config/:
- *   keys.c    the key table, pattern matcher, "did you mean"
+ *   keys.c    the key table, its name patterns, "did you mean"
  *   parse.c   validation of parsed JSON against the table, defaults
  *   config.c  load from file/string/environment, to_json, hash
  *   get.c     typed getters by dotted path
+ *   schema.c  the JSON Schema, generated from the key table
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -63,9 +63,10 @@ typedef struct ddplug__cfg_key {
   /* STRING: length in characters (UTF-8 code points); INT_ARRAY: number of
    * items. 0 = no bound. */
   uint32_t min_len, max_len;
-  /* STRING values and MAP names must match this anchored pattern (a subset
-   * of ECMA-262 regular expressions: '^', bracket classes with ranges,
-   * quantifiers '*', '+', '{m,n}', '$'); pattern_hint says it in words. */
+  /* STRING values and MAP names must match this anchored pattern, a POSIX
+   * extended regular expression that reads the same in ECMA-262 (the JSON
+   * Schema's dialect: bracket classes, '*', '+', '{m,n}', '^', '$');
+   * pattern_hint says it in words. */
   const char *pattern;
   const char *pattern_hint;
   /* ENUM: the allowed values, NULL-terminated. */
@@ -100,7 +101,8 @@ int ddplug__config_key_is_child(const ddplug__cfg_key *k, const char *parent);
 const char *ddplug__config_key_name(const ddplug__cfg_key *k);
 
 /* Whether the bytes text[0..len) match pattern (see ddplug__cfg_key).
- * 1 match, 0 no match, -1 the pattern is outside the supported subset. */
+ * 1 match, 0 no match (also for text containing NUL), -1 out of memory,
+ * -2 the pattern does not compile. */
 int ddplug__config_pattern_match(const char *pattern, const char *text,
                                  size_t len);
 
@@ -142,5 +144,9 @@ int ddplug__config_clone(const ddplug_config *cfg, ddplug_config **out);
 /* "plugin_options" of cfg as compact JSON text (owned by cfg, "{}" if none). */
 const char *ddplug__config_plugin_options(const ddplug_config *cfg);
 
+
+/* The config's JSON Schema, built from the key table (schema.c); a new
+ * reference, NULL when out of memory. */
+json_t *ddplug__config_schema(void);
 
 #endif /* DDPLUG_CONFIG_H */

@@ -82,8 +82,8 @@ static int unknown_path(const ddplug_config *cfg, const char *path) {
                        "%s: %s: no such config key (did you mean '%s'?)", origin,
                        path, best);
   return ddplug__err(DDPLUG_E_NOT_FOUND,
-                     "%s: %s: no such config key (see "
-                     "abi/schema/ddplug-config.schema.json)",
+                     "%s: %s: no such config key (see `ddplug check-config "
+                     "--schema` for every key)",
                      origin, path);
 }
 

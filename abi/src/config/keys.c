@@ -1,9 +1,9 @@
-/* config_schema.c — the one table of configuration keys (name, type, range,
- * enum values, default, description) that drives the parser, the defaults,
- * the getters and the messages; abi/schema/ddplug-config.schema.json is
- * checked against it by tests/c/test-config.c. Also: the small pattern
- * matcher for names, and "did you mean" suggestions.
+/* keys.c — the one table of configuration keys (name, type, range, enum
+ * values, default, description) that drives the parser, the defaults, the
+ * getters, the messages and the JSON Schema (schema.c). Also: matching the
+ * table's name patterns (POSIX regcomp), and "did you mean" suggestions.
  * SPDX-License-Identifier: Apache-2.0 */
+#include <regex.h>
 #include <string.h>
 #include <strings.h>
 
@@ -236,72 +236,24 @@ const char *ddplug__config_key_name(const ddplug__cfg_key *k) {
 
 /* ---- patterns ------------------------------------------------------------ */
 
-/* One atom of a pattern: a bracket class and how often it may repeat. */
-typedef struct atom {
-  const char *cls; /* after '[' */
-  size_t cls_len;  /* up to, not including, ']' */
-  size_t min, max; /* max SIZE_MAX = unbounded */
-} atom;
-
-static int class_has(const atom *a, unsigned char c) {
-  for (size_t i = 0; i < a->cls_len; i++) {
-    unsigned char lo = (unsigned char)a->cls[i];
-    if (i + 2 < a->cls_len && a->cls[i + 1] == '-') {
-      unsigned char hi = (unsigned char)a->cls[i + 2];
-      if (c >= lo && c <= hi) return 1;
-      i += 2;
-    } else if (c == lo) {
-      return 1;
-    }
-  }
-  return 0;
-}
-
-/* Parse a decimal number at *p; advances *p. */
-static size_t parse_count(const char **p) {
-  size_t v = 0;
-  while (**p >= '0' && **p <= '9') v = v * 10 + (size_t)(*(*p)++ - '0');
-  return v;
-}
-
-/* Backtracking over at most a handful of atoms: fine for names. */
-static int match_atoms(const atom *atoms, size_t n, const unsigned char *t,
-                       size_t len) {
-  if (n == 0) return len == 0;
-  size_t run = 0;
-  while (run < len && run < atoms[0].max && class_has(&atoms[0], t[run])) run++;
-  for (size_t k = run + 1; k-- > atoms[0].min;)
-    if (match_atoms(atoms + 1, n - 1, t + k, len - k)) return 1;
-  return 0;
-}
-
+/* POSIX extended regular expressions (the table's patterns are anchored and
+ * use only what ERE and ECMA-262 read alike, so the schema can carry them).
+ * A pattern is compiled per call: config values are checked once per load. */
 int ddplug__config_pattern_match(const char *pattern, const char *text,
                                  size_t len) {
-  atom atoms[8];
-  size_t n = 0;
-  const char *p = pattern;
-  if (*p++ != '^') return -1;
-  while (*p && *p != '$') {
-    if (*p != '[' || n == DDPLUG__ARRAY_LEN(atoms)) return -1;
-    const char *end = strchr(p + 1, ']');
-    if (!end || end == p + 1) return -1;
-    atom a = {p + 1, (size_t)(end - p - 1), 1, 1};
-    p = end + 1;
-    if (*p == '*' || *p == '+') {
-      a.min = *p == '*' ? 0 : 1;
-      a.max = SIZE_MAX;
-      p++;
-    } else if (*p == '{') {
-      p++;
-      a.min = parse_count(&p);
-      if (*p++ != ',') return -1;
-      a.max = parse_count(&p);
-      if (*p++ != '}' || a.max < a.min) return -1;
-    }
-    atoms[n++] = a;
+  if (memchr(text, '\0', len)) return 0;
+  char *copy = ddplug__strndup(text, len);
+  if (!copy) return -1;
+  regex_t re;
+  int rc = regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB);
+  if (rc != 0) {
+    ddplug__free(copy);
+    return rc == REG_ESPACE ? -1 : -2;
   }
-  if (*p != '$' || p[1] != '\0') return -1;
-  return match_atoms(atoms, n, (const unsigned char *)text, len);
+  rc = regexec(&re, copy, 0, NULL, 0);
+  regfree(&re);
+  ddplug__free(copy);
+  return rc == 0;
 }
 
 /* ---- did you mean -------------------------------------------------------- */

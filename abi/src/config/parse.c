@@ -232,8 +232,11 @@ static int check_string(pctx *c, const ddplug__cfg_key *k, const json_t *v,
     expected_what(k, what, sizeof what);
     return fail(c, "expected %s, got a string of %zu characters", what, chars);
   }
-  if (k->pattern && ddplug__config_pattern_match(k->pattern, s, len) != 1)
-    return wrong(c, k, v);
+  if (k->pattern) {
+    int m = ddplug__config_pattern_match(k->pattern, s, len);
+    if (m == -1) return oom(c);
+    if (m != 1) return wrong(c, k, v);
+  }
   *out = json_stringn(s, len);
   return *out ? DDPLUG_OK : oom(c);
 }
@@ -348,7 +351,10 @@ static int check_map(pctx *c, const ddplug__cfg_key *k, const json_t *v,
     size_t mark = push_key(c, name);
     json_t *copy = NULL;
     int rc = DDPLUG_OK;
-    if (ddplug__config_pattern_match(k->pattern, name, strlen(name)) != 1)
+    int m = ddplug__config_pattern_match(k->pattern, name, strlen(name));
+    if (m == -1)
+      rc = oom(c);
+    else if (m != 1)
       rc = fail(c, "invalid name, expected %s", k->pattern_hint);
     else
       rc = check_object(c, item_path, item, &copy);

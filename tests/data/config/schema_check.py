@@ -1,5 +1,6 @@
-"""Cross-check abi/schema/ddplug-config.schema.json with an independent
-JSON Schema implementation (Python's jsonschema, draft 2020-12):
+"""Cross-check the config's JSON Schema, as the build generates it from the
+key table (`ddplug check-config --schema`), with an independent JSON Schema
+implementation (Python's jsonschema, draft 2020-12):
 
 * the schema itself is a valid draft 2020-12 schema;
 * every config in tests/data/config/good and examples/configs validates;
@@ -7,7 +8,7 @@ JSON Schema implementation (Python's jsonschema, draft 2020-12):
   the schema, except the cases listed in C_ONLY (rules the schema cannot
   express), which must be accepted by the schema — so the list stays exact.
 
-usage: python3 schema_check.py SOURCE_DIR      (exit 77: jsonschema missing)
+usage: python3 schema_check.py SOURCE_DIR SCHEMA_FILE   (exit 77: jsonschema missing)
 """
 import json
 import pathlib
@@ -49,7 +50,7 @@ def parse(path):
 
 def main():
     src = pathlib.Path(sys.argv[1])
-    schema = json.loads((src / "abi/schema/ddplug-config.schema.json").read_text())
+    schema = json.loads(pathlib.Path(sys.argv[2]).read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
     failures = []

@@ -122,3 +122,20 @@ TEST(soname_is_versioned) {
   snprintf(cmd, sizeof cmd, "readelf -d '%s' | grep -q 'Library soname: \\[libddplug.so.1\\]'", lib);
   CHECK_MSG(system(cmd) == 0, "%s has no SONAME libddplug.so.1", lib);
 }
+
+/* The test hooks (allocation failure injection, plugins kept mapped) are
+ * compiled into the test build of the library only, never the shipped one. */
+TEST(shipped_library_has_no_test_hooks) {
+  char lib[4096];
+  snprintf(lib, sizeof lib, "%s/lib/libddplug.so", dt_build_dir());
+  FILE *f = fopen(lib, "rb");
+  CHECK_MSG(f != NULL, "cannot open %s", lib);
+  static char buf[16 << 20];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  CHECK(n > 0 && n < sizeof buf);
+  static const char *const hooks[] = {"DDPLUG_TEST_FAIL_ALLOC", "DDPLUG_KEEP_PLUGINS_LOADED"};
+  for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++)
+    CHECK_MSG(memmem(buf, n, hooks[i], strlen(hooks[i])) == NULL, "%s contains the test hook %s", lib,
+              hooks[i]);
+}

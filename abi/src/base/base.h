@@ -86,7 +86,8 @@ void ddplug__sleep_ms(int64_t ms);
 uint64_t ddplug__hash64(const void *data, size_t len, uint64_t seed);
 
 /* malloc/calloc/strdup that go through the failure injector used by the
- * malloc-failure tests (DDPLUG_TEST_FAIL_ALLOC=N fails the N-th call). */
+ * malloc-failure tests (in the test build of the library, ddplug_internal,
+ * DDPLUG_TEST_FAIL_ALLOC=N fails the N-th call). */
 void *ddplug__malloc(size_t n);
 void *ddplug__calloc(size_t n, size_t size);
 void *ddplug__realloc(void *p, size_t n);

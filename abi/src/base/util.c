@@ -51,8 +51,9 @@ uint64_t ddplug__hash64(const void *data, size_t len, uint64_t seed) {
   return h;
 }
 
-/* Failure injection: DDPLUG_TEST_FAIL_ALLOC=N makes the N-th allocation
- * (1-based, counted from process start) fail; used by tests only. */
+#ifdef DDPLUG_TEST_HOOKS
+/* Failure injection, in the test build only: DDPLUG_TEST_FAIL_ALLOC=N
+ * makes the N-th allocation (1-based, counted from process start) fail. */
 static atomic_long g_alloc_count;
 static long g_fail_at = -1;
 
@@ -65,6 +66,9 @@ static int should_fail(void) {
   if (g_fail_at == 0) return 0;
   return atomic_fetch_add(&g_alloc_count, 1) + 1 == g_fail_at;
 }
+#else
+static inline int should_fail(void) { return 0; }
+#endif
 
 void *ddplug__malloc(size_t n) {
   if (should_fail()) return NULL;

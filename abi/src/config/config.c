@@ -25,23 +25,28 @@ struct ddplug_config {
 /* Files larger than this are refused: a config is a few KiB. */
 #define CONFIG_FILE_MAX (16u << 20)
 
-/* Under DDPLUG_TEST_FAIL_ALLOC (the malloc-failure tests), jansson
- * allocates through ddplug__malloc too, so that every allocation of a load
- * can be failed in turn, and a failure is remembered: jansson reports some
- * of its allocation failures as syntax errors. Otherwise jansson's
- * allocator is left alone (the process may have set its own); a real
- * out-of-memory inside jansson's parser may then read as a syntax error. */
+/* In the test build under DDPLUG_TEST_FAIL_ALLOC (the malloc-failure
+ * tests), jansson allocates through ddplug__malloc too, so that every
+ * allocation of a load can be failed in turn, and a failure is remembered:
+ * jansson reports some of its allocation failures as syntax errors.
+ * Otherwise jansson's allocator is left alone (the process may have set its
+ * own); a real out-of-memory inside jansson's parser may then read as a
+ * syntax error. */
 static pthread_once_t g_alloc_once = PTHREAD_ONCE_INIT;
 static _Thread_local int t_json_alloc_failed;
 
+#ifdef DDPLUG_TEST_HOOKS
 static void *json_alloc(size_t n) {
   void *p = ddplug__malloc(n);
   if (!p) t_json_alloc_failed = 1;
   return p;
 }
+#endif
 
 static void init_alloc(void) {
+#ifdef DDPLUG_TEST_HOOKS
   if (getenv("DDPLUG_TEST_FAIL_ALLOC")) json_set_alloc_funcs(json_alloc, ddplug__free);
+#endif
 }
 
 /* ---- canonical text, hash ------------------------------------------------ */

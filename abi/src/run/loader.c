@@ -339,9 +339,15 @@ int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out) {
 
 void ddplug__plugin_unload(ddplug__plugin *p) {
   if (!p) return;
-  /* Under a leak checker, keep the object mapped so its symbols resolve in
-   * reports; otherwise unload. */
-  if (!getenv("DDPLUG_KEEP_PLUGINS_LOADED")) dlclose(p->dl);
+#ifdef DDPLUG_TEST_HOOKS
+  /* Under a leak checker (test build only), keep the object mapped so its
+   * symbols resolve in reports. */
+  if (getenv("DDPLUG_KEEP_PLUGINS_LOADED")) {
+    ddplug__free(p);
+    return;
+  }
+#endif
+  dlclose(p->dl);
   ddplug__free(p);
 }
 

@@ -804,3 +804,37 @@ TEST_T(every_allocation_may_fail, 300) {
   CHECK(n > 20); /* the injection reached jansson's allocations too */
   dt_note("%d allocations failed in turn, each cleanly", n - 1);
 }
+
+/* Whether the user's document sets a key itself, or leaves it to the
+ * default; paths as the getters take them (map entries included). */
+TEST(is_set_tells_given_keys_from_defaults) {
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string(
+      "{\"plugin\": \"cpu\", \"sampler\": {\"seed\": 3},"
+      " \"data_split\": {\"streams\": {\"v1.val\": {\"owner\": \"user\"}}}}",
+      "s.json", &cfg));
+  int set = -1;
+  CHECK_OK(ddplug_config_is_set(cfg, "plugin", &set));
+  CHECK_EQ_INT(set, 1);
+  CHECK_OK(ddplug_config_is_set(cfg, "sampler.seed", &set));
+  CHECK_EQ_INT(set, 1);
+  CHECK_OK(ddplug_config_is_set(cfg, "sampler.shuffle", &set));
+  CHECK_EQ_INT(set, 0); /* defaulted, though the getters return it */
+  CHECK_OK(ddplug_config_is_set(cfg, "data_split.streams.v1.val.owner", &set));
+  CHECK_EQ_INT(set, 1);
+  CHECK_OK(ddplug_config_is_set(cfg, "rendezvous.port", &set));
+  CHECK_EQ_INT(set, 0);
+  CHECK_STATUS(ddplug_config_is_set(cfg, "sampler.sead", &set), DDPLUG_E_NOT_FOUND);
+  CHECK_CONTAINS(ddplug_last_error(), "did you mean 'sampler.seed'");
+  CHECK_STATUS(ddplug_config_is_set(cfg, "plugin", NULL), DDPLUG_E_INVALID_ARGUMENT);
+  ddplug_config *copy = NULL;
+  CHECK_OK(ddplug__config_clone(cfg, &copy));
+  CHECK_OK(ddplug_config_is_set(copy, "sampler.shuffle", &set));
+  CHECK_EQ_INT(set, 0);
+  ddplug_config_free(copy);
+  ddplug_config_free(cfg);
+  CHECK_OK(ddplug_config_default(&cfg));
+  CHECK_OK(ddplug_config_is_set(cfg, "plugin", &set));
+  CHECK_EQ_INT(set, 0);
+  ddplug_config_free(cfg);
+}

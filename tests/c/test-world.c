@@ -181,3 +181,75 @@ TEST(config_world_of_several_needs_an_address) {
   CHECK_CONTAINS(ddplug_last_error(), "world size is 2 (config) but no rendezvous address");
   ddplug_config_free(cfg);
 }
+
+/* ddplug_open_options.world: the caller's world replaces discovery; its
+ * rendezvous address and port come after the config's and before
+ * MASTER_ADDR/MASTER_PORT. */
+static ddplug_world caller_world(int rank, int ws, int lr, int lws, int node, const char *addr,
+                                 int port) {
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  w.rank = rank;
+  w.world_size = ws;
+  w.local_rank = lr;
+  w.local_world_size = lws;
+  w.node_rank = node;
+  w.master_port = port;
+  snprintf(w.master_addr, sizeof w.master_addr, "%s", addr);
+  return w;
+}
+
+TEST(a_callers_world_replaces_discovery) {
+  const char *env[] = {"RANK=0", "WORLD_SIZE=8", "MASTER_ADDR=env-host", "MASTER_PORT=1", NULL};
+  ddplug_world given = caller_world(3, 4, 1, 2, 1, "", 0), w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w));
+  CHECK_EQ_INT(w.rank, 3);
+  CHECK_EQ_INT(w.world_size, 4);
+  CHECK_EQ_INT(w.local_rank, 1);
+  CHECK_EQ_INT(w.local_world_size, 2);
+  CHECK_EQ_INT(w.node_rank, 1);
+  CHECK_EQ_STR(w.source, "caller");
+  CHECK_EQ_STR(w.master_addr, "env-host"); /* none given: MASTER_ADDR/PORT */
+  CHECK_EQ_INT(w.master_port, 1);
+  given = caller_world(3, 4, -1, -1, -1, "lightning-host", 4242);
+  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w));
+  CHECK_EQ_STR(w.master_addr, "lightning-host");
+  CHECK_EQ_INT(w.master_port, 4242);
+  CHECK_EQ_INT(w.local_rank, -1);
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string("{\"rendezvous\": {\"addr\": \"cfg-host\"}}", "r.json", &cfg));
+  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, &w));
+  CHECK_EQ_STR(w.master_addr, "cfg-host"); /* the config wins */
+  CHECK_EQ_INT(w.master_port, 4242);
+  ddplug_config_free(cfg);
+}
+
+TEST(a_callers_world_is_checked_field_by_field) {
+  static const struct {
+    int rank, ws, lr, lws, node, port;
+    const char *error;
+  } bad[] = {
+      {0, 0, -1, -1, -1, 1, "options.world.world_size = 0 is out of range 1..65536"},
+      {4, 4, -1, -1, -1, 1, "options.world.rank = 4 is out of range 0..3"},
+      {-1, 4, -1, -1, -1, 1, "options.world.rank = -1 is out of range 0..3"},
+      {0, 4, 2, 2, -1, 1, "options.world.local_rank = 2 is out of range 0..1 (or -1: unknown)"},
+      {0, 4, 0, 5, -1, 1, "options.world.local_world_size = 5 is out of range 1..4"},
+      {0, 4, 0, 2, 9, 1, "options.world.node_rank = 9 is out of range 0..3"},
+      {0, 4, 0, 2, 0, 70000, "options.world.master_port = 70000 is out of range 0..65535"},
+  };
+  const char *env[] = {"MASTER_ADDR=a", "MASTER_PORT=2", NULL};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ddplug_world given = caller_world(bad[i].rank, bad[i].ws, bad[i].lr, bad[i].lws, bad[i].node, "",
+                                      bad[i].port),
+                 w = DDPLUG_WORLD_INIT;
+    CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w), DDPLUG_E_CONFIG);
+    CHECK_CONTAINS(ddplug_last_error(), bad[i].error);
+  }
+  /* a world of several with no address anywhere */
+  const char *none[] = {NULL};
+  ddplug_world given = caller_world(0, 2, -1, -1, -1, "", 0), w = DDPLUG_WORLD_INIT;
+  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, &w), DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(ddplug_last_error(), "world size is 2 (caller) but no rendezvous address");
+  given.struct_size = 4;
+  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, &w),
+               DDPLUG_E_INVALID_ARGUMENT);
+}

@@ -177,6 +177,14 @@ DDPLUG_API int ddplug_config_get_bool(const ddplug_config *cfg,
 DDPLUG_API int ddplug_config_get_string(const ddplug_config *cfg,
                                         const char *path, char **out);
 
+/* Whether the document the config was loaded from sets the key at path
+ * itself (*out = 1), rather than leaving it to its default (*out = 0): e.g.
+ * whether the user chose a plugin. The same path errors as the getters
+ * (NOT_FOUND with a suggestion for a path the schema does not have,
+ * INVALID_ARGUMENT for NULL arguments). Never blocks; thread-safe.
+ * Since 1.0. */
+DDPLUG_API int ddplug_config_is_set(const ddplug_config *cfg, const char *path, int *out);
+
 /* ========================================================================
  * World discovery — who am I, how many are we, where is the rendezvous.
  * Order: explicit config "world" > torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -196,7 +204,7 @@ typedef struct ddplug_world {
   int32_t master_port;      /* rendezvous port, 0 if none (single process) */
   char master_addr[256];    /* rendezvous address, "" if none             */
   char source[16];          /* "config", "torchrun", "lightning", "slurm",
-                               "single"                                    */
+                               "single", or "caller" (ddplug_open_options) */
 } ddplug_world;
 #define DDPLUG_WORLD_INIT {sizeof(ddplug_world), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, {0}, {0}}
 
@@ -381,8 +389,16 @@ typedef struct ddplug_open_options {
   /* Rendezvous/startup timeout override in ms; 0 = config
    * "rendezvous.timeout_s". */
   int64_t timeout_ms;
+  /* The world as the caller decided it (a framework's cluster environment),
+   * used instead of discovery; NULL = ddplug_world_discover. Borrowed for
+   * the call. rank and world_size are required; local_rank,
+   * local_world_size and node_rank are -1 when unknown; master_addr /
+   * master_port serve when the config sets no rendezvous.addr / port (""
+   * and 0: MASTER_ADDR / MASTER_PORT then). Checked like a config "world"
+   * (CONFIG naming the field); reported with source "caller". Since 1.0. */
+  const ddplug_world *world;
 } ddplug_open_options;
-#define DDPLUG_OPEN_OPTIONS_INIT {sizeof(ddplug_open_options), DDPLUG_ABI_VERSION, NULL, NULL, NULL, 0}
+#define DDPLUG_OPEN_OPTIONS_INIT {sizeof(ddplug_open_options), DDPLUG_ABI_VERSION, NULL, NULL, NULL, 0, NULL}
 
 /* Join the run. Collective: every rank of the world calls it.
  *  1. discovers the world (ddplug_world_discover);

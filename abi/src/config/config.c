@@ -17,6 +17,7 @@
 struct ddplug_config {
   char *origin;         /* file path, "<string>", "DDPLUG_CONFIG", ...      */
   json_t *root;         /* the effective config (defaults filled in)        */
+  json_t *given;        /* the document as given (what the user set)        */
   char *canonical;      /* canonical JSON of root                           */
   char *plugin_options; /* canonical JSON of root.plugin_options            */
   uint64_t hash;        /* of root without world and log_level              */
@@ -106,21 +107,27 @@ static int run_hash(const json_t *root, uint64_t *out) {
 DDPLUG_API void ddplug_config_free(ddplug_config *cfg) {
   if (!cfg) return;
   json_decref(cfg->root);
+  json_decref(cfg->given);
   ddplug__free(cfg->origin);
   ddplug__free(cfg->canonical);
   ddplug__free(cfg->plugin_options);
   ddplug__free(cfg);
 }
 
-/* Wrap an effective tree (steals root, also on failure) into a handle. */
-static int make_config(json_t *root, const char *origin, ddplug_config **out) {
+/* Wrap an effective tree and the document it came from (steals both, also
+ * on failure) into a handle. */
+static int make_config(json_t *root, json_t *given, const char *origin,
+                       ddplug_config **out) {
   ddplug_config *cfg = ddplug__calloc(1, sizeof *cfg);
-  if (!cfg) {
+  if (!cfg || !given) {
+    ddplug__free(cfg);
+    json_decref(given);
     json_decref(root);
     return ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory loading the config",
                        origin);
   }
   cfg->root = root;
+  cfg->given = given;
   cfg->origin = ddplug__strdup(origin);
   cfg->canonical = ddplug__config_canonical(root);
   cfg->plugin_options =
@@ -143,7 +150,7 @@ static int from_document(const json_t *doc, const char *origin,
   json_t *root = NULL;
   int rc = ddplug__config_build(doc, origin, &root);
   if (rc != DDPLUG_OK) return rc;
-  return make_config(root, origin, out);
+  return make_config(root, json_deep_copy(doc), origin, out);
 }
 
 static int only_space(const char *s, size_t len) {
@@ -351,6 +358,10 @@ const json_t *ddplug__config_root(const ddplug_config *cfg) {
   return cfg->root;
 }
 
+const json_t *ddplug__config_given(const ddplug_config *cfg) {
+  return cfg->given;
+}
+
 int ddplug__config_clone(const ddplug_config *cfg, ddplug_config **out) {
   if (!cfg || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
@@ -359,5 +370,5 @@ int ddplug__config_clone(const ddplug_config *cfg, ddplug_config **out) {
   if (!root)
     return ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory copying the config",
                        cfg->origin);
-  return make_config(root, cfg->origin, out);
+  return make_config(root, json_deep_copy(cfg->given), cfg->origin, out);
 }

@@ -135,6 +135,8 @@ void ddplug__config_describe(const json_t *v, char *buf, size_t cap);
 char *ddplug__config_canonical(const json_t *v);
 
 /* The effective config tree of cfg (borrowed, immutable). config.c. */
+/* The document as the user gave it (before defaults), borrowed. */
+const json_t *ddplug__config_given(const ddplug_config *cfg);
 const json_t *ddplug__config_root(const ddplug_config *cfg);
 
 /* A deep copy of cfg with the same origin (for a context that keeps its own

@@ -133,13 +133,10 @@ static int resolve_map(const ddplug_config *cfg, const char *path,
   return DDPLUG_OK;
 }
 
-/* Map path to its table entry and value. */
-static int resolve(const ddplug_config *cfg, const char *path, const char *fn,
-                   lookup *lk) {
-  if (!cfg || !path)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                       !cfg ? "cfg" : "path");
-  const json_t *node = ddplug__config_root(cfg);
+/* Map path to its table entry and its value in the tree at node (the
+ * effective config, or the document as given). */
+static int resolve_in(const ddplug_config *cfg, const json_t *node, const char *path,
+                      lookup *lk) {
   const ddplug__cfg_key *k = NULL;
   const char *p = path;
   for (;;) {
@@ -163,6 +160,25 @@ static int resolve(const ddplug_config *cfg, const char *path, const char *fn,
   }
   lk->key = k;
   lk->value = node;
+  return DDPLUG_OK;
+}
+
+static int resolve(const ddplug_config *cfg, const char *path, const char *fn,
+                   lookup *lk) {
+  if (!cfg || !path)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                       !cfg ? "cfg" : "path");
+  return resolve_in(cfg, ddplug__config_root(cfg), path, lk);
+}
+
+DDPLUG_API int ddplug_config_is_set(const ddplug_config *cfg, const char *path, int *out) {
+  if (!out) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_config_is_set: out is NULL");
+  lookup lk;
+  int rc = resolve(cfg, path, "ddplug_config_is_set", &lk);
+  if (rc != DDPLUG_OK) return rc;
+  rc = resolve_in(cfg, ddplug__config_given(cfg), path, &lk);
+  if (rc != DDPLUG_OK) return rc;
+  *out = lk.value != NULL;
   return DDPLUG_OK;
 }
 

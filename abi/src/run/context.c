@@ -333,7 +333,8 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
     if (ddplug_log_level_parse(level, &lv) == DDPLUG_OK) ddplug__log_config_level(lv);
     ddplug_free(level);
   }
-  s = ddplug_world_discover(ctx->cfg, &ctx->world);
+  s = opts.world ? ddplug__world_given(ctx->cfg, opts.world, &ctx->world)
+                 : ddplug_world_discover(ctx->cfg, &ctx->world);
   if (s != DDPLUG_OK) goto fail;
   ddplug__log_set_rank(ctx->world.rank);
   ctx->rdzv_timeout_ms = opts.timeout_ms > 0

@@ -47,6 +47,13 @@
 typedef const char *(*ddplug__env_fn)(const char *name, void *user);
 int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn env,
                                void *env_user, ddplug_world *out);
+/* The world a caller gave (ddplug_open_options.world), checked, with the
+ * rendezvous resolved (config > the caller's > MASTER_ADDR/PORT); out is a
+ * full ddplug_world. ddplug__world_given reads the process environment. */
+int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn env, void *env_user,
+                              const ddplug_world *given, ddplug_world *out);
+int ddplug__world_given(const ddplug_config *cfg, const ddplug_world *given,
+                        ddplug_world *out);
 
 /* ---- loader.c ----------------------------------------------------------- */
 

@@ -266,6 +266,15 @@ static int resolve_master(const ddplug_config *cfg, const envctx *env,
   if (r) port = v;
   const char *port_from = r ? "config rendezvous.port" : NULL;
 
+  /* What the caller's world said (ddplug_open_options.world). */
+  if (!addr_from && w->master_addr[0]) {
+    ddplug__strlcpy(addr, w->master_addr, sizeof addr);
+    addr_from = "the caller's world";
+  }
+  if (!port_from && w->master_port > 0) {
+    port = w->master_port;
+    port_from = "the caller's world";
+  }
   envctx e = *env;
   e.source = "rendezvous variables";
   if (!addr_from && has_var(&e, "MASTER_ADDR")) {
@@ -367,6 +376,44 @@ int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn get,
   return DDPLUG_OK;
 }
 
+/* A caller's world field: -1 (unknown) or lo..hi. */
+static int caller_field(const char *name, int32_t v, int32_t lo, int32_t hi, int unknown_ok) {
+  if ((unknown_ok && v == -1) || (v >= lo && v <= hi)) return DDPLUG_OK;
+  return ddplug__err(DDPLUG_E_CONFIG,
+                     "ddplug_open: options.world.%s = %d is out of range %d..%d%s", name, v,
+                     lo, hi, unknown_ok ? " (or -1: unknown)" : "");
+}
+
+int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn get, void *env_user,
+                              const ddplug_world *given, ddplug_world *out) {
+  if (!given || given->struct_size < offsetof(ddplug_world, source))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_open: options.world must be initialised with "
+                       "DDPLUG_WORLD_INIT (struct_size %u)",
+                       given ? given->struct_size : 0);
+  ddplug_world w;
+  memset(&w, 0, sizeof w);
+  memcpy(&w, given, DDPLUG__MIN((size_t)given->struct_size, sizeof w));
+  w.struct_size = sizeof w;
+  w.abi_version = DDPLUG_ABI_VERSION;
+  w.master_addr[sizeof w.master_addr - 1] = '\0';
+  int s = caller_field("world_size", w.world_size, 1, MAX_WORLD, 0);
+  if (s == DDPLUG_OK) s = caller_field("rank", w.rank, 0, w.world_size - 1, 0);
+  if (s == DDPLUG_OK) s = caller_field("local_world_size", w.local_world_size, 1, w.world_size, 1);
+  if (s == DDPLUG_OK)
+    s = caller_field("local_rank", w.local_rank, 0,
+                     w.local_world_size > 0 ? w.local_world_size - 1 : w.world_size - 1, 1);
+  if (s == DDPLUG_OK) s = caller_field("node_rank", w.node_rank, 0, w.world_size - 1, 1);
+  if (s == DDPLUG_OK) s = caller_field("master_port", w.master_port, 0, 65535, 0);
+  if (s != DDPLUG_OK) return s;
+  set_source(&w, "caller");
+  envctx e = {get, env_user, "environment"};
+  int status = DDPLUG_OK;
+  if (resolve_master(cfg, &e, &w, &status) < 0) return status;
+  *out = w;
+  return DDPLUG_OK;
+}
+
 static const char *real_getenv(const char *name, void *user) {
   DDPLUG__UNUSED(user);
   return getenv(name);
@@ -375,4 +422,9 @@ static const char *real_getenv(const char *name, void *user) {
 DDPLUG_API int ddplug_world_discover(const ddplug_config *cfg,
                                      ddplug_world *out) {
   return ddplug__world_discover_env(cfg, real_getenv, NULL, out);
+}
+
+int ddplug__world_given(const ddplug_config *cfg, const ddplug_world *given,
+                        ddplug_world *out) {
+  return ddplug__world_from_caller(cfg, real_getenv, NULL, given, out);
 }

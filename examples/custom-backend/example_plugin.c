@@ -15,7 +15,8 @@
  *   - identity, capabilities and masks first, then the slots;
  *   - errors explained through set_error (rank, sequence number, what to do);
  *   - mismatch detection from the runtime-assigned sequence numbers;
- *   - strict validation of plugin_options.
+ *   - declared plugin_options: the runtime checks the user's values and hands
+ *     them over typed (plugin ABI 1.3), so the plugin parses no JSON.
  *
  * Build it out of tree with find_package(ddplug CONFIG) and
  * ddplug_add_plugin(example SOURCES example_plugin.c) — see CMakeLists.txt.
@@ -136,23 +137,28 @@ static void divide(void *acc, uint64_t n, int dtype, int by) {
 
 /* ---- plugin_options: {"chunk_bytes": N} ---------------------------------- */
 
-/* A deliberately tiny parser for the one option this example has; a real
- * plugin would use a JSON library. Anything else is rejected by name. */
-static int parse_options(ddplug_plugin_group *g, const char *json) {
-  g->chunk = EX_MAX_CHUNK;
-  const char *p = json ? json : "{}";
-  while (*p == ' ') p++;
-  if (!strcmp(p, "{}")) return 0;
-  unsigned long long v;
-  char tail[8];
-  if (sscanf(p, "{\"chunk_bytes\":%llu%1[}]", &v, tail) == 2 && v >= 64 && v <= EX_MAX_CHUNK) {
-    g->chunk = (size_t)v;
-    return 0;
-  }
-  return fail(g, DDPLUG_E_CONFIG,
-              "plugin_options %s: the example plugin knows one option, "
-              "\"chunk_bytes\" (an integer from 64 to %u)",
-              p, EX_MAX_CHUNK);
+/* The one option, declared: the runtime refuses unknown keys (with a "did
+ * you mean"), wrong types and values out of range before group_create, fills
+ * in the default, and group_create reads the value with option_int. */
+static const ddplug_option opt_chunk_bytes = {
+    .struct_size = sizeof(ddplug_option),
+    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "chunk_bytes",
+    .type = DDPLUG_OPTION_INT,
+    .int_min = 64,
+    .int_max = EX_MAX_CHUNK,
+    .default_json = "524288",
+    .description = "Bytes of a rank's data per store value.",
+};
+static const ddplug_option *const example_options[] = {&opt_chunk_bytes, NULL};
+
+static int read_options(ddplug_plugin_group *g) {
+  int64_t v = 0;
+  int s = g->svc->option_int(g->svc->host, "chunk_bytes", &v);
+  if (s == DDPLUG_E_NOT_FOUND) v = EX_MAX_CHUNK; /* a table without the declaration */
+  else if (s != DDPLUG_OK) return s;             /* the runtime explained it */
+  g->chunk = (size_t)v;
+  return DDPLUG_OK;
 }
 
 /* ---- process group ------------------------------------------------------- */
@@ -165,7 +171,7 @@ static int ex_group_create(const ddplug_group_init *init, const ddplug_host_serv
   g->rank = init->rank;
   g->world_size = init->world_size;
   g->timeout_ms = init->timeout_ms > 0 ? init->timeout_ms : 300000;
-  int s = parse_options(g, init->options_json);
+  int s = read_options(g);
   if (s) {
     free(g);
     return s;
@@ -374,10 +380,13 @@ static const ddplug_plugin example_plugin = {
     .request_wait = ex_request_wait,
     .request_test = ex_request_test,
     .request_free = ex_request_free,
+    .options = example_options,
 };
 
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
 const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version) {
-  (void)host_abi_version; /* any 1.x runtime can use this 1.1 table */
+  /* Any 1.x runtime from 1.3 on: older ones lack the option getters this
+   * table's group_create reads (the loader then names the mismatch). */
+  if (DDPLUG_VERSION_MINOR_OF(host_abi_version) < 3) return NULL;
   return &example_plugin;
 }

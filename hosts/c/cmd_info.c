@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jansson.h>
+#include <stdlib.h>
+
 #include "commands.h"
 #include "ddplug/ddplug.h"
 
@@ -48,6 +51,49 @@ static void print_json_string(const char *s) {
   putchar('"');
 }
 
+/* "options       chunk_bytes  int 4096..16777216, multiple of 4096; default
+ *                            262144: what it does" — one per option. */
+static void print_options(const char *text) {
+  json_t *list = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+  if (!json_is_array(list)) {
+    printf("options       (the plugin reads plugin_options itself)\n");
+    json_decref(list);
+    return;
+  }
+  if (json_array_size(list) == 0) printf("options       (none)\n");
+  size_t i;
+  json_t *o;
+  json_array_foreach(list, i, o) {
+    char rule[256] = "";
+    size_t n = 0;
+    json_t *lo = json_object_get(o, "minimum"), *hi = json_object_get(o, "maximum");
+    if (lo && hi) {
+      char *a = json_dumps(lo, JSON_ENCODE_ANY), *b = json_dumps(hi, JSON_ENCODE_ANY);
+      n += (size_t)snprintf(rule + n, sizeof rule - n, " %s..%s", a ? a : "?", b ? b : "?");
+      free(a);
+      free(b);
+    }
+    json_t *mul = json_object_get(o, "multiple_of");
+    if (mul && n < sizeof rule)
+      n += (size_t)snprintf(rule + n, sizeof rule - n, ", multiple of %lld",
+                            (long long)json_integer_value(mul));
+    json_t *choices = json_object_get(o, "choices");
+    if (choices && n < sizeof rule) {
+      char *c = json_dumps(choices, JSON_COMPACT);
+      n += (size_t)snprintf(rule + n, sizeof rule - n, " one of %s", c ? c : "?");
+      free(c);
+    }
+    json_t *d = json_object_get(o, "default");
+    char *dt = d && !json_is_null(d) ? json_dumps(d, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    printf("%s%-16s %s%s; default %s: %s\n", i ? "              " : "options       ",
+           json_string_value(json_object_get(o, "name")),
+           json_string_value(json_object_get(o, "type")), rule, dt ? dt : "none",
+           json_string_value(json_object_get(o, "description")));
+    free(dt);
+  }
+  json_decref(list);
+}
+
 int ddplug_cmd_info(int argc, char **argv) {
   int json = 0;
   const char *what = NULL;
@@ -75,6 +121,11 @@ int ddplug_cmd_info(int argc, char **argv) {
     fprintf(stderr, "ddplug info: %s\n", ddplug_last_error());
     return 1;
   }
+  char *options = NULL;
+  if (ddplug_plugin_options(what, &options) != DDPLUG_OK) {
+    fprintf(stderr, "ddplug info: %s\n", ddplug_last_error());
+    return 1;
+  }
   char caps[256], dtypes[256], ops[256];
   const char *q = json ? "\"" : "";
   list_caps(caps, sizeof caps, info.caps, q);
@@ -91,8 +142,11 @@ int ddplug_cmd_info(int argc, char **argv) {
     print_json_string(info.path);
     printf(", \"description\": ");
     print_json_string(info.description);
-    printf(", \"capabilities\": [%s], \"dtypes\": [%s], \"ops\": [%s], \"sampler\": \"%s\"}\n",
-           caps, dtypes, ops, info.has_sampler ? "plugin" : "runtime default");
+    printf(", \"capabilities\": [%s], \"dtypes\": [%s], \"ops\": [%s], \"sampler\": \"%s\", "
+           "\"options\": %s}\n",
+           caps, dtypes, ops, info.has_sampler ? "plugin" : "runtime default",
+           options ? options : "null");
+    ddplug_free(options);
     return 0;
   }
   printf("plugin        %s\n", info.name);
@@ -106,5 +160,7 @@ int ddplug_cmd_info(int argc, char **argv) {
   printf("dtypes        %s\n", dtypes);
   printf("ops           %s\n", ops);
   printf("sampler       %s\n", info.has_sampler ? "supplied by the plugin" : "runtime default");
+  print_options(options);
+  ddplug_free(options);
   return 0;
 }

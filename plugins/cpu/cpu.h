@@ -80,12 +80,12 @@ typedef struct cp_options {
   char addr[64];            /* address advertised to other nodes ("" = auto) */
 } cp_options;
 
-/* The list of known keys, for messages. */
-extern const char cp_option_keys[];
-/* Parse options_json (the config's "plugin_options" object; NULL or "" = {})
- * into *out with defaults. DDPLUG_E_CONFIG naming plugin_options.<key> on an
- * unknown key, a wrong type or an out-of-range value. */
-int cp_options_parse(const char *options_json, cp_options *out);
+/* The options the plugin declares (NULL-terminated), for its table. */
+extern const ddplug_option *const cp_option_decls[];
+/* Read the checked options from the runtime (svc's option getters) into
+ * *out. DDPLUG_E_CONFIG naming plugin_options.<key> for what only the plugin
+ * checks (slots a power of two, addr an IPv4 literal). */
+int cp_options_read(const ddplug_host_services *svc, cp_options *out);
 
 /* ---- reduce kernels (reduce.c) ------------------------------------------ */
 

@@ -28,142 +28,85 @@
  *                    Default: the first non-loopback IPv4 address of an
  *                    interface that is up (127.0.0.1 if none).
  *
- * Unknown keys, wrong types and out-of-range values are DDPLUG_E_CONFIG
- * naming plugin_options.<key>.
+ * The plugin declares these (cp_option_decls, plugin ABI 1.3): the runtime
+ * checks the user's plugin_options against the declarations (unknown keys,
+ * types, ranges, multiples: DDPLUG_E_CONFIG naming plugin_options.<key>)
+ * and hands the values over typed; what only the plugin can judge (slots a
+ * power of two, addr an IPv4 literal) is checked here.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <arpa/inet.h>
-#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cpu.h"
 
-const char cp_option_keys[] =
-    "addr, chunk_bytes, nt_store_bytes, slots, small_msg_bytes, spin_us, "
-    "tcp_chunk_bytes";
+#define DECL(n, lo, hi, mul, def, d)                                              \
+  static const ddplug_option opt_##n = {                                          \
+      .struct_size = sizeof(ddplug_option), .abi_version = DDPLUG_PLUGIN_ABI_VERSION, \
+      .name = #n, .type = DDPLUG_OPTION_INT, .int_min = lo, .int_max = hi,         \
+      .int_multiple = mul, .default_json = def, .description = d}
 
-typedef struct int_knob {
-  const char *key;
-  int64_t min, max, multiple;
-  size_t offset; /* of the field in cp_options */
-  int size;      /* 4: uint32_t, 8: uint64_t/int64_t */
-} int_knob;
+DECL(chunk_bytes, 4096, 16 << 20, 4096, "262144",
+     "Shared-memory pipeline chunk per rank and slot, in bytes; keep slots x local ranks x "
+     "chunk inside the last-level cache.");
+DECL(small_msg_bytes, 0, 1 << 20, 0, "16384",
+     "Messages up to this many bytes per rank take the one-shot path (one synchronisation); "
+     "0 disables it.");
+DECL(spin_us, 0, 100000, 0, NULL,
+     "How long a waiting rank spins before it sleeps; default 50 when the node's ranks fit "
+     "its CPUs, else 2.");
+DECL(slots, 2, 16, 0, "8", "Pipeline depth: chunks a rank may run ahead (2, 4, 8 or 16).");
+DECL(tcp_chunk_bytes, 4096, 64 << 20, 64, "262144",
+     "Unit of pipelining between nodes, in bytes.");
+DECL(nt_store_bytes, 0, INT64_MAX, 0, "8388608",
+     "Outputs of at least this many bytes per rank are written with streaming stores; 0 "
+     "disables them.");
+#undef DECL
+static const ddplug_option opt_addr = {
+    .struct_size = sizeof(ddplug_option), .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "addr", .type = DDPLUG_OPTION_STRING,
+    .description = "The IPv4 address other nodes connect to; default: the first "
+                   "non-loopback IPv4 address of an interface that is up."};
 
-static const int_knob knobs[] = {
-    {"chunk_bytes", 4096, 16 << 20, 4096, offsetof(cp_options, chunk_bytes), 8},
-    {"small_msg_bytes", 0, 1 << 20, 1, offsetof(cp_options, small_msg_bytes), 8},
-    {"spin_us", 0, 100000, 1, offsetof(cp_options, spin_us), 8},
-    {"slots", 2, 16, 1, offsetof(cp_options, slots), 4},
-    {"tcp_chunk_bytes", 4096, 64 << 20, 64, offsetof(cp_options, tcp_chunk_bytes), 8},
-    {"nt_store_bytes", 0, INT64_MAX, 1, offsetof(cp_options, nt_bytes), 8},
+const ddplug_option *const cp_option_decls[] = {
+    &opt_chunk_bytes, &opt_small_msg_bytes, &opt_spin_us,    &opt_slots,
+    &opt_tcp_chunk_bytes, &opt_nt_store_bytes, &opt_addr, NULL,
 };
 
-static const char *json_type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number with a fraction";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-  }
-}
-
-static int read_int(const json_t *v, const int_knob *k, int64_t *out) {
-  if (!json_is_integer(v))
-    return cp_err(DDPLUG_E_CONFIG,
-                  "plugin_options.%s: expected an integer, got %s", k->key,
-                  json_type_name(v));
-  json_int_t x = json_integer_value(v);
-  if (x < k->min || x > k->max)
-    return cp_err(DDPLUG_E_CONFIG,
-                  "plugin_options.%s: %lld is out of range [%lld, %lld]",
-                  k->key, (long long)x, (long long)k->min, (long long)k->max);
-  if (x % k->multiple != 0)
-    return cp_err(DDPLUG_E_CONFIG,
-                  "plugin_options.%s: %lld is not a multiple of %lld", k->key,
-                  (long long)x, (long long)k->multiple);
-  *out = x;
-  return DDPLUG_OK;
-}
-
-/* Parse options_json into *out (defaults first). Returns DDPLUG_OK or
- * DDPLUG_E_CONFIG with the sentence naming the key. *out is written even on
- * failure (with defaults and whatever parsed); callers discard it then.
- * Thread-safe. */
-int cp_options_parse(const char *options_json, cp_options *out) {
+/* See cpu.h. */
+int cp_options_read(const ddplug_host_services *svc, cp_options *out) {
   memset(out, 0, sizeof *out);
-  out->chunk_bytes = 256 << 10;
-  out->small_msg_bytes = 16 << 10;
-  out->spin_us = -1;
-  out->slots = 8;
-  out->tcp_chunk_bytes = 256 << 10;
-  out->nt_bytes = 8 << 20;
-  if (!options_json || !*options_json) return DDPLUG_OK;
-
-  json_error_t jerr;
-  json_t *root = json_loads(options_json, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root)
-    return cp_err(DDPLUG_E_CONFIG, "plugin_options:%d:%d: %s", jerr.line,
-                  jerr.column, jerr.text);
-  int st = DDPLUG_OK;
-  if (!json_is_object(root)) {
-    st = cp_err(DDPLUG_E_CONFIG,
-                "plugin_options: expected an object for plugin cpu, got %s",
-                json_type_name(root));
-    goto done;
-  }
-  const char *key;
-  json_t *v;
-  json_object_foreach(root, key, v) {
-    const int_knob *k = NULL;
-    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
-      if (strcmp(key, knobs[i].key) == 0) k = &knobs[i];
-    if (k) {
-      int64_t x = 0;
-      if ((st = read_int(v, k, &x)) != DDPLUG_OK) goto done;
-      if (k->offset == offsetof(cp_options, slots) && (x & (x - 1))) {
-        st = cp_err(DDPLUG_E_CONFIG,
-                    "plugin_options.slots: %lld is not a power of two "
-                    "(2, 4, 8 or 16)", (long long)x);
-        goto done;
-      }
-      char *field = (char *)out + k->offset;
-      if (k->size == 4) {
-        uint32_t u = (uint32_t)x;
-        memcpy(field, &u, sizeof u);
-      } else {
-        memcpy(field, &x, sizeof x);
-      }
-    } else if (strcmp(key, "addr") == 0) {
-      struct in_addr a;
-      if (!json_is_string(v)) {
-        st = cp_err(DDPLUG_E_CONFIG,
-                    "plugin_options.addr: expected a string, got %s",
-                    json_type_name(v));
-        goto done;
-      }
-      const char *s = json_string_value(v);
-      if (strlen(s) >= sizeof out->addr || inet_pton(AF_INET, s, &a) != 1) {
-        st = cp_err(DDPLUG_E_CONFIG,
-                    "plugin_options.addr: '%s' is not an IPv4 address "
-                    "(e.g. \"10.0.0.5\")", s);
-        goto done;
-      }
-      snprintf(out->addr, sizeof out->addr, "%s", s);
-    } else {
-      st = cp_err(DDPLUG_E_CONFIG,
-                  "plugin_options.%s: unknown key for plugin cpu (known: %s)",
-                  key, cp_option_keys);
-      goto done;
-    }
-  }
-done:
-  json_decref(root);
-  return st;
+  int64_t v = 0;
+  int st;
+  if ((st = svc->option_int(svc->host, "chunk_bytes", &v)) != DDPLUG_OK) return st;
+  out->chunk_bytes = (uint64_t)v;
+  if ((st = svc->option_int(svc->host, "small_msg_bytes", &v)) != DDPLUG_OK) return st;
+  out->small_msg_bytes = (uint64_t)v;
+  st = svc->option_int(svc->host, "spin_us", &v);
+  if (st != DDPLUG_OK && st != DDPLUG_E_NOT_FOUND) return st;
+  out->spin_us = st == DDPLUG_OK ? v : -1;
+  if ((st = svc->option_int(svc->host, "slots", &v)) != DDPLUG_OK) return st;
+  if (v & (v - 1))
+    return cp_err(DDPLUG_E_CONFIG,
+                  "plugin_options.slots: %lld is not a power of two (2, 4, 8 or 16)",
+                  (long long)v);
+  out->slots = (uint32_t)v;
+  if ((st = svc->option_int(svc->host, "tcp_chunk_bytes", &v)) != DDPLUG_OK) return st;
+  out->tcp_chunk_bytes = (uint64_t)v;
+  if ((st = svc->option_int(svc->host, "nt_store_bytes", &v)) != DDPLUG_OK) return st;
+  out->nt_bytes = (uint64_t)v;
+  uint64_t len = 0;
+  char addr[256];
+  st = svc->option_string(svc->host, "addr", addr, sizeof addr, &len);
+  if (st == DDPLUG_E_NOT_FOUND) return DDPLUG_OK;
+  struct in_addr a;
+  if (st != DDPLUG_OK || len >= sizeof out->addr || inet_pton(AF_INET, addr, &a) != 1)
+    return cp_err(DDPLUG_E_CONFIG,
+                  "plugin_options.addr: '%.64s' is not an IPv4 address (e.g. \"10.0.0.5\")",
+                  st == DDPLUG_OK ? addr : "(too long)");
+  memcpy(out->addr, addr, len + 1); /* len < sizeof out->addr: checked */
+  return DDPLUG_OK;
 }

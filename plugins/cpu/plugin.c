@@ -268,8 +268,8 @@ static int host_group_create(const ddplug_group_init *init,
                              const ddplug_host_services *svc,
                              ddplug_plugin_group **out) {
   if (!svc || !init || !out) return DDPLUG_E_INVALID_ARGUMENT;
-  if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, set_error))
-    return DDPLUG_E_ABI_MISMATCH;
+  if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
+    return DDPLUG_E_ABI_MISMATCH; /* the entry point serves only >= 1.3 */
   if (!DDPLUG_HAS_FIELD(init, ddplug_group_init, log_level))
     return report(svc, cp_err(DDPLUG_E_ABI_MISMATCH,
                               "group_create: ddplug_group_init of %u bytes is "
@@ -281,7 +281,7 @@ static int host_group_create(const ddplug_group_init *init,
   g->next_fd = g->prev_fd = g->abort_fd = g->wake_fd = -1;
   pthread_mutex_init(&g->q_mu, NULL);
   pthread_mutex_init(&g->ctl_mu, NULL);
-  int st = cp_options_parse(init->options_json, &g->opt);
+  int st = cp_options_read(svc, &g->opt);
   if (st == DDPLUG_OK) st = topology(g, init);
   if (st != DDPLUG_OK) {
     teardown(g);
@@ -420,12 +420,17 @@ static const ddplug_plugin host_table = {
     .request_test = host_request_test,
     .request_free = host_request_free,
     /* sampler slots NULL: the runtime's default samplers serve */
+    .options = cp_option_decls,
 };
 
-/* The plugin's only exported symbol. Returns the table for any ABI 1.x
- * runtime, NULL for another major. */
+/* The plugin's only exported symbol. Returns the table for an ABI 1.x
+ * runtime from 1.3 on (it reads its options through the host services
+ * 1.3 added), NULL for an older one or another major: the loader then
+ * names the mismatch. */
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version) {
-  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR) return NULL;
+  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR ||
+      DDPLUG_VERSION_MINOR_OF(host_abi_version) < 3)
+    return NULL;
   return &host_table;
 }

@@ -54,18 +54,21 @@ static const ddplug_plugin ddplug_nccl__table = {
     .request_test = ddplug_nccl__request_test,
     .request_free = ddplug_nccl__request_free,
     /* sampler slots: NULL, the runtime's default samplers apply */
+    .options = ddplug_nccl__option_decls,
 };
 
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(
     uint32_t host_abi_version);
 
-/* The entry point (see plugin.h): the static table for any runtime of
- * plugin ABI major 1 (a 1.0 runtime reads the 1.0 prefix), NULL for
- * another major. Never fails otherwise; touches no CUDA state, so it works
- * on machines without a GPU or driver. Thread-safe. */
+/* The entry point (see plugin.h): the static table for a runtime of plugin
+ * ABI 1.3 or newer 1.x (group_create reads the options through the host
+ * services 1.3 added), NULL for an older one or another major. Never fails
+ * otherwise; touches no CUDA state, so it works on machines without a GPU
+ * or driver. Thread-safe. */
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(
     uint32_t host_abi_version) {
-  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR)
+  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR ||
+      DDPLUG_VERSION_MINOR_OF(host_abi_version) < 3)
     return NULL;
   return &ddplug_nccl__table;
 }

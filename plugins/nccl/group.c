@@ -136,7 +136,7 @@ cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g) {
 /* Step 1: the local part. Returns a status and fills err on failure. */
 static int local_setup(ddplug_plugin_group *g, char *err, size_t cap) {
   const ddplug_group_init *in = g->init;
-  int st = ddplug_nccl__options_parse(in->options_json, &g->opts, err, cap);
+  int st = ddplug_nccl__options_read(g->svc, &g->opts, err, cap);
   if (st != DDPLUG_OK) return st;
   /* The run's config (checks.duplicate_gpu, ABI 1.1) may allow shared GPUs
    * too; plugin_options.allow_shared_gpu allows them silently. */
@@ -385,7 +385,7 @@ static void release(ddplug_plugin_group *g) {
 int ddplug_nccl__group_create(const ddplug_group_init *init,
                               const ddplug_host_services *svc,
                               ddplug_plugin_group **out) {
-  if (!svc || !DDPLUG_HAS_FIELD(svc, ddplug_host_services, set_error))
+  if (!svc || !DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
     return DDPLUG_E_ABI_MISMATCH;
   if (!init || !out)
     return ddplug_nccl__fail(svc, DDPLUG_E_INVALID_ARGUMENT,

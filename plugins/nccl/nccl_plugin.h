@@ -90,12 +90,13 @@ typedef struct ddplug_nccl_options {
   int check_mismatch;      /* 0/1, default 0                             */
 } ddplug_nccl_options;
 
-/* Parse plugin_options JSON text (NULL or "" = {}). Unknown keys, wrong
- * types and out-of-range values are DDPLUG_E_CONFIG with the key path
- * ("plugin_options.device_map[2]: ...") in err. On failure *out is left
- * empty (nothing to free). DDPLUG_E_NO_MEMORY if allocation fails. */
-int ddplug_nccl__options_parse(const char *json, ddplug_nccl_options *out,
-                               char *err, size_t cap);
+/* The options the plugin declares (NULL-terminated), for its table. */
+extern const ddplug_option *const ddplug_nccl__option_decls[];
+/* Read the options the runtime checked (svc's option getters, plugin ABI
+ * 1.3) into *out; on failure err says what and *out is empty (nothing to
+ * free). DDPLUG_E_NO_MEMORY if allocation fails. */
+int ddplug_nccl__options_read(const ddplug_host_services *svc, ddplug_nccl_options *out,
+                              char *err, size_t cap);
 void ddplug_nccl__options_free(ddplug_nccl_options *o);
 
 /* ---- device.c ------------------------------------------------------------ */

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <jansson.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "option_getters.h"
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -177,6 +179,11 @@ static void svc_set_error(void *host, int32_t status, const char *message) {
   (void)status;
 }
 
+/* ---- typed options, as the runtime serves them ------------------------------ */
+
+static const ddplug_plugin *driver_table(void *host) { return ((hd_rank *)host)->p; }
+static const char *driver_options(void *host) { return ((hd_rank *)host)->w->options; }
+
 /* ---- ranks ------------------------------------------------------------------ */
 
 int hd_open(hd_rank *r, const hd_world *w, int rank) {
@@ -185,7 +192,10 @@ int hd_open(hd_rank *r, const hd_world *w, int rank) {
   r->rank = rank;
   r->svc = (ddplug_host_services){sizeof(ddplug_host_services), DDPLUG_PLUGIN_ABI_VERSION,
                                   r, svc_set, svc_get, svc_add, svc_wait, svc_delete,
-                                  svc_log, svc_clock, svc_set_error};
+                                  svc_log, svc_clock, svc_set_error, og_bool,
+                                  og_int, og_number, og_string,
+                                  og_int_list};
+  og_src = (og_source){driver_table, driver_options, svc_set_error};
   char path[512];
   snprintf(path, sizeof path, "%s/lib/libddplug-cpu.so", dt_build_dir());
   r->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -193,6 +203,16 @@ int hd_open(hd_rank *r, const hd_world *w, int rank) {
   ddplug_plugin_entry_fn entry = (ddplug_plugin_entry_fn)dlsym(r->dl, DDPLUG_PLUGIN_ENTRY_SYMBOL);
   if (!entry) dt_fail(__FILE__, __LINE__, "no entry symbol in %s", path);
   r->p = entry(DDPLUG_PLUGIN_ABI_VERSION);
+  /* The runtime checks the declared options before group_create. */
+  json_t *checked = NULL;
+  int st = ddplug__options_check(r->p, w->options, &checked);
+  json_decref(checked);
+  if (st != DDPLUG_OK) {
+    svc_set_error(r, st, ddplug_last_error());
+    dlclose(r->dl);
+    r->dl = NULL;
+    return st;
+  }
   /* pids through the store */
   char key[64], val[32];
   snprintf(key, sizeof key, "drv/pid/%d", rank);

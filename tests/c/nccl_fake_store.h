@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "option_getters.h"
+
 /* ---- a fake of the host services: one store shared by thread-ranks ---- */
 
 #define FS_MAX 512
@@ -159,6 +161,20 @@ static inline void fs_set_error(void *host, int32_t status, const char *message)
   pthread_mutex_unlock(&fs_err_mu);
 }
 
+/* The options the plugin reads: the current world's plugin_options (set by
+ * world_init), checked against the plugin's declarations as the runtime
+ * does. */
+static const char *fs_world_options = "{}";
+const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
+static inline const ddplug_plugin *fs_table(void *host) {
+  (void)host;
+  return ddplug_plugin_entry_v1(DDPLUG_PLUGIN_ABI_VERSION);
+}
+static inline const char *fs_options(void *host) {
+  (void)host;
+  return fs_world_options;
+}
+
 static inline fake_store *store_new(void) {
   fake_store *s = calloc(1, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
@@ -197,7 +213,13 @@ static inline void rank_init(fake_rank *r, fake_store *s, int rank) {
                                   fs_delete,
                                   fs_log,
                                   fs_clock,
-                                  fs_set_error};
+                                  fs_set_error,
+                                  og_bool,
+                                  og_int,
+                                  og_number,
+                                  og_string,
+                                  og_int_list};
+  og_src = (og_source){fs_table, fs_options, fs_set_error};
 }
 
 /* The init a runtime would pass: world ranks on one node "node-a". */
@@ -210,6 +232,7 @@ typedef struct fake_world {
 static inline void world_init(fake_world *w, int world, const char *options,
                        int64_t timeout_ms) {
   memset(w, 0, sizeof *w);
+  fs_world_options = options ? options : "{}";
   for (int r = 0; r < world; r++) {
     w->node_of[r] = 0;
     w->local_of[r] = r;

@@ -101,8 +101,8 @@ TEST(open_with_bad_plugin_options_names_the_key) {
   static const char *env[] = {NCCL_CONFIG("{\"device_mapp\": [0, 1]}"), NULL};
   static const expect bad = {
       DDPLUG_E_CONFIG,
-      {"plugin_options.device_mapp: unknown option of the nccl plugin",
-       "(known: allow_shared_gpu, check_mismatch, device_map)", NULL}};
+      {"plugin_options.device_mapp: plugin nccl has no such option (did you mean 'device_map'?",
+       "its options: device_map, allow_shared_gpu, check_mismatch)", NULL}};
   CHECK_EQ_INT(dt_run_ranks(2, open_fails, (void *)&bad, env, 50, NULL), 0);
 }
 

@@ -370,6 +370,16 @@ typedef struct ddplug_plugin_info {
 DDPLUG_API int ddplug_plugin_inspect(const char *name_or_path,
                                      ddplug_plugin_info *info);
 
+/* The options the plugin declares for the config's "plugin_options"
+ * (plugin ABI 1.3), as JSON: an array of {"name", "type" (bool, int,
+ * number, string, int_list), "default" (null: none), "description", and as
+ * they apply "minimum", "maximum", "multiple_of", "max_items", "choices"};
+ * "null" for a plugin that declares none (it reads plugin_options itself).
+ * *out is released with ddplug_free; NULL on failure. Loads the plugin as
+ * ddplug_plugin_inspect does, with the same errors, and unloads it. Blocks
+ * only in dlopen. Thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_plugin_options(const char *name_or_path, char **out);
+
 /* ========================================================================
  * Context — this process's membership in a data-parallel run.
  * ======================================================================== */

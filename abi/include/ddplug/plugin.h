@@ -28,6 +28,16 @@
  * peers beyond enqueueing the operation when DDPLUG_CAP_ASYNC is set;
  * request_wait blocks at most its timeout; request_test never blocks.
  *
+ * Options: a plugin built against ABI >= 1.3 declares its plugin_options in
+ * its table (ddplug_plugin.options); the runtime then checks the user's
+ * plugin_options against the declarations before group_create (unknown
+ * keys with "did you mean", types, ranges, choices: DDPLUG_E_CONFIG naming
+ * plugin_options.<key>), fills in the declared defaults, and hands the
+ * values over typed through the host services (option_int, ...). Checks
+ * only the plugin can make (an address that must parse, a power of two)
+ * stay in group_create. A plugin without declarations gets the raw JSON in
+ * ddplug_group_init.options_json and checks it itself.
+ *
  * Threading: the runtime calls the slots of one group from one thread at a
  * time, except group_abort, which may be called from any thread at any time
  * (the runtime's failure watcher calls it) and must make blocked calls on
@@ -45,7 +55,7 @@ extern "C" {
 #endif
 
 #define DDPLUG_PLUGIN_ABI_MAJOR 1
-#define DDPLUG_PLUGIN_ABI_MINOR 2
+#define DDPLUG_PLUGIN_ABI_MINOR 3
 #define DDPLUG_PLUGIN_ABI_VERSION \
   DDPLUG_MAKE_VERSION(DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR)
 
@@ -101,6 +111,26 @@ typedef struct ddplug_host_services {
    * shows it as the last-error text. Thread-safe. */
   void (*set_error)(void *host, int32_t status, const char *message);
   /* ---- end of ABI 1.0 ---- */
+
+  /* (ABI 1.3) The value of a declared option (ddplug_plugin.options): as
+   * the user's plugin_options gave it, else its declared default, already
+   * checked against the declaration. Each returns DDPLUG_E_NOT_FOUND when
+   * the option is neither given nor defaulted, or not declared;
+   * DDPLUG_E_INVALID_ARGUMENT when name is declared with another type (or
+   * a buffer is too small: nothing is copied, *len / *count tell the size
+   * needed). Never block; callable from any thread while the group lives.
+   * Read the slots with DDPLUG_HAS_FIELD: a 1.2 runtime has none. */
+  int (*option_bool)(void *host, const char *name, int32_t *out);
+  int (*option_int)(void *host, const char *name, int64_t *out);
+  int (*option_number)(void *host, const char *name, double *out);
+  /* Copies the text and its terminating NUL into buf[cap]; *len = its
+   * length without the NUL. */
+  int (*option_string)(void *host, const char *name, char *buf, uint64_t cap,
+                       uint64_t *len);
+  /* Copies the items into out[cap]; *count = how many there are. */
+  int (*option_int_list)(void *host, const char *name, int64_t *out,
+                         uint64_t cap, uint64_t *count);
+  /* ---- end of ABI 1.3 ---- */
 } ddplug_host_services;
 
 /* ------------------------------------------------------------------------ */
@@ -214,6 +244,43 @@ typedef struct ddplug_sampler_desc {
 } ddplug_sampler_desc;
 
 /* ------------------------------------------------------------------------ */
+/* Option declarations (ABI 1.3): one per key the plugin accepts in the
+ * config's "plugin_options". Static, owned by the plugin. Names are 1..63
+ * characters of [a-z0-9_]. Bounds are inclusive; a bound pair of 0, 0 means
+ * unbounded. A declaration the runtime cannot use (bad name or type, a
+ * default that does not parse or breaks its own bounds, a name declared
+ * twice) makes the loader refuse the plugin, naming the option.          */
+typedef enum ddplug_option_type {
+  DDPLUG_OPTION_UNSET = 0,
+  DDPLUG_OPTION_BOOL = 1,     /* true / false                              */
+  DDPLUG_OPTION_INT = 2,      /* an integer in [int_min, int_max], and a
+                                 multiple of int_multiple if that is > 1    */
+  DDPLUG_OPTION_NUMBER = 3,   /* a number in [num_min, num_max]            */
+  DDPLUG_OPTION_STRING = 4,   /* text; one of choices if choices != NULL   */
+  DDPLUG_OPTION_INT_LIST = 5  /* an array of 1..max_items integers, each as
+                                 for INT (max_items 0: no limit)           */
+} ddplug_option_type;
+
+typedef struct ddplug_option {
+  uint32_t struct_size;       /* sizeof(ddplug_option) as the plugin was built */
+  uint32_t abi_version;
+  const char *name;
+  int32_t type;               /* ddplug_option_type                         */
+  uint32_t max_items;         /* INT_LIST                                   */
+  int64_t int_min, int_max;   /* INT, INT_LIST items                        */
+  int64_t int_multiple;       /* INT, INT_LIST items: 0 or 1 = any          */
+  double num_min, num_max;    /* NUMBER                                     */
+  const char *const *choices; /* STRING: NULL-terminated, or NULL = any     */
+  /* The default as JSON text ("65536", "true", "\"eth0\"", "[0, 1]"); NULL:
+   * none, the option is absent unless the user gives it (the plugin then
+   * decides, e.g. from the machine). */
+  const char *default_json;
+  /* One sentence for users; `ddplug info` shows it. */
+  const char *description;
+  /* ---- end of ABI 1.3 ---- */
+} ddplug_option;
+
+/* ------------------------------------------------------------------------ */
 /* The plugin table. Identity first, then capabilities, then slots, each
  * commented with its contract. A slot marked (optional) may be NULL; the
  * runtime turns a call of a NULL optional slot into DDPLUG_E_UNSUPPORTED
@@ -322,12 +389,21 @@ typedef struct ddplug_plugin {
                           uint64_t *dropped);
 
   /* ---- end of ABI 1.2 ---- */
+
+  /* (optional, ABI 1.3) The plugin's option declarations: a NULL-terminated
+   * array of pointers (see ddplug_option). NULL: the plugin declares none
+   * and reads ddplug_group_init.options_json itself. A non-NULL empty array
+   * means the plugin takes no options: any key is an error. */
+  const ddplug_option *const *options;
+
+  /* ---- end of ABI 1.3 ---- */
 } ddplug_plugin;
 
 /* Sizes of the table at the end of each minor version, for the loader. */
 #define DDPLUG_PLUGIN_SIZE_1_0 offsetof(ddplug_plugin, sampler_create)
 #define DDPLUG_PLUGIN_SIZE_1_1 offsetof(ddplug_plugin, sampler_declared)
-#define DDPLUG_PLUGIN_SIZE_1_2 sizeof(ddplug_plugin)
+#define DDPLUG_PLUGIN_SIZE_1_2 offsetof(ddplug_plugin, options)
+#define DDPLUG_PLUGIN_SIZE_1_3 sizeof(ddplug_plugin)
 
 /* The entry point a plugin exports. host_abi_version is the runtime's
  * DDPLUG_PLUGIN_ABI_VERSION, so a plugin may return a table suited to it (or

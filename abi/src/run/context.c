@@ -6,6 +6,7 @@
  * → everyone ready. Any failure after the store is reached is published as
  * the run's abort, so the other ranks fail at once with the same sentence.
  * SPDX-License-Identifier: Apache-2.0 */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +228,7 @@ static void destroy_group(ddplug_context *ctx) {
 
 static void free_context(ddplug_context *ctx) {
   if (ctx->data && ctx->data_free) ctx->data_free(ctx->data);
+  json_decref(ctx->option_values);
   ddplug__plugin_unload(ctx->plugin);
   ddplug_config_free(ctx->cfg);
   ddplug__free(ctx->node_of_rank);
@@ -354,6 +356,9 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   }
   s = ddplug__plugin_load(opts.plugin ? opts.plugin : plugin_name, &ctx->plugin);
   ddplug_free(plugin_name);
+  if (s != DDPLUG_OK) goto fail;
+  s = ddplug__options_check(&ctx->plugin->table, ddplug__config_plugin_options(ctx->cfg),
+                            &ctx->option_values);
   if (s != DDPLUG_OK) goto fail;
   s = ddplug__rendezvous_join(ctx);
   if (s != DDPLUG_OK) goto fail;

@@ -9,7 +9,10 @@
  *   checks.c      rank 0's startup checks, one function each, and the verdict
  *   torchrun.c    the store's port through torchrun's agent store
  *   watcher.c     the thread that adopts another rank's failure
- *   services.c    the host services table plugins get (store, log, clock)
+ *   services.c    the host services table plugins get (store, log, clock,
+ *                 typed options)
+ *   options.c     the options plugins declare: declarations, the user's
+ *                 plugin_options checked against them, typed values
  *   collective.c  argument checks, sequence numbers, requests, waits
  *   loader.c      plugin search, dlopen, version negotiation, table lifting
  *   world.c       world discovery from the config and the environment
@@ -103,6 +106,8 @@ struct ddplug_context {
   ddplug_store *plugin_store;    /* the plugin's host services' client      */
 
   ddplug__plugin *plugin;
+  struct json_t *option_values;  /* the plugin's declared options, checked
+                                    (options.c); NULL if it declares none */
   ddplug_plugin_group *group;    /* NULL until group_create returned        */
   ddplug_host_services services;
   ddplug_group_init init;        /* what the plugin was given              */
@@ -205,6 +210,23 @@ void ddplug__torchrun_port_key(char *buf, size_t cap);
 /* Rank 0 publishes *port (> 0) under key; the others read it into *port.
  * Bounded by ddplug_open's deadline. */
 int ddplug__torchrun_exchange_port(ddplug_context *ctx, const char *key, int *port);
+
+/* ---- options.c ---------------------------------------------------------- */
+
+/* Refuse a table whose option declarations the runtime cannot use, naming
+ * the option (INVALID_ARGUMENT). */
+int ddplug__options_validate_decls(const ddplug_plugin *t, const char *path);
+/* Check plugin_options (JSON object text) against t's declarations: CONFIG
+ * naming plugin_options.<key> on the first problem. On success *out is a
+ * new object of every given or defaulted option (NULL when t declares no
+ * options: the plugin reads options_json itself). */
+int ddplug__options_check(const ddplug_plugin *t, const char *options_json,
+                          struct json_t **out);
+/* The value of declared option name of type in values (borrowed):
+ * NOT_FOUND if undeclared or unset without default, INVALID_ARGUMENT for
+ * another declared type. */
+int ddplug__option_value(const ddplug_plugin *t, const struct json_t *values,
+                         const char *name, int32_t type, const struct json_t **out);
 
 /* ---- watcher.c ---------------------------------------------------------- */
 

@@ -262,7 +262,8 @@ static int lift_table(const ddplug_plugin *src, const char *path,
    * defines are not slots, whatever struct_size says). */
   size_t need = minor == 0   ? DDPLUG_PLUGIN_SIZE_1_0
                 : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
-                             : DDPLUG_PLUGIN_SIZE_1_2;
+                : minor == 2 ? DDPLUG_PLUGIN_SIZE_1_2
+                             : DDPLUG_PLUGIN_SIZE_1_3;
   if (src->struct_size < need)
     return ddplug__err(DDPLUG_E_ABI_MISMATCH,
                        "plugin '%s': its table is too small (%u bytes) for "
@@ -274,7 +275,9 @@ static int lift_table(const ddplug_plugin *src, const char *path,
   memcpy(dst, src, DDPLUG__MIN((size_t)src->struct_size, known));
   dst->struct_size = sizeof *dst;
   /* Minor versions newer than ours: we use the prefix we understand. */
-  return validate_table(dst, path);
+  int s = validate_table(dst, path);
+  if (s == DDPLUG_OK) s = ddplug__options_validate_decls(dst, path);
+  return s;
 }
 
 int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out) {

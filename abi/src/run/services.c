@@ -1,7 +1,9 @@
 /* services.c — the host services table lent to the plugin: a namespaced view
  * of the store (its own connection, waits that end early when the run is
- * aborted), logging with the plugin's name, the clock, and error reporting.
+ * aborted), logging with the plugin's name, the clock, error reporting, and
+ * the plugin's declared options, typed.
  * SPDX-License-Identifier: Apache-2.0 */
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -139,6 +141,66 @@ static void svc_set_error(void *host, int32_t status, const char *message) {
   pthread_mutex_unlock(&ctx->plugin_err_mu);
 }
 
+/* ---- typed options (the plugin's declarations, run/options.c) ----------- */
+
+static int option(ddplug_context *ctx, const char *name, int32_t type, const json_t **v) {
+  int s = ddplug__option_value(&ctx->plugin->table, ctx->option_values, name, type, v);
+  return s == DDPLUG_OK ? s : svc_fail(ctx, s);
+}
+
+static int svc_option_bool(void *host, const char *name, int32_t *out) {
+  const json_t *v;
+  int s = option(host, name, DDPLUG_OPTION_BOOL, &v);
+  if (s == DDPLUG_OK && out) *out = json_is_true(v);
+  return s;
+}
+
+static int svc_option_int(void *host, const char *name, int64_t *out) {
+  const json_t *v;
+  int s = option(host, name, DDPLUG_OPTION_INT, &v);
+  if (s == DDPLUG_OK && out) *out = json_integer_value(v);
+  return s;
+}
+
+static int svc_option_number(void *host, const char *name, double *out) {
+  const json_t *v;
+  int s = option(host, name, DDPLUG_OPTION_NUMBER, &v);
+  if (s == DDPLUG_OK && out) *out = json_number_value(v);
+  return s;
+}
+
+static int svc_option_string(void *host, const char *name, char *buf, uint64_t cap,
+                             uint64_t *len) {
+  ddplug_context *ctx = host;
+  const json_t *v;
+  int s = option(ctx, name, DDPLUG_OPTION_STRING, &v);
+  if (s != DDPLUG_OK) return s;
+  size_t n = json_string_length(v);
+  if (len) *len = n;
+  if (!buf || cap <= n)
+    return svc_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                                     "plugin option '%s': %zu bytes do not fit a buffer of %llu",
+                                     name, n + 1, (unsigned long long)cap));
+  memcpy(buf, json_string_value(v), n + 1);
+  return DDPLUG_OK;
+}
+
+static int svc_option_int_list(void *host, const char *name, int64_t *out, uint64_t cap,
+                               uint64_t *count) {
+  ddplug_context *ctx = host;
+  const json_t *v;
+  int s = option(ctx, name, DDPLUG_OPTION_INT_LIST, &v);
+  if (s != DDPLUG_OK) return s;
+  size_t n = json_array_size(v);
+  if (count) *count = n;
+  if (n > cap || (n && !out))
+    return svc_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                                     "plugin option '%s': %zu items do not fit a buffer of %llu",
+                                     name, n, (unsigned long long)cap));
+  for (size_t i = 0; i < n; i++) out[i] = json_integer_value(json_array_get(v, i));
+  return DDPLUG_OK;
+}
+
 void ddplug__services_init(ddplug_context *ctx) {
   ddplug_host_services *s = &ctx->services;
   memset(s, 0, sizeof *s);
@@ -153,6 +215,11 @@ void ddplug__services_init(ddplug_context *ctx) {
   s->log = svc_log;
   s->clock_ns = svc_clock_ns;
   s->set_error = svc_set_error;
+  s->option_bool = svc_option_bool;
+  s->option_int = svc_option_int;
+  s->option_number = svc_option_number;
+  s->option_string = svc_option_string;
+  s->option_int_list = svc_option_int_list;
   /* Per run and per plugin: plugins never see each other's keys, nor
    * another run's. (The runtime's own ddplug/ keys are not per run: an
    * external store — rendezvous.external — must be fresh for every run.) */

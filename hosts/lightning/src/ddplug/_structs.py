@@ -57,6 +57,7 @@ class OpenOptions(ctypes.Structure):
         ("host_id", c_char_p),
         ("framework", c_char_p),
         ("timeout_ms", c_int64),
+        ("world", ctypes.POINTER(World)),
     ]
 
 

@@ -51,7 +51,10 @@ def _retype(err: DdplugError, torch_cls: type) -> DdplugError:
     if isinstance(err, torch_cls):
         return err
     cls = _combined(torch_cls, type(err))
-    out = cls.__new__(cls)
+    try:
+        out = cls.__new__(cls)
+    except TypeError:  # the layout of an OSError subclass (ddplug.Timeout is a TimeoutError)
+        out = OSError.__new__(cls)
     out.__dict__.update(err.__dict__)
     out.args = err.args
     return out

@@ -53,7 +53,7 @@ import ctypes
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
-from torch._C._distributed_c10d import ProcessGroup
+from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 from torch.distributed import ReduceOp
 
 from .. import _names
@@ -68,6 +68,7 @@ _RedOpType = ReduceOp.RedOpType
 _iallreduce = F.ddplug_iallreduce
 _allreduce = F.ddplug_allreduce
 _ibroadcast = F.ddplug_ibroadcast
+_broadcast = F.ddplug_broadcast
 _iallgather = F.ddplug_iallgather
 _ibarrier = F.ddplug_ibarrier
 _barrier = F.ddplug_barrier
@@ -100,6 +101,8 @@ _OP_NAMES = {
 _BOOL_OPS = {"sum": "max", "prod": "min", "min": "min", "max": "max", "band": "band", "bor": "bor"}
 
 _AR, _BC, _AG, _BAR = 0, 1, 2, 3
+_SUM = ReduceOp.SUM
+_DEFAULT_ALLREDUCE = AllreduceOptions()
 
 
 def _op_label(op: Any) -> str:
@@ -136,6 +139,11 @@ class ProcessGroupDdplug(ProcessGroup):
         self._dtypes = {d: codes[n] for d, n in _DTYPE_NAMES.items()
                         if n in codes and self._dtype_mask & (1 << codes[n])}
         self._ops: dict = {}  # (RedOpType, is_bool) -> ddplug op code
+        sum_code = _names.ops()["sum"]
+        self._sum = sum_code if self._op_mask & (1 << sum_code) else 0
+        # What a collective that torch waits for at once (asyncOp false) returns:
+        # it already completed, and torch only calls wait() on it.
+        self._done = done(self, [])
         self._orphans: list = []
         self._progress_thread: Optional[Progress] = None
         self._coalescing: Optional[list] = None
@@ -148,6 +156,20 @@ class ProcessGroupDdplug(ProcessGroup):
     def name(self) -> str:  # type: ignore[override]
         return "ddplug"
 
+    # torch names every group (pg.group_name, group_desc); the base class keeps the
+    # names in its per-device backends, which a Python group does not have
+    def setGroupName(self, name: str) -> None:  # noqa: N802 (torch's name)
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return getattr(self, "_group_desc", "")
+
     @property
     def context(self) -> Context:
         """The ddplug context serving this group."""
@@ -158,32 +180,41 @@ class ProcessGroupDdplug(ProcessGroup):
 
     # ---- collectives ddplug does natively -------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
-        t = self._one(tensors, "all_reduce")
-        red = opts.reduceOp.op if opts is not None else _RedOpType.SUM
-        op = self._ops.get((red, t.dtype is torch.bool)) or self._op_code(red, t.dtype, "all_reduce")
-        if self._direct(t):
-            dt = self._dtypes.get(t.dtype) or self._dtype(t, "all_reduce")
+        # The hot path of small collectives (metrics, loss logging): every
+        # attribute read here was measured (ddplug/bench/torch_backend_perf.py).
+        if len(tensors) != 1:
+            raise self._several("all_reduce")
+        t = tensors[0]
+        if opts is None:
+            opts = _DEFAULT_ALLREDUCE
+        ro = opts.reduceOp
+        dtype = t.dtype
+        dt = self._dtypes.get(dtype)
+        if ro == _SUM and dt is not None and dtype is not torch.bool and self._sum:
+            op = self._sum
+        else:
+            op = self._op_code(ro.op, dtype, "all_reduce")
+        h = self._ctx._h
+        if h and dt and t.is_contiguous() and ((t.is_cpu and self._host_ok) or (t.is_cuda and self._dev_ok)):
             p = t.data_ptr()
-            stream = None if not t.is_cuda else torch.cuda.current_stream(t.device).cuda_stream
-            h = self._handle()
-            if opts is not None and not opts.asyncOp:
+            stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+            if not opts.asyncOp:
                 # torch waits at once: the blocking call (one crossing into C, no request)
                 with self._lock:
                     st = _allreduce(h, p, p, t.numel(), dt, op, stream)
                 if st:
-                    raise self._error(st, lambda: _what("all_reduce", t, red))
-                return done(self, [t])
+                    raise self._error(st, lambda: _what("all_reduce", t, ro.op))
+                return self._done
             req = ctypes.c_void_p()
             with self._lock:
                 if self._orphans:
                     self._reap()
                 st = _iallreduce(h, p, p, t.numel(), dt, op, stream, ctypes.byref(req))
             if st:
-                raise self._error(st, lambda: _what("all_reduce", t, red))
-            return self._track(DdplugWork(self, [req], [t], None, lambda: _what("all_reduce", t, red), (t,)))
-        w = self._staged(t)
-        return self._issue(lambda: _what("all_reduce", t, red), [(_AR, w, op)], [t],
-                           _copy_back(t, w), (w,))
+                raise self._error(st, lambda: _what("all_reduce", t, ro.op))
+            return self._track(DdplugWork(self, [req], [t], None, lambda: _what("all_reduce", t, ro.op), (t,)))
+        w = self._workable(t, "all_reduce")
+        return self._issue(lambda: _what("all_reduce", t, ro.op), [(_AR, w, op)], [t], _copy_back(t, w), (w,))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
         red = opts.reduceOp.op if opts is not None else _RedOpType.SUM
@@ -204,6 +235,15 @@ class ProcessGroupDdplug(ProcessGroup):
         if opts is not None and opts.rootTensor != 0:
             raise _errors.invalid(f"broadcast: rootTensor {opts.rootTensor}: one tensor per process",
                                   self._where())
+        if opts is not None and not opts.asyncOp and self._direct(t):
+            dt = self._dtype(t, "broadcast")
+            h = self._handle()
+            p = t.data_ptr()
+            with self._lock:
+                st = _broadcast(h, p, p, t.numel(), dt, root, self._stream(t))
+            if st:
+                raise self._error(st, lambda: _what("broadcast", t, f"src {root}"))
+            return self._done
         w = self._workable(t, "broadcast")
         return self._issue(lambda: _what("broadcast", t, f"src {root}"), [(_BC, w, root)], [t],
                            _copy_back(t, w) if w is not t else None, (w,))
@@ -280,7 +320,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 st = _barrier(h, ms if ms > 0 else -1)
             if st:
                 raise self._error(st, "barrier")
-            return done(self, [])
+            return self._done
         return self._issue("barrier", [(_BAR, None, None)], [], None, ())
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
@@ -736,7 +776,7 @@ class ProcessGroupDdplug(ProcessGroup):
             return False
         if t.is_cuda:
             return self._dev_ok
-        return self._host_ok and t.device.type == "cpu"
+        return self._host_ok and t.is_cpu
 
     def _target(self, t: torch.Tensor, op: Any) -> torch.device:
         dev = t.device
@@ -764,9 +804,6 @@ class ProcessGroupDdplug(ProcessGroup):
         if copy_in:
             return t.detach().to(device=target, memory_format=torch.contiguous_format, copy=True)
         return torch.empty(t.shape, dtype=t.dtype, device=target)
-
-    def _staged(self, t: torch.Tensor) -> torch.Tensor:
-        return self._workable(t, "all_reduce")
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``t`` the plugin takes (t stays untouched)."""

@@ -220,21 +220,23 @@ def works() -> None:
 
 
 # ---- torch's DistributedDataParallel over ddplug --------------------------------------
-def ddp() -> None:
+def ddp(device: torch.device = torch.device("cpu")) -> None:
     """Gradients and two SGD steps of DDP over ddplug equal single-process
     whole-batch ones (the batch split evenly over the ranks)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
     ref.load_state_dict(model.state_dict())
     if RANK != 0:  # DDP broadcasts rank 0's parameters: the others start elsewhere
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
     # tiny buckets: several asynchronous allreduces per backward, completed through futures
-    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)
+    ids = [device] if device.type == "cuda" else None
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=0.0002)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4 * WORLD * 2, 8, generator=g), torch.randn(4 * WORLD * 2, 1, generator=g)
+    x = torch.randn(4 * WORLD * 2, 8, generator=g).to(device)
+    y = torch.randn(4 * WORLD * 2, 1, generator=g).to(device)
     opt, ref_opt = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     grads_ok = []
     for step in range(2):
@@ -253,21 +255,21 @@ def ddp() -> None:
 
 
 # ---- torchmetrics ----------------------------------------------------------------------
-def metrics() -> None:
+def metrics(device: torch.device = torch.device("cpu")) -> None:
     """torchmetrics syncs through ddplug: every rank's compute() equals the
     single-process value (uneven shards: 13 samples over the ranks)."""
     import torchmetrics
     from torchmetrics.classification import BinaryAccuracy
 
     g = torch.Generator().manual_seed(7)
-    preds, target = torch.rand(13, generator=g), torch.randint(0, 2, (13,), generator=g)
-    vals = torch.randn(13, generator=g)
+    preds, target = torch.rand(13, generator=g).to(device), torch.randint(0, 2, (13,), generator=g).to(device)
+    vals = torch.randn(13, generator=g).to(device)
     mine = slice(RANK, None, WORLD)
-    acc, mean, cat = BinaryAccuracy(), torchmetrics.MeanMetric(), torchmetrics.CatMetric()
+    acc, mean, cat = BinaryAccuracy().to(device), torchmetrics.MeanMetric().to(device), torchmetrics.CatMetric().to(device)
     acc.update(preds[mine], target[mine])
     mean.update(vals[mine])
     cat.update(vals[mine])
-    single = BinaryAccuracy()(preds, target)
+    single = BinaryAccuracy().to(device)(preds, target)
     check("torchmetrics BinaryAccuracy", close(acc.compute(), single), (acc.compute(), single))
     check("torchmetrics MeanMetric", close(mean.compute(), vals.mean(), 1e-5), mean.compute())
     got = cat.compute()
@@ -307,6 +309,64 @@ def client(init: str) -> None:
     metrics()
     prepare_on_main()
     subgroup()
+    dist.destroy_process_group()
+
+
+# ---- CUDA tensors on the nccl plugin ---------------------------------------------------------
+def gpu() -> None:
+    """CUDA tensors: collectives on the current stream (also a side stream),
+    async Work and futures holding CUDA tensors, CPU tensors staged through the
+    GPU (object collectives), DDP with device_ids, torchmetrics on the GPU."""
+    from ddplug.distributed import context_of
+
+    local = int(os.environ.get("LOCAL_RANK", RANK))
+    dev = torch.device("cuda", int(os.environ.get("DDPLUG_TEST_CUDA_DEVICE", local % torch.cuda.device_count())))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("ddplug")
+    ctx = context_of()
+    result["plugin"] = ctx.plugin["name"]
+    r, w = RANK, WORLD
+    ar = float(sum(range(1, w + 1)))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        t = torch.full((1 << 16,), r + 1, dtype=dtype, device=dev)
+        dist.all_reduce(t)
+        check(f"cuda all_reduce {dtype}", bool((t == ar).all()), t[:4])
+    t = torch.full((1000,), float(r + 1), device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    check("cuda all_reduce AVG", close(t, torch.full_like(t, ar / w)), t[:4])
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32, device=dev), op=dist.ReduceOp.BOR)
+        check("BOR refused on nccl", ctx.plugin["name"] != "nccl", "no error")
+    except dist.DistBackendError as e:
+        check("BOR refused on nccl", "no bor op" in str(e) and "torch.bitwise_or" in str(e), e)
+    b = torch.arange(8, dtype=torch.float32, device=dev) if r == 0 else torch.zeros(8, device=dev)
+    dist.broadcast(b, src=0)
+    check("cuda broadcast", close(b, torch.arange(8, dtype=torch.float32, device=dev)), b)
+    o = torch.zeros(w * 4, device=dev)
+    dist.all_gather_into_tensor(o, torch.full((4,), float(r), device=dev))
+    check("cuda all_gather_into_tensor", close(o, torch.arange(w, device=dev).float().repeat_interleave(4)), o)
+    o = torch.zeros(2, device=dev)
+    dist.reduce_scatter_tensor(o, torch.arange(2 * w, dtype=torch.float32, device=dev))
+    check("cuda reduce_scatter_tensor", close(o, torch.arange(2 * w, device=dev).float()[2 * r:2 * r + 2] * w), o)
+    side = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(side):  # enqueued after the fill on the same (side) stream
+        t = torch.full((1 << 20,), float(r + 1), device=dev)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        total = t.sum()
+    torch.cuda.synchronize(dev)
+    check("cuda async on a side stream", float(total) == ar * (1 << 20), total)
+    fut = dist.all_reduce(torch.ones(4, device=dev), async_op=True).get_future()
+    v = fut.wait()[0]
+    check("cuda future", v.is_cuda and close(v, torch.full((4,), float(w), device=dev)), v)
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": r})
+    check("object collective (CPU tensors staged)", [o["rank"] for o in objs] == list(range(w)), objs)
+    t = torch.full((3,), float(r + 1))  # a CPU tensor on the nccl plugin
+    dist.all_reduce(t)
+    check("cpu tensor on nccl", close(t, torch.full((3,), ar)), t)
+    ddp(dev)
+    metrics(dev)
     dist.destroy_process_group()
 
 
@@ -415,7 +475,7 @@ def failure(kind: str, victim: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["client", "adapter", "failure"])
+    p.add_argument("scenario", choices=["client", "adapter", "failure", "gpu"])
     p.add_argument("--init", default="coqui", choices=["coqui", "speechbrain"])
     p.add_argument("--kind", default="kill", choices=["kill", "raise", "prepare"])
     p.add_argument("--victim", type=int, default=1)
@@ -425,6 +485,8 @@ def main() -> None:
             client(a.init)
         elif a.scenario == "adapter":
             adapter()
+        elif a.scenario == "gpu":
+            gpu()
         else:
             failure(a.kind, a.victim)
     except BaseException as exc:

@@ -50,10 +50,9 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def iterations(nbytes: int) -> int:
-    """The same on every rank (they must issue the same collectives): about
-    0.1-0.2 s of work per size on a CPU."""
-    return max(5, min(20000, int(100e6 // max(nbytes, 2048))))
+def iterations(seconds_per_call: float, budget_s: float) -> int:
+    """Calls that fill about ``budget_s`` (5 .. 20000)."""
+    return max(5, min(20000, int(budget_s / max(seconds_per_call, 1e-7))))
 
 
 # ---- one rank ------------------------------------------------------------------------
@@ -74,14 +73,23 @@ def worker(a: argparse.Namespace) -> None:
         sizes.append(s)
         s *= int(a.f)
 
-    def timed(fn, n: int) -> float:
-        for _ in range(min(3, n)):
+    def timed(fn) -> tuple:
+        """(mean seconds per call, calls): a few timed calls decide how many
+        fill --budget; every rank takes the largest count (they must issue the
+        same collectives)."""
+        for _ in range(20):  # warm: caches, the plugin's progress engine in its synchronous mode
             fn()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        k = torch.tensor([iterations((time.perf_counter() - t0) / 3, a.budget)])
+        dist.all_reduce(k, op=dist.ReduceOp.MAX)
+        n = int(k.item())
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / n, n
 
     out: dict = {"rank": rank, "rows": []}
     rows = {}
@@ -93,14 +101,14 @@ def worker(a: argparse.Namespace) -> None:
             for nbytes in sizes:
                 n = max(1, nbytes // 4)
                 t = torch.full((n,), float(rank + 1))
-                k = iterations(nbytes)
-                row = rows.setdefault(nbytes, {"size": nbytes, "iters": k, "wrong": 0})
+                row = rows.setdefault(nbytes, {"size": nbytes, "wrong": 0})
                 cols = [(backend, lambda: dist.all_reduce(t))]
                 if ctx is not None:
                     cols.append(("own", lambda: ctx.allreduce(t)))
                 for name, fn in cols:
-                    us = timed(fn, k) * 1e6
-                    row[name] = min(row.get(name, float("inf")), us)
+                    sec, k = timed(fn)
+                    row[name] = min(row.get(name, float("inf")), sec * 1e6)
+                    row[f"{name}_calls"] = k
                     t.fill_(float(rank + 1))
                     fn()
                     if not bool((t == float(ws * (ws + 1) // 2)).all()):
@@ -114,7 +122,6 @@ def worker(a: argparse.Namespace) -> None:
 def profile(a: argparse.Namespace) -> None:
     """--profile: the layers of one 8-byte call (rank 0 prints)."""
     import cProfile
-    import ctypes
     import io
     import pstats
 
@@ -123,6 +130,7 @@ def profile(a: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
     import ddplug  # noqa: F401
+    from ddplug import _names
     from ddplug._api import F
     from ddplug.distributed import context_of
 
@@ -130,13 +138,15 @@ def profile(a: argparse.Namespace) -> None:
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("ddplug")
     ctx, pg = context_of(), dist.group.WORLD
+    plugin = ctx.plugin["name"]
     t = torch.zeros(2)
     h, p = ctx.handle, t.data_ptr()
     opts = dist.AllreduceOptions()
     opts.asyncOp = False
     c_allreduce = F.ddplug_allreduce
+    f32, op_sum = _names.dtypes()["float32"], _names.ops()["sum"]
     layers = [
-        ("C ddplug_allreduce through ctypes", lambda: c_allreduce(h, p, p, 2, 1, 1, None)),
+        ("C ddplug_allreduce through ctypes", lambda: c_allreduce(h, p, p, 2, f32, op_sum, None)),
         ("ddplug.Context.allreduce (own Python path)", lambda: ctx.allreduce(t)),
         ("ProcessGroupDdplug.allreduce (synchronous)", lambda: pg.allreduce([t], opts)),
         ("dist.all_reduce", lambda: dist.all_reduce(t)),
@@ -163,7 +173,7 @@ def profile(a: argparse.Namespace) -> None:
     prof.disable()
     dist.destroy_process_group()
     if rank == 0:
-        print(f"\n8-byte all_reduce on {ws} ranks, plugin {ctx.plugin['name'] if not ctx.closed else '?'}:"
+        print(f"\n8-byte all_reduce on {ws} ranks, plugin {plugin}:"
               f" time per call (best of {a.repeat} x {n} calls)\n")
         print(f"| {'layer':<44} | {'us/call':>8} | {'added':>7} |")
         print(f"|{'-' * 46}|{'-' * 10}|{'-' * 9}|")
@@ -177,7 +187,6 @@ def profile(a: argparse.Namespace) -> None:
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(10)
         print("\ncProfile of dist.all_reduce (tottime, with the profiler's own overhead):")
         print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
-    del ctypes
 
 
 # ---- the parent ----------------------------------------------------------------------
@@ -194,6 +203,7 @@ def main() -> None:
     ap.add_argument("-e", default="64M", help="largest size in bytes")
     ap.add_argument("-f", default="2", help="size factor")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every size; the best is kept")
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per size, backend and run")
     ap.add_argument("--json", default=None, help="also write the table here")
     ap.add_argument("--profile", action="store_true", help="break an 8-byte call down into its layers")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -217,7 +227,7 @@ def main() -> None:
         e = dict(env, RANK=str(r), WORLD_SIZE=str(a.n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(a.n),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, __file__, "--worker", "--out", tmp, "-b", a.b, "-e", a.e, "-f", a.f,
-               "--repeat", str(a.repeat)] + (["--profile"] if a.profile else [])
+               "--repeat", str(a.repeat), "--budget", str(a.budget)] + (["--profile"] if a.profile else [])
         procs.append(subprocess.Popen(cmd, env=e))
     codes = [p.wait() for p in procs]
     if any(codes):

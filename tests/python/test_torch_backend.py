@@ -174,3 +174,14 @@ def test_an_exception_on_one_rank_fails_the_others_barrier(out: Path, kind: str)
     assert codes[1 - victim] == 0
     assert other["type"] == "Aborted"
     assert f"rank {victim} aborted the run: rank {victim}: {error}" in other["error"]
+
+
+def test_the_plain_pytorch_example_runs(out: Path) -> None:
+    """examples/pytorch/train.py, as the README shows it (torchrun-style ranks)."""
+    from conftest import ROOT
+
+    example = str(ROOT / "examples" / "pytorch" / "train.py")  # an absolute path: run_ranks takes it as it is
+    codes, outs = run_ranks(example, 2, "--epochs", "2", "--data", str(out / "data.pt"), out_dir=out)
+    assert codes == [0, 0], "\n".join(outs)[-6000:]
+    assert "stream 'train': owner plugin" in outs[0] and "verdict: PASS" in outs[0]
+    assert "epoch 1: validation accuracy" in outs[0] and "100 samples over 2 ranks" in outs[0]

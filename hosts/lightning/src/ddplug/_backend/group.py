@@ -58,6 +58,7 @@ from torch.distributed import ReduceOp
 
 from .. import _names
 from .._api import F
+from .._host import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY
 from ..context import Context
 from ..errors import status_code
 from . import errors as _errors
@@ -75,11 +76,6 @@ _barrier = F.ddplug_barrier
 _wait = F.ddplug_wait
 _test = F.ddplug_test
 _free = F.ddplug_request_free
-
-# Plugin capability bits (common.h DDPLUG_CAP_*), checked against the header by
-# tests/python/test_binding.py::test_header_constants (through ddplug._host).
-CAP_HOST_MEMORY = 1 << 0
-CAP_DEVICE_MEMORY = 1 << 1
 
 _TIMEOUT = status_code("TIMEOUT")
 

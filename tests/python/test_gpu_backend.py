@@ -1,7 +1,8 @@
 """torch.distributed's "ddplug" backend with CUDA tensors on the nccl plugin
 (tests/python/scripts/torch_run.py gpu): collectives on the current and on a
 side stream, async Work and futures of CUDA tensors, CPU tensors staged through
-the GPU, torch's DDP with device_ids, torchmetrics on the GPU. These run only
+the GPU, torch's DDP with device_ids, torchmetrics on the GPU, and (two ranks)
+torch.nn.SyncBatchNorm, which torch runs on CUDA only. These run only
 where CUDA devices are visible and the nccl plugin was built; elsewhere they
 skip and say why (test_gpu.py's probes)."""
 
@@ -17,7 +18,7 @@ from conftest import run_ranks
 from test_gpu import cuda_probe, gpu_env, need_gpus
 
 
-def _run(out: Path, world: int, config: dict, env: dict) -> list:
+def _run(out: Path, world: int, config: dict, env: dict, plugin: str = "nccl") -> list:
     env = dict(env, DDPLUG_CONFIG=json.dumps(config))
     codes, outs = run_ranks("torch_run.py", world, "gpu", out_dir=out, env=env, timeout=600)
     results = []
@@ -29,7 +30,7 @@ def _run(out: Path, world: int, config: dict, env: dict) -> list:
         assert "error" not in res, f"rank {r}: {res.get('traceback', res.get('error'))}"
         failed = {k: v[1] for k, v in res["checks"].items() if not v[0]}
         assert not failed, f"rank {r}: {failed}"
-        assert res["plugin"] == "nccl"
+        assert res["plugin"] == plugin
     assert codes == [0] * world, "\n".join(outs)[-6000:]
     return results
 
@@ -57,3 +58,12 @@ def test_two_ranks_share_one_gpu(out: Path) -> None:
            "plugin_options": {"device_map": [0, 0], "allow_shared_gpu": True}}
     env = dict(gpu_env(1), NCCL_MULTI_RANK_GPU_ENABLE="1", DDPLUG_TEST_CUDA_DEVICE="0")
     _run(out, 2, cfg, env)
+
+
+def test_two_ranks_share_one_gpu_on_the_host_plugin(out: Path) -> None:
+    """Both ranks on GPU 0 with the config naming the host plugin: CUDA tensors
+    are staged through the CPU. Any NCCL will do, so torch.nn.SyncBatchNorm
+    (CUDA only in torch) runs over ddplug on a single-GPU machine."""
+    need_gpus(1)
+    cfg = {"plugin": "host", "rendezvous": {"timeout_s": 120}, "timeouts": {"collective_s": 120}}
+    _run(out, 2, cfg, dict(gpu_env(1), DDPLUG_TEST_CUDA_DEVICE="0"), plugin="host")

@@ -367,7 +367,31 @@ def gpu() -> None:
     check("cpu tensor on nccl", close(t, torch.full((3,), ar)), t)
     ddp(dev)
     metrics(dev)
+    if w > 1:
+        sync_batchnorm(dev)
     dist.destroy_process_group()
+
+
+def sync_batchnorm(dev: torch.device) -> None:
+    """torch.nn.SyncBatchNorm (CUDA only, in torch) over ddplug: outputs, input
+    gradients and running statistics equal BatchNorm's over the whole batch."""
+    torch.manual_seed(0)
+    bn = torch.nn.SyncBatchNorm(4).to(dev)
+    ref = torch.nn.BatchNorm1d(4).to(dev)
+    ref.load_state_dict(bn.state_dict())
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(6 * WORLD, 4, generator=g) * 3 + 1).to(dev)
+    wts = torch.randn(6 * WORLD, 4, generator=g).to(dev)
+    mine = slice(RANK * 6, (RANK + 1) * 6)
+    xm, xa = x[mine].clone().requires_grad_(), x.clone().requires_grad_()
+    out = bn(xm)
+    (out * wts[mine]).sum().backward()
+    ref_out = ref(xa)
+    (ref_out * wts).sum().backward()
+    check("SyncBatchNorm output", close(out, ref_out[mine], 1e-4), (out - ref_out[mine]).abs().max())
+    check("SyncBatchNorm input gradient", close(xm.grad, xa.grad[mine], 1e-4), (xm.grad - xa.grad[mine]).abs().max())
+    check("SyncBatchNorm running statistics", close(bn.running_mean, ref.running_mean, 1e-5)
+          and close(bn.running_var, ref.running_var, 1e-5), (bn.running_mean, ref.running_mean))
 
 
 # ---- ddplug.torch ------------------------------------------------------------------------

@@ -49,18 +49,31 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> bool:
 
 # ---- the init calls of real trainers, with the backend from their config ----------
 def coqui_init() -> None:
-    """coqui-tts-trainer's trainer/distribute.py init_distributed (its CUDA lines
-    left out: it requires a GPU), with dist_backend and dist_url from its config."""
+    """coqui-tts-trainer's init_distributed(rank, num_gpus, group_name,
+    dist_backend, dist_url) (its CUDA lines left out: it asserts a GPU), with
+    dist_backend and dist_url from its config; the trainer passes any backend
+    name through to init_process_group."""
     config = {"distributed_backend": "ddplug", "distributed_url": f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"}
     dist.init_process_group(config["distributed_backend"], init_method=config["distributed_url"],
                             world_size=WORLD, rank=RANK, group_name="group_coqui")
 
 
 def speechbrain_init() -> None:
-    """speechbrain 1.1's core.py ddp_init_group: env:// with the backend from run_opts."""
+    """The init_process_group call of speechbrain 1.x's utils/distributed.py
+    ddp_init_group: env:// with the backend from run_opts and a 7200 s timeout.
+    (ddp_init_group itself first checks the name against nccl, gloo and mpi and
+    raises "ddplug communication protocol doesn't exist." for any other: a
+    SpeechBrain recipe calls ddplug.torch.init() instead of ddp_init_group.)"""
     run_opts = {"distributed_backend": "ddplug"}
     dist.init_process_group(backend=run_opts["distributed_backend"], rank=RANK,
                             timeout=datetime.timedelta(seconds=7200))
+
+
+def reduce_tensor(tensor: torch.Tensor, num_gpus: int) -> torch.Tensor:  # coqui trainer/utils/distributed.py
+    rt = tensor.clone()
+    dist.all_reduce(rt, op=dist.reduce_op.SUM)
+    rt /= num_gpus
+    return rt
 
 
 def if_main_process() -> bool:  # speechbrain.utils.distributed
@@ -90,6 +103,8 @@ def collectives() -> None:
     t = torch.full((5,), float(r + 1))
     dist.all_reduce(t)
     check("all_reduce sum", close(t, torch.full((5,), float(ar))), t)
+    loss = reduce_tensor(torch.tensor([float(r + 1)]), w)  # the deprecated dist.reduce_op.SUM
+    check("coqui reduce_tensor", close(loss, torch.tensor([ar / w])), loss)
     for op, dtype, make, want in [
         (dist.ReduceOp.AVG, torch.float64, lambda: torch.full((3,), float(r + 1), dtype=torch.float64),
          torch.full((3,), ar / w, dtype=torch.float64)),

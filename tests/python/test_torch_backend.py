@@ -185,3 +185,27 @@ def test_the_plain_pytorch_example_runs(out: Path) -> None:
     assert codes == [0, 0], "\n".join(outs)[-6000:]
     assert "stream 'train': owner plugin" in outs[0] and "verdict: PASS" in outs[0]
     assert "epoch 1: validation accuracy" in outs[0] and "100 samples over 2 ranks" in outs[0]
+
+
+def test_errors_are_torch_types_and_ddplug_classes() -> None:
+    """What joining or a collective raises: torch's exception type and ddplug's
+    class at once, with ddplug's sentence (in-process: no run needed)."""
+    import torch.distributed as dist
+
+    import ddplug
+    from ddplug._backend import errors as E
+    from ddplug.errors import make, status_code
+
+    lost = E.backend_error(make(status_code("PEER_LOST"), "rank 1 (pid 7) exited or was killed", "rank 0"))
+    assert isinstance(lost, dist.DistBackendError) and isinstance(lost, ddplug.PeerLost)
+    assert str(lost) == "rank 0: rank 1 (pid 7) exited or was killed [PEER_LOST]"
+    timeout = E.backend_error(make(status_code("TIMEOUT"), "allreduce not complete", "rank 1"))
+    assert isinstance(timeout, dist.DistBackendError) and isinstance(timeout, TimeoutError)
+    never = E.open_error(make(status_code("TIMEOUT"), "ranks 2, 3 never joined after 30.0 s", "rank 0"))
+    assert isinstance(never, dist.DistStoreError) and isinstance(never, ddplug.Timeout)
+    gone = E.open_error(make(status_code("PEER_LOST"), "rank 0 exited", "rank 1"))
+    assert isinstance(gone, dist.DistNetworkError) and isinstance(gone, ddplug.PeerLost)
+    bad = E.open_error(make(status_code("CONFIG"), "sampler.shufle: unknown key", ""))
+    assert type(bad) is ddplug.ConfigError  # a ValueError, as torch raises for bad arguments
+    assert type(E.backend_error(make(status_code("ABORTED"), "x", ""))) is type(
+        E.backend_error(make(status_code("ABORTED"), "y", ""))), "one class per pair"

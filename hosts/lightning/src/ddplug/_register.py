@@ -13,7 +13,6 @@ first creates a ``"ddplug"`` group.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
 import threading
 from typing import Any, Optional
@@ -73,7 +72,14 @@ class _Finder(importlib.abc.MetaPathFinder):
         if fullname != _TARGET:
             return None
         _uninstall()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        spec = None
+        for finder in list(sys.meta_path):  # whoever would have found it (also editable installs)
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
         if spec is None or spec.loader is None:
             return spec
         spec.loader = _Loader(spec.loader)

@@ -177,7 +177,7 @@ class ProcessGroupDdplug(ProcessGroup):
     # ---- collectives ddplug does natively -------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
         # The hot path of small collectives (metrics, loss logging): every
-        # attribute read here was measured (ddplug/bench/torch_backend_perf.py).
+        # attribute read here was measured (bench/torch_backend_perf.py --profile).
         if len(tensors) != 1:
             raise self._several("all_reduce")
         t = tensors[0]

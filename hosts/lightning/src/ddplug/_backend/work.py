@@ -37,7 +37,6 @@ from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from .._api import F
-from . import errors as _errors
 
 _wait = F.ddplug_wait
 _test = F.ddplug_test

@@ -9,7 +9,7 @@ backend should reach.
 
 Each rank (torchrun-style environment, one torch thread) creates one TCPStore
 and then, --repeat times, in turn: initialises torch.distributed with backend
-"ddplug" (plugin from DDPLUG_CONFIG, default host) and times, per size (float32,
+"ddplug" (plugin from DDPLUG_CONFIG, else the library's CPU default) and times, per size (float32,
 sizes doubling from -b to -e), ``dist.all_reduce(t)`` and ``ctx.allreduce(t)``
 on the group's own context; destroys it; initialises gloo and times
 ``dist.all_reduce(t)``. Every size is checked once per backend (#wrong). The
@@ -91,13 +91,15 @@ def worker(a: argparse.Namespace) -> None:
             fn()
         return (time.perf_counter() - t0) / n, n
 
-    out: dict = {"rank": rank, "rows": []}
+    out: dict = {"rank": rank, "rows": [], "plugin": ""}
     rows = {}
     for rep in range(a.repeat):
         for backend in ("ddplug", "gloo"):
             dist.init_process_group(backend, store=dist.PrefixStore(f"{backend}/{rep}", store), rank=rank,
                                     world_size=ws)
             ctx = context_of() if backend == "ddplug" else None
+            if ctx is not None:
+                out["plugin"] = ctx.plugin["name"]
             for nbytes in sizes:
                 n = max(1, nbytes // 4)
                 t = torch.full((n,), float(rank + 1))
@@ -218,7 +220,6 @@ def main() -> None:
     port = free_port()
     env = dict(os.environ)
     env.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
-    env.setdefault("DDPLUG_CONFIG", json.dumps({"plugin": "host"}))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -234,7 +235,9 @@ def main() -> None:
         raise SystemExit(f"a rank failed: exit codes {codes}")
     if a.profile:
         return
-    per_rank = [json.load(open(os.path.join(tmp, f"rank{r}.json")))["rows"] for r in range(a.n)]
+    results = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(a.n)]
+    per_rank = [res["rows"] for res in results]
+    plugin = results[0]["plugin"]
     rows = []
     for i, row in enumerate(per_rank[0]):
         merged = dict(row)
@@ -244,7 +247,7 @@ def main() -> None:
         rows.append(merged)
     load = os.getloadavg()[0]
     print(f"\ntorch.distributed.all_reduce, float32, {a.n} ranks, plugin"
-          f" {json.loads(env['DDPLUG_CONFIG']).get('plugin', 'host')}; best of {a.repeat} runs, slowest rank"
+          f" {plugin}; best of {a.repeat} runs, slowest rank"
           f" (load average {load:.1f} on {os.cpu_count()} CPUs)\n")
     print(f"| {'size':>8} | {'ddplug us':>10} | {'own path us':>11} | {'gloo us':>10} | {'vs own':>7} |"
           f" {'gloo / ddplug':>13} | {'ddplug GB/s':>11} | {'wrong':>5} |")
@@ -267,7 +270,8 @@ def main() -> None:
         print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ranks": a.n, "repeat": a.repeat, "load_average": load, "rows": rows}, f, indent=2)
+            json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_ranks
+from conftest import TEST_PLUGIN, run_ranks
 from test_gpu import cuda_probe, gpu_env, need_gpus
 
 
@@ -60,10 +60,10 @@ def test_two_ranks_share_one_gpu(out: Path) -> None:
     _run(out, 2, cfg, env)
 
 
-def test_two_ranks_share_one_gpu_on_the_host_plugin(out: Path) -> None:
-    """Both ranks on GPU 0 with the config naming the host plugin: CUDA tensors
+def test_two_ranks_share_one_gpu_on_the_cpu_plugin(out: Path) -> None:
+    """Both ranks on GPU 0 with the config naming the CPU plugin: CUDA tensors
     are staged through the CPU. Any NCCL will do, so torch.nn.SyncBatchNorm
     (CUDA only in torch) runs over ddplug on a single-GPU machine."""
     need_gpus(1)
-    cfg = {"plugin": "host", "rendezvous": {"timeout_s": 120}, "timeouts": {"collective_s": 120}}
-    _run(out, 2, cfg, dict(gpu_env(1), DDPLUG_TEST_CUDA_DEVICE="0"), plugin="host")
+    cfg = {"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 120}, "timeouts": {"collective_s": 120}}
+    _run(out, 2, cfg, dict(gpu_env(1), DDPLUG_TEST_CUDA_DEVICE="0"), plugin=TEST_PLUGIN)

@@ -11,7 +11,10 @@ JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 SUDO  := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 # Pinned: torch 2.13.0 CPU build (on disk here); never an unpinned torch.
-PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 jsonschema==4.26.0
+# torchmetrics and webdataset: real clients of the torch.distributed backend in
+# the Python tests (tests/python/test_torch_backend.py); jsonschema: the config schema
+# checked by an independent validator (tests/data/config/schema_check.py).
+PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0
 
 .PHONY: demo test build deps
 .DEFAULT_GOAL := test
@@ -49,10 +52,10 @@ deps: .deps/system .deps/python
 
 # The project's own virtual environment, with the Python package installed
 # in editable mode.
-.deps/python: hosts/lightning/pyproject.toml
+.deps/python: hosts/lightning/pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
-	@if ! "$(PY)" -c "import torch, lightning, pytest, jsonschema; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
+	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
 	   || ! "$(PY)" -c "import nvidia.nccl" 2>/dev/null; then \
 	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \

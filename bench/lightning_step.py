@@ -21,11 +21,18 @@ Configurations:
   ddp (gloo), default          strategy="ddp" as a user gets it (25 MiB buckets)
   ddp (gloo), bucket view      gradient_as_bucket_view=True
   ddp (gloo), 100 MiB buckets  bucket_cap_mb=100, gradient_as_bucket_view=True
+  ddp, ddplug backend          Lightning's DDPStrategy(process_group_backend="ddplug"):
+                               torch's DDP reducer over ddplug's torch.distributed
+                               backend (its futures completed by the backend's
+                               completion thread); also with bucket view
   ddplug (cpu)                strategy=DdplugStrategy() with the default config
+                               (which initialises torch.distributed on its run:
+                               Lightning then broadcasts a SIGTERM flag every step)
+  ddplug (cpu), torch.dist... the same with torch_distributed=False
   no communication (1 rank)    the same step in one process (devices=1): the floor
                                no strategy can beat; what is left above it is
                                the cost of the gradient exchange
-"gloo at its best" is the fastest ddp row. The table gives the median and mean step
+"gloo at its best" is the fastest ddp row on gloo. The table gives the median and mean step
 time and the ratio to the default ddp row. The machine's other load shows up as
 noise: compare rows of one invocation, re-run for confirmation.
 """
@@ -48,7 +55,10 @@ CONFIGS = [
     ("ddp (gloo), default", "ddp", {}),
     ("ddp (gloo), bucket view", "ddp", {"gradient_as_bucket_view": True}),
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
+    ("ddp, ddplug backend", "ddp", {"process_group_backend": "ddplug"}),
+    ("ddp, ddplug backend, bucket view", "ddp", {"process_group_backend": "ddplug", "gradient_as_bucket_view": True}),
     ("ddplug (cpu)", "ddplug", {}),
+    ("ddplug (cpu), torch.distributed off", "ddplug", {"torch_distributed": False}),
     ("no communication (1 rank)", "single", {}),
 ]
 
@@ -109,6 +119,9 @@ def worker(args: argparse.Namespace) -> None:
     else:
         from lightning.pytorch.strategies import DDPStrategy
 
+        if kwargs.get("process_group_backend") == "ddplug":
+            sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+            import ddplug  # noqa: F401  (registers torch.distributed's backend "ddplug")
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
     devices = 2
     if args.strategy == "single":  # the floor: the same step without any gradient exchange
@@ -193,7 +206,8 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
 
 def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
     base = next((r["median_ms"] for r in rows if r["config"] == "ddp (gloo), default"), None)
-    best = min((r["median_ms"] for r in rows if r["strategy"] == "ddp"), default=None)
+    best = min((r["median_ms"] for r in rows if r["strategy"] == "ddp"
+                and r["kwargs"].get("process_group_backend", "gloo") == "gloo"), default=None)
     for r in rows:
         r["vs_ddp_default"] = r["median_ms"] / base if base else None
         r["vs_gloo_best"] = r["median_ms"] / best if best else None
@@ -201,16 +215,16 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
     print(f"\nLightning training step, 2 CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
           f" {args.steps} timed steps after {args.warmup} warm-up\n")
-    print(f"| {'configuration':<30} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
+    print(f"| {'configuration':<38} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
           f" {'vs ddp default':>14} | {'vs gloo best':>12} |")
-    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 14}|")
+    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 14}|")
     for r in rows:
         vd = f"{r['vs_ddp_default']:.2f}x" if r["vs_ddp_default"] else "-"
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
-        print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
+        print(f"| {r['config']:<38} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
               f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
     floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
-    mine = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug"), None)
+    mine = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug" and not r["kwargs"]), None)
     if floor is not None and base is not None and mine is not None:
         # What each strategy adds to the step beyond its computation.
         over = {"ddp default": base - floor, "gloo best": best - floor, "ddplug": mine - floor}

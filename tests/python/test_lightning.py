@@ -156,9 +156,12 @@ def test_forced_user_owner_without_split_stops_the_run(out: Path) -> None:
 
 def test_a_sampler_that_asks_torch_distributed_for_ranks_is_named(out: Path) -> None:
     """GPT-SoVITS' upstream bucket sampler calls dist.get_world_size() when
-    num_replicas is not given: DDP initialized torch.distributed, ddplug does not.
-    Every rank stops at dataloader setup naming the sampler, the line and what to pass."""
-    run = run_script("lit_run.py", "--scenario", "distsampler", "--devices", "2", "--epochs", "1", out_dir=out)
+    num_replicas is not given: DDP initialized torch.distributed; a ddplug strategy
+    told not to (torch_distributed=False) does not. Every rank stops at dataloader
+    setup naming the sampler, the line and what to pass. (With torch.distributed
+    initialised, the default, the sampler works: test_torch_backend.py.)"""
+    run = run_script("lit_run.py", "--scenario", "distsampler", "--devices", "2", "--epochs", "1",
+                     "--torch-distributed", "off", out_dir=out)
     assert run.returncode != 0
     for rank, r in enumerate(run.ranks(2)):
         assert r["type"] == "TorchDistributedNotInitialized", r

@@ -55,6 +55,11 @@ static const ddplug__cfg_key k_keys[] = {
     STRING("plugin", DDPLUG__CFG_DEFAULT, 1, 0, "cpu",
            "The strategy plugin: a name (looked up as libddplug-NAME.so) or a "
            "path to a plugin file (contains '/')."),
+    BOOL("torch_distributed", 1,
+         "Whether the Python strategies (Lightning, Fabric) and "
+         "ddplug.torch.init initialise torch.distributed on the run with the "
+         "\"ddplug\" backend, so torch.distributed's users (torchmetrics, "
+         "SyncBatchNorm, WebDataset, dist.get_rank()) see the run."),
     ENUM("log_level", k_log_levels, "warn",
          "Log threshold of this process (DDPLUG_LOG and "
          "ddplug_log_set_level() take precedence). Not part of the config "

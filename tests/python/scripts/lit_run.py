@@ -51,6 +51,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises in training step --fail-step")
     p.add_argument("--fail-step", type=int, default=3)
     p.add_argument("--fail-kill", action="store_true", help="the failing rank dies by SIGKILL instead")
+    p.add_argument("--torch-distributed", default="on", choices=["on", "off"],
+                   help="the ddplug strategy initialises torch.distributed (its torch_distributed argument)")
     p.add_argument("--count-syncs", action="store_true",
                    help="count the gradient allreduces started per optimizer step and during backward")
     return p.parse_args()
@@ -175,7 +177,8 @@ def main() -> None:
     if args.strategy == "ddplug":
         import ddplug.lightning
 
-        strategy = ddplug.lightning.DdplugStrategy(config=json.loads(args.config) if args.config else None)
+        strategy = ddplug.lightning.DdplugStrategy(config=json.loads(args.config) if args.config else None,
+                                                   torch_distributed=args.torch_distributed == "on")
     elif args.strategy == "ddplug-by-name":
         import ddplug.lightning  # noqa: F401  (registers strategy="ddplug"; config from DDPLUG_CONFIG)
 

@@ -42,6 +42,9 @@ from .errors import (  # noqa: E402
     Unsupported,
 )
 from .runonce import RunOnceFailed, once, run_once  # noqa: E402
+from ._register import install as _install_backend  # noqa: E402
+
+_install_backend()  # the torch.distributed backend "ddplug" (see ddplug.distributed)
 
 
 def __getattr__(name: str):

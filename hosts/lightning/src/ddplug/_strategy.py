@@ -2,8 +2,12 @@
 (:mod:`ddplug.fabric`) share, as a mixin placed before Lightning's
 ``ParallelStrategy`` in their bases: the ranks from the cluster environment, the
 context opened with them, the properties every ParallelStrategy has, and the
-collectives in Lightning's conventions. Each strategy keeps its own lifecycle
-methods (their signatures differ between Trainer and Fabric)."""
+collectives in Lightning's conventions, and torch.distributed initialised on that
+context (backend "ddplug", :mod:`ddplug.distributed`) so that code speaking
+torch.distributed — torchmetrics, samplers and WebDataset splitters asking
+``dist.get_rank()``, ``dist.barrier()`` in user code — runs on the same run.
+Each strategy keeps its own lifecycle methods (their signatures differ between
+Trainer and Fabric)."""
 
 from __future__ import annotations
 
@@ -31,9 +35,12 @@ class DdplugParallel:
     global_rank: int
     world_size: int
 
-    def _ddplug_init(self, config: ConfigSource, timeout_s: Optional[float]) -> None:
+    def _ddplug_init(self, config: ConfigSource, timeout_s: Optional[float],
+                     torch_distributed: Optional[bool] = None) -> None:
         self._config_source = config
         self._timeout_s = timeout_s
+        self._torch_distributed = torch_distributed
+        self._torch_dist_ours = False
         self._num_nodes = 1
         self._ctx: Optional[Context] = None
         self._grad_sync: Optional[GradientSync] = None
@@ -113,7 +120,51 @@ class DdplugParallel:
                     f"ddplug: plugin {p['name']} {p['version']} (plugin ABI {_abi(p['plugin_abi_version'])}),"
                     f" {self.world_size} ranks on {self._ctx.num_nodes} node(s), library {_lib_version()}"
                 )
+            self._init_torch_distributed()
         return self._ctx
+
+    def _wants_torch_distributed(self) -> bool:
+        """The strategy's ``torch_distributed`` argument, else the config's
+        "torch_distributed" key (default true)."""
+        if self._torch_distributed is not None:
+            return bool(self._torch_distributed)
+        assert self._ctx is not None
+        cfg = self._ctx.config
+        try:
+            return bool(cfg.get("torch_distributed", True))
+        finally:
+            cfg.close()
+
+    def _init_torch_distributed(self) -> None:
+        """torch.distributed's default group on this run's context (collective)."""
+        ctx = self._ctx
+        assert ctx is not None
+        if not self._wants_torch_distributed():
+            self._log_rank_zero("torch.distributed is left uninitialised (torch_distributed=False): code that asks"
+                                " it for ranks or collectives fails; pass ranks from the strategy instead")
+            return
+        import torch.distributed as dist
+
+        from . import distributed as ddist
+
+        if dist.is_available() and dist.is_initialized():
+            if ddist.context_of() is not ctx:
+                self._log_rank_zero(f"torch.distributed was already initialised (backend {dist.get_backend()}):"
+                                    " left as it is; torch.distributed calls do not go through this run")
+            return
+        self._torch_dist_ours = ddist.init_from_context(ctx, timeout_s=None)
+        if self._torch_dist_ours:
+            self._log_rank_zero(f"torch.distributed initialised with backend \"ddplug\" on this run ({ctx.world_size}"
+                                " ranks): torch.distributed calls (torchmetrics, samplers, dist.barrier) go through"
+                                " ddplug")
+
+    def _destroy_torch_distributed(self) -> None:
+        ctx = self._ctx
+        if self._torch_dist_ours and ctx is not None and not ctx.closed:
+            from . import distributed as ddist
+
+            ddist.destroy_for_context(ctx)
+        self._torch_dist_ours = False
 
     def _abort_for(self, exception: BaseException) -> None:
         """Abort the run everywhere so the other ranks fail now, with this rank's
@@ -177,6 +228,7 @@ class DdplugParallel:
         Trainer/Fabric share the context); the managed loaders' samplers are
         released with it."""
         if self._ctx is not None:
+            self._destroy_torch_distributed()
             self._ctx.close()
             self._ctx = None
         self._data = None

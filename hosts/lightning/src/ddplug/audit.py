@@ -137,7 +137,8 @@ class Audit:
         (with the report attached as ``.report``) when a violation fails the run."""
         rep = S.new(S.AuditReport)
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
-        st = F.ddplug_audit_finish(self._h, ctypes.byref(rep), ms)
+        with self._ctx.lock:  # the audit's allreduces run on the context's collectives
+            st = F.ddplug_audit_finish(self._h, ctypes.byref(rep), ms)
         report = _report(rep)
         self.report = report
         self.free()

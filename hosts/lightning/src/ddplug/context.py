@@ -4,9 +4,11 @@ collectives on torch tensors and numpy arrays.
 Blocking collectives wait at most the configured collective timeout; a timeout or
 a lost peer aborts the run on every rank and raises here (:class:`~ddplug.errors.
 PeerLost`, :class:`~ddplug.errors.Timeout`, :class:`~ddplug.errors.Aborted`), naming
-the rank and sequence number. Collectives must be issued from one thread at a time
-and in the same order on every rank (the library detects mismatches where the
-plugin can). :meth:`Context.abort` may be called from any thread.
+the rank and sequence number. Collectives must be issued in the same order on
+every rank (the library detects mismatches where the plugin can). libddplug allows
+one thread at a time in a context's collectives: every call here holds
+:attr:`Context.lock` (which the torch.distributed backend's completion thread
+shares). :meth:`Context.abort` may be called from any thread.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ class Request:
         if self._done:
             return True
         done = ctypes.c_int(0)
-        self._ctx._check(F.ddplug_test(self._h, ctypes.byref(done)), "test")
-        if done.value:
-            self._finish()
+        with self._ctx.lock:
+            self._ctx._check(F.ddplug_test(self._h, ctypes.byref(done)), "test")
+            if done.value:
+                self._finish()
         return bool(done.value)
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
@@ -67,13 +70,14 @@ class Request:
         if self._done:
             return
         ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
-        st = F.ddplug_wait(self._h, ms)
-        if st == 0:
-            self._finish()
-            return
-        err = self._ctx._error(st, f"collective seq {self.seq}")
-        if err.name != "TIMEOUT":
-            self._finish()  # a failure other than TIMEOUT is final for the request
+        with self._ctx.lock:
+            st = F.ddplug_wait(self._h, ms)
+            if st == 0:
+                self._finish()
+                return
+            err = self._ctx._error(st, f"collective seq {self.seq}")
+            if err.name != "TIMEOUT":
+                self._finish()  # a failure other than TIMEOUT is final for the request
         raise err
 
     def _finish(self) -> None:
@@ -138,6 +142,7 @@ class Context:
         framework: Optional[str] = None,
         timeout_s: Optional[float] = None,
     ) -> None:
+        self.lock = threading.RLock()  # held around every call into the context's collectives
         cfg = load(config)
         try:
             opts = S.new(
@@ -220,11 +225,12 @@ class Context:
         callbacks, self._on_close = self._on_close, []
         for fn in reversed(callbacks):
             fn()
-        h, self._h = self._h, None
-        if _current is self:
-            set_current(None)
-        if h:
-            check(F.ddplug_close(h), "ddplug_close")
+        with self.lock:
+            h, self._h = self._h, None
+            if _current is self:
+                set_current(None)
+            if h:
+                check(F.ddplug_close(h), "ddplug_close")
 
     def abort(self, reason: str) -> None:
         """Abort the run on every rank (thread-safe); the context must still be closed."""
@@ -247,32 +253,35 @@ class Context:
         src = _buffers.of(x)
         dst = src if out is None else _buffers.of(out)
         self._same_shape(src, dst)
-        self._check(
-            F.ddplug_allreduce(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
-                               self._op(op), _buffers.stream_of(src)),
-            f"allreduce({src.count} x {_dtype_name(src.dtype)}, {op})",
-        )
+        with self.lock:
+            self._check(
+                F.ddplug_allreduce(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
+                                   self._op(op), _buffers.stream_of(src)),
+                f"allreduce({src.count} x {_dtype_name(src.dtype)}, {op})",
+            )
         return x if out is None else out
 
     def iallreduce(self, x: Any, op: str = "sum") -> Request:
         """Start an in-place allreduce of ``x``; wait on the returned request."""
         b = _buffers.of(x)
         req = ctypes.c_void_p()
-        self._check(
-            F.ddplug_iallreduce(self.handle, b.ptr, b.ptr, b.count, b.dtype, self._op(op),
-                                _buffers.stream_of(b), ctypes.byref(req)),
-            f"iallreduce({b.count} x {_dtype_name(b.dtype)}, {op})",
-        )
+        with self.lock:
+            self._check(
+                F.ddplug_iallreduce(self.handle, b.ptr, b.ptr, b.count, b.dtype, self._op(op),
+                                    _buffers.stream_of(b), ctypes.byref(req)),
+                f"iallreduce({b.count} x {_dtype_name(b.dtype)}, {op})",
+            )
         return Request(self, req, (x,))
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Root's ``x`` to every rank's ``x`` (in place)."""
         b = _buffers.of(x)
-        self._check(
-            F.ddplug_broadcast(self.handle, b.ptr, b.ptr, b.count, b.dtype, root,
-                               _buffers.stream_of(b)),
-            f"broadcast({b.count} x {_dtype_name(b.dtype)}, root {root})",
-        )
+        with self.lock:
+            self._check(
+                F.ddplug_broadcast(self.handle, b.ptr, b.ptr, b.count, b.dtype, root,
+                                   _buffers.stream_of(b)),
+                f"broadcast({b.count} x {_dtype_name(b.dtype)}, root {root})",
+            )
         return x
 
     def allgather(self, x: Any, out: Any) -> Any:
@@ -284,16 +293,18 @@ class Context:
                 f"ddplug: allgather output needs {src.count * self.world_size} elements of"
                 f" {_dtype_name(src.dtype)}, got {dst.count} of {_dtype_name(dst.dtype)}"
             )
-        self._check(
-            F.ddplug_allgather(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
-                               _buffers.stream_of(src)),
-            f"allgather({src.count} x {_dtype_name(src.dtype)})",
-        )
+        with self.lock:
+            self._check(
+                F.ddplug_allgather(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
+                                   _buffers.stream_of(src)),
+                f"allgather({src.count} x {_dtype_name(src.dtype)})",
+            )
         return out
 
     def barrier(self, timeout_s: Optional[float] = None) -> None:
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
-        self._check(F.ddplug_barrier(self.handle, ms), "barrier")
+        with self.lock:
+            self._check(F.ddplug_barrier(self.handle, ms), "barrier")
 
     # ---- Python objects ------------------------------------------------------
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:

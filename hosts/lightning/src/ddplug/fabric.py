@@ -86,6 +86,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         accelerator, parallel_devices, cluster_environment, checkpoint_io,
         precision: as for every Fabric ParallelStrategy.
         timeout_s: rendezvous timeout override (seconds).
+        torch_distributed: initialise torch.distributed with the backend
+            "ddplug" on the run's context (default True; None reads the
+            config's "torch_distributed" where the library knows that key).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         checkpoint_io: Optional[CheckpointIO] = None,
         precision: Optional[Precision] = None,
         timeout_s: Optional[float] = None,
+        torch_distributed: Optional[bool] = None,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -106,7 +110,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision=precision,
         )
-        self._ddplug_init(config, timeout_s)
+        self._ddplug_init(config, timeout_s, torch_distributed)
         self._loaders = 0
         self._modules: list = []  # weak references to the modules set up (their synced buffers)
         self._backward_sync_control = _DdplugBackwardSyncControl(self)

@@ -4,11 +4,14 @@
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddplug")   # config from DDPLUG_CONFIG
     trainer = Trainer(devices=2, strategy=ddplug.lightning.DdplugStrategy(config="ddplug.json"))
 
-Data parallelism without ``torch.distributed``: ranks come from Lightning's cluster
-environment (LightningEnvironment for ``devices=N`` with Lightning's subprocess
-launcher, TorchElasticEnvironment under torchrun, SLURMEnvironment, ...) and are
-passed to ddplug explicitly, so both agree. Collectives, gradient allreduce and the
-data split go through libddplug (plugin "cpu" for CPU tensors, "nccl" for CUDA).
+Ranks come from Lightning's cluster environment (LightningEnvironment for
+``devices=N`` with Lightning's subprocess launcher, TorchElasticEnvironment under
+torchrun, SLURMEnvironment, ...) and are passed to ddplug explicitly, so both agree.
+Collectives, gradient allreduce and the data split go through libddplug (plugin
+"cpu" for CPU tensors, "nccl" for CUDA). torch.distributed is initialised on the
+same run with the backend "ddplug" (:mod:`ddplug.distributed`; ``torch_distributed=
+False`` leaves it alone), so torchmetrics, ``dist.get_rank()`` and samplers or
+WebDataset splitters that read torch.distributed work as under DDPStrategy.
 
 What it does that DDPStrategy does not:
 
@@ -28,8 +31,11 @@ What it does that DDPStrategy does not:
   (:class:`ddplug.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
   silently normalize per rank), and so do ``torch.nn.SyncBatchNorm`` layers a model
   brings; the original layer classes are restored after fitting;
-* a sampler that asks ``torch.distributed`` for its ranks stops the run with an
-  error naming it and the arguments to pass instead (:mod:`ddplug._torchdist`);
+* a loader whose sampler or dataset splits by itself — by reading torch.distributed
+  or given the ranks — is user-owned: ddplug never adds a second split (with
+  ``torch_distributed=False``, a sampler that asks torch.distributed for its ranks
+  stops the run with an error naming it and the arguments to pass instead,
+  :mod:`ddplug._torchdist`);
 * the sampler's epoch and position are saved in checkpoints (Lightning saves loaders
   that have ``state_dict``, lightning/pytorch/utilities/combined_loader.py:378-394)
   and a resumed run continues where it stopped.
@@ -96,6 +102,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         accelerator, parallel_devices, cluster_environment, checkpoint_io,
         precision_plugin: as for every Lightning ParallelStrategy.
         timeout_s: rendezvous timeout override (seconds).
+        torch_distributed: initialise torch.distributed with the backend
+            "ddplug" on the run's context (default True; None reads the
+            config's "torch_distributed" where the library knows that key).
     """
 
     strategy_name = "ddplug"
@@ -110,6 +119,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         checkpoint_io: Optional[CheckpointIO] = None,
         precision_plugin: Optional[Precision] = None,
         timeout_s: Optional[float] = None,
+        torch_distributed: Optional[bool] = None,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -118,7 +128,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self._ddplug_init(config, timeout_s)
+        self._ddplug_init(config, timeout_s, torch_distributed)
         self._trainer: Optional["pl.Trainer"] = None
         self._user_use_distributed_sampler: Optional[bool] = None
         self._stream_counters: dict = {}

@@ -139,7 +139,7 @@ def resolve(settings: dict, loader: Any, stream: str, *, iterable: bool = False,
     forced, by = forced_owner(settings, stream, origin)
     where, obj, why = find_rank_aware(loader)
     if iterable:
-        reason = "an IterableDataset: it must split itself across ranks (no sampler to replace)"
+        reason = "an IterableDataset: it must split itself across ranks (no sampler to replace)" + _torch_dist_ranks()
         return Decision(stream, forced or "user", reason, by, "dataset", getattr(loader, "dataset", None))
     if forced == "user":
         reason = f"{where} {type(obj).__name__}: {why}" if obj is not None else \
@@ -155,6 +155,20 @@ def resolve(settings: dict, loader: Any, stream: str, *, iterable: bool = False,
     if obj is not None:
         return Decision(stream, "user", f"{where} {type(obj).__name__}: {why}", None, where, obj)
     return Decision(stream, "plugin", "no rank-aware sampler: ddplug's sampler splits", None, None)
+
+
+def _torch_dist_ranks() -> str:
+    """What a dataset that reads torch.distributed (WebDataset's split_by_node)
+    learns there, for the owner line."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return (f"; torch.distributed says rank {dist.get_rank()} of {dist.get_world_size()}"
+                    f" (backend {dist.get_backend()})")
+    except Exception:  # pragma: no cover - the owner line must not fail
+        pass
+    return "; torch.distributed is not initialised: a splitter reading it sees rank 0 of 1"
 
 
 def claim(ctx: Context, decision: Decision, claimant: str, timeout_s: Optional[float] = None) -> None:

@@ -352,7 +352,10 @@ def _rebuild(loader: DataLoader, batch_sampler: Any) -> DataLoader:
     """The same DataLoader (class, dataset, workers, collate_fn, ...) with
     ``batch_sampler`` — Lightning's re-instantiation (the one its sampler injection
     uses), with the batching arguments replaced wherever they were passed."""
-    from lightning.fabric.utilities.data import _get_dataloader_init_args_and_kwargs
+    try:
+        from lightning.fabric.utilities.data import _get_dataloader_init_args_and_kwargs
+    except ImportError:  # plain PyTorch (ddplug.torch) without Lightning installed
+        return _rebuild_plain(loader, batch_sampler)
 
     probe = copy.copy(loader)
     object.__setattr__(probe, "batch_sampler", None)  # resolve as a plain loader
@@ -369,6 +372,25 @@ def _rebuild(loader: DataLoader, batch_sampler: Any) -> DataLoader:
     from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 
     return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
+
+
+def _rebuild_plain(loader: DataLoader, batch_sampler: Any) -> DataLoader:
+    """Without Lightning: a plain DataLoader rebuilt from its public attributes
+    (a subclass, whose constructor may take other arguments, cannot be)."""
+    if type(loader) is not DataLoader:
+        raise TypeError(
+            f"ddplug: cannot re-create a {type(loader).__name__} (a DataLoader subclass) without Lightning's"
+            " re-instantiation; pass a torch.utils.data.DataLoader, or install lightning"
+        )
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+                  persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    return DataLoader(loader.dataset, batch_sampler=batch_sampler, **kwargs)
 
 
 class DataSplit:
@@ -484,7 +506,7 @@ class DataSplit:
                     f" owner {decision.owner} ({decision.forced_by}) is impossible: set it to \"user\""
                 )
             ownership.claim(self.ctx, decision, self._claimant())
-            self.log(decision.line + " — no audit (no sampler indices)")
+            self.log(decision.line + " — no audit: an iterable stream has no sampler indices to record")
             return loader
 
         old_bs = loader.batch_sampler

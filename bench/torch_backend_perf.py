@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""torch_backend_perf.py — ``torch.distributed.all_reduce`` on the "ddplug"
+backend and on gloo, side by side in one run, with ddplug's own Python path
+(``ddplug.Context.allreduce``, no torch.distributed) as the reference the
+backend should reach.
+
+    .venv/bin/python bench/torch_backend_perf.py [-n 2] [-b 8] [-e 64M] [--repeat 3] [--json FILE]
+    .venv/bin/python bench/torch_backend_perf.py --profile      # where an 8-byte call's time goes
+
+Each rank (torchrun-style environment, one torch thread) creates one TCPStore
+and then, --repeat times, in turn: initialises torch.distributed with backend
+"ddplug" (plugin from DDPLUG_CONFIG, else the library's CPU default) and times, per size (float32,
+sizes doubling from -b to -e), ``dist.all_reduce(t)`` and ``ctx.allreduce(t)``
+on the group's own context; destroys it; initialises gloo and times
+``dist.all_reduce(t)``. Every size is checked once per backend (#wrong). The
+slowest rank's mean time per call is kept, and the best of the repeats
+(the machine is shared: the minimum is the least disturbed run). Prints one
+table and, with --json, writes it.
+
+--profile (8 bytes, one backend): the layers of one call, each timed the same
+way — the C call through ctypes, ddplug's Python path, the backend's
+ProcessGroup.allreduce, torch's dist.all_reduce (synchronous, and async + wait)
+— and the functions cProfile sees in dist.all_reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
+
+
+def human(n: int) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}iB"
+    return f"{n} B"
+
+
+def iterations(seconds_per_call: float, budget_s: float) -> int:
+    """Calls that fill about ``budget_s`` (5 .. 20000)."""
+    return max(5, min(20000, int(budget_s / max(seconds_per_call, 1e-7))))
+
+
+# ---- one rank ------------------------------------------------------------------------
+def worker(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+    import ddplug  # noqa: F401  (registers the backend)
+    from ddplug.distributed import context_of
+
+    torch.set_num_threads(1)
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ws, rank == 0)
+    sizes = []
+    s = parse_size(a.b)
+    while s <= parse_size(a.e):
+        sizes.append(s)
+        s *= int(a.f)
+
+    def timed(fn) -> tuple:
+        """(mean seconds per call, calls): a few timed calls decide how many
+        fill --budget; every rank takes the largest count (they must issue the
+        same collectives)."""
+        for _ in range(20):  # warm: caches, the plugin's progress engine in its synchronous mode
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        k = torch.tensor([iterations((time.perf_counter() - t0) / 3, a.budget)])
+        dist.all_reduce(k, op=dist.ReduceOp.MAX)
+        n = int(k.item())
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n, n
+
+    out: dict = {"rank": rank, "rows": [], "plugin": ""}
+    rows = {}
+    for rep in range(a.repeat):
+        for backend in ("ddplug", "gloo"):
+            dist.init_process_group(backend, store=dist.PrefixStore(f"{backend}/{rep}", store), rank=rank,
+                                    world_size=ws)
+            ctx = context_of() if backend == "ddplug" else None
+            if ctx is not None:
+                out["plugin"] = ctx.plugin["name"]
+            for nbytes in sizes:
+                n = max(1, nbytes // 4)
+                t = torch.full((n,), float(rank + 1))
+                row = rows.setdefault(nbytes, {"size": nbytes, "wrong": 0})
+                cols = [(backend, lambda: dist.all_reduce(t))]
+                if ctx is not None:
+                    cols.append(("own", lambda: ctx.allreduce(t)))
+                for name, fn in cols:
+                    sec, k = timed(fn)
+                    row[name] = min(row.get(name, float("inf")), sec * 1e6)
+                    row[f"{name}_calls"] = k
+                    t.fill_(float(rank + 1))
+                    fn()
+                    if not bool((t == float(ws * (ws + 1) // 2)).all()):
+                        row["wrong"] += 1
+            dist.destroy_process_group()
+    out["rows"] = list(rows.values())
+    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def profile(a: argparse.Namespace) -> None:
+    """--profile: the layers of one 8-byte call (rank 0 prints)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+    import ddplug  # noqa: F401
+    from ddplug import _names
+    from ddplug._api import F
+    from ddplug.distributed import context_of
+
+    torch.set_num_threads(1)
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("ddplug")
+    ctx, pg = context_of(), dist.group.WORLD
+    plugin = ctx.plugin["name"]
+    t = torch.zeros(2)
+    h, p = ctx.handle, t.data_ptr()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    c_allreduce = F.ddplug_allreduce
+    f32, op_sum = _names.dtypes()["float32"], _names.ops()["sum"]
+    layers = [
+        ("C ddplug_allreduce through ctypes", lambda: c_allreduce(h, p, p, 2, f32, op_sum, None)),
+        ("ddplug.Context.allreduce (own Python path)", lambda: ctx.allreduce(t)),
+        ("ProcessGroupDdplug.allreduce (synchronous)", lambda: pg.allreduce([t], opts)),
+        ("dist.all_reduce", lambda: dist.all_reduce(t)),
+        ("dist.all_reduce(async_op=True).wait()", lambda: dist.all_reduce(t, async_op=True).wait()),
+    ]
+    n = 20000
+    res = []
+    for name, fn in layers:
+        best = float("inf")
+        for _ in range(a.repeat):
+            for _ in range(1000):
+                fn()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        res.append((name, best))
+    prof = cProfile.Profile()
+    dist.barrier()
+    prof.enable()
+    for _ in range(n):
+        dist.all_reduce(t)
+    prof.disable()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"\n8-byte all_reduce on {ws} ranks, plugin {plugin}:"
+              f" time per call (best of {a.repeat} x {n} calls)\n")
+        print(f"| {'layer':<44} | {'us/call':>8} | {'added':>7} |")
+        print(f"|{'-' * 46}|{'-' * 10}|{'-' * 9}|")
+        prev = None
+        for name, us in res[:4]:
+            added = f"{us - prev:+.2f}" if prev is not None else "-"
+            print(f"| {name:<44} | {us:8.2f} | {added:>7} |")
+            prev = us
+        print(f"| {res[4][0]:<44} | {res[4][1]:8.2f} | {'':>7} |")
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(10)
+        print("\ncProfile of dist.all_reduce (tottime, with the profiler's own overhead):")
+        print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
+
+
+# ---- the parent ----------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=2, help="ranks")
+    ap.add_argument("-b", default="8", help="smallest size in bytes (8, 4K, 1M)")
+    ap.add_argument("-e", default="64M", help="largest size in bytes")
+    ap.add_argument("-f", default="2", help="size factor")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every size; the best is kept")
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per size, backend and run")
+    ap.add_argument("--json", default=None, help="also write the table here")
+    ap.add_argument("--profile", action="store_true", help="break an 8-byte call down into its layers")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        profile(a) if a.profile else worker(a)
+        return
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="ddplug-torch-bench-")
+    port = free_port()
+    env = dict(os.environ)
+    env.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    procs = []
+    for r in range(a.n):
+        e = dict(env, RANK=str(r), WORLD_SIZE=str(a.n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(a.n),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, __file__, "--worker", "--out", tmp, "-b", a.b, "-e", a.e, "-f", a.f,
+               "--repeat", str(a.repeat), "--budget", str(a.budget)] + (["--profile"] if a.profile else [])
+        procs.append(subprocess.Popen(cmd, env=e))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")
+    if a.profile:
+        return
+    results = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(a.n)]
+    per_rank = [res["rows"] for res in results]
+    plugin = results[0]["plugin"]
+    rows = []
+    for i, row in enumerate(per_rank[0]):
+        merged = dict(row)
+        for col in ("ddplug", "own", "gloo"):
+            merged[col] = max(pr[i][col] for pr in per_rank)  # the slowest rank's time
+        merged["wrong"] = sum(pr[i]["wrong"] for pr in per_rank)
+        rows.append(merged)
+    load = os.getloadavg()[0]
+    print(f"\ntorch.distributed.all_reduce, float32, {a.n} ranks, plugin"
+          f" {plugin}; best of {a.repeat} runs, slowest rank"
+          f" (load average {load:.1f} on {os.cpu_count()} CPUs)\n")
+    print(f"| {'size':>8} | {'ddplug us':>10} | {'own path us':>11} | {'gloo us':>10} | {'vs own':>7} |"
+          f" {'gloo / ddplug':>13} | {'ddplug GB/s':>11} | {'wrong':>5} |")
+    print(f"|{'-' * 10}|{'-' * 12}|{'-' * 13}|{'-' * 12}|{'-' * 9}|{'-' * 15}|{'-' * 13}|{'-' * 7}|")
+    for r in rows:
+        r["vs_own"] = r["ddplug"] / r["own"]
+        r["gloo_over_ddplug"] = r["gloo"] / r["ddplug"]
+        r["ddplug_busbw_gbs"] = r["size"] / (r["ddplug"] * 1e-6) * 2 * (a.n - 1) / a.n / 1e9
+        print(f"| {human(r['size']):>8} | {r['ddplug']:10.1f} | {r['own']:11.1f} | {r['gloo']:10.1f} |"
+              f" {r['vs_own']:6.2f}x | {r['gloo_over_ddplug']:12.1f}x | {r['ddplug_busbw_gbs']:11.2f} |"
+              f" {r['wrong']:5d} |")
+    big = [r for r in rows if r["size"] >= 1 << 20]
+    small = next((r for r in rows if r["size"] == 8), None)
+    print("\ngoals:")
+    if big:
+        worst = max(big, key=lambda r: r["vs_own"])
+        print(f"  >= 1 MiB within 5 % of ddplug's own Python path: worst {human(worst['size'])} at"
+              f" {100 * (worst['vs_own'] - 1):+.1f} % -> {'met' if worst['vs_own'] <= 1.05 else 'NOT met'}")
+    if small:
+        print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows}, f,
+                      indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""ddplug for plain-PyTorch trainers (no Lightning): coqui-style and
+SpeechBrain-style scripts that call torch.distributed themselves.
+
+    import ddplug.torch as dt
+
+    ctx = dt.init()                          # joins the run (torchrun, SLURM, Lightning's launcher,
+                                             # an explicit config) and initialises torch.distributed
+                                             # with the backend "ddplug": one call on every rank
+    loader = dt.prepare_dataloader(DataLoader(ds, batch_size=32, shuffle=True))   # split once, audited
+    model = torch.nn.parallel.DistributedDataParallel(model)                      # torch's DDP over ddplug
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)      # optional: each pass over the loader is the next epoch
+        for batch in loader:
+            ...
+    dt.run_once(download, scope="node")      # one process per node downloads, the others wait
+    dt.shutdown()
+
+What each piece does:
+
+* :func:`init` opens the ddplug context (world discovery: explicit config >
+  torchrun > Lightning's launcher > SLURM > one process; the ``nccl`` plugin when
+  the process sees a GPU and the config names none), makes it the process's
+  current run, aborts the run on every rank when this rank dies of an uncaught
+  exception, and initialises torch.distributed's default group on it. Scripts
+  that call ``torch.distributed.init_process_group(backend="ddplug")``
+  themselves need none of this (the backend opens its own context), but lose
+  :func:`prepare_dataloader` and :func:`run_once`'s context until they call
+  :func:`init` — which then reuses what they initialised.
+* :func:`prepare_dataloader` gives the loader exactly one split owner (the
+  ``data_split`` config; ``auto``: a sampler or batch sampler that is already
+  rank-aware — a ``DistributedSampler``, one exposing ``num_replicas``/``rank``,
+  or one built from ``dist.get_rank()`` — keeps the split; otherwise ddplug's
+  sampler splits), claims it through the runtime, agrees it with every rank,
+  checks that every rank has the same number of batches, and audits each epoch
+  from what this rank consumed. A loader over an ``IterableDataset`` (WebDataset)
+  splits itself (``split_by_node`` reads torch.distributed, which :func:`init`
+  initialised): it is user-owned and returned as it is. ``set_epoch`` reaches
+  ddplug's sampler and the user's (``loader.sampler.set_epoch(e)``, or each pass
+  over the loader counts as the next epoch).
+* Gradients: torch's own ``DistributedDataParallel`` over the ddplug process
+  group (``device_ids`` as usual on GPUs). ddplug's bucketed gradient sync of the
+  Lightning strategies is not offered here: it was not measurably better than
+  DDP over the ddplug backend (bench/torch_backend_perf.py, README).
+* :func:`run_once` / :func:`once`: work exactly one process per scope does while
+  the others wait on the store (no collective barrier to bypass), failures
+  reaching every rank (:class:`ddplug.RunOnceFailed`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from typing import Any, Optional
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from . import context as _context
+from .config import ConfigSource
+from .context import Context
+from .runonce import RunOnceFailed, once, run_once
+from .streams import DataSplit
+
+__all__ = ["RunOnceFailed", "context", "init", "once", "prepare_dataloader", "run_once", "shutdown"]
+
+_split: Optional[DataSplit] = None
+_opened: Optional[Context] = None  # the context init() opened (and shutdown() closes)
+
+
+def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, device: Any = None,
+         torch_distributed: Optional[bool] = None) -> Context:
+    """Join the run and initialise torch.distributed on it (collective: every
+    rank calls it). Idempotent: a second call returns the same context.
+
+    Args:
+        config: a path, JSON text, dict or :class:`ddplug.Config`; None reads
+            ``DDPLUG_CONFIG``, else the defaults.
+        timeout_s: rendezvous timeout override (seconds).
+        device: the device this rank trains on; a CUDA device (or None in a
+            process that sees a GPU) selects the ``nccl`` plugin unless the
+            config names one.
+        torch_distributed: initialise torch.distributed's default group with the
+            backend "ddplug" on this context; None (the default) follows the
+            config's "torch_distributed" key (default true).
+    """
+    global _opened
+    ctx = _context.current()
+    if ctx is None or ctx.closed:
+        import torch.distributed as dist
+
+        from . import distributed as ddist
+
+        existing = ddist.context_of() if dist.is_available() and dist.is_initialized() else None
+        if existing is not None:
+            ctx = existing  # init_process_group(backend="ddplug") came first: reuse its run
+            _context.set_current(ctx)
+        else:
+            ctx = _open(config, timeout_s, device)
+            _opened = ctx
+    if torch_distributed is None:
+        cfg = ctx.config
+        try:
+            torch_distributed = bool(cfg.get("torch_distributed", True))
+        finally:
+            cfg.close()
+    if torch_distributed:
+        from . import distributed as ddist
+
+        ddist.init_from_context(ctx, timeout_s=None)
+    return ctx
+
+
+def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Context:
+    from . import _host
+    from ._backend.create import abort_on_uncaught_exception
+
+    dev = torch.device(device) if device is not None else None
+    cuda = dev.type == "cuda" if dev is not None else (torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    plugin = "nccl" if cuda and not _host.config_names_plugin(config) else None
+    ctx = Context(config, plugin=plugin, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s)
+    _context.set_current(ctx)
+    atexit.register(_close_at_exit, ctx)
+    abort_on_uncaught_exception(ctx, ctx.rank)
+    if ctx.rank == 0:
+        p = ctx.plugin
+        print(f"ddplug: plugin {p['name']} {p['version']}, {ctx.world_size} ranks on {ctx.num_nodes} node(s)",
+              file=sys.stdout, flush=True)
+    return ctx
+
+
+def context() -> Context:
+    """The run this process joined (:func:`init`)."""
+    ctx = _context.current()
+    if ctx is None or ctx.closed:
+        raise RuntimeError("ddplug.torch: no run joined yet: call ddplug.torch.init() on every rank first")
+    return ctx
+
+
+def prepare_dataloader(loader: Any, stream: str = "train", *, training: Optional[bool] = None) -> Any:
+    """The loader with exactly one split owner for ``stream`` (collective: every
+    rank prepares its loaders in the same order). See the module doc.
+
+    Args:
+        loader: a ``torch.utils.data.DataLoader`` (other iterables are user-owned
+            and returned as they are).
+        stream: the stream's name ("train", "val", ...): owners, audits and
+            ``data_split.streams.<name>`` in the config refer to it.
+        training: shuffle and pad/drop like a training stream (None: streams
+            named "train" or "train.N" do; evaluation streams are exact).
+    """
+    global _split
+    ctx = context()
+    if _split is None or _split.ctx is not ctx:
+        _split = DataSplit(ctx, "pytorch", log=_log_rank_zero, on_report=_on_report)
+    managed = _split.prepare(loader, stream, framework_sampler=_torch_sampler, training=training)
+    if managed is not loader and isinstance(managed, DataLoader):
+        stream_bs = managed.batch_sampler
+        # plain-PyTorch loops call loader.sampler.set_epoch(epoch): reach the stream
+        object.__setattr__(managed, "sampler", stream_bs.sampler)
+    return managed
+
+
+def _torch_sampler(loader: DataLoader) -> Any:
+    """torch's DistributedSampler for a loader (owner "framework")."""
+    ctx = context()
+    return DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                              shuffle=isinstance(getattr(loader, "sampler", None), RandomSampler))
+
+
+def _log_rank_zero(line: str) -> None:
+    ctx = _context.current()
+    if ctx is None or ctx.rank == 0:
+        print(f"ddplug: {line}", file=sys.stdout, flush=True)
+
+
+def _on_report(stream: Any, report: Any) -> None:
+    ctx = _context.current()
+    if ctx is None or ctx.rank == 0:
+        print(report.text or report.summary, file=sys.stdout, flush=True)
+
+
+def shutdown() -> None:
+    """Destroy torch.distributed's ddplug group and leave the run (collective).
+    Idempotent; also done at interpreter exit."""
+    global _split, _opened
+    ctx = _context.current()
+    if ctx is None or ctx.closed:
+        return
+    from . import distributed as ddist
+
+    ddist.destroy_for_context(ctx)
+    _split = None
+    if _opened is ctx:
+        _opened = None
+        ctx.close()
+
+
+def _close_at_exit(ctx: Context) -> None:
+    try:
+        if not ctx.closed:
+            from . import distributed as ddist
+
+            try:
+                ddist.destroy_for_context(ctx)
+            except Exception:
+                pass
+            ctx.close()
+    except Exception:  # pragma: no cover - best effort at interpreter exit
+        pass

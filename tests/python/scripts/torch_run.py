@@ -1,0 +1,541 @@
+"""One plain-PyTorch rank on torch.distributed's "ddplug" backend (no Lightning):
+the init calls of real trainers, every collective against its expected value,
+torch's DistributedDataParallel, torchmetrics, SpeechBrain's run_on_main
+pattern, ddplug.torch, and failures.
+
+    python torch_run.py SCENARIO [--init coqui|speechbrain] ...
+
+Started torchrun-style by tests/python/conftest.py::run_ranks (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). Each rank writes
+$DDPLUG_TEST_OUT/rank<r>.json: {"checks": {name: [ok, detail]}, ...} or, when it
+failed, {"type", "error"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import ddplug  # noqa: F401  (registers the backend "ddplug")
+
+OUT = os.environ["DDPLUG_TEST_OUT"]
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+checks: dict = {}
+result: dict = {"checks": checks}
+
+
+def write() -> None:
+    with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def check(name: str, ok: bool, detail: object = "") -> None:
+    checks[name] = [bool(ok), str(detail)[:500]]
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> bool:
+    return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+# ---- the init calls of real trainers, with the backend from their config ----------
+def coqui_init() -> None:
+    """coqui-tts-trainer's init_distributed(rank, num_gpus, group_name,
+    dist_backend, dist_url) (its CUDA lines left out: it asserts a GPU), with
+    dist_backend and dist_url from its config; the trainer passes any backend
+    name through to init_process_group."""
+    config = {"distributed_backend": "ddplug", "distributed_url": f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"}
+    dist.init_process_group(config["distributed_backend"], init_method=config["distributed_url"],
+                            world_size=WORLD, rank=RANK, group_name="group_coqui")
+
+
+def speechbrain_init() -> None:
+    """The init_process_group call of speechbrain 1.x's utils/distributed.py
+    ddp_init_group: env:// with the backend from run_opts and a 7200 s timeout.
+    (ddp_init_group itself first checks the name against nccl, gloo and mpi and
+    raises "ddplug communication protocol doesn't exist." for any other: a
+    SpeechBrain recipe calls ddplug.torch.init() instead of ddp_init_group.)"""
+    run_opts = {"distributed_backend": "ddplug"}
+    dist.init_process_group(backend=run_opts["distributed_backend"], rank=RANK,
+                            timeout=datetime.timedelta(seconds=7200))
+
+
+def reduce_tensor(tensor: torch.Tensor, num_gpus: int) -> torch.Tensor:  # coqui trainer/utils/distributed.py
+    rt = tensor.clone()
+    dist.all_reduce(rt, op=dist.reduce_op.SUM)
+    rt /= num_gpus
+    return rt
+
+
+def if_main_process() -> bool:  # speechbrain.utils.distributed
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def ddp_barrier() -> None:  # speechbrain.utils.distributed
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == dist.Backend.NCCL:
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+def run_on_main(func, args=None, kwargs=None) -> None:  # speechbrain.utils.distributed
+    if if_main_process():
+        func(*(args or []), **(kwargs or {}))
+    ddp_barrier()
+
+
+# ---- collectives -------------------------------------------------------------------
+def collectives() -> None:
+    r, w = RANK, WORLD
+    ar = sum(range(1, w + 1))
+
+    t = torch.full((5,), float(r + 1))
+    dist.all_reduce(t)
+    check("all_reduce sum", close(t, torch.full((5,), float(ar))), t)
+    loss = reduce_tensor(torch.tensor([float(r + 1)]), w)  # the deprecated dist.reduce_op.SUM
+    check("coqui reduce_tensor", close(loss, torch.tensor([ar / w])), loss)
+    for op, dtype, make, want in [
+        (dist.ReduceOp.AVG, torch.float64, lambda: torch.full((3,), float(r + 1), dtype=torch.float64),
+         torch.full((3,), ar / w, dtype=torch.float64)),
+        (dist.ReduceOp.MAX, torch.int64, lambda: torch.tensor([r, -r]), torch.tensor([w - 1, 0])),
+        (dist.ReduceOp.MIN, torch.int32, lambda: torch.tensor([r, -r], dtype=torch.int32),
+         torch.tensor([0, -(w - 1)], dtype=torch.int32)),
+        (dist.ReduceOp.PRODUCT, torch.float32, lambda: torch.tensor([float(r + 1)]),
+         torch.tensor([float(torch.arange(1, w + 1).prod())])),
+        (dist.ReduceOp.BOR, torch.int32, lambda: torch.tensor([1 << r], dtype=torch.int32),
+         torch.tensor([(1 << w) - 1], dtype=torch.int32)),
+        (dist.ReduceOp.BAND, torch.uint8, lambda: torch.tensor([0xFF ^ (1 << r)], dtype=torch.uint8),
+         torch.tensor([0xFF ^ ((1 << w) - 1)], dtype=torch.uint8)),
+        (dist.ReduceOp.SUM, torch.float16, lambda: torch.full((4,), 0.5 * (r + 1), dtype=torch.float16),
+         torch.full((4,), 0.5 * ar, dtype=torch.float16)),
+        (dist.ReduceOp.SUM, torch.bfloat16, lambda: torch.full((4,), float(r + 1), dtype=torch.bfloat16),
+         torch.full((4,), float(ar), dtype=torch.bfloat16)),
+        (dist.ReduceOp.SUM, torch.bool, lambda: torch.tensor([r == 0, False]), torch.tensor([True, False])),
+        (dist.ReduceOp.PRODUCT, torch.bool, lambda: torch.tensor([True, r == 0]), torch.tensor([True, False])),
+    ]:
+        t = make()
+        dist.all_reduce(t, op=op)
+        check(f"all_reduce {op} {dtype}", t.dtype == dtype and torch.equal(t, want), t)
+    # non-contiguous: staged through a contiguous copy and copied back
+    m = torch.arange(12, dtype=torch.float32).view(3, 4) * (r + 1)
+    col = m[:, 1]
+    dist.all_reduce(col)
+    check("all_reduce non-contiguous", close(m[:, 1], torch.tensor([1.0, 5.0, 9.0]) * ar) and m[0, 0] == 0, m)
+
+    b = torch.arange(6, dtype=torch.float32) if r == w - 1 else torch.zeros(6)
+    dist.broadcast(b, src=w - 1)
+    check("broadcast", close(b, torch.arange(6, dtype=torch.float32)), b)
+
+    outs = [torch.zeros(2) for _ in range(w)]
+    dist.all_gather(outs, torch.full((2,), float(r)))
+    check("all_gather", all(close(o, torch.full((2,), float(i))) for i, o in enumerate(outs)), outs)
+    outs = [torch.zeros(i + 1) for i in range(w)]  # uneven: one broadcast per rank
+    dist.all_gather(outs, torch.full((r + 1,), float(r)))
+    check("all_gather uneven", all(close(o, torch.full((i + 1,), float(i))) for i, o in enumerate(outs)), outs)
+    o = torch.zeros(w * 3, dtype=torch.int64)
+    dist.all_gather_into_tensor(o, torch.full((3,), r, dtype=torch.int64))
+    check("all_gather_into_tensor", torch.equal(o, torch.arange(w).repeat_interleave(3)), o)
+
+    x = torch.arange(w * 2, dtype=torch.float32) + r
+    o = torch.zeros(2)
+    dist.reduce_scatter_tensor(o, x)
+    want = (torch.arange(w * 2, dtype=torch.float32) * w + sum(range(w)))[r * 2:(r + 1) * 2]
+    check("reduce_scatter_tensor", close(o, want), o)
+    o = torch.zeros(2)
+    dist.reduce_scatter(o, [torch.full((2,), float(i * 10 + r)) for i in range(w)])
+    check("reduce_scatter", close(o, torch.full((2,), float(r * 10 * w + sum(range(w))))), o)
+
+    t = torch.tensor([float(r + 1)])
+    dist.reduce(t, dst=1)
+    check("reduce", t.item() == (ar if r == 1 else r + 1), t)
+    g = [torch.zeros(2) for _ in range(w)] if r == 0 else None
+    dist.gather(torch.full((2,), float(r)), g, dst=0)
+    check("gather", r != 0 or all(close(x, torch.full((2,), float(i))) for i, x in enumerate(g)), g)
+    s = torch.zeros(2)
+    dist.scatter(s, [torch.full((2,), 100.0 + i) for i in range(w)] if r == 0 else None, src=0)
+    check("scatter", close(s, torch.full((2,), 100.0 + r)), s)
+
+    o = torch.zeros(w)
+    dist.all_to_all_single(o, torch.arange(w, dtype=torch.float32) + 10 * r)
+    check("all_to_all_single", close(o, torch.arange(w, dtype=torch.float32) * 10 + r), o)
+    # uneven: rank r sends j+1 rows to rank j; receives r+1 rows from every rank
+    ins = torch.cat([torch.full((j + 1, 2), float(100 * r + j)) for j in range(w)])
+    o = torch.zeros((r + 1) * w, 2)
+    dist.all_to_all_single(o, ins, output_split_sizes=[r + 1] * w, input_split_sizes=[j + 1 for j in range(w)])
+    want = torch.cat([torch.full((r + 1, 2), float(100 * j + r)) for j in range(w)])
+    check("all_to_all_single uneven", close(o, want), o)
+    outs = [torch.zeros(1) for _ in range(w)]
+    dist.all_to_all(outs, [torch.tensor([float(10 * r + j)]) for j in range(w)])
+    check("all_to_all", all(close(x, torch.tensor([float(10 * j + r)])) for j, x in enumerate(outs)), outs)
+
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": r, "pad": "x" * (50 * r)})
+    check("all_gather_object", [o["rank"] for o in objs] == list(range(w)), objs)
+    lst = [f"from {r}", r] if r == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    check("broadcast_object_list", lst == ["from 1", 1], lst)
+    got = [None] if r != 0 else [None]
+    dist.scatter_object_list(got, [{"to": i} for i in range(w)] if r == 0 else None, src=0)
+    check("scatter_object_list", got[0] == {"to": r}, got)
+    dist.barrier()
+    check("barrier", True)
+
+    # refusals: an error naming the op and what to use, never a wrong result
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BXOR)
+        check("BXOR refused", False, "no error")
+    except dist.DistBackendError as e:
+        check("BXOR refused", isinstance(e, ddplug.Unsupported) and "torch.bitwise_xor" in str(e), e)
+    try:
+        dist.send(torch.ones(1), dst=(r + 1) % w)
+        check("send refused", False, "no error")
+    except dist.DistBackendError as e:
+        check("send refused", "point-to-point" in str(e) and "broadcast" in str(e), e)
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int16))
+        check("int16 refused", False, "no error")
+    except dist.DistBackendError as e:
+        check("int16 refused", "int16" in str(e) and "float32" in str(e), e)
+
+
+def works() -> None:
+    """Work objects: asynchronous requests, wait(timeout), is_completed, futures."""
+    r = RANK
+    ws = [dist.all_reduce(torch.full((1000,), float(i + r)), async_op=True) for i in range(4)]
+    check("async works", all(w.wait() for w in ws) and all(w.is_completed() for w in ws))
+    t = torch.ones(3)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    val = fut.then(lambda f: f.value()[0] * 2).wait()
+    check("get_future", close(val, torch.full((3,), 2.0 * WORLD)) and close(t, torch.full((3,), float(WORLD))), val)
+    # rank 0 waits 100 ms for an allreduce the others join 0.5 s later: its own
+    # wait times out, the collective stays pending and completes on the next wait
+    if r != 0:
+        time.sleep(0.5)
+    t = torch.ones(2)
+    w = dist.all_reduce(t, async_op=True)
+    if r == 0:
+        pending = not w.is_completed()
+        try:
+            w.wait(timeout=datetime.timedelta(milliseconds=100))
+            check("wait timeout", False, "no timeout")
+        except dist.DistBackendError as e:
+            check("wait timeout", pending and isinstance(e, TimeoutError) and "still pending" in str(e), e)
+    check("wait after timeout", w.wait() and close(t, torch.full((2,), float(WORLD))), t)
+
+
+# ---- torch's DistributedDataParallel over ddplug --------------------------------------
+def ddp(device: torch.device = torch.device("cpu")) -> None:
+    """Gradients and two SGD steps of DDP over ddplug equal single-process
+    whole-batch ones (the batch split evenly over the ranks)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    ref.load_state_dict(model.state_dict())
+    if RANK != 0:  # DDP broadcasts rank 0's parameters: the others start elsewhere
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    # tiny buckets: several asynchronous allreduces per backward, completed through futures
+    ids = [device] if device.type == "cuda" else None
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=0.0002)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4 * WORLD * 2, 8, generator=g).to(device)
+    y = torch.randn(4 * WORLD * 2, 1, generator=g).to(device)
+    opt, ref_opt = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    grads_ok = []
+    for step in range(2):
+        xb, yb = x[step::2], y[step::2]
+        mine = slice(RANK * 4, (RANK + 1) * 4)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(xb[mine]), yb[mine]).backward()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(xb), yb).backward()
+        grads_ok.append(all(close(p.grad, q.grad, 1e-5) for p, q in zip(model.parameters(), ref.parameters())))
+        opt.step()
+        ref_opt.step()
+    check("ddp gradients equal whole-batch gradients", all(grads_ok), grads_ok)
+    check("ddp parameters equal single-process SGD",
+          all(close(p, q, 1e-5) for p, q in zip(model.parameters(), ref.parameters())))
+
+
+# ---- torchmetrics ----------------------------------------------------------------------
+def metrics(device: torch.device = torch.device("cpu")) -> None:
+    """torchmetrics syncs through ddplug: every rank's compute() equals the
+    single-process value (uneven shards: 13 samples over the ranks)."""
+    import torchmetrics
+    from torchmetrics.classification import BinaryAccuracy
+
+    g = torch.Generator().manual_seed(7)
+    preds, target = torch.rand(13, generator=g).to(device), torch.randint(0, 2, (13,), generator=g).to(device)
+    vals = torch.randn(13, generator=g).to(device)
+    mine = slice(RANK, None, WORLD)
+    acc, mean, cat = BinaryAccuracy().to(device), torchmetrics.MeanMetric().to(device), torchmetrics.CatMetric().to(device)
+    acc.update(preds[mine], target[mine])
+    mean.update(vals[mine])
+    cat.update(vals[mine])
+    single = BinaryAccuracy().to(device)(preds, target)
+    check("torchmetrics BinaryAccuracy", close(acc.compute(), single), (acc.compute(), single))
+    check("torchmetrics MeanMetric", close(mean.compute(), vals.mean(), 1e-5), mean.compute())
+    got = cat.compute()
+    check("torchmetrics CatMetric (uneven all_gather)", close(got.sort().values, vals.sort().values), got)
+
+
+def prepare_on_main() -> None:
+    """SpeechBrain's data preparation on the main process behind a barrier."""
+    marker = os.path.join(OUT, "prepared.txt")
+
+    def prepare(path: str) -> None:
+        time.sleep(0.5)  # slow shared file system
+        with open(path, "w") as f:
+            f.write("ready")
+
+    run_on_main(prepare, args=[marker])
+    check("run_on_main: the others waited for the preparation", os.path.exists(marker))
+
+
+def subgroup() -> None:
+    group = dist.new_group([0, 1], backend="ddplug")
+    t = torch.tensor([float(RANK + 1)])
+    if RANK in (0, 1):
+        dist.all_reduce(t, group=group)
+        check("new_group", t.item() == 3.0, t)
+        dist.destroy_process_group(group)
+    dist.barrier()
+
+
+def client(init: str) -> None:
+    coqui_init() if init == "coqui" else speechbrain_init()
+    result["backend"] = dist.get_backend()
+    result["group"] = repr(dist.group.WORLD)
+    collectives()
+    works()
+    ddp()
+    metrics()
+    prepare_on_main()
+    subgroup()
+    dist.destroy_process_group()
+
+
+# ---- CUDA tensors on the nccl plugin ---------------------------------------------------------
+def gpu() -> None:
+    """CUDA tensors: collectives on the current stream (also a side stream),
+    async Work and futures holding CUDA tensors, CPU tensors staged through the
+    GPU (object collectives), DDP with device_ids, torchmetrics on the GPU."""
+    from ddplug.distributed import context_of
+
+    local = int(os.environ.get("LOCAL_RANK", RANK))
+    dev = torch.device("cuda", int(os.environ.get("DDPLUG_TEST_CUDA_DEVICE", local % torch.cuda.device_count())))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("ddplug")
+    ctx = context_of()
+    result["plugin"] = ctx.plugin["name"]
+    r, w = RANK, WORLD
+    ar = float(sum(range(1, w + 1)))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        t = torch.full((1 << 16,), r + 1, dtype=dtype, device=dev)
+        dist.all_reduce(t)
+        check(f"cuda all_reduce {dtype}", bool((t == ar).all()), t[:4])
+    t = torch.full((1000,), float(r + 1), device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    check("cuda all_reduce AVG", close(t, torch.full_like(t, ar / w)), t[:4])
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32, device=dev), op=dist.ReduceOp.BOR)
+        check("BOR refused on nccl", ctx.plugin["name"] != "nccl", "no error")
+    except dist.DistBackendError as e:
+        check("BOR refused on nccl", "no bor op" in str(e) and "torch.bitwise_or" in str(e), e)
+    b = torch.arange(8, dtype=torch.float32, device=dev) if r == 0 else torch.zeros(8, device=dev)
+    dist.broadcast(b, src=0)
+    check("cuda broadcast", close(b, torch.arange(8, dtype=torch.float32, device=dev)), b)
+    o = torch.zeros(w * 4, device=dev)
+    dist.all_gather_into_tensor(o, torch.full((4,), float(r), device=dev))
+    check("cuda all_gather_into_tensor", close(o, torch.arange(w, device=dev).float().repeat_interleave(4)), o)
+    o = torch.zeros(2, device=dev)
+    dist.reduce_scatter_tensor(o, torch.arange(2 * w, dtype=torch.float32, device=dev))
+    check("cuda reduce_scatter_tensor", close(o, torch.arange(2 * w, device=dev).float()[2 * r:2 * r + 2] * w), o)
+    side = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(side):  # enqueued after the fill on the same (side) stream
+        t = torch.full((1 << 20,), float(r + 1), device=dev)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        total = t.sum()
+    torch.cuda.synchronize(dev)
+    check("cuda async on a side stream", float(total) == ar * (1 << 20), total)
+    fut = dist.all_reduce(torch.ones(4, device=dev), async_op=True).get_future()
+    v = fut.wait()[0]
+    check("cuda future", v.is_cuda and close(v, torch.full((4,), float(w), device=dev)), v)
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": r})
+    check("object collective (CPU tensors staged)", [o["rank"] for o in objs] == list(range(w)), objs)
+    t = torch.full((3,), float(r + 1))  # a CPU tensor on the nccl plugin
+    dist.all_reduce(t)
+    check("cpu tensor on nccl", close(t, torch.full((3,), ar)), t)
+    ddp(dev)
+    metrics(dev)
+    if w > 1:
+        sync_batchnorm(dev)
+    dist.destroy_process_group()
+
+
+def sync_batchnorm(dev: torch.device) -> None:
+    """torch.nn.SyncBatchNorm (CUDA only, in torch) over ddplug: outputs, input
+    gradients and running statistics equal BatchNorm's over the whole batch."""
+    torch.manual_seed(0)
+    bn = torch.nn.SyncBatchNorm(4).to(dev)
+    ref = torch.nn.BatchNorm1d(4).to(dev)
+    ref.load_state_dict(bn.state_dict())
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(6 * WORLD, 4, generator=g) * 3 + 1).to(dev)
+    wts = torch.randn(6 * WORLD, 4, generator=g).to(dev)
+    mine = slice(RANK * 6, (RANK + 1) * 6)
+    xm, xa = x[mine].clone().requires_grad_(), x.clone().requires_grad_()
+    out = bn(xm)
+    (out * wts[mine]).sum().backward()
+    ref_out = ref(xa)
+    (ref_out * wts).sum().backward()
+    check("SyncBatchNorm output", close(out, ref_out[mine], 1e-4), (out - ref_out[mine]).abs().max())
+    check("SyncBatchNorm input gradient", close(xm.grad, xa.grad[mine], 1e-4), (xm.grad - xa.grad[mine]).abs().max())
+    check("SyncBatchNorm running statistics", close(bn.running_mean, ref.running_mean, 1e-5)
+          and close(bn.running_var, ref.running_var, 1e-5), (bn.running_mean, ref.running_mean))
+
+
+# ---- ddplug.torch ------------------------------------------------------------------------
+class Indexed(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.epochs: list = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return i, torch.full((4,), float(i))
+
+    def set_epoch(self, e: int) -> None:
+        self.epochs.append(e)
+
+
+def adapter() -> None:
+    import ddplug.torch as dt
+
+    ctx = dt.init()
+    result["torch_distributed"] = [dist.is_initialized(), dist.get_backend(), dist.get_rank(), dist.get_world_size()]
+    ds = Indexed(40)
+    loader = dt.prepare_dataloader(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True))
+    user = dt.prepare_dataloader(torch.utils.data.DataLoader(
+        ds, batch_size=2, sampler=torch.utils.data.DistributedSampler(ds, shuffle=False)), "val")
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    seen: dict = {}
+    for epoch in range(2):
+        loader.sampler.set_epoch(epoch)
+        seen[epoch] = []
+        for idx, x in loader:
+            seen[epoch] += idx.tolist()
+            opt.zero_grad()
+            net(x).sum().backward()
+            opt.step()
+    val_seen = [i for idx, _ in user for i in idx.tolist()]
+    streams = dt._split.streams
+    result.update({
+        "seen": seen, "val_seen": val_seen, "dataset_epochs": ds.epochs,
+        "owners": {n: s.owner for n, s in streams.items()},
+        "verdicts": {n: [r.verdict for r in s.reports] for n, s in streams.items()},
+        "params": [p.detach().flatten().tolist() for p in net.parameters()],
+        "ran_once": dt.run_once(lambda: f"made by rank {ctx.rank}", name="prep"),
+    })
+    dt.shutdown()
+    result["closed"] = ctx.closed and not dist.is_initialized()
+
+
+# ---- failures ----------------------------------------------------------------------------
+def failure(kind: str, victim: int) -> None:
+    speechbrain_init()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if kind == "kill":
+        # the survivors' work is pending when the victim dies (it never joins)
+        if RANK == victim:
+            time.sleep(0.3)
+            with open(os.path.join(OUT, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        w = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        fut = dist.all_reduce(torch.ones(8), async_op=True).get_future()
+        try:
+            w.wait()
+            check("pending work raised", False, "completed")
+        except dist.DistBackendError as e:
+            result["raised_after_s"] = time.time() - float(open(os.path.join(OUT, "killed_at")).read())
+            result["type"], result["error"] = type(e).__name__, str(e)
+            check("pending work raised", isinstance(e, ddplug.PeerLost), e)
+        try:
+            fut.wait()
+            check("future raised", False, "completed")
+        except Exception as e:
+            check("future raised", f"rank {victim}" in str(e), e)
+        return
+    if kind == "raise":  # an exception on one rank reaches the others, in their barrier
+        if RANK == victim:
+            write()
+            raise RuntimeError(f"CUDA out of memory on rank {victim} (test)")
+        try:
+            dist.barrier()
+            check("barrier raised", False, "passed")
+        except dist.DistBackendError as e:
+            result["type"], result["error"] = type(e).__name__, str(e)
+            check("barrier raised", isinstance(e, ddplug.Aborted), e)
+        return
+    if kind == "prepare":  # SpeechBrain: the preparation on the main process fails
+        def prepare() -> None:
+            time.sleep(0.3)
+            raise FileNotFoundError("/nfs/corpus/train.csv: no such file (test)")
+
+        if RANK == 0:
+            write()
+        try:
+            run_on_main(prepare)
+            check("barrier raised", False, "passed")
+        except dist.DistBackendError as e:
+            result["type"], result["error"] = type(e).__name__, str(e)
+            check("barrier raised", isinstance(e, ddplug.Aborted), e)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["client", "adapter", "failure", "gpu"])
+    p.add_argument("--init", default="coqui", choices=["coqui", "speechbrain"])
+    p.add_argument("--kind", default="kill", choices=["kill", "raise", "prepare"])
+    p.add_argument("--victim", type=int, default=1)
+    a = p.parse_args()
+    try:
+        if a.scenario == "client":
+            client(a.init)
+        elif a.scenario == "adapter":
+            adapter()
+        elif a.scenario == "gpu":
+            gpu()
+        else:
+            failure(a.kind, a.victim)
+    except BaseException as exc:
+        result.setdefault("type", type(exc).__name__)
+        result.setdefault("error", str(exc))
+        result["traceback"] = traceback.format_exc()
+        write()
+        raise
+    write()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

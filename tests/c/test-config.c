@@ -195,7 +195,7 @@ TEST(defaults_are_the_documented_ones) {
       "\"rendezvous\":{\"external\":false,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":300},"
       "\"sampler\":{\"bucket\":{\"batch_size\":8,\"num_buckets\":8,\"pad\":\"repeat\"},"
       "\"drop_last\":false,\"kind\":\"distributed\",\"seed\":0,\"shuffle\":true},"
-      "\"timeouts\":{\"collective_s\":300}}";
+      "\"timeouts\":{\"collective_s\":300},\"torch_distributed\":true}";
   ddplug_config *cfg = NULL;
   CHECK_OK(ddplug_config_default(&cfg));
   CHECK_EQ_STR(ddplug_config_origin(cfg), "<defaults>");

@@ -17,7 +17,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ddplug conformance [-n RANKS] [-o JSON] [-v] NAME|PATH\n"
+          "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] NAME|PATH\n"
           "  Runs the conformance suite against a plugin: its table (entry point, name,\n"
           "  capabilities, masks), the group's life cycle, every advertised dtype x op in\n"
           "  place and out of place, async requests, abort from another thread, a killed\n"
@@ -28,6 +28,9 @@ static void usage(FILE *f) {
           "  NAME|PATH       a plugin name (looked up like `ddplug info`) or a file\n"
           "  -n, --ranks N   ranks per scenario (default 2; 2 to 16)\n"
           "  -o, --options J the plugin_options every rank gets (JSON object, default {})\n"
+          "  -t, --timeout S the collective timeout of the failure scenarios (default 40);\n"
+          "                  an abort, a lost peer or a failed group_create must end the\n"
+          "                  others' calls within a third of it\n"
           "  -v, --verbose   also print the library's log lines of every rank\n");
 }
 
@@ -118,6 +121,7 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   if (!plan) return 1;
   plan->world = 2;
   plan->options = "{}";
+  plan->fault_timeout_s = 40;
   const char *what = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -135,6 +139,17 @@ int ddplug_cmd_conformance(int argc, char **argv) {
         return 2;
       }
       plan->world = (int)n;
+      i++;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--timeout")) {
+      char *end;
+      long t = v ? strtol(v, &end, 10) : 0;
+      if (!v || *end || t < 3 || t > 3600) {
+        fprintf(stderr, "ddplug conformance: %s needs seconds from 3 to 3600, got '%s'\n", a,
+                v ? v : "");
+        free(plan);
+        return 2;
+      }
+      plan->fault_timeout_s = (int)t;
       i++;
     } else if (!strcmp(a, "-o") || !strcmp(a, "--options")) {
       if (!v) {

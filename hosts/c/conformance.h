@@ -76,6 +76,8 @@ typedef struct cf_plan {
   int world;              /* ranks per scenario (-n)                     */
   const char *options;    /* plugin_options JSON text ("{}")             */
   int verbose;            /* pass the library's log lines through        */
+  int fault_timeout_s;    /* collective timeout of the fault scenarios;
+                             "promptly" means within a third of it (-t)  */
 } cf_plan;
 
 /* One rank of a running scenario. */

@@ -288,7 +288,10 @@ void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res
     cf_add_row(res, id, 0, CF_FAIL, "the scenario starts", why, -1);
     for (int r = 0; r < started; r++) kill(pids[r], SIGKILL);
   }
-  double deadline = cf_now() + sc->timeout_s;
+  int limit_s = sc->timeout_s;
+  if (sc->needs_group && limit_s < 2 * plan->fault_timeout_s + 30)
+    limit_s = 2 * plan->fault_timeout_s + 30;
+  double deadline = cf_now() + limit_s;
   int open_fds = started, running = started, timed_out = 0;
   while (open_fds > 0 || running > 0) {
     struct pollfd pfd[CF_MAX_RANKS];
@@ -339,7 +342,7 @@ void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res
       snprintf(why, sizeof why,
                "the scenario did not finish within %d s (still running: rank %s); a call "
                "that should have returned (an abort, a lost peer, a timeout) blocked",
-               sc->timeout_s, who);
+               limit_s, who);
       cf_add_row(res, id, 0, CF_FAIL, "every rank finishes in time", why, -1);
       for (int r = 0; r < started; r++)
         if (!done[r]) kill(pids[r], SIGKILL);

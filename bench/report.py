@@ -86,6 +86,11 @@ def machine() -> dict:
     return info
 
 
+def shown(cmd: list) -> str:
+    """A command as the report shows it: paths relative to the checkout."""
+    return " ".join(str(c) for c in cmd).replace(str(ROOT) + "/", "")
+
+
 def human(n: float) -> str:
     for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= div and n % div == 0:
@@ -103,7 +108,7 @@ def bench_allreduce(a, env, out: Path) -> dict | None:
     if run(cmd, env, out / "allreduce.log") != 0 or not (d / "summary.json").exists():
         return None
     s = json.loads((d / "summary.json").read_text())
-    s["command"] = " ".join(str(c) for c in cmd[1:])
+    s["command"] = shown(cmd[1:])
     return s
 
 
@@ -122,7 +127,7 @@ def bench_sampler(a, env, out: Path) -> dict | None:
     if not rows["ddplug"] and not rows["torch"]:
         return None
     return {"world": 8, "ranks_measured": 1, "rows": rows,
-            "command": f"{perf} -N N -w 8 --ranks 1; bench/torch_sampler_perf.py -N N -w 8 --ranks 1"}
+            "command": shown([perf, "-N N -w 8 --ranks 1; bench/torch_sampler_perf.py -N N -w 8 --ranks 1"])}
 
 
 def bench_lightning(a, env, out: Path) -> dict | None:
@@ -132,7 +137,7 @@ def bench_lightning(a, env, out: Path) -> dict | None:
     if run(cmd, env, out / "lightning_step.log") != 0 or not j.exists():
         return None
     r = json.loads(j.read_text())
-    r["command"] = " ".join(str(c) for c in cmd[1:])
+    r["command"] = shown(cmd[1:])
     return r
 
 
@@ -158,7 +163,7 @@ def bench_nccl(a, env, out: Path) -> dict:
     if run(cmd, env, out / "nccl_overhead.log") != 0 or not j.exists():
         return {"skipped": "ddplug-nccl-overhead failed (see nccl_overhead.log)"}
     r = json.loads(j.read_text())
-    r["command"] = " ".join(str(c) for c in cmd)
+    r["command"] = shown(cmd)
     return r
 
 

@@ -17,7 +17,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] NAME|PATH\n"
+          "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] [--shared-gpu] NAME|PATH\n"
           "  Runs the conformance suite against a plugin: its table (entry point, name,\n"
           "  capabilities, masks), the group's life cycle, every advertised dtype x op in\n"
           "  place and out of place, async requests, abort from another thread, a killed\n"
@@ -31,7 +31,10 @@ static void usage(FILE *f) {
           "  -t, --timeout S the collective timeout of the failure scenarios (default 40);\n"
           "                  an abort, a lost peer or a failed group_create must end the\n"
           "                  others' calls within a third of it\n"
-          "  -v, --verbose   also print the library's log lines of every rank\n");
+          "  -v, --verbose   also print the library's log lines of every rank\n"
+          "  --shared-gpu    let ranks share a GPU (checks.duplicate_gpu = \"warn\"), for a\n"
+          "                  device plugin on a machine with fewer GPUs than RANKS (nccl:\n"
+          "                  NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)\n");
 }
 
 /* The fault wrapper plugin, relative to libddplug: <libdir>/ddplug/
@@ -161,6 +164,8 @@ int ddplug_cmd_conformance(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
       plan->verbose = 1;
+    } else if (!strcmp(a, "--shared-gpu")) {
+      plan->shared_gpu = 1;
     } else if (a[0] == '-' || what) {
       fprintf(stderr, "ddplug conformance: unexpected argument '%s'\n", a);
       usage(stderr);

@@ -76,6 +76,7 @@ typedef struct cf_plan {
   int world;              /* ranks per scenario (-n)                     */
   const char *options;    /* plugin_options JSON text ("{}")             */
   int verbose;            /* pass the library's log lines through        */
+  int shared_gpu;         /* checks.duplicate_gpu = "warn" (--shared-gpu) */
   int fault_timeout_s;    /* collective timeout of the fault scenarios;
                              "promptly" means within a third of it (-t)  */
 } cf_plan;

@@ -102,8 +102,9 @@ int cf_open(cf_rank *r, const char *plugin, int collective_s, const char *host_i
            "{\"plugin\": \"%s\", \"world\": {\"rank\": %d, \"world_size\": %d%s},"
            " \"rendezvous\": {\"addr\": \"127.0.0.1\", \"port\": %d, \"timeout_s\": 60},"
            " \"timeouts\": {\"collective_s\": %d}, \"data_split\": {\"audit\": \"off\"},"
-           " \"plugin_options\": %s}",
-           path, r->rank, r->world, host, r->port, collective_s, r->plan->options);
+           " \"checks\": {\"duplicate_gpu\": \"%s\"}, \"plugin_options\": %s}",
+           path, r->rank, r->world, host, r->port, collective_s,
+           r->plan->shared_gpu ? "warn" : "error", r->plan->options);
   ddplug_config *cfg = NULL;
   int s = ddplug_config_load_string(json, "ddplug conformance", &cfg);
   if (s != DDPLUG_OK) return s;

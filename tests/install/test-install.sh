@@ -6,7 +6,7 @@
 # library finds its plugins in <libdir>/ddplug relative to itself; a custom
 # backend is built out of tree with find_package(ddplug CONFIG) +
 # ddplug_add_plugin() and installed by its default rule; a host program is
-# built with `pkg-config ddplug`.
+# built with `pkg-config ddplug`; `ddplug conformance` runs from the moved prefix.
 # usage: test-install.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 SRC=$1 BUILD=$2
@@ -88,4 +88,9 @@ grep -q "found plugin example at $libdir/ddplug/libddplug-example.so" <<<"$out" 
   || fail "consumer: $out"
 mv "$prefix" "$work/moved"
 check_prefix "$work/moved"
+# The conformance suite from the moved install: its fault wrapper plugin is
+# found relative to the library (else the group_create checks would skip).
+out=$("$work/moved/bin/ddplug" conformance cpu) || { echo "$out"; fail "ddplug conformance cpu failed"; }
+grep -q "^  PASS  a rank whose group_create fails ends the others' ddplug_open promptly$" <<<"$out" \
+  || { echo "$out"; fail "the installed conformance suite did not run its group_create check"; }
 echo "ok: installed to $prefix (configured: $configured), moved to $work/moved; out-of-tree backend and pkg-config consumer both work"

@@ -25,8 +25,10 @@ static int slot_filled(const void *table, uint32_t size, int slot) {
   return fn != NULL;
 }
 
-/* The table size each minor version of ABI 1 defines. */
+/* The table size each minor version of ABI 1 defines (this header's own
+ * minor: the whole struct, whatever minor plugin.h is at). */
 static size_t size_of_minor(uint32_t minor) {
+  if (minor >= DDPLUG_PLUGIN_ABI_MINOR) return sizeof(ddplug_plugin);
   return minor == 0 ? DDPLUG_PLUGIN_SIZE_1_0 : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
                                                           : DDPLUG_PLUGIN_SIZE_1_2;
 }

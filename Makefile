@@ -1,7 +1,8 @@
-# ddplug — the two commands of the README:
+# ddplug — the commands of the README:
 #   make demo   the main job (installs what is missing, builds, runs)
 #   make test   every test (installs what is missing, builds, runs)
-# Everything else here is plumbing for those two.
+#   make bench  every side-by-side benchmark, with plots and a report
+# Everything else here is plumbing for those.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 BUILD ?= build
@@ -15,8 +16,11 @@ CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 # the Python tests (tests/python/test_torch_backend.py); jsonschema: the config schema
 # checked by an independent validator (tests/data/config/schema_check.py).
 PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0
+# Only `make bench` needs these (the plots); make test does not.
+BENCH_DEPS := matplotlib==3.11.2
+BENCH_OUT ?= out/bench
 
-.PHONY: demo test build deps
+.PHONY: demo test bench build deps
 .DEFAULT_GOAL := test
 
 demo: build
@@ -24,6 +28,15 @@ demo: build
 
 test: build
 	@./tests/run-all.sh "$(BUILD)" "$(VENV)"
+
+# Every side-by-side benchmark that runs here: JSON, PNG plots and report.md in
+# $(BENCH_OUT) (bench/report.py; BENCH_ARGS adds e.g. --publish docs/perf).
+bench: build
+	@if ! "$(PY)" -c "import matplotlib; assert matplotlib.__version__ == '$(patsubst matplotlib==%,%,$(filter matplotlib==%,$(BENCH_DEPS)))'" 2>/dev/null; then \
+	  echo "ddplug: installing $(BENCH_DEPS) into $(VENV)"; \
+	  "$(PY)" -m pip install -q --disable-pip-version-check $(BENCH_DEPS); \
+	fi
+	@"$(PY)" bench/report.py --build "$(BUILD)" --out "$(BENCH_OUT)" $(BENCH_ARGS)
 
 build: deps
 	@cmake -S . -B "$(BUILD)" $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -78,7 +78,17 @@ static void usage(void) {
   fprintf(stderr,
           "usage: ddplug-allreduce-perf [-b MIN] [-e MAX] [-f FACTOR] [-n RANKS] [-N NODES] [-d DTYPE]\n"
           "                             [-o OP] [-w WARMUP] [-i ITERS] [-I] [-c 0|1]\n"
-          "                             [--plugin NAME] [--options JSON] [--json FILE] [--copy-bw]\n");
+          "                             [--plugin NAME] [--options JSON] [--json FILE] [--copy-bw]\n"
+          "  -b/-e/-f  sizes in bytes (K, M, G): MIN to MAX, times FACTOR [8 .. 64M, x2]\n"
+          "  -n/-N     RANKS local processes, simulating NODES nodes    [env / 1]\n"
+          "  -d/-o     dtype (float32 ... int64) and op (sum ... band)  [float32 sum]\n"
+          "  -w/-i     warm-up and timed iterations per size (-i 0: ~0.1 s per size)\n"
+          "  -I        in place (send == recv)\n"
+          "  -c 0|1    check results: one extra run per size whose result is verified\n"
+          "            against the expected values (a wrong result fails the run)  [1];\n"
+          "            it checks allreduce only: `ddplug conformance` checks a plugin\n"
+          "  --plugin  plugin to load [cpu]; --options its plugin_options JSON\n"
+          "  --json    also write the table as JSON; --copy-bw: measure memory copy bandwidth\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {

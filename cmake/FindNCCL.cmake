@@ -47,8 +47,12 @@ elseif(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
   set(_nccl_python "${PROJECT_SOURCE_DIR}/.venv/bin/python")
 endif()
 if(_nccl_python)
+  # Without the caller's PYTHONPATH: pip's isolated build environment (a
+  # wheel build) sets one whose sitecustomize hides every other
+  # site-packages, also from this unrelated interpreter.
   execute_process(
-    COMMAND "${_nccl_python}" -c
+    COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+            --unset=PYTHONHOME "${_nccl_python}" -c
             "import nvidia.nccl as n; print(list(n.__path__)[0])"
     OUTPUT_VARIABLE _nccl_wheel_dir
     RESULT_VARIABLE _nccl_wheel_rc

@@ -101,9 +101,12 @@ int ddplug_cmd_info(int argc, char **argv) {
     if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       printf("usage: ddplug info [--json] NAME|PATH\n"
-             "  NAME: a plugin name (host, nccl, example, ...), looked up in\n"
-             "        DDPLUG_PLUGIN_PATH, the installed plugin directory, then beside libddplug\n"
-             "  PATH: a plugin file (anything containing '/')\n");
+             "  NAME: a plugin name (cpu, nccl, example, ...), looked up in\n"
+             "        DDPLUG_PLUGIN_PATH, then ddplug/ beside libddplug (the install's plugin\n"
+             "        directory, wherever it was moved), the configured prefix's plugin\n"
+             "        directory, then beside libddplug\n"
+             "  PATH: a plugin file (anything containing '/'; a relative path resolves\n"
+             "        against the working directory)\n");
       return 0;
     } else if (!what) what = argv[i];
     else {

@@ -2,6 +2,8 @@
  *   cmd_check_config.c  ddplug check-config FILE
  *   cmd_info.c          ddplug info NAME|PATH
  *   cmd_run.c           ddplug run -n N [options] -- PROGRAM ARGS...
+ *   cmd_conformance.c   ddplug conformance [-n RANKS] NAME|PATH (its helpers:
+ *                       conformance_*.c, conformance.h)
  * Each returns the process exit status (0 success, 1 failure, 2 usage). */
 #ifndef DDPLUG_HOSTS_C_COMMANDS_H
 #define DDPLUG_HOSTS_C_COMMANDS_H
@@ -9,5 +11,6 @@
 int ddplug_cmd_check_config(int argc, char **argv);
 int ddplug_cmd_info(int argc, char **argv);
 int ddplug_cmd_run(int argc, char **argv);
+int ddplug_cmd_conformance(int argc, char **argv);
 
 #endif

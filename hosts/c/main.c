@@ -16,6 +16,8 @@ static const struct {
      "NAME|PATH      show a plugin's name, version, ABI version, capabilities"},
     {"run", ddplug_cmd_run,
      "-n N -- PROG   launch N local ranks of PROG with a rendezvous"},
+    {"conformance", ddplug_cmd_conformance,
+     "NAME|PATH      run the conformance suite against a plugin (-n RANKS)"},
 };
 
 static void usage(FILE *f) {

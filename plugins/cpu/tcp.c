@@ -241,6 +241,22 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
                        g->rank, nn, g->leaders[nn], peer);
     goto fail;
   }
+  /* The previous leader says through the store that it connected; waiting
+   * for that in the store (not in accept alone) ends at once when another
+   * rank fails before connecting. */
+  snprintf(key, sizeof key, "tcp/%d/connected", g->node);
+  if ((st = g->svc->store_set(g->svc->host, key, "1", 1)) != DDPLUG_OK) {
+    st = cp_err(st, "rank %d: announcing its ring connection failed", g->rank);
+    goto fail;
+  }
+  snprintf(key, sizeof key, "tcp/%d/connected", pn);
+  const char *pkey = key;
+  wait_ms = (int64_t)((deadline - CP_MIN(deadline, cp_now_ns())) / 1000000ull);
+  if ((st = g->svc->store_wait(g->svc->host, &pkey, 1, wait_ms)) != DDPLUG_OK) {
+    st = cp_err(st, "rank %d: node %d's leader (rank %d) never connected to the ring", g->rank,
+                pn, g->leaders[pn]);
+    goto fail;
+  }
   while (in < 0) {
     int s = -1;
     if ((st = cp_tcp_accept(lfd, deadline, &s)) != DDPLUG_OK) {

@@ -115,6 +115,52 @@ TEST(path_that_does_not_exist) {
                "file or directory)");
 }
 
+/* A relative path resolves against the working directory, and the error
+ * names that directory. */
+TEST(relative_path_names_the_working_directory) {
+  char cwd[4096];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL);
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_STATUS(ddplug_plugin_inspect("./no-such-dir/libddplug-x.so", &info),
+               DDPLUG_E_NOT_FOUND);
+  const char *e = ddplug_last_error();
+  CHECK_CONTAINS(e, "plugin file './no-such-dir/libddplug-x.so' does not exist");
+  CHECK_CONTAINS(e, "a relative path resolves against the working directory, ");
+  CHECK_CONTAINS(e, cwd);
+}
+
+static char g_warning[2048];
+static void keep_warning(void *user, int level, int rank, const char *line) {
+  (void)user;
+  (void)rank;
+  if (level == DDPLUG_LOG_WARN) snprintf(g_warning, sizeof g_warning, "%s", line);
+}
+
+/* The name in the file name (libddplug-<name>.so) and the table's name must
+ * agree; loading a file whose names differ warns, by name or by path. */
+TEST(file_name_and_table_name_must_agree) {
+  char dir[] = "/tmp/ddplug-loader-XXXXXX", copy[4200], cmd[8600];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(copy, sizeof copy, "%s/libddplug-renamed.so", dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", fixture("oldtable"), copy);
+  CHECK_EQ_INT(system(cmd), 0);
+  ddplug_log_set_callback(keep_warning, NULL);
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  g_warning[0] = '\0';
+  CHECK_OK(ddplug_plugin_inspect(fixture("oldtable"), &info));
+  CHECK_EQ_STR(g_warning, ""); /* names agree: silent */
+  CHECK_OK(ddplug_plugin_inspect(copy, &info));
+  CHECK_CONTAINS(g_warning, "calls itself 'oldtable', not 'renamed'");
+  CHECK_CONTAINS(g_warning, "rename the file libddplug-oldtable.so");
+  g_warning[0] = '\0';
+  setenv("DDPLUG_PLUGIN_PATH", dir, 1);
+  CHECK_OK(ddplug_plugin_inspect("renamed", &info));
+  CHECK_CONTAINS(g_warning, "calls itself 'oldtable', not 'renamed'");
+  ddplug_log_set_callback(NULL, NULL);
+  unlink(copy);
+  rmdir(dir);
+}
+
 TEST(shared_object_without_entry_is_not_a_plugin) {
   ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
   CHECK_STATUS(ddplug_plugin_inspect(fixture("nosymbol"), &info),

@@ -33,7 +33,7 @@ if(TARGET ddplug_nccl_objs)
     target_include_directories(test-nccl-fake SYSTEM PRIVATE ${_inc})
     target_include_directories(test-nccl-fake PRIVATE
       ${PROJECT_SOURCE_DIR}/plugins/nccl ${PROJECT_SOURCE_DIR}/tests/nccl-fake)
-    target_link_libraries(test-nccl-fake PRIVATE PkgConfig::JANSSON Threads::Threads)
+    target_link_libraries(test-nccl-fake PRIVATE ddplug_dep_jansson Threads::Threads)
     target_compile_definitions(test-nccl-fake PRIVATE DDPLUG_TEST_NCCL=1)
   endif()
 endif()

@@ -10,6 +10,30 @@
  * the rendezvous store, logging, the clock, error reporting — comes in the
  * ddplug_host_services table handed to group_create.
  *
+ * Building, naming, loading and checking a plugin (docs/writing-a-backend.md
+ * walks through all of it):
+ *   - Build: find_package(ddplug CONFIG REQUIRED), then
+ *       ddplug_add_plugin(<name> SOURCES <src>... [INCLUDE_DIRS <dir>...]
+ *                         [DESTINATION <dir>] [NO_INSTALL])
+ *     makes the MODULE libddplug-<name>.so (target ddplug-<name>) with
+ *     hidden visibility and a version script exporting only the entry
+ *     point. Install rule: <libdir>/ddplug under your install prefix, or
+ *     DESTINATION (${ddplug_PLUGIN_DIR}: beside ddplug's own plugins, where
+ *     that install's libddplug finds it by name).
+ *   - Name: the table's name is the <name> of the file libddplug-<name>.so.
+ *     The runtime finds a plugin by its file name but keys its store
+ *     namespace, logs and startup checks by the table's name; when the two
+ *     differ it logs a warning, and `ddplug conformance` fails the plugin.
+ *   - Loading: a name is searched in DDPLUG_PLUGIN_PATH, then <dir>/ddplug
+ *     (<dir>: where libddplug itself is), the configured install prefix's
+ *     plugin directory, then <dir>. A config "plugin" containing '/' is
+ *     a path, loaded as is: a relative path resolves against the working
+ *     directory of the process, and the error when it does not exist names
+ *     that directory.
+ *   - Check: `ddplug info PATH` (loads it, shows the table), then
+ *     `ddplug conformance PATH [-n RANKS]` (runs every check this header's
+ *     contracts imply on real processes; non-zero exit on any failure).
+ *
  * Versioning (the SQLite / NCCL pattern):
  *   - Every table and struct starts {uint32_t struct_size; uint32_t
  *     abi_version;}. Fields and slots are only ever appended within a major
@@ -37,6 +61,35 @@
  * only the plugin can make (an address that must parse, a power of two)
  * stay in group_create. A plugin without declarations gets the raw JSON in
  * ddplug_group_init.options_json and checks it itself.
+ *
+ * Progress (DDPLUG_CAP_ASYNC): once collective_start has returned, the
+ * operation must progress without further calls into the plugin — a host
+ * starts gradient allreduces while backward runs and waits for them later,
+ * or blocks meanwhile in a store-based runtime call (split agreement, the
+ * audit) while the other ranks wait for this rank's data. Use a progress
+ * thread (the cpu plugin) or hardware queues that run by themselves (NCCL
+ * on CUDA streams); request_wait and request_test may also drive progress
+ * but must not be the only thing that does. Without DDPLUG_CAP_ASYNC,
+ * collective_start may complete the whole operation before it returns, and
+ * request_wait/request_test only report how it ended.
+ *
+ * Waiting for peers, in group_create above all: when one rank fails (its
+ * group_create returns an error, the process dies) or the run is aborted,
+ * the runtime ends the run on every rank — but it can only end waits it
+ * sees. The waiting store calls of the host services (store_get and
+ * store_wait with a timeout > 0) return early, with DDPLUG_E_ABORTED or
+ * DDPLUG_E_PEER_LOST and the run's sentence, as soon as that happens. So
+ * wait for peers through the store: store_set "this rank is here" (or its
+ * address), then store_wait / store_get the others' keys, and only then
+ * use your own sockets or shared memory, whose peers are ready by then. A
+ * plugin that must wait on its own descriptors waits in slices (~100 ms)
+ * and, between slices, calls store_wait with timeout 0 on a key nobody
+ * sets: it returns DDPLUG_E_TIMEOUT while the run is healthy and the
+ * failure status once it is not (a store_get with timeout 0 only polls its
+ * key). A plugin that waits any other way keeps every other rank waiting
+ * out its whole timeout when one rank fails; `ddplug conformance` checks
+ * this ("a rank whose group_create fails ends the others' ddplug_open
+ * promptly").
  *
  * Threading: the runtime calls the slots of one group from one thread at a
  * time, except group_abort, which may be called from any thread at any time
@@ -73,11 +126,15 @@ typedef struct ddplug_plugin_sampler ddplug_plugin_sampler;
 /* Host services: what the runtime lends a plugin. All function pointers are
  * non-NULL in a table the runtime hands out. Keys are plain C strings; the
  * runtime prefixes them with a per-run, per-plugin namespace
- * ("p/<16 hex digits>/<plugin name>/"), so a plugin may use short names
- * ("addr/3", "ncclid"), and key plus prefix must fit in 255 bytes (a longer
- * one is INVALID_ARGUMENT naming the prefix): keep keys under 200 bytes.
+ * ("p/<run id: 16 hex digits>/<the table's name>/"), so a plugin may use
+ * short names ("addr/3", "ncclid"), never sees another plugin's or another
+ * run's keys, and key plus prefix must fit in 255 bytes (a longer one is
+ * INVALID_ARGUMENT naming the prefix): keep keys under 200 bytes.
  * Values are at most 1 MiB. Store calls are thread-safe. Every store call
- * returns a status; on failure it has stored the detail with set_error.    */
+ * returns a status; on failure it has stored the detail with set_error.
+ * Waiting calls (store_get, store_wait with timeout_ms > 0; a negative
+ * timeout means the collective timeout) return early when the run fails:
+ * see "Waiting for peers" above.                                          */
 typedef struct ddplug_host_services {
   uint32_t struct_size;
   uint32_t abi_version;
@@ -98,7 +155,11 @@ typedef struct ddplug_host_services {
   /* Wait until every one of keys[0..nkeys) exists, at most timeout_ms. */
   int (*store_wait)(void *host, const char *const *keys, uint32_t nkeys,
                     int64_t timeout_ms);
-  /* Remove key; a missing key is not an error. */
+  /* Remove key; a missing key is not an error. A deletion wakes nobody: a
+   * store_get or store_wait parked on the key keeps waiting (until the key
+   * is set again or its timeout), so delete a key only when no rank can
+   * still wait for it — after a store_add counter says every rank has read
+   * it, as examples/custom-backend does. */
   int (*store_delete)(void *host, const char *key);
 
   /* Emit one log line at level (DDPLUG_LOG_*); the runtime adds the rank
@@ -290,8 +351,9 @@ typedef struct ddplug_plugin {
   uint32_t struct_size;  /* sizeof(ddplug_plugin) as the plugin was built  */
   uint32_t abi_version;  /* DDPLUG_PLUGIN_ABI_VERSION as the plugin was built */
 
-  /* Identity: static strings owned by the plugin. name matches the file
-   * name's <name> part; version is the plugin's own release string. */
+  /* Identity: static strings owned by the plugin. name must be the file
+   * name's <name> part (libddplug-<name>.so: the loader warns otherwise, see
+   * "Name" above); version is the plugin's own release string. */
   const char *name;
   const char *version;
   const char *description;

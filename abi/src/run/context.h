@@ -73,6 +73,9 @@ typedef struct ddplug__plugin {
  * *out is untouched and nothing stays loaded. */
 int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out);
 void ddplug__plugin_unload(ddplug__plugin *p);
+/* The <name> of a file path's libddplug-<name>.so (1), or 0 when the file
+ * name does not have that form (or name's cap is too small). */
+int ddplug__plugin_file_name(const char *path, char *name, size_t cap);
 /* Fill a public info struct (honouring its struct_size) from a plugin. */
 void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info);
 

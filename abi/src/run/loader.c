@@ -3,9 +3,14 @@
  *
  * Search for a name ("cpu" → libddplug-cpu.so), in order:
  *   1. each directory of DDPLUG_PLUGIN_PATH (':'-separated);
- *   2. the installed plugin directory (DDPLUG_PLUGIN_INSTALL_DIR);
- *   3. the directory libddplug itself was loaded from.
- * Anything containing '/' is a path and is loaded as is.
+ *   2. <dir>/ddplug, where <dir> holds libddplug itself (the plugin
+ *      directory of an install, wherever it was moved: `cmake --install
+ *      --prefix`, the Python wheel's ddplug/_lib);
+ *   3. the configured prefix's plugin directory (DDPLUG_PLUGIN_INSTALL_DIR;
+ *      empty in the wheel), when it is not the directory of step 2;
+ *   4. <dir> itself (the build tree, where plugins sit beside the library).
+ * Anything containing '/' is a path and is loaded as is; a relative path
+ * resolves against the working directory (the error says which one).
  *
  * Negotiation: the runtime speaks plugin ABI major 1 (DDPLUG_PLUGIN_ABI_*).
  * It looks up ddplug_plugin_entry_v1; if absent, it looks for entry points of
@@ -28,7 +33,10 @@
 #include "run/context.h"
 
 #ifndef DDPLUG_PLUGIN_INSTALL_DIR
-#define DDPLUG_PLUGIN_INSTALL_DIR "/usr/local/lib/ddplug"
+#define DDPLUG_PLUGIN_INSTALL_DIR ""
+#endif
+#ifndef DDPLUG_PLUGIN_RELATIVE_DIR
+#define DDPLUG_PLUGIN_RELATIVE_DIR "ddplug"
 #endif
 
 /* Highest and lowest majors we look for when explaining a refusal. */
@@ -45,17 +53,37 @@ static int valid_name(const char *name) {
   return name[0] != '.';
 }
 
-/* Directory holding libddplug (or the executable it is linked into). */
+/* Directory holding libddplug (or the executable it is linked into), with
+ * "..", "." and symlinks resolved: a program whose RPATH is $ORIGIN/../lib
+ * loads it as <bin>/../lib/libddplug.so.1. */
 static int self_dir(char *buf, size_t cap) {
   Dl_info info;
   if (!dladdr((void *)&ddplug__plugin_load, &info) || !info.dli_fname) return 0;
-  const char *slash = strrchr(info.dli_fname, '/');
-  if (!slash) return 0;
-  size_t n = (size_t)(slash - info.dli_fname);
-  if (n + 1 > cap) return 0;
-  memcpy(buf, info.dli_fname, n);
-  buf[n] = '\0';
-  return 1;
+  char *real = realpath(info.dli_fname, NULL);
+  const char *file = real ? real : info.dli_fname;
+  const char *slash = strrchr(file, '/');
+  size_t n = slash ? (size_t)(slash - file) : 0;
+  int ok = slash && n + 1 <= cap;
+  if (ok) {
+    memcpy(buf, file, n);
+    buf[n] = '\0';
+  }
+  free(real);
+  return ok;
+}
+
+/* The plugin directory relative to libddplug (<self>/ddplug); 0 if unknown. */
+static int relative_dir(const char *self, char *buf, size_t cap) {
+  int n = snprintf(buf, cap, "%s/%s", self, DDPLUG_PLUGIN_RELATIVE_DIR);
+  return n > 0 && (size_t)n < cap;
+}
+
+/* Whether two directory names denote the same directory. */
+static int same_dir(const char *a, const char *b) {
+  if (!strcmp(a, b)) return 1;
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 typedef struct searchlog {
@@ -112,6 +140,8 @@ static const char *suggest_name(const char *name, const char *path_env, const ch
   for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save))
     offer_dir(&s, d);
   ddplug__free(copy);
+  char rel[4096];
+  if (self && relative_dir(self, rel, sizeof rel)) offer_dir(&s, rel);
   offer_dir(&s, DDPLUG_PLUGIN_INSTALL_DIR);
   offer_dir(&s, self);
   return ddplug__suggest_best(&s);
@@ -120,10 +150,20 @@ static const char *suggest_name(const char *name, const char *path_env, const ch
 static int locate(const char *name, char *path, size_t cap) {
   if (strchr(name, '/')) {
     struct stat st;
-    if (stat(name, &st) != 0)
+    if (stat(name, &st) != 0) {
+      int err = errno;
+      char cwd[4096];
+      if (name[0] != '/' && getcwd(cwd, sizeof cwd))
+        return ddplug__err(DDPLUG_E_NOT_FOUND,
+                           "plugin file '%s' does not exist (%s): a relative "
+                           "path resolves against the working directory, %s; "
+                           "give an absolute path, or a plugin name without "
+                           "'/' to search the plugin directories",
+                           name, strerror(err), cwd);
       return ddplug__err(DDPLUG_E_NOT_FOUND,
                          "plugin file '%s' does not exist (%s)", name,
-                         strerror(errno));
+                         strerror(err));
+    }
     if (!S_ISREG(st.st_mode))
       return ddplug__err(DDPLUG_E_NOT_FOUND,
                          "plugin path '%s' is not a regular file", name);
@@ -151,10 +191,13 @@ static int locate(const char *name, char *path, size_t cap) {
     }
     ddplug__free(copy);
   }
-  if (try_dir(DDPLUG_PLUGIN_INSTALL_DIR, name, path, cap, &log))
-    return DDPLUG_OK;
-  char dir[4096];
+  char dir[4096], rel[4096];
   int have_self = self_dir(dir, sizeof dir);
+  int have_rel = have_self && relative_dir(dir, rel, sizeof rel);
+  if (have_rel && try_dir(rel, name, path, cap, &log)) return DDPLUG_OK;
+  if (!(have_rel && same_dir(rel, DDPLUG_PLUGIN_INSTALL_DIR)) &&
+      try_dir(DDPLUG_PLUGIN_INSTALL_DIR, name, path, cap, &log))
+    return DDPLUG_OK;
   if (have_self && try_dir(dir, name, path, cap, &log)) return DDPLUG_OK;
   char hint[160] = "";
   const char *best = suggest_name(name, env, have_self ? dir : NULL);
@@ -164,6 +207,18 @@ static int locate(const char *name, char *path, size_t cap) {
                      "DDPLUG_PLUGIN_PATH to the directory holding "
                      "libddplug-%s.so, or give the plugin's path",
                      name, log.count ? log.text : "(nothing)", hint, name);
+}
+
+int ddplug__plugin_file_name(const char *path, char *name, size_t cap) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  size_t len = strlen(base);
+  if (len <= 13 || strncmp(base, "libddplug-", 10) != 0 || strcmp(base + len - 3, ".so") != 0)
+    return 0;
+  if (len - 13 + 1 > cap) return 0;
+  memcpy(name, base + 10, len - 13);
+  name[len - 13] = '\0';
+  return 1;
 }
 
 /* Explain why a shared object without ddplug_plugin_entry_v1 is refused. */
@@ -329,9 +384,14 @@ int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out) {
   p->built_abi = table->abi_version;
   p->built_size = table->struct_size;
   ddplug__strlcpy(p->path, path, sizeof p->path);
-  if (!strchr(name_or_path, '/') && strcmp(p->table.name, name_or_path) != 0)
-    DDPLUG__WARN("plugin file %s calls itself '%s', not '%s'", path,
-                 p->table.name, name_or_path);
+  char file_name[128];
+  if (ddplug__plugin_file_name(path, file_name, sizeof file_name) &&
+      strcmp(p->table.name, file_name) != 0)
+    DDPLUG__WARN("plugin file %s calls itself '%s', not '%s': rename the file "
+                 "libddplug-%s.so or the table's name '%s' (a plugin is "
+                 "found by the name in its file name; its store keys and the "
+                 "startup checks use the table's name)",
+                 path, p->table.name, file_name, p->table.name, file_name);
   DDPLUG__DEBUG("loaded plugin %s %s (ABI %u.%u) from %s", p->table.name,
                 p->table.version ? p->table.version : "?",
                 DDPLUG_VERSION_MAJOR_OF(p->built_abi),

@@ -86,6 +86,9 @@ def load() -> ctypes.CDLL:
                 tried.append(f"  {origin}: {path} ({exc})")
                 continue
             _lib, _lib_path = lib, path
+            from . import _logbridge  # its log lines go to the "ddplug" logger
+
+            _logbridge.install(lib)
             return lib
         raise LibraryNotFound(
             "ddplug: cannot load libddplug. Looked in:\n"

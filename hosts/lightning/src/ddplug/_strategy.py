@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from . import _host
+from . import _host, _logbridge
 from .config import ConfigSource
 from .context import Context
 from .gradsync import GradientSync, check_parameters_equal
@@ -240,7 +240,7 @@ class DdplugParallel:
 
     @staticmethod
     def _print(text: str) -> None:
-        print(text, file=sys.stdout, flush=True)
+        _logbridge.report(text)  # the "ddplug" logger (stdout unless logging is configured)
 
 
 def _abi(v: int) -> str:

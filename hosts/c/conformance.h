@@ -1,0 +1,183 @@
+/* conformance.h — `ddplug conformance`: the suite a backend author runs
+ * against a plugin. Its files:
+ *   cmd_conformance.c       the command: arguments, the plan, the report
+ *   conformance_run.c       runs a scenario: forks its ranks, collects their
+ *                           result rows through pipes, enforces deadlines
+ *   conformance_table.c     the plugin's table read directly: entry point,
+ *                           identity, capabilities, masks, declared slots
+ *   conformance_values.c    test values per dtype and op, and their results
+ *   conformance_coll.c      collectives: every dtype x op, in and out of
+ *                           place; ranks on simulated nodes
+ *   conformance_async.c     async requests, request_test, request_wait
+ *   conformance_faults.c    abort from another thread, a killed rank,
+ *                           mismatched collectives, failure in group_create
+ *   conformance_sampler.c   the plugin's sampler slots
+ *   conformance-fault/      the wrapper plugin that makes one rank's
+ *                           group_create fail (or die) on purpose
+ * A scenario runs in fresh rank processes (each opens its own context with
+ * an explicit world and a fresh port), so one crash or hang fails that
+ * scenario only. Every rank reports rows (check id, verdict, the slots it
+ * exercised, a sentence); the command merges them over the ranks. */
+#ifndef DDPLUG_HOSTS_C_CONFORMANCE_H
+#define DDPLUG_HOSTS_C_CONFORMANCE_H
+
+#include <stdint.h>
+
+#include "ddplug/ddplug.h"
+#include "ddplug/plugin.h"
+
+/* The slots of ddplug_plugin, by name: X(slot, minor version that added it,
+ * mandatory). A slot added to plugin.h gets a line here and a check that
+ * exercises it; the report lists every declared slot no check exercised. */
+#define CF_SLOT_MAP(X)              \
+  X(group_create, 0, 1)             \
+  X(group_destroy, 0, 1)            \
+  X(group_abort, 0, 0)              \
+  X(collective_start, 0, 1)         \
+  X(request_wait, 0, 1)             \
+  X(request_test, 0, 1)             \
+  X(request_free, 0, 1)             \
+  X(sampler_create, 1, 0)           \
+  X(sampler_set_epoch, 1, 0)        \
+  X(sampler_next, 1, 0)             \
+  X(sampler_seek, 1, 0)             \
+  X(sampler_length, 1, 0)           \
+  X(sampler_destroy, 1, 0)          \
+  X(sampler_declared, 2, 0)
+
+enum {
+#define CF__SLOT_ENUM(slot, minor, mandatory) CF_SLOT_##slot,
+  CF_SLOT_MAP(CF__SLOT_ENUM)
+#undef CF__SLOT_ENUM
+  CF_SLOT_COUNT
+};
+#define CF_BIT(slot) (1ull << CF_SLOT_##slot)
+/* The slots every collective goes through. */
+#define CF_COLL_SLOTS \
+  (CF_BIT(collective_start) | CF_BIT(request_wait) | CF_BIT(request_free))
+
+typedef struct cf_slot_info {
+  const char *name;
+  size_t offset;
+  int minor;
+  int mandatory;
+} cf_slot_info;
+extern const cf_slot_info cf_slots[CF_SLOT_COUNT];
+
+/* Verdicts of a row. */
+enum { CF_PASS = 'P', CF_FAIL = 'F', CF_SKIP = 'S' };
+
+/* What every rank knows before a scenario starts (set by the command,
+ * copied into each rank by fork). */
+typedef struct cf_plan {
+  char path[4096];        /* the plugin file every rank loads            */
+  char shim[4096];        /* the fault wrapper plugin, "" if not found   */
+  ddplug_plugin_info info;
+  int world;              /* ranks per scenario (-n)                     */
+  const char *options;    /* plugin_options JSON text ("{}")             */
+  int verbose;            /* pass the library's log lines through        */
+  int shared_gpu;         /* checks.duplicate_gpu = "warn" (--shared-gpu) */
+  int fault_timeout_s;    /* collective timeout of the fault scenarios;
+                             "promptly" means within a third of it (-t)  */
+} cf_plan;
+
+/* One rank of a running scenario. */
+typedef struct cf_rank {
+  const cf_plan *plan;
+  int rank, world;
+  int port;               /* the scenario's rendezvous port              */
+  int port2;              /* a second one, for a second run              */
+  int out_fd;             /* rows go here                                */
+} cf_rank;
+
+/* Report one row: id (stable, short), the slots exercised, the verdict, the
+ * title (what was checked), and a sentence (why it failed or was skipped;
+ * may be empty). Rows are merged over ranks by id. */
+void cf_report(cf_rank *r, const char *id, uint64_t slots, int verdict, const char *title,
+               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Open this rank's context on the scenario's port: plugin (NULL: the
+ * plan's), collective timeout in seconds, host id (NULL: the machine's).
+ * Returns the status; on failure the sentence is in ddplug_last_error(). */
+int cf_open(cf_rank *r, const char *plugin, int collective_s, const char *host_id,
+            ddplug_context **out);
+/* The detail of the last failure on ctx (or of the process). */
+const char *cf_error(ddplug_context *ctx);
+/* One collective (kind, dtype, op, root, count, in place or not) with
+ * the suite's values, checked: OK, -1 with why for a wrong result, or the
+ * failing status (the context is then aborted) with why. */
+int cf_coll_once(ddplug_context *ctx, int rank, int world, int kind, int dtype, int op, int root,
+                 uint64_t count, int inplace, char *why, size_t cap);
+/* Monotonic seconds. */
+double cf_now(void);
+void cf_sleep_ms(int ms);
+
+/* A scenario: rank_fn runs in every rank process. */
+typedef struct cf_scenario {
+  const char *name;
+  void (*rank_fn)(cf_rank *r);
+  int single;             /* one process instead of the world            */
+  int needs_group;        /* skipped when no group could be created      */
+  int timeout_s;
+  int dies;               /* 1: the last rank is expected to die (SIGKILL) */
+} cf_scenario;
+
+/* One merged row of the report. */
+typedef struct cf_row {
+  char id[64];
+  char title[160];
+  char detail[1024];
+  uint64_t slots;
+  int verdict;
+  int ranks;              /* how many ranks reported it                  */
+} cf_row;
+
+typedef struct cf_results {
+  cf_row *rows;
+  int n, cap;
+  uint64_t declared;      /* slots the plugin's table fills (table check) */
+  int have_declared;
+} cf_results;
+
+/* Run one scenario and merge its rows into res. */
+void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res);
+/* Add or merge a row (also used by the command for its own rows). */
+void cf_add_row(cf_results *res, const char *id, uint64_t slots, int verdict, const char *title,
+                const char *detail, int rank);
+const cf_row *cf_find_row(const cf_results *res, const char *id);
+
+/* The scenarios, in the order they run. */
+void cf_table_rank(cf_rank *r);        /* conformance_table.c  (single)  */
+void cf_lifecycle_rank(cf_rank *r);    /* conformance_coll.c             */
+void cf_coll_rank(cf_rank *r);
+void cf_nodes_rank(cf_rank *r);
+void cf_async_rank(cf_rank *r);        /* conformance_async.c            */
+void cf_abort_rank(cf_rank *r);        /* conformance_faults.c           */
+void cf_killed_waiting_rank(cf_rank *r);
+void cf_killed_inside_rank(cf_rank *r);
+void cf_mismatch_rank(cf_rank *r);
+void cf_create_fails_rank(cf_rank *r);
+void cf_create_dies_rank(cf_rank *r);
+void cf_sampler_rank(cf_rank *r);      /* conformance_sampler.c          */
+
+/* ---- conformance_values.c --------------------------------------------- */
+/* Element i of rank r's input for op (0 = broadcast/allgather data). */
+double cf_input(int dtype, int op, int rank, uint64_t i);
+/* The exact result of op over ranks 0..world-1 of element i. */
+double cf_expected(int dtype, int op, int world, uint64_t i);
+/* Store / load element i of a buffer of dtype. */
+void cf_put(int dtype, void *buf, uint64_t i, double v);
+double cf_get(int dtype, const void *buf, uint64_t i);
+/* Whether got equals want for dtype and op (AVG of floats: within the
+ * rounding of one division). */
+int cf_same(int dtype, int op, double got, double want);
+int cf_is_integer(int dtype);
+/* Whether the runtime accepts op on dtype (BOR/BAND: integers only). */
+int cf_op_valid(int dtype, int op);
+
+/* Environment variables the fault wrapper plugin reads. */
+#define CF_WRAP_ENV "DDPLUG_CONFORMANCE_WRAP"    /* the real plugin's path */
+#define CF_FAULT_ENV "DDPLUG_CONFORMANCE_FAULT"  /* "fail" or "die"        */
+#define CF_SHIM_FILE "libddplug-conformance-fault.so"
+
+#endif

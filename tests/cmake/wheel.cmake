@@ -1,0 +1,13 @@
+# The pip wheel (tests/wheel/test-wheel.sh): built from this checkout,
+# installed into a fresh virtual environment with the pinned torch and
+# lightning, then `ddplug info` and a 2-rank Trainer.fit from outside the
+# checkout with no DDPLUG_* variable. Needs the project's Python
+# (DDPLUG_PYTHON, set by the Makefile). Not in sanitizer builds (the wheel
+# is an ordinary build). Its CMake build directory and a wheelhouse of the
+# pinned packages stay in <build>/wheel between runs.
+if(DDPLUG_PYTHON AND NOT DDPLUG_SANITIZE)
+  add_test(NAME wheel-install
+    COMMAND ${PROJECT_SOURCE_DIR}/tests/wheel/test-wheel.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_BINARY_DIR}/wheel ${DDPLUG_PYTHON})
+  set_tests_properties(wheel-install PROPERTIES TIMEOUT 900)
+endif()

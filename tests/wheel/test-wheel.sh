@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# test-wheel.sh — a fresh virtual environment gets a working ddplug from the
+# wheel, as a Lightning user gets it:
+#   1. build the wheel from the checkout with pip (the scikit-build-core
+#      backend, build isolation as for any user; the CMake build directory is
+#      kept in WORK, so a rebuild is incremental);
+#   2. check it: library, plugins and command in ddplug/_lib, the console
+#      script, and no dependency outside the wheel but glibc and the declared
+#      nvidia-nccl wheel (readelf: every NEEDED entry, every RPATH relative);
+#   3. install it into a new venv with the pinned torch and lightning (taken
+#      from a wheelhouse in WORK, filled once from pip's cache);
+#   4. from a directory outside the checkout, with no DDPLUG_* variable and
+#      no PYTHONPATH: the `ddplug` console script (info, --version), and a
+#      2-rank Trainer.fit(strategy="ddplug") (tests/wheel/fit.py).
+# usage: test-wheel.sh SOURCE_DIR WORK_DIR PYTHON
+#   PYTHON: the project's interpreter (its torch/lightning versions are the
+#   pinned ones; its pip builds the wheel).
+set -euo pipefail
+SRC=$(cd "$1" && pwd) WORK=$2 PY=$3
+fail() { echo "FAIL: $*" >&2; exit 1; }
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+t0=$SECONDS
+step() { echo "[$((SECONDS - t0)) s] $*"; }
+for v in $(env | sed -n 's/^\(DDPLUG_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+unset PYTHONPATH
+pip=("$PY" -m pip --disable-pip-version-check -q)
+
+# 1. the wheel
+step "building the wheel"
+rm -rf "$WORK/dist"
+nice "${pip[@]}" wheel "$SRC" --no-deps -w "$WORK/dist" \
+  --config-settings=build-dir="$WORK/cmake-build" >"$WORK/wheel.log" 2>&1 \
+  || { tail -40 "$WORK/wheel.log"; fail "pip wheel failed (log: $WORK/wheel.log)"; }
+whl=$(ls "$WORK"/dist/ddplug-*.whl)
+step "built $(basename "$whl") ($(du -k "$whl" | cut -f1) KiB)"
+
+# 2. its contents and dependencies
+x=$WORK/unpacked
+rm -rf "$x" && mkdir -p "$x"
+"$PY" -m zipfile -e "$whl" "$x"
+for f in ddplug/_lib/libddplug.so.1 ddplug/_lib/ddplug/libddplug-cpu.so ddplug/_lib/bin/ddplug \
+         ddplug/__init__.py ddplug/lightning.py ddplug/_command.py; do
+  test -f "$x/$f" || fail "the wheel has no $f"
+done
+grep -qx 'ddplug = ddplug._command:main' "$x"/ddplug-*.dist-info/entry_points.txt \
+  || fail "the wheel declares no ddplug console script"
+# glibc's own libraries; anything else must be in the wheel (found through a
+# $ORIGIN RPATH) or come from a declared package (libnccl.so.2: the nccl extra).
+glibc='^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$'
+nelf=0
+while IFS= read -r f; do
+  head -c4 "$f" | grep -q $'\x7fELF' || continue
+  nelf=$((nelf + 1))
+  dyn=$(readelf -d "$f")
+  rpath=$(sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p' <<<"$dyn")
+  IFS=: read -ra dirs <<<"$rpath"
+  for d in "${dirs[@]}"; do
+    [[ "$d" == '$ORIGIN'* ]] || fail "${f#$x/}: RPATH entry '$d' is not relative to the file"
+  done
+  for lib in $(sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' <<<"$dyn"); do
+    [[ "$lib" =~ $glibc ]] && continue
+    if [[ "$lib" == libnccl.so.2 ]]; then
+      [[ "$f" == */libddplug-nccl.so && "$rpath" == *'$ORIGIN/../../../nvidia/nccl/lib'* ]] \
+        || fail "${f#$x/} needs libnccl.so.2 without the nvidia-nccl wheel's RPATH"
+      grep -q '^Requires-Dist: nvidia-nccl-cu13.*extra == "nccl"' "$x"/ddplug-*.dist-info/METADATA \
+        || fail "libnccl.so.2 is needed but nvidia-nccl-cu13 is not declared"
+      continue
+    fi
+    found=0
+    for d in "${dirs[@]}"; do
+      [[ -f "$(dirname "$f")/${d#\$ORIGIN}/$lib" ]] && found=1
+    done
+    [[ $found == 1 ]] || fail "${f#$x/} needs $lib, which is neither glibc nor in the wheel"
+  done
+done < <(find "$x/ddplug" -type f)
+[[ $nelf -ge 3 ]] || fail "found only $nelf ELF files in the wheel"
+step "contents: $nelf ELF files, NEEDED only glibc, the wheel's own files, the nccl extra"
+
+# 3. a fresh venv: the wheel, and the pinned torch and lightning
+read -r torch_v lightning_v < <("$PY" -c '
+import torch, lightning
+print(torch.__version__.split("+")[0], lightning.__version__)')
+pins=("torch==$torch_v" "lightning==$lightning_v")
+house=$WORK/wheelhouse
+if [[ ! -f "$house/.pins" || "$(cat "$house/.pins")" != "${pins[*]}" ]]; then
+  step "filling the wheelhouse with ${pins[*]} (pip's cache)"
+  rm -rf "$house"
+  "${pip[@]}" wheel -w "$house" "${pins[@]}" numpy >"$WORK/wheelhouse.log" 2>&1 \
+    || { tail -20 "$WORK/wheelhouse.log"; fail "could not get ${pins[*]}"; }
+  echo "${pins[*]}" >"$house/.pins"
+fi
+venv=$(mktemp -d /tmp/ddplug-wheel-venv.XXXXXX)
+run=$(mktemp -d /tmp/ddplug-wheel-run.XXXXXX)
+trap 'rm -rf "$venv" "$run"' EXIT
+base=$("$PY" -c 'import sys; print(sys._base_executable)')
+"$base" -m venv --without-pip "$venv"
+step "installing into a fresh venv"
+"${pip[@]}" --python "$venv/bin/python" install --no-index --no-compile \
+  --find-links "$house" "$whl" "${pins[@]}" >"$WORK/install.log" 2>&1 \
+  || { tail -20 "$WORK/install.log"; fail "pip install of the wheel failed"; }
+
+# 4. used from outside the checkout
+cd "$run"
+cp "$SRC/tests/wheel/fit.py" .
+out=$("$venv/bin/ddplug" --version) || fail "the ddplug console script failed"
+grep -q "^ddplug [0-9]" <<<"$out" || fail "ddplug --version: $out"
+out=$("$venv/bin/ddplug" info cpu) || fail "ddplug info cpu failed: $out"
+grep -q "^file  *$venv/lib/python[0-9.]*/site-packages/ddplug/_lib/ddplug/libddplug-cpu.so$" <<<"$out" \
+  || fail "ddplug info cpu did not load the wheel's plugin: $out"
+step "ddplug info cpu: $(grep '^file' <<<"$out")"
+export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+out=$("$venv/bin/python" fit.py 2>&1) || { echo "$out" | tail -30; fail "Trainer.fit failed"; }
+for r in 0 1; do
+  grep -q "^wheel-fit rank $r/2 steps 8 lib $venv/lib/python[0-9.]*/site-packages/ddplug/_lib/libddplug.so.1 package $venv/" \
+    "wheel-fit-rank$r.txt" 2>/dev/null \
+    || { echo "$out" | tail -30; cat "wheel-fit-rank$r.txt" 2>/dev/null; fail "rank $r did not train from the wheel"; }
+done
+step "Trainer.fit: 2 ranks, 8 steps each, library and package from the venv"
+echo "ok: the wheel installs into a fresh venv and trains ($((SECONDS - t0)) s)"

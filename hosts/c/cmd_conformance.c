@@ -254,6 +254,26 @@ int ddplug_cmd_conformance(int argc, char **argv) {
     }
     printf("  SKIP  %d scenarios that need a group\n        %s\n", skipped, group_why);
   }
+  if (loaded) {
+    /* Declared options (plugin ABI 1.3): the loader checked every
+     * declaration (name, type, bounds, a default that passes its own rules)
+     * when it loaded the plugin; the runs above used the declared defaults. */
+    char *options = NULL;
+    if (ddplug_plugin_options(what, &options) != DDPLUG_OK)
+      cf_add_row(&res, "table.options", 0, CF_FAIL, "option declarations", ddplug_last_error(), -1);
+    else if (!strcmp(options, "null"))
+      cf_add_row(&res, "table.options", 0, CF_SKIP, "option declarations",
+                 "none: the plugin reads plugin_options itself, unchecked by the runtime", -1);
+    else {
+      int n = 0;
+      for (const char *p = options; (p = strstr(p, "\"name\":")) != NULL; p++) n++;
+      char detail[128];
+      snprintf(detail, sizeof detail, "%d declared; the runtime accepts every declaration", n);
+      cf_add_row(&res, "table.options", 0, CF_PASS, "option declarations", detail, -1);
+    }
+    ddplug_free(options);
+    print_row(&res.rows[res.n - 1]);
+  }
   int before_slots = res.n;
   slot_rows(&res, group_ok ? NULL : "no group could be created here");
   if (res.n > before_slots) printf("\nslots (this suite knows plugin ABI %d.%d):\n",

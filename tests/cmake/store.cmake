@@ -7,9 +7,9 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
   add_executable(fuzz-store-frames
     ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz-store-frames.c
     ${_store_src}/store/proto.c ${_store_src}/store/table.c
-    ${_store_src}/store/sha256.c ${_store_src}/base/util.c)
+    ${_store_src}/store/crypto.c ${_store_src}/base/util.c)
   target_include_directories(fuzz-store-frames PRIVATE ${_store_src})
-  target_link_libraries(fuzz-store-frames PRIVATE ddplug_headers)
+  target_link_libraries(fuzz-store-frames PRIVATE ddplug_headers OpenSSL::Crypto Threads::Threads)
   target_compile_options(fuzz-store-frames PRIVATE ${DDPLUG_WARNINGS}
     -fsanitize=fuzzer,address,undefined)
   target_link_options(fuzz-store-frames PRIVATE -fsanitize=fuzzer,address,undefined)

@@ -6,9 +6,12 @@
  * non-blocking socket), connect included. Requests carry an id; a reply
  * that arrives after its call gave up locally is recognised by its id and
  * discarded, so a local timeout never desynchronizes the connection.
- * A connection that breaks (server gone, reset, protocol violation) makes
- * the handle fail fast with PEER_LOST from then on; it never reconnects
- * (reconnecting would hide a restarted rank 0 that lost every key).
+ * A connection that breaks (server gone, reset, protocol violation, a frame
+ * whose MAC or sequence number is wrong) makes the handle fail fast with
+ * PEER_LOST from then on; it never reconnects (reconnecting would hide a
+ * restarted rank 0 that lost every key). Only a connection the server
+ * closes during the handshake is tried again (a busy server drops the
+ * oldest connections that have not authenticated).
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -27,6 +30,7 @@ struct ddplug_store {
   pthread_mutex_t mu;
   int fd;              /* -1 once the connection is gone */
   int lost_status;     /* non-zero once broken: the status to report */
+  int closed;          /* the server closed the connection (or reset it) */
   char lost_msg[512];  /* ... and why */
   uint32_t next_id;
   _Atomic int64_t default_timeout_ms;
@@ -35,6 +39,7 @@ struct ddplug_store {
   uint8_t *in;         /* received bytes; in[in_pos..in_len) unread */
   size_t in_len, in_pos, in_cap;
   ddplug__sbuf req;    /* the request being sent */
+  ddplug__store_session session; /* frame MACs after a handshake with a secret */
   ddplug__errslot err;
 };
 
@@ -76,6 +81,7 @@ static int lose(ddplug_store *st, int status, const char *fmt, ...) {
 }
 
 static int closed_by_server(ddplug_store *st) {
+  st->closed = 1;
   return lose(st, DDPLUG_E_PEER_LOST,
               "rendezvous store at %s closed the connection (did rank 0 "
               "exit?)",
@@ -129,10 +135,26 @@ static int read_frame(ddplug_store *st, uint64_t deadline_ns, uint8_t *type,
       need = 4 + (size_t)flen;
     }
     if (st->in_len >= need) {
+      size_t inner = 0;
+      const char *why = NULL;
+      if (ddplug__store_frame_open(&st->session, st->in, need, &inner, &why) != 0) {
+        DDPLUG__WARN("rendezvous store at %s: a frame failed its integrity check "
+                     "(%s); closing the connection", st->where, why);
+        return lose(st, DDPLUG_E_PEER_LOST,
+                    "rendezvous store at %s sent a frame that failed its "
+                    "integrity check (%s): the connection is closed (is "
+                    "something on the network between this rank and rank 0 "
+                    "altering traffic?)",
+                    st->where, why);
+      }
+      if (inner < DDPLUG__STORE_LEN_MIN)
+        return lose(st, DDPLUG_E_PEER_LOST,
+                    "rendezvous store at %s sent a frame too short for its "
+                    "header", st->where);
       *type = st->in[5];
       *id = ddplug__store_get_u32be(st->in + 6);
       *body = st->in + DDPLUG__STORE_HDR_LEN;
-      *blen = need - DDPLUG__STORE_HDR_LEN;
+      *blen = 4 + inner - DDPLUG__STORE_HDR_LEN;
       st->in_pos = need;
       return DDPLUG_OK;
     }
@@ -176,7 +198,7 @@ static uint32_t req_begin(ddplug_store *st, uint8_t type) {
  * message (it knows the keys). Other failures are recorded. */
 static int transact(ddplug_store *st, uint32_t id, uint64_t deadline_ns,
                     uint8_t *code, ddplug__rd *rd) {
-  ddplug__sbuf_frame_end(&st->req);
+  ddplug__sbuf_frame_seal(&st->req, &st->session);
   if (st->req.failed) {
     ddplug__sbuf_free(&st->req);
     return ddplug__err(DDPLUG_E_NO_MEMORY,
@@ -360,7 +382,9 @@ static int handshake(ddplug_store *st, const char *secret,
                              "store handshake");
   size_t slen = secret ? strlen(secret) : 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  if (slen) ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac);
+  if (slen && ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac) != 0)
+    return lose(st, DDPLUG_E_NO_MEMORY,
+                "out of memory computing the rendezvous store handshake");
   uint32_t id = req_begin(st, DDPLUG__STORE_AUTH);
   ddplug__sbuf_u8(&st->req, slen > 0);
   ddplug__sbuf_put(&st->req, cnonce, sizeof cnonce);
@@ -391,18 +415,23 @@ static int handshake(ddplug_store *st, const char *secret,
   if (code != DDPLUG__STORE_R_OK || !smac || rd.left != 0)
     return bad_reply(st, "ddplug_store_connect");
   if (slen) {
-    ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac);
-    if (!ddplug__ct_equal(mac, smac, sizeof mac))
+    if (ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac) != 0 ||
+        !ddplug__ct_equal(mac, smac, sizeof mac))
       return lose(st, DDPLUG_E_CONFIG,
                   "rendezvous store at %s could not prove that it knows the "
                   "shared secret (is another service or a misconfigured rank "
                   "0 listening there? %s)",
                   st->where, k_secret_hint);
+    /* From here on every frame carries a sequence number and a MAC. */
+    if (ddplug__store_session_init(&st->session, secret, slen, snonce, cnonce, 0) != 0)
+      return lose(st, DDPLUG_E_NO_MEMORY,
+                  "out of memory computing the rendezvous store session keys");
   }
   return DDPLUG_OK;
 }
 
 static void store_free(ddplug_store *st) {
+  ddplug__store_session_clear(&st->session);
   if (st->fd >= 0) close(st->fd);
   ddplug__sbuf_free(&st->req);
   ddplug__free(st->in);
@@ -465,8 +494,10 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
 
   uint64_t start = ddplug__now_ns();
   uint64_t deadline = ddplug__deadline_ns(timeout_ms);
-  int attempts = 0;
+  int attempts = 0, rc;
+  int64_t backoff = 10;
   char why[256];
+again:
   st->fd = ddplug__store_tcp_connect_retry(addr, port, deadline, &attempts, why, sizeof why);
   if (st->fd < 0) {
     double waited = (double)(ddplug__now_ns() - start) / 1e9;
@@ -481,7 +512,21 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
     return DDPLUG_E_TIMEOUT;
   }
   int64_t hs_ms = ddplug__remaining_ms(deadline) + DDPLUG__STORE_REPLY_GRACE_MS;
-  int rc = handshake(st, secret, ddplug__deadline_ns(hs_ms), hs_ms);
+  rc = handshake(st, secret, ddplug__deadline_ns(hs_ms), hs_ms);
+  if (rc == DDPLUG_E_PEER_LOST && st->closed && ddplug__remaining_ms(deadline) > 0) {
+    /* Dropped before authenticating (a busy server sheds the oldest
+     * waiting connections): connect again while time is left. */
+    DDPLUG__DEBUG("rendezvous store at %s closed the connection during the "
+                  "handshake; connecting again", st->where);
+    st->fd = -1;
+    st->lost_status = 0;
+    st->closed = 0;
+    st->in_len = st->in_pos = 0;
+    ddplug__store_session_clear(&st->session);
+    ddplug__sleep_ms(DDPLUG__MIN(backoff, ddplug__remaining_ms(deadline)));
+    backoff = DDPLUG__MIN(backoff * 2, 250);
+    goto again;
+  }
   if (rc != DDPLUG_OK) {
     store_free(st);
     return rc;

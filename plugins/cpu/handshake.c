@@ -120,6 +120,29 @@ static void append_ranks(char *out, size_t cap, const int *r, int n) {
   }
 }
 
+/* A node leader whose ring phase of collective k still waits: which
+ * neighbour went silent, and for how long ("" when none). */
+static void ring_stall(cp_group *g, uint64_t k, uint64_t exec_k, char *out, size_t cap) {
+  out[0] = '\0';
+  int want_rx = atomic_load(&g->ring_want_rx), want_tx = atomic_load(&g->ring_want_tx);
+  if (g->num_nodes < 2 || !g->leader || exec_k != k || (!want_rx && !want_tx)) return;
+  uint64_t now = cp_now_ns();
+  double rx = (double)(now - CP_MIN(now, atomic_load(&g->ring_rx_ns))) / 1e9;
+  double tx = (double)(now - CP_MIN(now, atomic_load(&g->ring_tx_ns))) / 1e9;
+  int L = g->num_nodes, pn = (g->node + L - 1) % L, nn = (g->node + 1) % L;
+  size_t len = (size_t)snprintf(out, cap, "the ring connection between nodes stalled:");
+  if (want_rx && len < cap)
+    len += (size_t)snprintf(out + len, cap - len, " nothing received from rank %d "
+                            "(leader of node %d) for %.1f s", g->leaders[pn], pn, rx);
+  if (want_tx && len < cap)
+    len += (size_t)snprintf(out + len, cap - len, "%s nothing could be sent to rank %d "
+                            "(leader of node %d) for %.1f s", want_rx ? ";" : "",
+                            g->leaders[nn], nn, tx);
+  if (len < cap)
+    snprintf(out + len, cap - len, " (is the network between the nodes cut, or that "
+             "rank frozen?)");
+}
+
 /* See cpu.h. Reads counters concurrently with the executor (atomics). */
 void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
   int *miss = NULL, nmiss = 0;
@@ -168,7 +191,22 @@ void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
                             "heard from yet: ", nmiss ? "; " : "");
     append_ranks(out, cap, far, nfar);
   }
-  if (!nmiss && !nfar)
+  char stall[CP_MSG_MAX];
+  ring_stall(g, k, exec_k, stall, sizeof stall);
+  if (nmiss || nfar) {
+    len = strlen(out);
+    if (*stall && len < cap) snprintf(out + len, cap - len, "; %s", stall);
+    return;
+  }
+  if (*stall) {
+    snprintf(out, cap, "every rank has arrived; %s", stall);
+    return;
+  }
+  if (g->num_nodes > 1 && !g->leader)
+    snprintf(out, cap, "every rank has arrived; waiting for this node's leader, "
+             "rank %d, which exchanges the data with the other nodes",
+             g->local_ranks[0]);
+  else
     snprintf(out, cap, "every rank has arrived; the data transfer is still "
              "in progress");
 }

@@ -195,7 +195,23 @@ static int setup_shm(cp_group *g, uint64_t deadline) {
   cp_ctr *att = &g->shm.hdr->attached;
   atomic_fetch_add(&att->val, 1);
   cp_ctr_wake(att);
+  uint64_t next_probe = 0;
   while (!cp_ctr_ge(att, (uint32_t)g->local_world)) {
+    /* A local rank that died before attaching never will; a rank that died
+     * anywhere else fails the run (the runtime says so). */
+    for (int j = 0; j < g->local_world; j++) {
+      int r = g->local_ranks[j];
+      if (r == g->rank || atomic_load(&g->shm.procs[j].pid) != 0) continue;
+      if (!cp_proc_alive(g->pid_of[r], 0))
+        return cp_err(DDPLUG_E_PEER_LOST,
+                      "rank %d (pid %lld, node %d) exited before it attached "
+                      "to the node's shared memory: killed or crashed while "
+                      "joining (noticed by rank %d)", r, (long long)g->pid_of[r],
+                      g->node, g->rank);
+    }
+    if ((st = cp_startup_check(g, key, "waiting for the node's ranks to attach "
+                               "to its shared memory", &next_probe)) != DDPLUG_OK)
+      return st;
     uint64_t now = cp_now_ns();
     if (now >= deadline) {
       char who[256] = "";

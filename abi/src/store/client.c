@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/store.h"
@@ -339,6 +340,23 @@ static int copy_out(ddplug_store *st, const uint8_t *v, uint32_t len,
   return DDPLUG_OK;
 }
 
+/* Take st's lock, waiting for another thread's call at most until
+ * deadline_ns: a call's timeout bounds the whole call, its turn included.
+ * On failure the lock is not held and the error is recorded on st. */
+static int lock_until(ddplug_store *st, const char *call, uint64_t deadline_ns) {
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000ull),
+                        (long)(deadline_ns % 1000000000ull)};
+  uint64_t start = ddplug__now_ns();
+  int e = pthread_mutex_clocklock(&st->mu, CLOCK_MONOTONIC, &ts);
+  if (e == 0) return DDPLUG_OK;
+  int rc = ddplug__err(DDPLUG_E_TIMEOUT,
+                       "%s: the rendezvous store handle for %s stayed busy with "
+                       "another thread's call for %.1f s (is rank 0 stuck?)",
+                       call, st->where, (double)(ddplug__now_ns() - start) / 1e9);
+  ddplug__errslot_capture(&st->err);
+  return rc;
+}
+
 /* Every public call on a handle ends here: record the failure on st too. */
 static int finish(ddplug_store *st, int rc) {
   if (rc != DDPLUG_OK) ddplug__errslot_capture(&st->err);
@@ -550,7 +568,7 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
     store_free(st);
     return;
   }
-  pthread_mutex_lock(&st->mu);
+  pthread_mutex_lock(&st->mu); /* no other thread may use st now */
   if (st->lost_status == 0 && st->fd >= 0) {
     char saved[DDPLUG__ERRMSG_MAX];
     ddplug__strlcpy(saved, ddplug_last_error(), sizeof saved);
@@ -563,6 +581,10 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
   }
   pthread_mutex_unlock(&st->mu);
   store_free(st);
+}
+
+void ddplug__store_close_now(ddplug_store *st) {
+  if (st) store_free(st);
 }
 
 /* ---- calls --------------------------------------------------------------- */
@@ -581,12 +603,12 @@ static int no_answer(ddplug_store *st, const char *call, const char *key,
                      call, st->where, (long long)ms, key);
 }
 
-/* The simple exchanges: send the request built so far with the default
- * timeout and expect a reply code. */
+/* The simple exchanges: send the request built so far, answered before
+ * deadline_ns (timeout ms from the call's start), and expect a reply code. */
 static int simple_call(ddplug_store *st, const char *call, const char *key,
-                       uint32_t id, uint8_t *code, ddplug__rd *rd) {
-  int64_t ms = atomic_load(&st->default_timeout_ms);
-  int rc = transact(st, id, ddplug__deadline_ns(ms), code, rd);
+                       uint32_t id, uint64_t deadline_ns, int64_t ms,
+                       uint8_t *code, ddplug__rd *rd) {
+  int rc = transact(st, id, deadline_ns, code, rd);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0)
     return no_answer(st, call, key, ms);
   return rc;
@@ -600,14 +622,16 @@ static int key_value_call(ddplug_store *st, const char *call, uint8_t type,
   if ((rc = check_key(call, "key", key)) ||
       (rc = check_value(call, "value", key, value, len)))
     return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) == DDPLUG_OK) {
     uint32_t id = req_begin(st, type);
     ddplug__sbuf_key(&st->req, key, strlen(key));
     ddplug__sbuf_value(&st->req, value, (size_t)len);
     uint8_t code;
     ddplug__rd rd;
-    rc = simple_call(st, call, key, id, &code, &rd);
+    rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
     if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
       rc = bad_reply(st, call);
   }
@@ -649,7 +673,8 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   if (!value)
     return arg_fail(st, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                     "%s: value is NULL (key '%s')", call, key));
-  pthread_mutex_lock(&st->mu);
+  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS))))
+    return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_GET);
   ddplug__sbuf_u32(&st->req, (uint32_t)t);
@@ -701,14 +726,16 @@ DDPLUG_API int ddplug_store_add(ddplug_store *st, const char *key,
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key))) return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_ADD);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   ddplug__sbuf_i64(&st->req, delta);
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   if (code == DDPLUG__STORE_R_OK) {
     int64_t v = ddplug__rd_i64(&rd);
@@ -746,19 +773,18 @@ DDPLUG_API int ddplug_store_add(ddplug_store *st, const char *key,
  * *actual = NULL and *alen = 0. Errors: INVALID_ARGUMENT, PEER_LOST,
  * TIMEOUT (st's default timeout), NO_MEMORY (the swap may then have
  * happened). Thread-safe. Since 1.0. */
-DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
-                                        const void *expected, uint64_t elen,
-                                        const void *desired, uint64_t dlen,
-                                        int *swapped, void **actual,
-                                        uint64_t *alen) {
-  static const char call[] = "ddplug_store_compare_set";
+static int compare_set(ddplug_store *st, const char *call, const char *key,
+                       const void *expected, uint64_t elen, const void *desired,
+                       uint64_t dlen, int *swapped, void **actual, uint64_t *alen,
+                       int64_t ms) {
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key)) ||
       (rc = check_value(call, "expected", key, expected, elen)) ||
       (rc = check_value(call, "desired", key, desired, dlen)))
     return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_CAS);
   ddplug__sbuf_key(&st->req, key, strlen(key));
@@ -767,7 +793,7 @@ DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
   ddplug__sbuf_value(&st->req, desired, (size_t)dlen);
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   uint8_t did = ddplug__rd_u8(&rd);
   uint8_t present = ddplug__rd_u8(&rd);
@@ -785,6 +811,24 @@ DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
   return finish(st, DDPLUG_OK);
 }
 
+DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
+                                        const void *expected, uint64_t elen,
+                                        const void *desired, uint64_t dlen,
+                                        int *swapped, void **actual,
+                                        uint64_t *alen) {
+  return compare_set(st, "ddplug_store_compare_set", key, expected, elen, desired,
+                     dlen, swapped, actual, alen,
+                     st ? atomic_load(&st->default_timeout_ms) : 0);
+}
+
+int ddplug__store_compare_set_within(ddplug_store *st, const char *key,
+                                     const void *expected, uint64_t elen,
+                                     const void *desired, uint64_t dlen,
+                                     int *swapped, int64_t timeout_ms) {
+  return compare_set(st, "ddplug_store_compare_set", key, expected, elen, desired,
+                     dlen, swapped, NULL, NULL, timeout_ms > 0 ? timeout_ms : 1);
+}
+
 /* ddplug_store_delete — remove key; *existed (may be NULL) = 1 if it was
  * there. A missing key is not an error. Parked GET/WAIT calls for the key
  * keep waiting. Errors: INVALID_ARGUMENT, PEER_LOST, TIMEOUT (st's default
@@ -795,13 +839,15 @@ DDPLUG_API int ddplug_store_delete(ddplug_store *st, const char *key,
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key))) return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_DELETE);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   uint8_t e = ddplug__rd_u8(&rd);
   if (code != DDPLUG__STORE_R_OK || rd.bad || rd.left != 0 || e > 1)
@@ -857,7 +903,8 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
     snprintf(what, sizeof what, "keys[%u]", i);
     if ((rc = check_key(call, what, keys[i]))) return arg_fail(st, rc);
   }
-  pthread_mutex_lock(&st->mu);
+  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS))))
+    return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK || nkeys == 0)
     return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_WAIT);

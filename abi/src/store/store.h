@@ -363,5 +363,17 @@ size_t ddplug__store_server_connections(const ddplug_store_server *srv);
 /* Change st's default timeout (the runtime applies rendezvous.timeout_s).
  * ms must be > 0. Thread-safe. */
 int ddplug__store_set_default_timeout(ddplug_store *st, int64_t ms);
+/* ddplug_store_compare_set bounded by its own timeout_ms (the handle's
+ * lock included) instead of the default: for failure paths, where the
+ * store may not answer at all. */
+int ddplug__store_compare_set_within(ddplug_store *st, const char *key,
+                                     const void *expected, uint64_t elen,
+                                     const void *desired, uint64_t dlen,
+                                     int *swapped, int64_t timeout_ms);
+/* Close without saying goodbye and free st; never waits. The server then
+ * applies this connection's disconnect keys (set only if still absent).
+ * For a failed run: the goodbye could wait for a store that no longer
+ * answers. No other thread may use st. */
+void ddplug__store_close_now(ddplug_store *st);
 
 #endif /* DDPLUG_STORE_H */

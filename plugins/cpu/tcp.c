@@ -416,26 +416,12 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
     st = cp_err(st, "rank %d: publishing the ring address %s:%d failed", g->rank, addr, port);
     goto out;
   }
-  char peer[192];
-  uint64_t plen = 0;
+  /* The next leader's endpoint is looked up inside the loop: this leader
+   * accepts its own peer (and turns strangers away) from the moment it
+   * published, whatever the next leader is doing. */
   char peer_key[32];
   snprintf(peer_key, sizeof peer_key, "tcp/%d", nn);
-  int64_t wait_ms = (int64_t)((deadline - CP_MIN(deadline, cp_now_ns())) / 1000000ull);
-  st = g->svc->store_get(g->svc->host, peer_key, peer, sizeof peer - 1, &plen, wait_ms);
-  if (st != DDPLUG_OK) {
-    st = cp_err(st, "rank %d: node %d's leader (rank %d) never published its "
-                "ring address (key %s)", g->rank, nn, g->leaders[nn], peer_key);
-    goto out;
-  }
-  peer[plen] = '\0';
-  if (parse_endpoint(peer, &rs.next_addr, rs.next_key) != 0) {
-    st = cp_err(DDPLUG_E_INTERNAL, "rank %d: node %d's ring endpoint '%.80s' is "
-                "malformed (a different ddplug version on rank %d?)", g->rank, nn,
-                peer, g->leaders[nn]);
-    goto out;
-  }
-  snprintf(rs.next_where, sizeof rs.next_where, "%.*s", (int)(strchr(peer, '/') - peer), peer);
-
+  int known = 0;
   uint64_t next_probe = 0;
   while (rs.out_state != 4 || rs.in_fd < 0) {
     if ((st = cp_startup_check(g, key, "connecting the ring between nodes",
@@ -443,7 +429,11 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
       goto out;
     uint64_t now = cp_now_ns();
     if (now >= deadline) {
-      if (rs.out_state != 4)
+      if (!known)
+        st = cp_err(DDPLUG_E_TIMEOUT, "rank %d: node %d's leader (rank %d) never "
+                    "published its ring address (store key %s)", g->rank, nn,
+                    g->leaders[nn], peer_key);
+      else if (rs.out_state != 4)
         st = cp_err_errno(DDPLUG_E_TIMEOUT, rs.last_err ? rs.last_err : ETIMEDOUT,
                           "rank %d: connecting to node %d's leader (rank %d) at %s "
                           "did not succeed in time", g->rank, nn, g->leaders[nn],
@@ -457,7 +447,28 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
     for (int i = 0; i < rs.npend;)
       if (rs.pend[i].deadline <= now) refuse(&rs, &rs.pend[i], "it sent no hello in time");
       else i++;
-    if (rs.out_state == 0 && now >= rs.retry_at) start_connect(&rs);
+    if (!known) {
+      char peer[192];
+      uint64_t plen = 0;
+      st = g->svc->store_get(g->svc->host, peer_key, peer, sizeof peer - 1, &plen, 0);
+      if (st == DDPLUG_OK) {
+        peer[plen] = '\0';
+        if (parse_endpoint(peer, &rs.next_addr, rs.next_key) != 0) {
+          st = cp_err(DDPLUG_E_INTERNAL, "rank %d: node %d's ring endpoint '%.80s' is "
+                      "malformed (a different ddplug version on rank %d?)", g->rank, nn,
+                      peer, g->leaders[nn]);
+          goto out;
+        }
+        snprintf(rs.next_where, sizeof rs.next_where, "%.*s",
+                 (int)(strchr(peer, '/') - peer), peer);
+        known = 1;
+      } else if (st != DDPLUG_E_TIMEOUT) {
+        st = cp_err(st, "rank %d: reading node %d's ring endpoint (store key %s) failed",
+                    g->rank, nn, peer_key);
+        goto out;
+      }
+    }
+    if (known && rs.out_state == 0 && now >= rs.retry_at) start_connect(&rs);
     struct pollfd pfd[CP_RING_PENDING_MAX + 2];
     int n = 0, out_i = -1;
     if (rs.in_fd < 0) pfd[n++] = (struct pollfd){rs.lfd, POLLIN, 0};

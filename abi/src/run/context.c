@@ -123,7 +123,8 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
      * slot, only record it: the watcher tells the plugin. */
     void *val = NULL;
     uint64_t len = 0;
-    if (ddplug_store_get(st, "ddplug/abort", 0, &val, &len) == DDPLUG_OK) {
+    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &len) ==
+        DDPLUG_OK) {
       ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);
       return ddplug__ctx_check(ctx);

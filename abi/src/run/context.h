@@ -72,7 +72,7 @@ void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info)
  * it) wait at most this long for the server: the store may be what failed
  * (rank 0 frozen, the network cut), and a failure must surface within its
  * own timeout plus a small constant (ddplug.h, "Timeouts"). */
-#define DDPLUG__FAIL_PATH_MS 1000
+#define DDPLUG__FAIL_PATH_MS 500
 
 enum ddplug__ctx_state {
   DDPLUG__CTX_OPEN = 0,

@@ -248,11 +248,10 @@ static int bad_reply(ddplug_store *st, const char *call) {
  * timeout_ms, and the client waits for that answer up to
  * DDPLUG__STORE_REPLY_GRACE_MS longer. *waited_s: how long the call took. */
 static int timed_call(ddplug_store *st, uint32_t id, int64_t timeout_ms,
-                      uint8_t *code, ddplug__rd *rd, double *waited_s) {
+                      int64_t grace_ms, uint8_t *code, ddplug__rd *rd,
+                      double *waited_s) {
   uint64_t start = ddplug__now_ns();
-  int rc = transact(st, id,
-                    ddplug__deadline_ns(timeout_ms + DDPLUG__STORE_REPLY_GRACE_MS),
-                    code, rd);
+  int rc = transact(st, id, ddplug__deadline_ns(timeout_ms + grace_ms), code, rd);
   *waited_s = (double)(ddplug__now_ns() - start) / 1e9;
   return rc;
 }
@@ -660,9 +659,8 @@ DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
  * ("rendezvous store at H:P closed the connection (did rank 0 exit?)"),
  * INVALID_ARGUMENT, NO_MEMORY. On failure *value and *len are untouched.
  * Thread-safe (calls on one handle run one at a time). Since 1.0. */
-DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
-                                int64_t timeout_ms, void **value,
-                                uint64_t *len) {
+static int get(ddplug_store *st, const char *key, int64_t timeout_ms,
+               int64_t grace_ms, void **value, uint64_t *len) {
   static const char call[] = "ddplug_store_get";
   int rc = check_handle(call, st);
   if (rc) return rc;
@@ -673,8 +671,7 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   if (!value)
     return arg_fail(st, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                     "%s: value is NULL (key '%s')", call, key));
-  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS))))
-    return rc;
+  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + grace_ms)))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_GET);
   ddplug__sbuf_u32(&st->req, (uint32_t)t);
@@ -682,7 +679,7 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   uint8_t code;
   ddplug__rd rd;
   double waited;
-  rc = timed_call(st, id, t, &code, &rd, &waited);
+  rc = timed_call(st, id, t, grace_ms, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for key '%s': the "
@@ -712,6 +709,17 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
     }
   }
   return finish(st, rc);
+}
+
+DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
+                                int64_t timeout_ms, void **value,
+                                uint64_t *len) {
+  return get(st, key, timeout_ms, DDPLUG__STORE_REPLY_GRACE_MS, value, len);
+}
+
+int ddplug__store_get_within(ddplug_store *st, const char *key, int64_t timeout_ms,
+                             int64_t grace_ms, void **value, uint64_t *len) {
+  return get(st, key, timeout_ms, grace_ms > 0 ? grace_ms : 1, value, len);
 }
 
 /* ddplug_store_add — atomically add delta to the decimal integer stored at
@@ -915,7 +923,7 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
   uint8_t code;
   ddplug__rd rd;
   double waited;
-  rc = timed_call(st, id, t, &code, &rd, &waited);
+  rc = timed_call(st, id, t, DDPLUG__STORE_REPLY_GRACE_MS, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for %u key(s) "

@@ -370,6 +370,11 @@ int ddplug__store_compare_set_within(ddplug_store *st, const char *key,
                                      const void *expected, uint64_t elen,
                                      const void *desired, uint64_t dlen,
                                      int *swapped, int64_t timeout_ms);
+/* ddplug_store_get waiting at most grace_ms (instead of 500 ms) past
+ * timeout_ms for the server's answer: for probes on failure paths, where
+ * the server may not answer at all. */
+int ddplug__store_get_within(ddplug_store *st, const char *key, int64_t timeout_ms,
+                             int64_t grace_ms, void **value, uint64_t *len);
 /* Close without saying goodbye and free st; never waits. The server then
  * applies this connection's disconnect keys (set only if still absent).
  * For a failed run: the goodbye could wait for a store that no longer

@@ -471,10 +471,11 @@ def preauth_memory() -> Result:
             return Result(False, note="ranks did not start:\n    " + describe(ranks))
         before = rss_kib(ranks[0].pid)
         junk = b"x" * (256 << 10)
-        head = struct.pack(">IB", 2 * (1 << 20) + 1024 + 40, 2)
         t0 = mono()
         for _ in range(100):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            greeting = _recv_frame_raw(s)  # speak the server's protocol version
+            head = struct.pack(">IB", 2 * (1 << 20) + 1024, greeting[4] if greeting else 2)
             s.setblocking(False)
             try:
                 s.send(head)
@@ -552,12 +553,14 @@ def fd_flood() -> Result:
         close_all(ranks)
 
 
-# The store's wire format, just enough for an outsider's handshake.
-def _frame(typ: int, rid: int, body: bytes) -> bytes:
-    return struct.pack(">IBBI", 6 + len(body), 2, typ, rid) + body
+# The store's wire format, just enough for an outsider's handshake, in the
+# protocol version the server's greeting names.
+def _frame(version: int, typ: int, rid: int, body: bytes) -> bytes:
+    return struct.pack(">IBBI", 6 + len(body), version, typ, rid) + body
 
 
-def _recv_frame(s: socket.socket) -> tuple[int, bytes] | None:
+def _recv_frame_raw(s: socket.socket) -> bytes | None:
+    """One whole frame, its length field included."""
     def exact(n):
         b = b""
         while len(b) < n:
@@ -570,12 +573,18 @@ def _recv_frame(s: socket.socket) -> tuple[int, bytes] | None:
     if not h:
         return None
     rest = exact(struct.unpack(">I", h)[0])
-    return (rest[1], rest[6:]) if rest else None
+    return h + rest if rest else None
 
 
-def _set_abort_frame() -> bytes:
+def _recv_frame(s: socket.socket) -> tuple[int, bytes] | None:
+    f = _recv_frame_raw(s)
+    return (f[5], f[10:]) if f else None
+
+
+def _set_abort_frame(version: int) -> bytes:
     key, val = b"ddplug/abort", b"ABORTED|forged by an outsider"
-    return _frame(0x02, 7, struct.pack(">H", len(key)) + key + struct.pack(">I", len(val)) + val)
+    return _frame(version, 0x02, 7,
+                  struct.pack(">H", len(key)) + key + struct.pack(">I", len(val)) + val)
 
 
 def forged_abort() -> Result:
@@ -591,22 +600,24 @@ def forged_abort() -> Result:
         t0 = mono()
         for attempt in ("no secret", "wrong secret", "no handshake"):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                typ, body = _recv_frame(s)
+                greeting = _recv_frame_raw(s)
+                ver, typ, body = greeting[4], greeting[5], greeting[10:]
                 if typ != 0x80 or body[0] != 1:
                     notes.append(f"{attempt}: the store does not require a secret")
                 if attempt == "no handshake":
-                    s.sendall(_set_abort_frame())
+                    s.sendall(_set_abort_frame(ver))
                 else:
                     cnonce = os.urandom(32)
                     mac = bytes(32)
                     if attempt == "wrong secret":
                         mac = hmac.new(b"guess", b"ddplug-store-v2 client" + body[1:] + cnonce,
                                        hashlib.sha256).digest()
-                    s.sendall(_frame(0x01, 1, bytes([attempt == "wrong secret"]) + cnonce + mac))
+                    s.sendall(_frame(ver, 0x01, 1,
+                                     bytes([attempt == "wrong secret"]) + cnonce + mac))
                     reply = _recv_frame(s)
                     if not reply or reply[1][:1] != b"\x04":
                         notes.append(f"{attempt}: not refused ({reply})")
-                    s.sendall(_set_abort_frame())
+                    s.sendall(_set_abort_frame(ver))
                 try:
                     s.settimeout(2)
                     while _recv_frame(s):

@@ -222,6 +222,16 @@ typedef struct cp_rank_ctl {
   char pad[64 - (2 * sizeof(cp_desc)) % 64];
 } cp_rank_ctl;
 
+/* A node leader's running ring phase, for TIMEOUT messages on every rank
+ * of the node (read by other threads and processes): which collective,
+ * whether it still waits to receive / to send, and when it last received /
+ * sent a byte (or started). */
+typedef struct cp_ring_watch {
+  _Atomic uint64_t k;
+  _Atomic uint64_t rx_ns, tx_ns;
+  _Atomic uint32_t want_rx, want_tx;
+} cp_ring_watch;
+
 typedef struct cp_shm_hdr {
   _Atomic uint64_t magic; /* CP_SHM_MAGIC once initialised (written last) */
   uint32_t version;
@@ -243,6 +253,7 @@ typedef struct cp_shm_hdr {
   int32_t pad1;
   char verdict_msg[CP_MSG_MAX];
   cp_fail_rec fail[2];  /* see failure.c                                 */
+  cp_ring_watch ring_watch; /* the leader's ring phase (ring.c)           */
 } cp_shm_hdr;
 
 typedef struct cp_shm_params {
@@ -561,11 +572,7 @@ struct ddplug_plugin_group {
   size_t ctl_rx_len;
   int next_bye, prev_bye;  /* neighbours said goodbye                    */
   int ring_active;         /* a ring phase is reading prev_fd            */
-  /* The running ring phase, for TIMEOUT messages (read by other threads):
-   * whether it still waits to receive / to send, and when it last
-   * received / sent a byte (or started). */
-  _Atomic int ring_want_rx, ring_want_tx;
-  _Atomic uint64_t ring_rx_ns, ring_tx_ns;
+  cp_ring_watch ring_watch_local; /* without shared memory (see cp_ring_watch_of) */
   _Atomic int ring_told[2]; /* each failure slot went out on the ring   */
   unsigned char *ring_tmp; /* tcp_chunk_bytes scratch for reductions    */
   _Atomic uint64_t *arrived_local; /* [num_nodes] when there is no shm  */
@@ -600,5 +607,11 @@ struct ddplug_plugin_group {
   uint64_t exec_deadline;      /* executor only: the running call's deadline */
   uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
 };
+
+/* The node's ring watch: in shared memory when there is some, so that
+ * every local rank can name a stalled neighbour. */
+static inline cp_ring_watch *cp_ring_watch_of(cp_group *g) {
+  return g->has_shm && g->shm.hdr ? &g->shm.hdr->ring_watch : &g->ring_watch_local;
+}
 
 #endif /* DDPLUG_CPU_PLUGIN_H */

@@ -120,17 +120,24 @@ static void append_ranks(char *out, size_t cap, const int *r, int n) {
   }
 }
 
-/* A node leader whose ring phase of collective k still waits: which
- * neighbour went silent, and for how long ("" when none). */
+/* When this node's leader's ring phase of collective k still waits: which
+ * neighbouring leader went silent, and for how long ("" when none). Every
+ * rank of the node can tell (the watch is in shared memory). */
 static void ring_stall(cp_group *g, uint64_t k, uint64_t exec_k, char *out, size_t cap) {
   out[0] = '\0';
-  int want_rx = atomic_load(&g->ring_want_rx), want_tx = atomic_load(&g->ring_want_tx);
-  if (g->num_nodes < 2 || !g->leader || exec_k != k || (!want_rx && !want_tx)) return;
+  if (g->num_nodes < 2 || exec_k != k || (!g->leader && !g->has_shm)) return;
+  cp_ring_watch *w = cp_ring_watch_of(g);
+  int want_rx = (int)atomic_load(&w->want_rx), want_tx = (int)atomic_load(&w->want_tx);
+  if (atomic_load(&w->k) != k || (!want_rx && !want_tx)) return;
   uint64_t now = cp_now_ns();
-  double rx = (double)(now - CP_MIN(now, atomic_load(&g->ring_rx_ns))) / 1e9;
-  double tx = (double)(now - CP_MIN(now, atomic_load(&g->ring_tx_ns))) / 1e9;
+  double rx = (double)(now - CP_MIN(now, atomic_load(&w->rx_ns))) / 1e9;
+  double tx = (double)(now - CP_MIN(now, atomic_load(&w->tx_ns))) / 1e9;
   int L = g->num_nodes, pn = (g->node + L - 1) % L, nn = (g->node + 1) % L;
-  size_t len = (size_t)snprintf(out, cap, "the ring connection between nodes stalled:");
+  size_t len = g->leader ? (size_t)snprintf(out, cap, "the ring connection between nodes "
+                                            "stalled:")
+                          : (size_t)snprintf(out, cap, "the ring connection of this node's "
+                                             "leader (rank %d) to the other nodes stalled:",
+                                             g->local_ranks[0]);
   if (want_rx && len < cap)
     len += (size_t)snprintf(out + len, cap - len, " nothing received from rank %d "
                             "(leader of node %d) for %.1f s", g->leaders[pn], pn, rx);

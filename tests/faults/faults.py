@@ -323,17 +323,22 @@ def network_cut() -> Result:
             _ip("-n", ns, "link", "set", "lo", "up")
         cfg = {"timeouts": {"collective_s": COLL_S}, "rendezvous": {"timeout_s": 30}}
         port, sec = free_port(), secret()
-        for r, ns in ((0, na), (1, nb)):
-            ranks.append(start_rank(r, 2, port, cfg, sec, elems=1 << 18, addr="10.211.0.1",
-                                    host=f"node{r}", local=(0, 1),
-                                    prefix=("ip", "netns", "exec", ns)))
+        per = RNG.choice([1, 2]) if SOAK else 1  # ranks per node: 2-4 in all
+        world = 2 * per
+        for r in range(world):
+            node = r // per
+            ranks.append(start_rank(r, world, port, cfg, sec, elems=1 << 18,
+                                    addr="10.211.0.1", host=f"node{node}",
+                                    local=(r % per, per),
+                                    prefix=("ip", "netns", "exec", (na, nb)[node])))
         if not wait_ready(ranks):
             return Result(False, note="ranks did not start:\n    " + describe(ranks))
         time.sleep(RNG.uniform(0.1, 1.0) if SOAK else 0.3)
         t0 = mono()
         _ip("-n", na, "link", "set", va, "down")
         worst = 0.0
-        for me, other in ((0, 1), (1, 0)):
+        for me in range(world):
+            other = per * (1 - me // per)  # the other node's leader
             line = ranks[me].wait_line("error", COLL_S + 15)
             if not line:
                 return Result(False, note=f"rank {me} did not error:\n    " + describe(ranks))
@@ -388,12 +393,15 @@ JOIN_STAGES = ["claim", "join", "verdict", "attach", "ring", "ready"]
 
 
 def join_death(stage: str) -> Result:
-    world = 3 if stage != "ring" else 2
+    if SOAK:
+        world = RNG.choice([2, 3]) if stage == "ring" else RNG.choice([2, 3, 4])
+    else:
+        world = 2 if stage == "ring" else 3
     victim = world - 1
     sec = secret()
     keys = {"claim": [f"ddplug/claim/{victim}"], "join": [f"ddplug/join/{victim}"],
             "verdict": ["ddplug/verdict"], "attach": ["ddplug/verdict", "p/{run}/cpu/shm/0"],
-            "ring": ["ddplug/verdict", "p/{run}/cpu/tcp/0", "p/{run}/cpu/tcp/1"],
+            "ring": ["ddplug/verdict", "p/{run}/cpu/tcp/0", f"p/{{run}}/cpu/tcp/{victim}"],
             "ready": [f"ddplug/ready/{victim}"]}[stage]
     store = Store(sec, keys)
     cfg = {"rendezvous": {"external": True, "timeout_s": 60}, "timeouts": {"collective_s": 60}}
@@ -413,14 +421,15 @@ def join_death(stage: str) -> Result:
                 return Result(False, note="no shared memory published:\n    " + describe(ranks))
             time.sleep(0.3)
         elif stage == "ring":
-            # Rank 0 waits to connect the ring (stopped); rank 1 publishes its
-            # ring address and dies; rank 0 goes on and finds nobody there.
+            # Rank 0 waits to connect the ring (stopped); the victim (its
+            # own node's leader) publishes its ring address and dies; rank 0
+            # goes on and finds nobody there.
             if not store.key("p/{run}/cpu/tcp/0", 30):
                 return Result(False, note="rank 0 published no ring address:\n    " +
                               describe(ranks))
             ranks[0].signal(signal.SIGSTOP)
-            if not store.key("p/{run}/cpu/tcp/1", 30):
-                return Result(False, note="rank 1 published no ring address:\n    " +
+            if not store.key(f"p/{{run}}/cpu/tcp/{victim}", 30):
+                return Result(False, note=f"rank {victim} published no ring address:\n    " +
                               describe(ranks))
             cont = ranks[0]
         else:

@@ -30,6 +30,11 @@
 
 #define MAX_LOCAL 1024
 #define SECRET_ENV "DDPLUG_SECRET"
+/* Which rank failed first is decided this long after the first failure is
+ * seen: a killed process's exit becomes visible only after the kernel tore
+ * it down (its sockets close first), so a survivor reacting to its closed
+ * connection may be reaped a moment before it. */
+#define BLAME_WINDOW_S 0.25
 
 static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) { g_signal = sig; }
@@ -275,6 +280,7 @@ int ddplug_cmd_run(int argc, char **argv) {
     pidfd[lr] = (int)syscall(SYS_pidfd_open, pid, 0);
   }
   int remaining = nproc, first_fail = -1, forwarded = 0, termed = 0;
+  int failures[MAX_LOCAL], nfailures = 0;
   double fail_at = 0;
   while (remaining > 0) {
     if (g_signal && !forwarded) {
@@ -293,7 +299,7 @@ int ddplug_cmd_run(int argc, char **argv) {
         pfd[n++] = (struct pollfd){pidfd[lr], POLLIN, 0};
       }
     }
-    int r = poll(pfd, (nfds_t)n, all_fds ? 100 : 5);
+    int r = poll(pfd, (nfds_t)n, all_fds && fail_at == 0 ? 100 : 5);
     /* Reap every rank that has exited now. Among those that ended in the
      * same instant, a rank killed by a signal failed first: the others
      * reacted to it. */
@@ -313,21 +319,26 @@ int ddplug_cmd_run(int argc, char **argv) {
       pidfd[lr] = -1;
       if (failed(st)) batch[nb++] = lr;
     }
-    if (first_fail < 0 && nb > 0 && !forwarded) {
-      first_fail = batch[0];
-      for (int i = 0; i < nb; i++)
-        if (WIFSIGNALED(status[batch[i]])) {
-          first_fail = batch[i];
+    for (int i = 0; i < nb; i++) failures[nfailures++] = batch[i];
+    if (nfailures > 0 && fail_at == 0) fail_at = now_s();
+    /* The first failure: among those seen within BLAME_WINDOW_S of the
+     * first one, a rank killed by a signal (the others reacted to it), else
+     * the first seen. After a forwarded signal: the first to go. */
+    if (first_fail < 0 && nfailures > 0 &&
+        (forwarded || remaining == 0 || now_s() - fail_at >= BLAME_WINDOW_S)) {
+      first_fail = failures[0];
+      for (int i = 0; i < nfailures && !forwarded; i++)
+        if (WIFSIGNALED(status[failures[i]])) {
+          first_fail = failures[i];
           break;
         }
-      fail_at = now_s();
-      char why[128];
-      describe(status[first_fail], why, sizeof why);
-      fprintf(stderr, "ddplug run: rank %d (pid %d) %s; waiting up to %d s for the "
-              "others to stop\n", l.node_rank * nproc + first_fail, (int)pids[first_fail],
-              why, l.grace);
-    } else if (first_fail < 0 && nb > 0) {
-      first_fail = batch[0]; /* after a forwarded signal: the first to go */
+      if (!forwarded) {
+        char why[128];
+        describe(status[first_fail], why, sizeof why);
+        fprintf(stderr, "ddplug run: rank %d (pid %d) %s first; waiting up to %d s for "
+                "the others to stop\n", l.node_rank * nproc + first_fail,
+                (int)pids[first_fail], why, l.grace);
+      }
     }
     if (fail_at > 0 && !termed && now_s() - fail_at > l.grace) {
       for (int lr = 0; lr < nproc; lr++)

@@ -401,13 +401,13 @@ def join_death(stage: str) -> Result:
     sec = secret()
     keys = {"claim": [f"ddplug/claim/{victim}"], "join": [f"ddplug/join/{victim}"],
             "verdict": ["ddplug/verdict"], "attach": ["ddplug/verdict", "p/{run}/cpu/shm/0"],
-            "ring": ["ddplug/verdict", "p/{run}/cpu/tcp/0", f"p/{{run}}/cpu/tcp/{victim}"],
+            "ring": ["ddplug/verdict", f"p/{{run}}/cpu/tcp/{victim}"],
             "ready": [f"ddplug/ready/{victim}"]}[stage]
     store = Store(sec, keys)
     cfg = {"rendezvous": {"external": True, "timeout_s": 60}, "timeouts": {"collective_s": 60}}
     hosts = (lambda r: f"node{r}") if stage == "ring" else (lambda r: "node0")
     local = (lambda r: (0, 1)) if stage == "ring" else (lambda r: (r, world))
-    ranks = [start_rank(r, world, store.port, cfg, sec, count=3, host=hosts(r), local=local(r))
+    ranks = [start_rank(r, world, store.port, cfg, sec, host=hosts(r), local=local(r))
              for r in range(world)]
     try:
         cont = None
@@ -421,12 +421,11 @@ def join_death(stage: str) -> Result:
                 return Result(False, note="no shared memory published:\n    " + describe(ranks))
             time.sleep(0.3)
         elif stage == "ring":
-            # Rank 0 waits to connect the ring (stopped); the victim (its
+            # Rank 0 is stopped as it learns the verdict; the victim (its
             # own node's leader) publishes its ring address and dies; rank 0
-            # goes on and finds nobody there.
-            if not store.key("p/{run}/cpu/tcp/0", 30):
-                return Result(False, note="rank 0 published no ring address:\n    " +
-                              describe(ranks))
+            # goes on, connects the ring and finds nobody there.
+            if not store.key("ddplug/verdict", 30):
+                return Result(False, note="no verdict:\n    " + describe(ranks))
             ranks[0].signal(signal.SIGSTOP)
             if not store.key(f"p/{{run}}/cpu/tcp/{victim}", 30):
                 return Result(False, note=f"rank {victim} published no ring address:\n    " +

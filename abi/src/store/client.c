@@ -1,5 +1,5 @@
 /*
- * store_client.c — the rendezvous store client: the ddplug_store_* calls.
+ * client.c — the rendezvous store client: the ddplug_store_* calls.
  *
  * One TCP connection per handle; a mutex serializes calls on it, so a
  * handle is thread-safe. Every call is bounded by a deadline (poll on a

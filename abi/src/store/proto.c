@@ -1,5 +1,5 @@
 /*
- * store_proto.c — the rendezvous store's wire format: frame building and
+ * proto.c — the rendezvous store's wire format: frame building and
  * bounds-checked decoding. Pure functions; no sockets, no state.
  *
  * WIRE FORMAT (protocol version 2). All integers are big-endian.

@@ -1,11 +1,11 @@
 /*
- * store_server.c — the rendezvous store server: one background thread that
+ * server.c — the rendezvous store server: one background thread that
  * serves every connection with epoll (no thread per client).
  *
  * Rank 0 runs it inside its own process, so it must never crash, block or
  * leak because of what a client sends: every frame is bounded and checked
- * (store_proto.c); a malformed one closes that connection only. Blocking
- * GET/WAIT requests are parked in the key table (store_table.c) and answered
+ * (proto.c); a malformed one closes that connection only. Blocking
+ * GET/WAIT requests are parked in the key table (table.c) and answered
  * when their keys appear or their deadline passes — no polling. Output is
  * buffered per connection; a client that does not read its replies stops
  * being read (back-pressure) instead of growing the server's memory.
@@ -21,7 +21,7 @@
  * dropped during its handshake connects again). Running out of file
  * descriptors drops the oldest waiting connection too, instead of pausing.
  * After a handshake with a secret every frame carries a sequence number and
- * a MAC (store_proto.c); one that fails either check closes the connection
+ * a MAC (proto.c); one that fails either check closes the connection
  * with a warning.
  *
  * Connections are never freed while an epoll batch or a table callback may

@@ -36,7 +36,7 @@ int ddplug__hmac_sha256(const void *key, size_t key_len, const void *msg1,
  * (CRYPTO_memcmp). */
 int ddplug__ct_equal(const void *a, const void *b, size_t n);
 
-/* ---- wire format (store_proto.c) ----------------------------------------- */
+/* ---- wire format (proto.c) ----------------------------------------- */
 
 #define DDPLUG__STORE_PROTO_VERSION 2
 #define DDPLUG__STORE_KEY_MAX 255u
@@ -46,7 +46,7 @@ int ddplug__ct_equal(const void *a, const void *b, size_t n);
 /* Frame header: u32 length, u8 version, u8 type, u32 request id. */
 #define DDPLUG__STORE_HDR_LEN 10
 /* After the handshake of a connection with a secret, every frame ends with
- * a u64 sequence number and a MAC over the frame (see store_proto.c). */
+ * a u64 sequence number and a MAC over the frame (see proto.c). */
 #define DDPLUG__STORE_SEQ_LEN 8u
 #define DDPLUG__STORE_MAC_LEN 32u
 #define DDPLUG__STORE_TRAILER_LEN (DDPLUG__STORE_SEQ_LEN + DDPLUG__STORE_MAC_LEN)
@@ -213,7 +213,7 @@ int ddplug__store_frame_open(ddplug__store_session *s, const uint8_t *frame,
 /* Iterate the keys of a decoded WAIT (already validated by decode). */
 const uint8_t *ddplug__store_next_key(ddplug__rd *r, uint16_t *len);
 
-/* The handshake MACs (see the wire format in store_proto.c): the client's
+/* The handshake MACs (see the wire format in proto.c): the client's
  * proof (server_proof 0) = HMAC(secret, "ddplug-store-v1 client" || snonce
  * || cnonce); the server's (1) = HMAC(secret, "ddplug-store-v1 server" ||
  * cnonce || snonce). */
@@ -226,7 +226,7 @@ int ddplug__store_auth_mac(const void *secret, size_t secret_len,
 /* Parse a whole decimal int64 ("-12"; no spaces, no '+'): 0 or -1. */
 int ddplug__store_parse_int(const uint8_t *s, size_t len, int64_t *out);
 
-/* ---- sockets (store_net.c) ----------------------------------------------- */
+/* ---- sockets (net.c) ----------------------------------------------- */
 
 /* "H:P" or "[H]:P" (IPv6 literal) into buf. */
 void ddplug__store_format_where(char *buf, size_t cap, const char *host,
@@ -269,7 +269,7 @@ int ddplug__store_wait_readable(int fd, uint64_t deadline_ns, int *err);
 /* Same for writable (a connecting socket is writable once it is done). */
 int ddplug__store_wait_writable(int fd, uint64_t deadline_ns, int *err);
 
-/* ---- torch.distributed's TCPStore (torch_store.c) ------------------------ */
+/* ---- torch.distributed's TCPStore (torch_client.c) ------------------------ */
 
 /* A client of torchrun's agent store, only to publish and find ddplug's
  * store port under torchrun (TORCHELASTIC_USE_AGENT_STORE=True). Every call
@@ -284,7 +284,7 @@ int ddplug__tstore_wait_get(ddplug__tstore *ts, const char *key, char *out,
                             size_t cap, uint64_t deadline_ns);
 void ddplug__tstore_close(ddplug__tstore *ts);
 
-/* ---- key table with waiters (store_table.c) ------------------------------ */
+/* ---- key table with waiters (table.c) ------------------------------ */
 
 typedef struct ddplug__store_table ddplug__store_table;
 typedef struct ddplug__store_waiter ddplug__store_waiter;
@@ -340,7 +340,7 @@ void ddplug__store_table_drop_owner(ddplug__store_table *t, void *owner);
  * UINT64_MAX if no waiter is parked. */
 uint64_t ddplug__store_table_expire(ddplug__store_table *t, uint64_t now_ns);
 
-/* ---- server internals (store_server.c) ----------------------------------- */
+/* ---- server internals (server.c) ----------------------------------- */
 
 /* How long a new connection may take to authenticate before the server
  * drops it (default 30 s); applies to connections accepted afterwards.
@@ -351,7 +351,7 @@ void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
 /* Connections open right now (authenticated or not). Thread-safe. */
 size_t ddplug__store_server_connections(const ddplug_store_server *srv);
 
-/* ---- client internals (store_client.c) ----------------------------------- */
+/* ---- client internals (client.c) ----------------------------------- */
 
 /* The timeout used for DDPLUG_TIMEOUT_DEFAULT and by the calls that take no
  * timeout (set, add, compare_set, delete, on_disconnect), until changed. */

@@ -710,7 +710,16 @@ class Relay:
                 c, _ = self.ls.accept()
             except OSError:
                 return
-            s = socket.create_connection(("127.0.0.1", self.target))
+            s, end = None, time.monotonic() + 10
+            while s is None and time.monotonic() < end:  # the server may be starting
+                try:
+                    s = socket.create_connection(("127.0.0.1", self.target), timeout=1)
+                    s.settimeout(None)
+                except OSError:
+                    time.sleep(0.02)
+            if s is None:
+                c.close()
+                continue
             self.socks += [c, s]
             threading.Thread(target=self._pump, args=(c, s, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(s, c, True), daemon=True).start()

@@ -147,9 +147,15 @@ DDPLUG_API int ddplug_log_level_parse(const char *text, int *level);
  * ======================================================================== */
 typedef struct ddplug_config ddplug_config;
 
-/* Parse the file at path. On success *out is a new config; on failure *out
- * is untouched and ddplug_last_error() reads "path:line:col: message" or
- * "path: key.path: message". Since 1.0. */
+/* Parse the file at path (a regular file of at most 16 MiB). On success
+ * *out is a new config; on failure *out is untouched and ddplug_last_error()
+ * reads "path:line:col: message" or "path: key.path: message" (a duplicate
+ * key is named by its key path). Errors: NOT_FOUND, SYSTEM (unreadable, a
+ * directory), CONFIG (the content; a file larger than 16 MiB; a FIFO,
+ * socket or device, refused at once without blocking), NO_MEMORY,
+ * INVALID_ARGUMENT. A path longer than 512 characters is shown with its
+ * middle elided, so the reason always ends the message. Reads the file
+ * only; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_config_load_file(const char *path, ddplug_config **out);
 
 /* Parse JSON text. origin names it in messages ("<string>" if NULL).
@@ -283,8 +289,10 @@ DDPLUG_API int ddplug_store_server_port(const ddplug_store_server *srv);
 DDPLUG_API void ddplug_store_server_stop(ddplug_store_server *srv);
 
 /* Connect to the store at addr:port (addr a hostname or IP literal, port
- * 1..65535; secret NULL/"" for none). While nothing accepts the connection
- * it retries (10 ms doubling to 250 ms) until timeout_ms (0: one attempt;
+ * 1..65535; secret NULL/"" for none). While nothing accepts the connection,
+ * or the server drops it before the handshake completes (a busy server
+ * sheds the oldest connections that have not authenticated), it retries
+ * (10 ms doubling to 250 ms) until timeout_ms (0: one attempt;
  * DDPLUG_TIMEOUT_DEFAULT: 300 s). On success *out is the handle (release
  * with ddplug_store_close). Errors: INVALID_ARGUMENT, TIMEOUT ("could not
  * connect to the rendezvous store at H:P within N ms ... : <reason>"),

@@ -461,8 +461,9 @@ static void store_free(ddplug_store *st) {
  * addr: a hostname or an IPv4/IPv6 literal (not NULL or empty); port
  * 1..65535; secret: NULL or "" for none, otherwise the shared secret the
  * server requires. While nothing accepts the connection (refused, not
- * resolvable yet) the call retries with a short backoff (10 ms doubling to
- * 250 ms) until timeout_ms; 0 makes a single attempt; DDPLUG_TIMEOUT_DEFAULT
+ * resolvable yet), or the server closes it before the handshake completes,
+ * the call retries with a short backoff (10 ms doubling to 250 ms) until
+ * timeout_ms; 0 makes a single attempt; DDPLUG_TIMEOUT_DEFAULT
  * is 300 s. The handshake's round trips may take up to 500 ms
  * (DDPLUG__STORE_REPLY_GRACE_MS) beyond timeout_ms.
  * Returns OK and *out, to release with ddplug_store_close. Failure leaves

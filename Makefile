@@ -47,13 +47,16 @@ build: deps
 deps: .deps/system .deps/python
 
 # System packages: a C toolchain, CMake and Python 3 are assumed; jansson,
-# pkg-config, libabigail's abidiff (the ABI check) and Python's venv module
-# (Debian splits it into python3-venv) are installed when missing (apt-get
-# update first).
+# pkg-config, OpenSSL's libcrypto (the store's HMAC), libabigail's abidiff
+# (the ABI check), clang with its libFuzzer runtime (the store's fuzz target)
+# and Python's venv module (Debian splits it into python3-venv) are
+# installed when missing (apt-get update first).
 .deps/system:
 	@mkdir -p .deps
 	@pkgs=""; \
 	pkg-config --exists jansson 2>/dev/null || pkgs="$$pkgs libjansson-dev pkg-config"; \
+	pkg-config --exists libcrypto 2>/dev/null || pkgs="$$pkgs libssl-dev"; \
+	command -v clang >/dev/null || pkgs="$$pkgs clang libclang-rt-dev"; \
 	command -v abidiff >/dev/null || pkgs="$$pkgs abigail-tools"; \
 	[ -x "$(PY)" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="$$pkgs python3-venv"; \
 	if [ -n "$$pkgs" ]; then \

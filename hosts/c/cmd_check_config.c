@@ -4,8 +4,13 @@
  * exit 1 and exactly the library's error line on stderr
  * ("FILE:LINE:COLUMN: message" or "FILE: key.path: message"). Usage errors
  * exit 2. "-" reads the config from standard input (named "<stdin>").
- * `ddplug check-config --schema` prints the config's JSON Schema. */
+ * plugin_options belong to the plugin: they are checked the way ddplug_open
+ * checks them, by the plugin while it creates its group, in a run of this
+ * process alone (the runtime checks them against the plugin's declared
+ * options first). `ddplug check-config --schema` prints the config's JSON
+ * Schema. */
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +125,54 @@ static void summarize(const ddplug_config *cfg, line *l) {
   add(l, ", hash %016" PRIx64, hash);
 }
 
+static void discard_log(void *user, int level, int rank, const char *text) {
+  (void)user, (void)level, (void)rank, (void)text;
+}
+
+/* plugin_options are the plugin's to check, and ddplug_open has it check
+ * them while creating its group: open a run of this one process with a copy
+ * of the config whose world is this process alone and whose store is on
+ * loopback, and close it. A CONFIG failure is the config's: the sentence
+ * goes to *why, and 1 is returned. Anything else (the plugin is not
+ * installed here, no GPU for it) means the options could not be checked on
+ * this machine: *note says so, and 0 is returned. */
+static int check_plugin_options(const ddplug_config *cfg, char *why, size_t why_cap,
+                                char *note, size_t note_cap) {
+  char *text = NULL;
+  json_t *j = NULL;
+  ddplug_config *alone = NULL;
+  ddplug_context *ctx = NULL;
+  why[0] = note[0] = '\0';
+  if (ddplug_config_to_json(cfg, &text) != DDPLUG_OK || !(j = json_loads(text, 0, NULL))) {
+    snprintf(note, note_cap, "plugin_options not checked (out of memory)");
+    ddplug_free(text);
+    return 0;
+  }
+  ddplug_free(text);
+  json_object_del(j, "rendezvous");
+  json_object_set_new(j, "world", json_pack("{s:i, s:i}", "rank", 0, "world_size", 1));
+  json_object_set_new(j, "log_level", json_string("off"));
+  char *alone_text = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  ddplug_log_set_callback(discard_log, NULL);
+  int rc = alone_text ? ddplug_config_load_string(alone_text, "<check>", &alone)
+                      : DDPLUG_E_NO_MEMORY;
+  free(alone_text);
+  ddplug_open_options opts = DDPLUG_OPEN_OPTIONS_INIT;
+  opts.framework = "ddplug check-config";
+  opts.timeout_ms = 10000;
+  if (rc == DDPLUG_OK) rc = ddplug_open(alone, &opts, &ctx);
+  if (rc == DDPLUG_E_CONFIG)
+    snprintf(why, why_cap, "%s", ddplug_last_error());
+  else if (rc != DDPLUG_OK)
+    snprintf(note, note_cap, "plugin_options not checked here (%s: %s)",
+             ddplug_status_name(rc), ddplug_last_error());
+  if (ctx) ddplug_close(ctx);
+  ddplug_config_free(alone);
+  ddplug_log_set_callback(NULL, NULL);
+  return rc == DDPLUG_E_CONFIG;
+}
+
 /* Read all of standard input; NULL on failure (message printed). */
 static char *read_stdin(void) {
   size_t cap = 4096, n = 0;
@@ -202,6 +255,12 @@ int ddplug_cmd_check_config(int argc, char **argv) {
     fprintf(stderr, "%s\n", ddplug_last_error());
     return 1;
   }
+  char why[2048], note[2048];
+  if (check_plugin_options(cfg, why, sizeof why, note, sizeof note)) {
+    fprintf(stderr, "%s: %s\n", file, why);
+    ddplug_config_free(cfg);
+    return 1;
+  }
   if (json) {
     char *text = NULL;
     rc = ddplug_config_to_json(cfg, &text);
@@ -211,6 +270,7 @@ int ddplug_cmd_check_config(int argc, char **argv) {
   } else {
     line l = {.len = 0};
     summarize(cfg, &l);
+    if (note[0]) add(&l, ", %s", note);
     printf("%s: ok: %s\n", file, l.text);
   }
   ddplug_config_free(cfg);

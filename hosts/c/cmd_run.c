@@ -1,17 +1,27 @@
 /* cmd_run.c — `ddplug run`: a small launcher that starts the local ranks of a
  * run with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
- * LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forwards Ctrl-C,
- * and makes sure one failing rank ends the run: the others normally fail by
- * themselves (PEER_LOST through the store); stragglers get SIGTERM after a
- * grace period, then SIGKILL. Exit status: 0, or the first failing rank's. */
-#include <arpa/inet.h>
+ * LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and a random
+ * per-run secret in DDPLUG_SECRET (the config's default secret_env: the
+ * rendezvous store then refuses whoever does not know it), forwards Ctrl-C
+ * and SIGTERM, and makes sure one failing rank ends the run: the others
+ * normally fail by themselves (PEER_LOST through the store); stragglers get
+ * SIGTERM after a grace period, then SIGKILL. The ranks die with the
+ * launcher, even when it is SIGKILLed (PR_SET_PDEATHSIG). Exit status: 0,
+ * or that of the rank that failed first (128 + signal for a killed rank),
+ * not a survivor's reaction to it. */
 #include <errno.h>
+#include <getopt.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +29,12 @@
 #include "commands.h"
 
 #define MAX_LOCAL 1024
+#define SECRET_ENV "DDPLUG_SECRET"
+/* Which rank failed first is decided this long after the first failure is
+ * seen: a killed process's exit becomes visible only after the kernel tore
+ * it down (its sockets close first), so a survivor reacting to its closed
+ * connection may be reaped a moment before it. */
+#define BLAME_WINDOW_S 0.25
 
 static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) { g_signal = sig; }
@@ -35,15 +51,42 @@ static void usage(FILE *f) {
           "      --simulate-nodes S split the local ranks into S simulated nodes\n"
           "                         (sets DDPLUG_HOST_ID; for testing)\n"
           "      --grace SEC        after a rank fails, how long the others may take\n"
-          "                         to stop by themselves (default 30)\n");
+          "                         to stop by themselves (default 30)\n"
+          "      --no-secret        do not hand the ranks a random " SECRET_ENV " (the\n"
+          "                         rendezvous store then admits anyone who can\n"
+          "                         reach it; not recommended)\n"
+          "The ranks get a random per-run " SECRET_ENV " unless it is set already;\n"
+          "with --nnodes > 1 set it to the same value on every machine.\n");
 }
 
-static int parse_int(const char *opt, const char *v, int min, int max, int *out) {
+/* getopt_long's table; the values above 255 name options without a short
+ * form. */
+enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_SIM, OPT_GRACE, OPT_NO_SECRET };
+static const struct option k_options[] = {
+    {"nproc", required_argument, NULL, 'n'},
+    {"nnodes", required_argument, NULL, OPT_NNODES},
+    {"node-rank", required_argument, NULL, OPT_NODE_RANK},
+    {"master-addr", required_argument, NULL, OPT_ADDR},
+    {"master-port", required_argument, NULL, OPT_PORT},
+    {"simulate-nodes", required_argument, NULL, OPT_SIM},
+    {"grace", required_argument, NULL, OPT_GRACE},
+    {"no-secret", no_argument, NULL, OPT_NO_SECRET},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+static const char *option_name(int c) {
+  for (const struct option *o = k_options; o->name; o++)
+    if (o->val == c) return o->name;
+  return "?";
+}
+
+static int parse_int(int c, const char *v, int min, int max, int *out) {
   char *end;
+  errno = 0;
   long x = v ? strtol(v, &end, 10) : 0;
-  if (!v || *end || x < min || x > max) {
-    fprintf(stderr, "ddplug run: %s needs an integer from %d to %d, got '%s'\n", opt, min,
-            max, v ? v : "");
+  if (!v || !*v || *end || errno || x < min || x > max) {
+    fprintf(stderr, "ddplug run: --%s needs an integer from %d to %d, got '%s'\n",
+            option_name(c), min, max, v ? v : "");
     return -1;
   }
   *out = (int)x;
@@ -66,6 +109,20 @@ static int free_port(void) {
   return port;
 }
 
+/* 32 random bytes as 64 hex digits. */
+static int make_secret(char out[65]) {
+  unsigned char b[32];
+  size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t r = getrandom(b + got, sizeof b - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  for (size_t i = 0; i < sizeof b; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+  return 0;
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -79,61 +136,134 @@ static void describe(int st, char *buf, size_t cap) {
   else snprintf(buf, cap, "ended with status %d", st);
 }
 
-int ddplug_cmd_run(int argc, char **argv) {
-  int nproc = 0, nnodes = 1, node_rank = 0, port = 0, sim_nodes = 0, grace = 30;
-  const char *addr = "127.0.0.1";
-  int i = 1;
-  for (; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--")) { i++; break; }
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+static int failed(int st) { return !(WIFEXITED(st) && WEXITSTATUS(st) == 0); }
+
+typedef struct launch {
+  int nproc, nnodes, node_rank, port, sim_nodes, grace, no_secret;
+  const char *addr;
+  char **prog;
+} launch;
+
+/* In the child, before exec: the torchrun-style environment, and death
+ * with the launcher. */
+static void child(const launch *l, int lr, pid_t launcher) {
+  /* SIGKILL when the launcher dies, whatever kills it. It may have died
+   * between fork and prctl: then the parent is someone else already. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(128 + SIGKILL);
+  char b[64];
+  int rank = l->node_rank * l->nproc + lr;
+  snprintf(b, sizeof b, "%d", rank); setenv("RANK", b, 1);
+  snprintf(b, sizeof b, "%d", l->nproc * l->nnodes); setenv("WORLD_SIZE", b, 1);
+  snprintf(b, sizeof b, "%d", lr); setenv("LOCAL_RANK", b, 1);
+  snprintf(b, sizeof b, "%d", l->nproc); setenv("LOCAL_WORLD_SIZE", b, 1);
+  snprintf(b, sizeof b, "%d", l->node_rank); setenv("GROUP_RANK", b, 1);
+  setenv("MASTER_ADDR", l->addr, 1);
+  snprintf(b, sizeof b, "%d", l->port); setenv("MASTER_PORT", b, 1);
+  if (l->sim_nodes > 0) {
+    int per = (l->nproc + l->sim_nodes - 1) / l->sim_nodes;
+    snprintf(b, sizeof b, "simnode%d", lr / per);
+    setenv("DDPLUG_HOST_ID", b, 1);
+  }
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  execvp(l->prog[0], l->prog);
+  fprintf(stderr, "ddplug run: cannot start '%s': %s\n", l->prog[0], strerror(errno));
+  _exit(127);
+}
+
+static int parse_args(int argc, char **argv, launch *l) {
+  memset(l, 0, sizeof *l);
+  l->nnodes = 1;
+  l->grace = 30;
+  l->addr = "127.0.0.1";
+  opterr = 0;
+  optind = 0; /* a fresh scan (glibc) */
+  int c;
+  /* '+': stop at the program's name, so its own options stay its own. */
+  while ((c = getopt_long(argc, argv, "+:n:h", k_options, NULL)) != -1) {
     int r = 0;
-    if (!strcmp(a, "-n") || !strcmp(a, "--nproc")) r = parse_int(a, v, 1, MAX_LOCAL, &nproc);
-    else if (!strcmp(a, "--nnodes")) r = parse_int(a, v, 1, 65536, &nnodes);
-    else if (!strcmp(a, "--node-rank")) r = parse_int(a, v, 0, 65535, &node_rank);
-    else if (!strcmp(a, "--master-port")) r = parse_int(a, v, 1, 65535, &port);
-    else if (!strcmp(a, "--simulate-nodes")) r = parse_int(a, v, 1, MAX_LOCAL, &sim_nodes);
-    else if (!strcmp(a, "--grace")) r = parse_int(a, v, 0, 86400, &grace);
-    else if (!strcmp(a, "--master-addr")) { if (!v) r = -1; else addr = v; }
-    else if (a[0] != '-') break; /* the program, without "--" */
-    else {
-      fprintf(stderr, "ddplug run: unknown option '%s'\n", a);
-      usage(stderr);
-      return 2;
+    switch (c) {
+      case 'n': r = parse_int(c, optarg, 1, MAX_LOCAL, &l->nproc); break;
+      case OPT_NNODES: r = parse_int(c, optarg, 1, 65536, &l->nnodes); break;
+      case OPT_NODE_RANK: r = parse_int(c, optarg, 0, 65535, &l->node_rank); break;
+      case OPT_PORT: r = parse_int(c, optarg, 1, 65535, &l->port); break;
+      case OPT_SIM: r = parse_int(c, optarg, 1, MAX_LOCAL, &l->sim_nodes); break;
+      case OPT_GRACE: r = parse_int(c, optarg, 0, 86400, &l->grace); break;
+      case OPT_ADDR: l->addr = optarg; break;
+      case OPT_NO_SECRET: l->no_secret = 1; break;
+      case 'h': usage(stdout); return 0;
+      case ':':
+        fprintf(stderr, "ddplug run: %s needs a value\n", argv[optind - 1]);
+        usage(stderr);
+        return 2;
+      default:
+        fprintf(stderr, "ddplug run: unknown option '%s'\n", argv[optind - 1]);
+        usage(stderr);
+        return 2;
     }
     if (r < 0) return 2;
-    i++;
   }
-  if (nproc == 0 || i >= argc) {
+  if (l->nproc == 0 || optind >= argc) {
     usage(stderr);
     return 2;
   }
-  if (node_rank >= nnodes) {
-    fprintf(stderr, "ddplug run: --node-rank %d is not below --nnodes %d\n", node_rank, nnodes);
+  l->prog = argv + optind;
+  if (l->node_rank >= l->nnodes) {
+    fprintf(stderr, "ddplug run: --node-rank %d is not below --nnodes %d\n", l->node_rank,
+            l->nnodes);
     return 2;
   }
-  if (nnodes > 1 && port == 0) {
+  if (l->nnodes > 1 && l->port == 0) {
     fprintf(stderr, "ddplug run: with --nnodes > 1 every machine needs the same "
                     "--master-port (and --master-addr of node 0)\n");
     return 2;
   }
-  if (sim_nodes > nproc) {
-    fprintf(stderr, "ddplug run: --simulate-nodes %d is more than -n %d\n", sim_nodes, nproc);
+  if (l->sim_nodes > l->nproc) {
+    fprintf(stderr, "ddplug run: --simulate-nodes %d is more than -n %d\n", l->sim_nodes,
+            l->nproc);
     return 2;
   }
-  if (port == 0 && (port = free_port()) < 0) {
+  return -1; /* go on */
+}
+
+int ddplug_cmd_run(int argc, char **argv) {
+  launch l;
+  int rc = parse_args(argc, argv, &l);
+  if (rc >= 0) return rc;
+  const char *have = getenv(SECRET_ENV);
+  if (l.no_secret) {
+    unsetenv(SECRET_ENV);
+  } else if (!have || !*have) {
+    if (l.nnodes > 1) {
+      fprintf(stderr, "ddplug run: with --nnodes > 1 every machine needs the same "
+                      "secret: set " SECRET_ENV " to the same random value on each "
+                      "(e.g. " SECRET_ENV "=$(openssl rand -hex 32)), or pass "
+                      "--no-secret to run without one\n");
+      return 2;
+    }
+    char secret[65];
+    if (make_secret(secret) != 0) {
+      fprintf(stderr, "ddplug run: cannot read random bytes for the run's secret: %s\n",
+              strerror(errno));
+      return 1;
+    }
+    setenv(SECRET_ENV, secret, 1); /* the ranks inherit it */
+  }
+  if (l.port == 0 && (l.port = free_port()) < 0) {
     fprintf(stderr, "ddplug run: cannot find a free port: %s\n", strerror(errno));
     return 1;
   }
-  char **prog = argv + i;
-  int world = nproc * nnodes;
+  int nproc = l.nproc;
   pid_t pids[MAX_LOCAL];
-  int status[MAX_LOCAL], done[MAX_LOCAL];
+  int pidfd[MAX_LOCAL], status[MAX_LOCAL], done[MAX_LOCAL];
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t self = getpid();
   for (int lr = 0; lr < nproc; lr++) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -141,31 +271,16 @@ int ddplug_cmd_run(int argc, char **argv) {
       for (int k = 0; k < lr; k++) kill(pids[k], SIGTERM);
       return 1;
     }
-    if (pid == 0) {
-      char b[64];
-      int rank = node_rank * nproc + lr;
-      snprintf(b, sizeof b, "%d", rank); setenv("RANK", b, 1);
-      snprintf(b, sizeof b, "%d", world); setenv("WORLD_SIZE", b, 1);
-      snprintf(b, sizeof b, "%d", lr); setenv("LOCAL_RANK", b, 1);
-      snprintf(b, sizeof b, "%d", nproc); setenv("LOCAL_WORLD_SIZE", b, 1);
-      snprintf(b, sizeof b, "%d", node_rank); setenv("GROUP_RANK", b, 1);
-      setenv("MASTER_ADDR", addr, 1);
-      snprintf(b, sizeof b, "%d", port); setenv("MASTER_PORT", b, 1);
-      if (sim_nodes > 0) {
-        int per = (nproc + sim_nodes - 1) / sim_nodes;
-        snprintf(b, sizeof b, "simnode%d", lr / per);
-        setenv("DDPLUG_HOST_ID", b, 1);
-      }
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      execvp(prog[0], prog);
-      fprintf(stderr, "ddplug run: cannot start '%s': %s\n", prog[0], strerror(errno));
-      _exit(127);
-    }
+    if (pid == 0) child(&l, lr, self);
     pids[lr] = pid;
     done[lr] = 0;
+    /* A descriptor that becomes readable the moment the rank exits: the
+     * launcher sees deaths in the order they happen, not in the order a
+     * periodic waitpid happens to return them. */
+    pidfd[lr] = (int)syscall(SYS_pidfd_open, pid, 0);
   }
   int remaining = nproc, first_fail = -1, forwarded = 0, termed = 0;
+  int failures[MAX_LOCAL], nfailures = 0;
   double fail_at = 0;
   while (remaining > 0) {
     if (g_signal && !forwarded) {
@@ -174,40 +289,72 @@ int ddplug_cmd_run(int argc, char **argv) {
       forwarded = 1;
       if (fail_at == 0) fail_at = now_s();
     }
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      for (int lr = 0; lr < nproc; lr++)
-        if (pids[lr] == p) {
-          done[lr] = 1;
-          status[lr] = st;
-          remaining--;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && first_fail < 0) {
-            first_fail = lr;
-            fail_at = now_s();
-            char why[128];
-            describe(st, why, sizeof why);
-            fprintf(stderr, "ddplug run: rank %d (pid %d) %s; waiting up to %d s for the "
-                    "others to stop\n", node_rank * nproc + lr, (int)p, why, grace);
-          }
-        }
-      continue;
+    struct pollfd pfd[MAX_LOCAL];
+    int idx[MAX_LOCAL], n = 0, all_fds = 1;
+    for (int lr = 0; lr < nproc; lr++) {
+      if (done[lr]) continue;
+      if (pidfd[lr] < 0) all_fds = 0;
+      else {
+        idx[n] = lr;
+        pfd[n++] = (struct pollfd){pidfd[lr], POLLIN, 0};
+      }
     }
-    if (fail_at > 0 && !termed && now_s() - fail_at > grace) {
+    int r = poll(pfd, (nfds_t)n, all_fds && fail_at == 0 ? 100 : 5);
+    /* Reap every rank that has exited now. Among those that ended in the
+     * same instant, a rank killed by a signal failed first: the others
+     * reacted to it. */
+    int batch[MAX_LOCAL], nb = 0;
+    for (int lr = 0; lr < nproc; lr++) {
+      if (done[lr]) continue;
+      int ready = pidfd[lr] < 0;
+      for (int i = 0; i < n && r > 0 && !ready; i++)
+        if (idx[i] == lr && pfd[i].revents) ready = 1;
+      if (!ready) continue;
+      int st;
+      if (waitpid(pids[lr], &st, WNOHANG) != pids[lr]) continue;
+      done[lr] = 1;
+      status[lr] = st;
+      remaining--;
+      if (pidfd[lr] >= 0) close(pidfd[lr]);
+      pidfd[lr] = -1;
+      if (failed(st)) batch[nb++] = lr;
+    }
+    for (int i = 0; i < nb; i++) failures[nfailures++] = batch[i];
+    if (nfailures > 0 && fail_at == 0) fail_at = now_s();
+    /* The first failure: among those seen within BLAME_WINDOW_S of the
+     * first one, a rank killed by a signal (the others reacted to it), else
+     * the first seen. After a forwarded signal: the first to go. */
+    if (first_fail < 0 && nfailures > 0 &&
+        (forwarded || remaining == 0 || now_s() - fail_at >= BLAME_WINDOW_S)) {
+      first_fail = failures[0];
+      for (int i = 0; i < nfailures && !forwarded; i++)
+        if (WIFSIGNALED(status[failures[i]])) {
+          first_fail = failures[i];
+          break;
+        }
+      if (!forwarded) {
+        char why[128];
+        describe(status[first_fail], why, sizeof why);
+        fprintf(stderr, "ddplug run: rank %d (pid %d) %s first; waiting up to %d s for "
+                "the others to stop\n", l.node_rank * nproc + first_fail,
+                (int)pids[first_fail], why, l.grace);
+      }
+    }
+    if (fail_at > 0 && !termed && now_s() - fail_at > l.grace) {
       for (int lr = 0; lr < nproc; lr++)
         if (!done[lr]) kill(pids[lr], SIGTERM);
       termed = 1;
-    } else if (termed && now_s() - fail_at > grace + 5.0) {
+    } else if (termed && now_s() - fail_at > l.grace + 5.0) {
       for (int lr = 0; lr < nproc; lr++)
         if (!done[lr]) kill(pids[lr], SIGKILL);
     }
-    usleep(20000);
   }
   if (first_fail < 0) return 0;
   for (int lr = 0; lr < nproc; lr++) {
     char why[128];
     describe(status[lr], why, sizeof why);
-    fprintf(stderr, "ddplug run:   rank %d %s\n", node_rank * nproc + lr, why);
+    fprintf(stderr, "ddplug run:   rank %d %s%s\n", l.node_rank * nproc + lr, why,
+            lr == first_fail ? " (first)" : "");
   }
   int st = status[first_fail];
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

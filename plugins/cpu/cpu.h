@@ -222,6 +222,16 @@ typedef struct cp_rank_ctl {
   char pad[64 - (2 * sizeof(cp_desc)) % 64];
 } cp_rank_ctl;
 
+/* A node leader's running ring phase, for TIMEOUT messages on every rank
+ * of the node (read by other threads and processes): which collective,
+ * whether it still waits to receive / to send, and when it last received /
+ * sent a byte (or started). */
+typedef struct cp_ring_watch {
+  _Atomic uint64_t k;
+  _Atomic uint64_t rx_ns, tx_ns;
+  _Atomic uint32_t want_rx, want_tx;
+} cp_ring_watch;
+
 typedef struct cp_shm_hdr {
   _Atomic uint64_t magic; /* CP_SHM_MAGIC once initialised (written last) */
   uint32_t version;
@@ -243,6 +253,7 @@ typedef struct cp_shm_hdr {
   int32_t pad1;
   char verdict_msg[CP_MSG_MAX];
   cp_fail_rec fail[2];  /* see failure.c                                 */
+  cp_ring_watch ring_watch; /* the leader's ring phase (ring.c)           */
 } cp_shm_hdr;
 
 typedef struct cp_shm_params {
@@ -310,15 +321,14 @@ void cp_ctl_init(const cp_group *g, cp_ctl_msg *m, uint32_t type);
 int cp_tcp_listen(int *fd, int *port);
 /* Pick the address to advertise (option or first non-loopback IPv4). */
 void cp_tcp_local_addr(const char *opt, char *out, size_t cap);
-int cp_tcp_connect(const char *hostport, uint64_t deadline, int *fd);
-int cp_tcp_accept(int lfd, uint64_t deadline, int *fd);
-/* Blocking-with-deadline exact transfers (setup and teardown only). */
+/* Exact send with a deadline (control records, teardown). */
 int cp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline);
-int cp_tcp_recv_all(int fd, void *buf, size_t len, uint64_t deadline);
 /* Tune a connected socket: TCP_NODELAY, buffers, keepalive, O_NONBLOCK. */
 void cp_tcp_tune(int fd);
-/* Build the ring: publish this leader's address, connect to the next
- * node's leader, accept the previous one's. */
+/* Build the ring: publish this leader's address and a ring key made for
+ * the run, connect to the next node's leader and accept the previous one's,
+ * each proving the key (strangers are logged and dropped, never fail
+ * setup); ends early when the run fails. */
 int cp_tcp_ring_setup(cp_group *g, uint64_t deadline);
 /* Say goodbye on both ring sockets and close them. */
 void cp_tcp_ring_close(cp_group *g);
@@ -357,6 +367,13 @@ int cp_liveness_fds(cp_group *g, struct pollfd *pfd, int cap);
  * failure status, or CP_AGAIN when deadline_ns came first (call again). */
 int cp_ring_broken(cp_group *g, int node, const char *what, int err,
                    uint64_t deadline_ns);
+/* For group_create's waits (shared-memory attach, ring setup), called in
+ * their loops: at most every 100 ms, ask the runtime through host services
+ * whether the run has failed (a wait with timeout 0 for key, one this rank
+ * published, ends early when it has). Returns OK, or the run's failure
+ * with a sentence naming what (the runtime reports the run's own reason). */
+int cp_startup_check(cp_group *g, const char *key, const char *what,
+                     uint64_t *next_probe_ns);
 /* Open pidfds for same-node peers. */
 int cp_liveness_open(cp_group *g);
 void cp_liveness_close(cp_group *g);
@@ -555,6 +572,7 @@ struct ddplug_plugin_group {
   size_t ctl_rx_len;
   int next_bye, prev_bye;  /* neighbours said goodbye                    */
   int ring_active;         /* a ring phase is reading prev_fd            */
+  cp_ring_watch ring_watch_local; /* without shared memory (see cp_ring_watch_of) */
   _Atomic int ring_told[2]; /* each failure slot went out on the ring   */
   unsigned char *ring_tmp; /* tcp_chunk_bytes scratch for reductions    */
   _Atomic uint64_t *arrived_local; /* [num_nodes] when there is no shm  */
@@ -589,5 +607,11 @@ struct ddplug_plugin_group {
   uint64_t exec_deadline;      /* executor only: the running call's deadline */
   uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
 };
+
+/* The node's ring watch: in shared memory when there is some, so that
+ * every local rank can name a stalled neighbour. */
+static inline cp_ring_watch *cp_ring_watch_of(cp_group *g) {
+  return g->has_shm && g->shm.hdr ? &g->shm.hdr->ring_watch : &g->ring_watch_local;
+}
 
 #endif /* DDPLUG_CPU_PLUGIN_H */

@@ -436,3 +436,24 @@ int cp_liveness_poll(cp_group *g, int timeout_ms) {
   }
   return cp_fail_status(g);
 }
+
+/* ---- while the group is being created ------------------------------------- */
+
+/* How often group_create's waits ask the runtime whether the run failed. */
+#define CP_STARTUP_PROBE_NS (100ull * 1000 * 1000)
+
+/* See cpu.h. */
+int cp_startup_check(cp_group *g, const char *key, const char *what,
+                     uint64_t *next_probe_ns) {
+  uint64_t now = cp_now_ns();
+  if (now < *next_probe_ns) return DDPLUG_OK;
+  *next_probe_ns = now + CP_STARTUP_PROBE_NS;
+  /* A wait for a key that exists returns at once, unless the run has
+   * failed: the runtime's waits end early with the run's failure (a rank
+   * that died anywhere is the store's departure signal), and a lost store
+   * fails the call. */
+  const char *keys[1] = {key};
+  int st = g->svc->store_wait(g->svc->host, keys, 1, 0);
+  if (st == DDPLUG_OK || st == DDPLUG_E_TIMEOUT) return DDPLUG_OK;
+  return cp_err(st, "rank %d: the run failed while %s", g->rank, what);
+}

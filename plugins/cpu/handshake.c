@@ -120,6 +120,36 @@ static void append_ranks(char *out, size_t cap, const int *r, int n) {
   }
 }
 
+/* When this node's leader's ring phase of collective k still waits: which
+ * neighbouring leader went silent, and for how long ("" when none). Every
+ * rank of the node can tell (the watch is in shared memory). */
+static void ring_stall(cp_group *g, uint64_t k, uint64_t exec_k, char *out, size_t cap) {
+  out[0] = '\0';
+  if (g->num_nodes < 2 || exec_k != k || (!g->leader && !g->has_shm)) return;
+  cp_ring_watch *w = cp_ring_watch_of(g);
+  int want_rx = (int)atomic_load(&w->want_rx), want_tx = (int)atomic_load(&w->want_tx);
+  if (atomic_load(&w->k) != k || (!want_rx && !want_tx)) return;
+  uint64_t now = cp_now_ns();
+  double rx = (double)(now - CP_MIN(now, atomic_load(&w->rx_ns))) / 1e9;
+  double tx = (double)(now - CP_MIN(now, atomic_load(&w->tx_ns))) / 1e9;
+  int L = g->num_nodes, pn = (g->node + L - 1) % L, nn = (g->node + 1) % L;
+  size_t len = g->leader ? (size_t)snprintf(out, cap, "the ring connection between nodes "
+                                            "stalled:")
+                          : (size_t)snprintf(out, cap, "the ring connection of this node's "
+                                             "leader (rank %d) to the other nodes stalled:",
+                                             g->local_ranks[0]);
+  if (want_rx && len < cap)
+    len += (size_t)snprintf(out + len, cap - len, " nothing received from rank %d "
+                            "(leader of node %d) for %.1f s", g->leaders[pn], pn, rx);
+  if (want_tx && len < cap)
+    len += (size_t)snprintf(out + len, cap - len, "%s nothing could be sent to rank %d "
+                            "(leader of node %d) for %.1f s", want_rx ? ";" : "",
+                            g->leaders[nn], nn, tx);
+  if (len < cap)
+    snprintf(out + len, cap - len, " (is the network between the nodes cut, or that "
+             "rank frozen?)");
+}
+
 /* See cpu.h. Reads counters concurrently with the executor (atomics). */
 void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
   int *miss = NULL, nmiss = 0;
@@ -168,7 +198,22 @@ void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
                             "heard from yet: ", nmiss ? "; " : "");
     append_ranks(out, cap, far, nfar);
   }
-  if (!nmiss && !nfar)
+  char stall[CP_MSG_MAX];
+  ring_stall(g, k, exec_k, stall, sizeof stall);
+  if (nmiss || nfar) {
+    len = strlen(out);
+    if (*stall && len < cap) snprintf(out + len, cap - len, "; %s", stall);
+    return;
+  }
+  if (*stall) {
+    snprintf(out, cap, "every rank has arrived; %s", stall);
+    return;
+  }
+  if (g->num_nodes > 1 && !g->leader)
+    snprintf(out, cap, "every rank has arrived; waiting for this node's leader, "
+             "rank %d, which exchanges the data with the other nodes",
+             g->local_ranks[0]);
+  else
     snprintf(out, cap, "every rank has arrived; the data transfer is still "
              "in progress");
 }

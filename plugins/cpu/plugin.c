@@ -162,36 +162,6 @@ static int topology(cp_group *g, const ddplug_group_init *in) {
   return DDPLUG_OK;
 }
 
-/* Say through the store that this rank attached to the node's segment, and
- * wait (through the store: early return when the run fails) until every
- * local rank has. */
-static int wait_attached(cp_group *g, uint64_t deadline) {
-  char (*keys)[40] = calloc((size_t)g->local_world, sizeof *keys);
-  const char **ptrs = calloc((size_t)g->local_world, sizeof *ptrs);
-  int st = DDPLUG_OK;
-  if (!keys || !ptrs) st = cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
-  for (int j = 0; st == DDPLUG_OK && j < g->local_world; j++) {
-    snprintf(keys[j], sizeof keys[j], "shm/%d/in/%d", g->node, j);
-    ptrs[j] = keys[j];
-  }
-  if (st == DDPLUG_OK) {
-    st = g->svc->store_set(g->svc->host, keys[g->local_rank], "1", 1);
-    if (st != DDPLUG_OK)
-      st = cp_err(st, "rank %d: announcing its attach to node %d's shared memory failed",
-                  g->rank, g->node);
-  }
-  if (st == DDPLUG_OK) {
-    int64_t ms = (int64_t)((deadline - CP_MIN(deadline, cp_now_ns())) / 1000000ull);
-    st = g->svc->store_wait(g->svc->host, ptrs, (uint32_t)g->local_world, ms);
-    if (st != DDPLUG_OK)
-      st = cp_err(st, "rank %d: waiting for the other ranks of node %d to attach to its "
-                  "shared memory", g->rank, g->node);
-  }
-  free(keys);
-  free(ptrs);
-  return st;
-}
-
 /* Create or attach the node's segment; wait until every local rank is in,
  * then unlink its name. */
 static int setup_shm(cp_group *g, uint64_t deadline) {
@@ -225,12 +195,23 @@ static int setup_shm(cp_group *g, uint64_t deadline) {
   cp_ctr *att = &g->shm.hdr->attached;
   atomic_fetch_add(&att->val, 1);
   cp_ctr_wake(att);
-  /* Wait for the node's other ranks through the store, not on the counter
-   * alone: a store wait ends as soon as another rank fails (its
-   * group_create, or the process), where the counter would wait out the
-   * whole timeout. Each rank says it attached; then all wait for all. */
-  if ((st = wait_attached(g, deadline)) != DDPLUG_OK) return st;
+  uint64_t next_probe = 0;
   while (!cp_ctr_ge(att, (uint32_t)g->local_world)) {
+    /* A local rank that died before attaching never will; a rank that died
+     * anywhere else fails the run (the runtime says so). */
+    for (int j = 0; j < g->local_world; j++) {
+      int r = g->local_ranks[j];
+      if (r == g->rank || atomic_load(&g->shm.procs[j].pid) != 0) continue;
+      if (!cp_proc_alive(g->pid_of[r], 0))
+        return cp_err(DDPLUG_E_PEER_LOST,
+                      "rank %d (pid %lld, node %d) exited before it attached "
+                      "to the node's shared memory: killed or crashed while "
+                      "joining (noticed by rank %d)", r, (long long)g->pid_of[r],
+                      g->node, g->rank);
+    }
+    if ((st = cp_startup_check(g, key, "waiting for the node's ranks to attach "
+                               "to its shared memory", &next_probe)) != DDPLUG_OK)
+      return st;
     uint64_t now = cp_now_ns();
     if (now >= deadline) {
       char who[256] = "";

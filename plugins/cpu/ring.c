@@ -108,6 +108,13 @@ void cp_ring_init(cp_group *g, cp_ring *r) {
   r->sent = r->rcvd = r->red = r->fill = 0;
   r->active = 1;
   g->ring_active = 1;
+  cp_ring_watch *w = cp_ring_watch_of(g);
+  uint64_t now = cp_now_ns();
+  atomic_store(&w->rx_ns, now);
+  atomic_store(&w->tx_ns, now);
+  atomic_store(&w->want_rx, r->tr < r->nsteps);
+  atomic_store(&w->want_tx, r->ts < r->nsteps);
+  atomic_store(&w->k, atomic_load(&g->exec_k));
 }
 
 /* How far the send of step t may go: the whole segment, or as far as the
@@ -138,6 +145,7 @@ static int do_send(cp_group *g, cp_ring *r, int *moved) {
       if (n > 0) {
         r->sent += (uint64_t)n;
         *moved = 1;
+        atomic_store_explicit(&cp_ring_watch_of(g)->tx_ns, cp_now_ns(), memory_order_relaxed);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -160,6 +168,7 @@ static int recv_bytes(cp_group *g, void *p, uint64_t len, uint64_t *got) {
     ssize_t n = recv(g->prev_fd, p, len, MSG_DONTWAIT);
     if (n > 0) {
       *got = (uint64_t)n;
+      atomic_store_explicit(&cp_ring_watch_of(g)->rx_ns, cp_now_ns(), memory_order_relaxed);
       return 0;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -223,6 +232,8 @@ int cp_ring_step(cp_group *g, cp_ring *r, cp_wait_target *wt) {
     int moved = 0, st;
     if ((st = do_recv(g, r, &moved)) != 0) return st;
     if ((st = do_send(g, r, &moved)) != 0) return st;
+    atomic_store(&cp_ring_watch_of(g)->want_rx, r->tr < r->nsteps);
+    atomic_store(&cp_ring_watch_of(g)->want_tx, r->ts < r->nsteps);
     if (r->ts >= r->nsteps && r->tr >= r->nsteps) {
       r->active = 0;
       g->ring_active = 0;

@@ -231,8 +231,11 @@ void cp_shm_detach(cp_shm *s) {
  * recorded process is dead; 0 = in use or cannot tell (kept). */
 static int segment_abandoned(int fd, time_t mtime) {
   struct stat stt;
-  if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(cp_shm_hdr))
-    return 0;
+  if (fstat(fd, &stt) != 0) return 0;
+  /* Shorter than its header (zero bytes, typically): a creator killed
+   * between shm_open and sizing it — or one doing that right now, which
+   * takes microseconds. Only an old one is garbage. */
+  if ((uint64_t)stt.st_size < sizeof(cp_shm_hdr)) return time(NULL) - mtime > 60;
   void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return 0;
   const cp_shm_hdr *h = base;

@@ -532,6 +532,63 @@ TEST_T(oversized_file_is_refused, 120) {
   unlink(path);
 }
 
+/* Exactly 16 MiB is within the limit: "{}" and white space. */
+TEST_T(file_of_exactly_16_mib_loads, 120) {
+  char path[] = "/tmp/ddplug-config-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  static char spaces[1 << 16];
+  memset(spaces, ' ', sizeof spaces);
+  CHECK(write(fd, "{}", 2) == 2);
+  size_t left = (16u << 20) - 2;
+  while (left > 0) {
+    size_t n = left < sizeof spaces ? left : sizeof spaces;
+    CHECK(write(fd, spaces, n) == (ssize_t)n);
+    left -= n;
+  }
+  close(fd);
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_file(path, &cfg));
+  ddplug_config_free(cfg);
+  unlink(path);
+}
+
+/* A FIFO without a writer (or any other file that is not a regular file)
+ * is refused at once with what it is; nothing blocks. */
+TEST_T(a_fifo_is_refused_without_blocking, 20) {
+  char dir[] = "/tmp/ddplug-config-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  char path[64];
+  snprintf(path, sizeof path, "%s/run.json", dir);
+  CHECK(mkfifo(path, 0600) == 0);
+  ddplug_config *cfg = NULL;
+  CHECK_STATUS(ddplug_config_load_file(path, &cfg), DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(ddplug_last_error(), "is a FIFO (named pipe), not a regular file");
+  CHECK_CONTAINS(ddplug_last_error(), path);
+  setenv("DDPLUG_CONFIG", path, 1);
+  CHECK_STATUS(ddplug_config_load_env(&cfg), DDPLUG_E_CONFIG);
+  unsetenv("DDPLUG_CONFIG");
+  CHECK(cfg == NULL);
+  unlink(path);
+  rmdir(dir);
+}
+
+/* However long the path, the reason ends the message (the path's middle
+ * is elided). */
+TEST(a_very_long_path_keeps_the_reason) {
+  static char path[5100];
+  strcpy(path, "/tmp/");
+  memset(path + 5, 'x', 5000);
+  strcpy(path + 5005, ".json");
+  ddplug_config *cfg = NULL;
+  CHECK(ddplug_config_load_file(path, &cfg) != DDPLUG_OK);
+  const char *e = ddplug_last_error();
+  CHECK_MSG(strlen(e) < 1024, "message of %zu characters", strlen(e));
+  CHECK_CONTAINS(e, "cannot open config file '/tmp/xxx");
+  CHECK_CONTAINS(e, "...xxx");
+  CHECK_CONTAINS(e, "x.json': File name too long");
+}
+
 TEST(handles_free_copy_and_plugin_options) {
   ddplug_config_free(NULL);
   CHECK(ddplug_config_origin(NULL) == NULL);

@@ -4,8 +4,9 @@
  * left by a crashed run (its creator died before the others attached) is
  * removed by the next group_create on the machine — but only when every
  * process it recorded is dead: a live one keeps it, a reused pid with a
- * different start time does not; an uninitialised segment is kept while it
- * is young (its creator may still be writing the header). */
+ * different start time does not; an uninitialised segment — zero bytes
+ * included — is kept while it is young (its creator may still be writing
+ * it) and removed once old. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -119,6 +120,25 @@ TEST(uninitialised_segment_kept_while_young) {
   CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
   cp_shm_cleanup_stale(NULL);
   CHECK(!shm_exists(name));
+}
+
+/* A job killed between shm_open and sizing the segment leaves zero bytes:
+ * kept while young, removed once old. */
+TEST(empty_segment_of_a_job_killed_at_startup_is_removed_once_old) {
+  char name[128], path[256];
+  snprintf(name, sizeof name, "/" CP_SHM_PREFIX "empty%d-n0", (int)getpid());
+  snprintf(path, sizeof path, "/dev/shm%s", name);
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  CHECK(fd >= 0);
+  close(fd);
+  CHECK_EQ_INT(cp_shm_stale(NULL, 0), 0);
+  cp_shm_cleanup_stale(NULL);
+  CHECK_MSG(shm_exists(name), "a segment being created was removed");
+  struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
+  CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
+  CHECK(cp_shm_stale(NULL, 0) >= 1);
+  cp_shm_cleanup_stale(NULL);
+  CHECK_MSG(!shm_exists(name), "an old zero-byte segment was kept");
 }
 
 TEST(other_files_are_not_touched) {

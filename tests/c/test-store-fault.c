@@ -296,14 +296,14 @@ TEST(impostor_server_is_refused_by_the_client) {
                        "could not prove that it knows the shared secret");
 }
 
-static void version2_script(int fd, void *arg) {
-  uint8_t frame[43] = {0, 0, 0, 39, 2, DDPLUG__STORE_CHALLENGE};
+static void other_version_script(int fd, void *arg) {
+  uint8_t frame[43] = {0, 0, 0, 39, 3, DDPLUG__STORE_CHALLENGE};
   raw_send(fd, frame, sizeof frame);
 }
 
 TEST(server_with_another_protocol_version_is_named) {
-  expect_connect_fails(version2_script, NULL, 5000, DDPLUG_E_ABI_MISMATCH,
-                       "speaks store protocol version 2, this rank speaks 1");
+  expect_connect_fails(other_version_script, NULL, 5000, DDPLUG_E_ABI_MISMATCH,
+                       "speaks store protocol version 3, this rank speaks 2");
 }
 
 static void http_script(int fd, void *arg) {

@@ -1,9 +1,15 @@
 /* test-store-robust.c — a live rendezvous server against hostile input.
  * A table of malformed frames (each must close only its own connection
  * while another client keeps working), partial frames, a client that never
- * reads its replies (memory stays bounded), and a fuzz run that throws
- * random and mutated frames at the server for a few seconds. */
+ * reads its replies (memory stays bounded), connections that have not
+ * authenticated (held to a few hundred bytes and a few seconds; a flood of
+ * them, out of file descriptors, cannot keep a joining client out), and a
+ * fuzz run that throws random and mutated frames at the server for a few
+ * seconds. */
+#include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "store-fuzzgen.h"
 #include "store-testlib.h"
@@ -46,7 +52,7 @@ static void b_length_too_small(ddplug__sbuf *b) {
 }
 static void b_wrong_version(ddplug__sbuf *b) {
   frame_set(b, "k", 1, 1);
-  b->data[4] = 2;
+  b->data[4] = DDPLUG__STORE_PROTO_VERSION + 1;
 }
 static void b_wrong_version_big(ddplug__sbuf *b) { /* refused before buffering */
   ddplug__sbuf_u32(b, DDPLUG__STORE_LEN_MAX);
@@ -283,6 +289,128 @@ TEST(a_connection_that_never_authenticates_is_dropped) {
   healthy(st, 1);
   ddplug_store_close(st);
   ddplug_store_server_stop(srv);
+}
+
+/* Bytes the process's allocator hands out now (the server runs in this
+ * process): exact, unlike RSS. */
+static long heap_bytes(void) {
+  struct mallinfo2 m = mallinfo2();
+  return (long)(m.uordblks + m.hblkhd);
+}
+
+/* Nothing is spent on a client before it proves the secret: a connection
+ * that announces a big frame before authenticating is closed at once, and
+ * one that sends part of an AUTH and waits holds a few hundred bytes. */
+TEST(a_connection_that_has_not_authenticated_costs_a_few_hundred_bytes) {
+  ddplug_store_server *srv = st_serve("s3cret");
+  int port = ddplug_store_server_port(srv);
+  enum { N = 200 };
+  static int fds[N];
+  uint8_t junk[65536];
+  memset(junk, 'x', sizeof junk);
+  long before = heap_bytes();
+  for (int i = 0; i < N; i++) {
+    fds[i] = raw_connect(port);
+    uint8_t hdr[5];
+    hdr[0] = (uint8_t)(DDPLUG__STORE_LEN_MAX >> 24);
+    hdr[1] = (uint8_t)(DDPLUG__STORE_LEN_MAX >> 16);
+    hdr[2] = (uint8_t)(DDPLUG__STORE_LEN_MAX >> 8);
+    hdr[3] = (uint8_t)DDPLUG__STORE_LEN_MAX;
+    hdr[4] = DDPLUG__STORE_PROTO_VERSION;
+    raw_send(fds[i], hdr, sizeof hdr);
+    raw_send(fds[i], junk, sizeof junk);
+  }
+  for (int i = 0; i < N; i++) {
+    CHECK_MSG(raw_closed_within(fds[i], 3000),
+              "connection %d announced a %u-byte frame before authenticating "
+              "and was not closed", i, DDPLUG__STORE_LEN_MAX);
+    close(fds[i]);
+  }
+  long grown = heap_bytes() - before;
+  dt_note("after %d oversized frames before authentication: heap %+ld bytes", N, grown);
+  /* Now N connections that sent 40 of an AUTH frame's 75 bytes and wait. */
+  before = heap_bytes();
+  for (int i = 0; i < N; i++) {
+    fds[i] = raw_connect(port);
+    uint8_t buf[64];
+    CHECK_EQ_INT(raw_recv_frame(fds[i], buf, sizeof buf), 33);
+    uint8_t part[40] = {0, 0, 0, DDPLUG__STORE_AUTH_LEN, DDPLUG__STORE_PROTO_VERSION,
+                        DDPLUG__STORE_AUTH};
+    raw_send(fds[i], part, sizeof part);
+  }
+  for (int i = 0; i < 200 && ddplug__store_server_connections(srv) < N; i++)
+    ddplug__sleep_ms(10);
+  ddplug__sleep_ms(100); /* let the server read what they sent */
+  grown = heap_bytes() - before;
+  dt_note("%d connections waiting to authenticate hold %ld bytes each", N, grown / N);
+  CHECK_MSG(grown / N <= 4096, "a connection waiting to authenticate holds %ld bytes",
+            grown / N);
+  for (int i = 0; i < N; i++) close(fds[i]);
+  ddplug_store *st = st_connect(port, "s3cret");
+  healthy(st, 1);
+  ddplug_store_close(st);
+  ddplug_store_server_stop(srv);
+}
+
+/* The handshake has its own short deadline (seconds), not the rendezvous
+ * timeout. */
+TEST_T(a_silent_connection_is_dropped_within_seconds, 30) {
+  ddplug_store_server *srv = st_serve(NULL);
+  int fd = raw_connect(ddplug_store_server_port(srv));
+  double t0 = st_now_s();
+  CHECK(raw_closed_within(fd, 10000));
+  double took = st_now_s() - t0;
+  dt_note("a connection that never authenticated was dropped after %.1f s", took);
+  CHECK(took >= 2.0);
+  close(fd);
+  ddplug_store_server_stop(srv);
+}
+
+/* A server whose process has few descriptors left, flooded with idle
+ * connections (more than it has descriptors for): the oldest connections
+ * that have not authenticated make room, so a joining client still gets in
+ * within seconds. */
+static void flooded_server(void *arg) {
+  int *ports = arg; /* [0]: write end of a pipe for the port */
+  struct rlimit rl = {256, 256};
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(3);
+  /* Leave about 30 descriptors free: the flood exhausts them. */
+  for (int fd = 0; fd >= 0 && fd < 224;) fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ddplug_store_server *srv = NULL;
+  int p = ddplug_store_serve("127.0.0.1", 0, "s3cret", &srv) == DDPLUG_OK
+              ? ddplug_store_server_port(srv)
+              : -1;
+  if (write(ports[0], &p, sizeof p) != (ssize_t)sizeof p) _exit(4);
+  pause();
+  _exit(0);
+}
+
+TEST_T(idle_connections_cannot_keep_a_joining_client_out, 60) {
+  int pp[2];
+  CHECK(pipe(pp) == 0);
+  int arg[1] = {pp[1]};
+  pid_t pid = dt_fork(flooded_server, arg);
+  close(pp[1]);
+  int port = -1;
+  CHECK(read(pp[0], &port, sizeof port) == (ssize_t)sizeof port);
+  close(pp[0]);
+  CHECK_MSG(port > 0, "the server could not start");
+  enum { FLOOD = 400 };
+  static int fds[FLOOD];
+  for (int i = 0; i < FLOOD; i++) fds[i] = raw_connect(port);
+  ddplug__sleep_ms(200);
+  double t0 = st_now_s();
+  ddplug_store *st = NULL;
+  int rc = ddplug_store_connect("127.0.0.1", port, "s3cret", 4000, &st);
+  double took = st_now_s() - t0;
+  kill(pid, SIGKILL);
+  int status;
+  dt_wait_pid(pid, 5000, &status);
+  for (int i = 0; i < FLOOD; i++) close(fds[i]);
+  CHECK_MSG(rc == DDPLUG_OK, "a client could not join a flooded server: %s",
+            ddplug_last_error());
+  dt_note("joined a server flooded with %d idle connections in %.2f s", FLOOD, took);
+  ddplug_store_close(st);
 }
 
 /* Per-connection limits: parked requests and disconnect-key bytes. */

@@ -19,7 +19,8 @@
  *             block says the library keeps them.
  *   Blocking  every call that can wait on another process takes a timeout
  *             (int64 ms, DDPLUG_TIMEOUT_DEFAULT = configured) and never
- *             waits longer than it.
+ *             waits longer than it plus a small constant, whatever else is
+ *             frozen, cut off or dead — see "Timeouts" below.
  *   Threads   functions without a handle are thread-safe. A handle may be
  *             used from several threads only where its block says so.
  *   Versioned every struct argument begins {struct_size, abi_version}; fill
@@ -38,6 +39,35 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Timeouts: the contract. Every wait ends within its own timeout plus a
+ * small constant, whatever another process or the network does:
+ *  - A collective (a blocking form, or ddplug_wait) that cannot complete
+ *    fails within its timeout (config timeouts.collective_s, a barrier's
+ *    timeout_ms) plus at most 1 s: the failure is published to the other
+ *    ranks through the store with a deadline of its own (0.5 s), and a rank
+ *    woken by another's failure waits at most 0.4 s for the run's reason.
+ *    That holds when the store itself stopped answering: rank 0 frozen
+ *    (SIGSTOP, a hung process) or the network cut. After a cut both sides
+ *    fail by their timeout, and the sentence names the ranks that went
+ *    silent and says the connection to them stalled.
+ *  - Once a context has failed, every store call it makes (publishing the
+ *    failure, ddplug_close) waits at most 0.5 s for the store: its handles'
+ *    default timeouts drop to that. ddplug_close after a failure returns
+ *    within about 2 s (rank 0, which serves the store, waits up to 3 s for
+ *    the others to disconnect).
+ *  - A rank that dies — killed, crashed — at any stage of ddplug_open
+ *    (from the moment it reached the store: claiming its rank, the startup
+ *    checks, the plugin's shared-memory attach and ring setup, the final
+ *    wait) or afterwards is reported on every other rank within about 2 s,
+ *    not after a timeout: the store sees its connection close and tells
+ *    everyone; same-node ranks of the cpu plugin also watch its process.
+ *    A rank that never reached the store is reported when the rendezvous
+ *    timeout expires ("ranks 2, 3 never joined after 30.0 s").
+ *  - A store call waits for the handle's lock (another thread's call on
+ *    the same handle) only within its own timeout.
+ *  - The store server gives a connection that has not authenticated 5 s to
+ *    do so, whatever the rendezvous timeout. */
 
 /* Host API ABI version (independent of the plugin ABI version). */
 #define DDPLUG_ABI_MAJOR 1
@@ -117,9 +147,15 @@ DDPLUG_API int ddplug_log_level_parse(const char *text, int *level);
  * ======================================================================== */
 typedef struct ddplug_config ddplug_config;
 
-/* Parse the file at path. On success *out is a new config; on failure *out
- * is untouched and ddplug_last_error() reads "path:line:col: message" or
- * "path: key.path: message". Since 1.0. */
+/* Parse the file at path (a regular file of at most 16 MiB). On success
+ * *out is a new config; on failure *out is untouched and ddplug_last_error()
+ * reads "path:line:col: message" or "path: key.path: message" (a duplicate
+ * key is named by its key path). Errors: NOT_FOUND, SYSTEM (unreadable, a
+ * directory), CONFIG (the content; a file larger than 16 MiB; a FIFO,
+ * socket or device, refused at once without blocking), NO_MEMORY,
+ * INVALID_ARGUMENT. A path longer than 512 characters is shown with its
+ * middle elided, so the reason always ends the message. Reads the file
+ * only; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_config_load_file(const char *path, ddplug_config **out);
 
 /* Parse JSON text. origin names it in messages ("<string>" if NULL).
@@ -224,12 +260,19 @@ DDPLUG_API int ddplug_world_discover(const ddplug_config *cfg,
  * (set, add, compare_set, delete, on_disconnect) wait at most the handle's
  * default timeout, 300 s (for the stores ddplug_open makes: the rendezvous
  * timeout), for the server's answer. A reply may arrive up to 500 ms past
- * the timeout before the call gives up. Optional shared secret: a client
- * that cannot prove it knows the secret is refused (HMAC-SHA256 challenge-
- * response both ways). A client handle is thread-safe: calls on it run one
- * at a time on its connection. A connection that breaks (server gone,
- * reset, protocol violation) makes every later call on the handle fail
- * with PEER_LOST; it never reconnects. A handle belongs to the process
+ * the timeout before the call gives up; the timeout includes waiting for
+ * another thread's call on the same handle. Optional shared secret: a
+ * client that cannot prove it knows the secret is refused (HMAC-SHA256
+ * challenge-response both ways), and after the handshake every frame
+ * carries a sequence number and a MAC under a key of that connection (no
+ * encryption: keys and values travel in clear). Without a secret nothing
+ * is authenticated. Before authenticating, a connection gets a fixed few
+ * hundred bytes of the server and 5 s; the oldest of too many such
+ * connections are dropped (a client dropped during its handshake connects
+ * again). A client handle is thread-safe: calls on it run one at a time on
+ * its connection. A connection that breaks (server gone, reset, protocol
+ * violation, a frame whose MAC or sequence number is wrong) makes every
+ * later call on the handle fail with PEER_LOST; it never reconnects. A handle belongs to the process
  * that connected: in a forked child every call fails with INVALID_ARGUMENT.
  * Errors common to the calls: INVALID_ARGUMENT (naming the argument),
  * PEER_LOST ("rendezvous store at H:P closed the connection (did rank 0
@@ -262,8 +305,10 @@ DDPLUG_API int ddplug_store_server_port(const ddplug_store_server *srv);
 DDPLUG_API void ddplug_store_server_stop(ddplug_store_server *srv);
 
 /* Connect to the store at addr:port (addr a hostname or IP literal, port
- * 1..65535; secret NULL/"" for none). While nothing accepts the connection
- * it retries (10 ms doubling to 250 ms) until timeout_ms (0: one attempt;
+ * 1..65535; secret NULL/"" for none). While nothing accepts the connection,
+ * or the server drops it before the handshake completes (a busy server
+ * sheds the oldest connections that have not authenticated), it retries
+ * (10 ms doubling to 250 ms) until timeout_ms (0: one attempt;
  * DDPLUG_TIMEOUT_DEFAULT: 300 s). On success *out is the handle (release
  * with ddplug_store_close). Errors: INVALID_ARGUMENT, TIMEOUT ("could not
  * connect to the rendezvous store at H:P within N ms ... : <reason>"),
@@ -429,7 +474,10 @@ typedef struct ddplug_open_options {
  * cfg may be NULL (ddplug_config_load_env is used); cfg is copied.
  * Blocks at most the rendezvous timeout (plus a grace of max(2 s, 10 %) for
  * rank 0's report) for steps 1–6, plus the collective timeout for the
- * plugin's group creation. Since 1.0. */
+ * plugin's group creation; a rank that dies meanwhile fails every other
+ * rank's ddplug_open within about 2 s ("Timeouts" above). Rank 0 warns once
+ * when it serves the store on every interface without a shared secret.
+ * Since 1.0. */
 DDPLUG_API int ddplug_open(const ddplug_config *cfg,
                            const ddplug_open_options *opts,
                            ddplug_context **out);

@@ -25,6 +25,21 @@ struct ddplug_config {
 
 /* Files larger than this are refused: a config is a few KiB. */
 #define CONFIG_FILE_MAX (16u << 20)
+/* A path longer than this is shown with its middle elided in messages (and
+ * as the config's origin), so the reason at the end of a message is never
+ * cut off. */
+#define SHOWN_PATH_MAX 512
+
+/* path, or its first and last characters around "..." when it is long. */
+static const char *shown_path(const char *path, char buf[SHOWN_PATH_MAX + 1]) {
+  size_t n = strlen(path);
+  if (n <= SHOWN_PATH_MAX) return path;
+  size_t head = SHOWN_PATH_MAX / 4, tail = SHOWN_PATH_MAX - head - 3;
+  memcpy(buf, path, head);
+  memcpy(buf + head, "...", 3);
+  memcpy(buf + head + 3, path + n - tail, tail + 1);
+  return buf;
+}
 
 /* In the test build under DDPLUG_TEST_FAIL_ALLOC (the malloc-failure
  * tests), jansson allocates through ddplug__malloc too, so that every
@@ -159,6 +174,64 @@ static int only_space(const char *s, size_t len) {
   return 1;
 }
 
+/* The key path ("sampler.seed", "a[2].b") of the object key that ends
+ * just before text[pos] (where jansson stops at a duplicate key): a small
+ * scan of the JSON up to pos that tracks the enclosing objects' keys and
+ * arrays' indices. The text up to pos parsed, so it is well formed. */
+static void duplicate_key_path(const char *text, size_t len, size_t pos, char *out,
+                               size_t cap) {
+  enum { DEPTH = 64 };
+  struct { int array; long index; const char *key; size_t klen; } st[DEPTH];
+  int depth = 0, in_key = 0;
+  const char *last = NULL;
+  size_t last_len = 0;
+  if (pos > len) pos = len;
+  for (size_t i = 0; i < pos; i++) {
+    char c = text[i];
+    if (c == '"') {
+      size_t j = i + 1;
+      while (j < pos && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+      last = text + i + 1;
+      last_len = (j < pos ? j : pos) - i - 1;
+      if (depth > 0 && depth <= DEPTH && !st[depth - 1].array && in_key) {
+        st[depth - 1].key = last;
+        st[depth - 1].klen = last_len;
+      }
+      i = j;
+    } else if (c == '{' || c == '[') {
+      if (depth < DEPTH) {
+        st[depth].array = c == '[';
+        st[depth].index = 0;
+        st[depth].key = NULL;
+        st[depth].klen = 0;
+      }
+      depth++;
+      in_key = c == '{';
+    } else if (c == '}' || c == ']') {
+      if (depth > 0) depth--;
+      in_key = 0;
+    } else if (c == ':') {
+      in_key = 0;
+    } else if (c == ',' && depth > 0 && depth <= DEPTH) {
+      if (st[depth - 1].array) st[depth - 1].index++;
+      else in_key = 1;
+    }
+  }
+  size_t o = 0;
+  out[0] = '\0';
+  for (int d = 0; d < depth && d < DEPTH && o + 8 < cap; d++) {
+    if (st[d].array) {
+      o += (size_t)snprintf(out + o, cap - o, "[%ld]", st[d].index);
+    } else if (st[d].key) {
+      o += (size_t)snprintf(out + o, cap - o, "%s%.*s", o ? "." : "",
+                            (int)DDPLUG__MIN(st[d].klen, cap - o - 2), st[d].key);
+    }
+    if (o >= cap) o = cap - 1;
+  }
+  if (!out[0] && last)
+    snprintf(out, cap, "%.*s", (int)DDPLUG__MIN(last_len, cap - 1), last);
+}
+
 /* Parse text[0..len) strictly and load it. */
 static int load_text(const char *text, size_t len, const char *origin,
                      ddplug_config **out) {
@@ -178,6 +251,14 @@ static int load_text(const char *text, size_t len, const char *origin,
       return ddplug__err(DDPLUG_E_CONFIG,
                          "%s:%d:%d: empty document, expected a JSON object ({...})",
                          origin, line, col);
+    if (json_error_code(&e) == json_error_duplicate_key) {
+      char path[512];
+      duplicate_key_path(text, len, (size_t)e.position, path, sizeof path);
+      return ddplug__err(DDPLUG_E_CONFIG,
+                         "%s:%d:%d: duplicate key '%s': a key may appear only once "
+                         "in an object (keep one of them)",
+                         origin, line, col, path);
+    }
     /* jansson names its own flag here; say what it means instead */
     const char *flag = strstr(e.text, " without JSON_ALLOW_NUL");
     if (flag)
@@ -209,37 +290,70 @@ DDPLUG_API int ddplug_config_load_string(const char *json, const char *origin,
   return load_text(json, strlen(json), origin ? origin : "<string>", out);
 }
 
-/* Read the whole file at path into a ddplug__malloc'ed buffer. */
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m) ? "a FIFO (named pipe)" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISDIR(m) ? "a directory" : "not a regular file";
+}
+
+/* Read the whole file at path into a ddplug__malloc'ed buffer. Only a
+ * regular file is read: it is opened without blocking (a FIFO without a
+ * writer would block open and read forever) and refused if it is anything
+ * else. */
 static int read_file(const char *path, char **text, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char sbuf[SHOWN_PATH_MAX + 1];
+  const char *shown = shown_path(path, sbuf);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int err = errno;
     return ddplug__err_errno(err == ENOENT || err == ENOTDIR ? DDPLUG_E_NOT_FOUND
                                                              : DDPLUG_E_SYSTEM,
-                             err, "cannot open config file '%s'", path);
+                             err, "cannot open config file '%s'", shown);
   }
   struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
     close(fd);
-    return ddplug__err_errno(DDPLUG_E_SYSTEM, EISDIR,
-                             "cannot read config file '%s'", path);
+    return ddplug__err_errno(DDPLUG_E_SYSTEM, err, "cannot read config file '%s'", shown);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(fd);
+    return ddplug__err_errno(DDPLUG_E_SYSTEM, EISDIR, "cannot read config file '%s'",
+                             shown);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return ddplug__err(DDPLUG_E_CONFIG,
+                       "config file '%s' is %s, not a regular file: give the path of "
+                       "a JSON file (DDPLUG_CONFIG also takes the JSON itself; "
+                       "ddplug check-config reads standard input with '-')",
+                       shown, file_kind(st.st_mode));
   }
   size_t cap = 4096, n = 0;
   char *buf = ddplug__malloc(cap);
   int rc = buf ? DDPLUG_OK
-               : ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory reading '%s'", path);
+               : ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory reading '%s'", shown);
   while (rc == DDPLUG_OK) {
     if (n == cap) {
       if (cap >= CONFIG_FILE_MAX) {
-        rc = ddplug__err(DDPLUG_E_CONFIG,
-                         "%s: larger than %u MiB; a config is a few KiB: is it "
-                         "the right file?",
-                         path, CONFIG_FILE_MAX >> 20);
+        /* Exactly CONFIG_FILE_MAX bytes is allowed: is there one more? */
+        char one;
+        ssize_t r;
+        do {
+          r = read(fd, &one, 1);
+        } while (r < 0 && errno == EINTR);
+        if (r == 0) break;
+        rc = r < 0 ? ddplug__err_errno(DDPLUG_E_SYSTEM, errno,
+                                       "cannot read config file '%s'", shown)
+                   : ddplug__err(DDPLUG_E_CONFIG,
+                                 "%s: larger than %u MiB; a config is a few KiB: is it "
+                                 "the right file?",
+                                 shown, CONFIG_FILE_MAX >> 20);
         break;
       }
       char *bigger = ddplug__realloc(buf, cap * 2);
       if (!bigger) {
-        rc = ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory reading '%s'", path);
+        rc = ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory reading '%s'", shown);
         break;
       }
       buf = bigger;
@@ -250,7 +364,7 @@ static int read_file(const char *path, char **text, size_t *len) {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0)
       rc = ddplug__err_errno(DDPLUG_E_SYSTEM, errno,
-                             "cannot read config file '%s'", path);
+                             "cannot read config file '%s'", shown);
     else
       n += (size_t)r;
   }
@@ -264,11 +378,13 @@ static int read_file(const char *path, char **text, size_t *len) {
   return DDPLUG_OK;
 }
 
-/* Load the config file at path (origin = path). Returns OK and a new handle
- * in *out, or NOT_FOUND (no such file: names path and reason), SYSTEM
+/* Load the config file at path (origin = path; beyond 512 characters its
+ * middle is elided, here and in messages). Returns OK and a new handle in
+ * *out, or NOT_FOUND (no such file: names path and reason), SYSTEM
  * (unreadable, a directory), CONFIG (syntax "path:L:C: ...", semantics
- * "path: key.path: ...", a file over 16 MiB), NO_MEMORY, INVALID_ARGUMENT;
- * *out is untouched on failure. Reads the file; thread-safe. */
+ * "path: key.path: ...", a file over 16 MiB, not a regular file: a FIFO is
+ * refused without blocking), NO_MEMORY, INVALID_ARGUMENT; *out is untouched
+ * on failure. Reads the file; thread-safe. */
 DDPLUG_API int ddplug_config_load_file(const char *path, ddplug_config **out) {
   if (!path || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
@@ -278,7 +394,8 @@ DDPLUG_API int ddplug_config_load_file(const char *path, ddplug_config **out) {
   size_t len = 0;
   int rc = read_file(path, &text, &len);
   if (rc != DDPLUG_OK) return rc;
-  rc = load_text(text, len, path, out);
+  char sbuf[SHOWN_PATH_MAX + 1];
+  rc = load_text(text, len, shown_path(path, sbuf), out);
   ddplug__free(text);
   return rc;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "run/context.h"
+#include "store/store.h"
 
 struct ddplug_request {
   ddplug_context *ctx;           /* NULL once its context was closed        */
@@ -175,13 +176,16 @@ static int orphaned(const char *fn) {
  * the run's own explanation (ddplug/abort) when the watcher has not seen it
  * yet: the plugin may learn of a peer's death through its own channels first. */
 #define RUN_REASON_WAIT_MS 300
+#define RUN_REASON_GRACE_MS 100
 
 static void adopt_run_reason(ddplug_context *ctx, int can_block) {
   if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN) return;
   void *val = NULL;
   uint64_t len = 0;
-  if (ddplug_store_get(ctx->store, "ddplug/abort", can_block ? RUN_REASON_WAIT_MS : 0, &val,
-                       &len) != DDPLUG_OK)
+  /* On a failure path: the store may be what failed; wait for it only a
+   * little past the wait itself. */
+  if (ddplug__store_get_within(ctx->store, "ddplug/abort", can_block ? RUN_REASON_WAIT_MS : 0,
+                               RUN_REASON_GRACE_MS, &val, &len) != DDPLUG_OK)
     return;
   ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
   ddplug_free(val);

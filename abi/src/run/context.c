@@ -65,6 +65,11 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
   }
   if (!first) return;
   DDPLUG__ERROR("%s", reason ? reason : "aborted");
+  /* From now on every store call is on a failure path: none may wait for
+   * the rendezvous timeout on a store that may not answer. */
+  ddplug_store *handles[3] = {ctx->store, ctx->watch_store, ctx->plugin_store};
+  for (int i = 0; i < 3; i++)
+    if (handles[i]) ddplug__store_set_default_timeout(handles[i], DDPLUG__FAIL_PATH_MS);
   if ((flags & DDPLUG__ABORT_PUBLISH) && ctx->store) {
     char value[DDPLUG__ERRMSG_MAX + 32];
     int n = snprintf(value, sizeof value, "%s|%s", ddplug_status_name(status),
@@ -72,8 +77,14 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
     if (n > (int)sizeof value - 1) n = (int)sizeof value - 1;
     int swapped = 0;
     /* First failure of the run wins; ours may come second. */
-    ddplug_store_compare_set(ctx->store, "ddplug/abort", NULL, 0, value, (uint64_t)n,
-                             &swapped, NULL, NULL);
+    char keep[DDPLUG__ERRMSG_MAX];
+    ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
+    if (ddplug__store_compare_set_within(ctx->store, "ddplug/abort", NULL, 0, value,
+                                         (uint64_t)n, &swapped,
+                                         DDPLUG__FAIL_PATH_MS) != DDPLUG_OK)
+      DDPLUG__WARN("could not tell the other ranks through the rendezvous store "
+                   "(they learn of it by their own timeouts): %s", ddplug_last_error());
+    ddplug__set_last_error(keep);
   }
 }
 
@@ -113,7 +124,8 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
      * slot, only record it: the watcher tells the plugin. */
     void *val = NULL;
     uint64_t len = 0;
-    if (ddplug_store_get(st, "ddplug/abort", 0, &val, &len) == DDPLUG_OK) {
+    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &len) ==
+        DDPLUG_OK) {
       ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);
       return ddplug__ctx_check(ctx);
@@ -161,20 +173,29 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
     s = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys, (uint32_t)n,
                           deadline, what, 0);
     if (ddplug__own_timeout(ctx, s)) {
-      /* Name the ranks that did not arrive. */
+      /* Name the ranks that did not arrive (polls, all within the failure
+       * path's deadline: the store itself may be what stopped answering). */
+      char why[DDPLUG__ERRMSG_MAX];
+      ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
       int *missing = ddplug__calloc((size_t)n, sizeof *missing);
       char list[1024] = "?";
       int count = 0;
+      uint64_t stop = ddplug__deadline_ns(DDPLUG__FAIL_PATH_MS);
       for (int r = 0; missing && r < n; r++) {
         void *v = NULL;
         uint64_t vl;
-        missing[r] = ddplug_store_get(ctx->store, keys[r], 0, &v, &vl) != DDPLUG_OK;
+        missing[r] = ddplug__now_ns() >= stop ||
+                     ddplug_store_get(ctx->store, keys[r], 0, &v, &vl) != DDPLUG_OK;
         ddplug_free(v);
       }
-      if (missing) count = ddplug__rank_list(missing, n, list, sizeof list);
+      int answered = missing && ddplug__now_ns() < stop;
+      if (answered) count = ddplug__rank_list(missing, n, list, sizeof list);
       ddplug__free(missing);
-      s = ddplug__err(DDPLUG_E_TIMEOUT, "%s: rank%s %s did not arrive in time",
-                      what, count > 1 ? "s" : "", list);
+      if (answered)
+        s = ddplug__err(DDPLUG_E_TIMEOUT, "%s: rank%s %s did not arrive in time",
+                        what, count > 1 ? "s" : "", list);
+      else
+        s = ddplug__err(DDPLUG_E_TIMEOUT, "%s", why);
     }
   }
   for (int r = 0; r < n; r++) ddplug__free(keys[r]);
@@ -187,8 +208,13 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
  * passed: the others may still need to read a verdict, an abort, or finish
  * their close. */
 static void leave(ddplug_context *ctx, int64_t grace_ms) {
-  ddplug_store_close(ctx->plugin_store);
-  ddplug_store_close(ctx->watch_store);
+  /* After a failure nobody needs this rank's goodbye (the run's abort is
+   * published, or the store no longer answers): close at once. */
+  void (*close_fn)(ddplug_store *) =
+      atomic_load(&ctx->state) == DDPLUG__CTX_OPEN ? ddplug_store_close
+                                                   : ddplug__store_close_now;
+  close_fn(ctx->plugin_store);
+  close_fn(ctx->watch_store);
   ctx->plugin_store = ctx->watch_store = NULL;
   if (ctx->server && ctx->store) {
     uint64_t deadline = ddplug__deadline_ns(grace_ms);
@@ -203,7 +229,7 @@ static void leave(ddplug_context *ctx, int64_t grace_ms) {
       ddplug__sleep_ms(5);
     }
   }
-  ddplug_store_close(ctx->store);
+  close_fn(ctx->store);
   ctx->store = NULL;
   if (ctx->server) ddplug_store_server_stop(ctx->server);
   ctx->server = NULL;

@@ -81,6 +81,11 @@ void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info)
 
 /* Granularity of store waits that also watch for an abort of the run. */
 #define DDPLUG__WAIT_SLICE_MS 100
+/* Store calls on a failure path (publishing the run's abort, closing after
+ * it) wait at most this long for the server: the store may be what failed
+ * (rank 0 frozen, the network cut), and a failure must surface within its
+ * own timeout plus a small constant (ddplug.h, "Timeouts"). */
+#define DDPLUG__FAIL_PATH_MS 500
 
 enum ddplug__ctx_state {
   DDPLUG__CTX_OPEN = 0,

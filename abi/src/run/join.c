@@ -283,6 +283,18 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     ctx->store_port = ddplug_store_server_port(ctx->server);
     if (ctx->world.world_size == 1)
       ddplug__strlcpy(ctx->store_addr, "127.0.0.1", sizeof ctx->store_addr);
+    if (!secret && strcmp(bind_addr, "127.0.0.1") != 0) {
+      char *var = NULL;
+      ddplug_config_get_string(ctx->cfg, "rendezvous.secret_env", &var);
+      DDPLUG__WARN("rank 0 serves the rendezvous store on every interface "
+                   "(port %d) without a shared secret: anyone who can reach "
+                   "this port can read and change the run's keys, forge an "
+                   "abort, or hold its connections. Set %s to the same random "
+                   "value on every rank (ddplug run does this by itself; see "
+                   "the README, \"What the secret protects\")",
+                   ctx->store_port, var ? var : "DDPLUG_SECRET");
+      ddplug_free(var);
+    }
   }
   if (agent) {
     int port = ctx->store_port;
@@ -303,18 +315,20 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
                                 rank, ctx->store_addr, ctx->store_port);
     /* Calls without their own timeout (set, add, ...) wait at most this. */
     ddplug__store_set_default_timeout(*conns[i], ctx->rdzv_timeout_ms);
+    if (i > 0) continue;
+    /* First thing on the store: if this process dies from here on, at any
+     * stage of joining, the store tells everyone. */
+    char lost[DDPLUG__ERRMSG_MAX];
+    int n = snprintf(lost, sizeof lost,
+                     "PEER_LOST|rank %d (pid %d on host %s) exited or was killed: "
+                     "its connection to the rendezvous store closed%s",
+                     rank, (int)getpid(), ctx->host_id,
+                     rank == 0 ? " (rank 0 serves the store)" : "");
+    s = ddplug_store_on_disconnect(ctx->store, "ddplug/abort", lost, (uint64_t)n);
+    if (s != DDPLUG_OK) return s;
   }
   int64_t procs = 0; /* rank 0 serves until everyone came and left */
-  s = ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs);
-  if (s != DDPLUG_OK) return s;
-  /* If this process dies, the store tells everyone. */
-  char lost[DDPLUG__ERRMSG_MAX];
-  int n = snprintf(lost, sizeof lost,
-                   "PEER_LOST|rank %d (pid %d on host %s) exited or was killed: "
-                   "its connection to the rendezvous store closed%s",
-                   rank, (int)getpid(), ctx->host_id,
-                   rank == 0 ? " (rank 0 serves the store)" : "");
-  return ddplug_store_on_disconnect(ctx->store, "ddplug/abort", lost, (uint64_t)n);
+  return ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs);
 }
 
 /* Rank 0 announces its world size before it waits for everyone; a rank that

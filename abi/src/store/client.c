@@ -1,14 +1,17 @@
 /*
- * store_client.c — the rendezvous store client: the ddplug_store_* calls.
+ * client.c — the rendezvous store client: the ddplug_store_* calls.
  *
  * One TCP connection per handle; a mutex serializes calls on it, so a
  * handle is thread-safe. Every call is bounded by a deadline (poll on a
  * non-blocking socket), connect included. Requests carry an id; a reply
  * that arrives after its call gave up locally is recognised by its id and
  * discarded, so a local timeout never desynchronizes the connection.
- * A connection that breaks (server gone, reset, protocol violation) makes
- * the handle fail fast with PEER_LOST from then on; it never reconnects
- * (reconnecting would hide a restarted rank 0 that lost every key).
+ * A connection that breaks (server gone, reset, protocol violation, a frame
+ * whose MAC or sequence number is wrong) makes the handle fail fast with
+ * PEER_LOST from then on; it never reconnects (reconnecting would hide a
+ * restarted rank 0 that lost every key). Only a connection the server
+ * closes during the handshake is tried again (a busy server drops the
+ * oldest connections that have not authenticated).
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/store.h"
@@ -27,6 +31,7 @@ struct ddplug_store {
   pthread_mutex_t mu;
   int fd;              /* -1 once the connection is gone */
   int lost_status;     /* non-zero once broken: the status to report */
+  int closed;          /* the server closed the connection (or reset it) */
   char lost_msg[512];  /* ... and why */
   uint32_t next_id;
   _Atomic int64_t default_timeout_ms;
@@ -35,6 +40,7 @@ struct ddplug_store {
   uint8_t *in;         /* received bytes; in[in_pos..in_len) unread */
   size_t in_len, in_pos, in_cap;
   ddplug__sbuf req;    /* the request being sent */
+  ddplug__store_session session; /* frame MACs after a handshake with a secret */
   ddplug__errslot err;
 };
 
@@ -76,6 +82,7 @@ static int lose(ddplug_store *st, int status, const char *fmt, ...) {
 }
 
 static int closed_by_server(ddplug_store *st) {
+  st->closed = 1;
   return lose(st, DDPLUG_E_PEER_LOST,
               "rendezvous store at %s closed the connection (did rank 0 "
               "exit?)",
@@ -129,10 +136,26 @@ static int read_frame(ddplug_store *st, uint64_t deadline_ns, uint8_t *type,
       need = 4 + (size_t)flen;
     }
     if (st->in_len >= need) {
+      size_t inner = 0;
+      const char *why = NULL;
+      if (ddplug__store_frame_open(&st->session, st->in, need, &inner, &why) != 0) {
+        DDPLUG__WARN("rendezvous store at %s: a frame failed its integrity check "
+                     "(%s); closing the connection", st->where, why);
+        return lose(st, DDPLUG_E_PEER_LOST,
+                    "rendezvous store at %s sent a frame that failed its "
+                    "integrity check (%s): the connection is closed (is "
+                    "something on the network between this rank and rank 0 "
+                    "altering traffic?)",
+                    st->where, why);
+      }
+      if (inner < DDPLUG__STORE_LEN_MIN)
+        return lose(st, DDPLUG_E_PEER_LOST,
+                    "rendezvous store at %s sent a frame too short for its "
+                    "header", st->where);
       *type = st->in[5];
       *id = ddplug__store_get_u32be(st->in + 6);
       *body = st->in + DDPLUG__STORE_HDR_LEN;
-      *blen = need - DDPLUG__STORE_HDR_LEN;
+      *blen = 4 + inner - DDPLUG__STORE_HDR_LEN;
       st->in_pos = need;
       return DDPLUG_OK;
     }
@@ -176,7 +199,7 @@ static uint32_t req_begin(ddplug_store *st, uint8_t type) {
  * message (it knows the keys). Other failures are recorded. */
 static int transact(ddplug_store *st, uint32_t id, uint64_t deadline_ns,
                     uint8_t *code, ddplug__rd *rd) {
-  ddplug__sbuf_frame_end(&st->req);
+  ddplug__sbuf_frame_seal(&st->req, &st->session);
   if (st->req.failed) {
     ddplug__sbuf_free(&st->req);
     return ddplug__err(DDPLUG_E_NO_MEMORY,
@@ -225,11 +248,10 @@ static int bad_reply(ddplug_store *st, const char *call) {
  * timeout_ms, and the client waits for that answer up to
  * DDPLUG__STORE_REPLY_GRACE_MS longer. *waited_s: how long the call took. */
 static int timed_call(ddplug_store *st, uint32_t id, int64_t timeout_ms,
-                      uint8_t *code, ddplug__rd *rd, double *waited_s) {
+                      int64_t grace_ms, uint8_t *code, ddplug__rd *rd,
+                      double *waited_s) {
   uint64_t start = ddplug__now_ns();
-  int rc = transact(st, id,
-                    ddplug__deadline_ns(timeout_ms + DDPLUG__STORE_REPLY_GRACE_MS),
-                    code, rd);
+  int rc = transact(st, id, ddplug__deadline_ns(timeout_ms + grace_ms), code, rd);
   *waited_s = (double)(ddplug__now_ns() - start) / 1e9;
   return rc;
 }
@@ -317,6 +339,23 @@ static int copy_out(ddplug_store *st, const uint8_t *v, uint32_t len,
   return DDPLUG_OK;
 }
 
+/* Take st's lock, waiting for another thread's call at most until
+ * deadline_ns: a call's timeout bounds the whole call, its turn included.
+ * On failure the lock is not held and the error is recorded on st. */
+static int lock_until(ddplug_store *st, const char *call, uint64_t deadline_ns) {
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000ull),
+                        (long)(deadline_ns % 1000000000ull)};
+  uint64_t start = ddplug__now_ns();
+  int e = pthread_mutex_clocklock(&st->mu, CLOCK_MONOTONIC, &ts);
+  if (e == 0) return DDPLUG_OK;
+  int rc = ddplug__err(DDPLUG_E_TIMEOUT,
+                       "%s: the rendezvous store handle for %s stayed busy with "
+                       "another thread's call for %.1f s (is rank 0 stuck?)",
+                       call, st->where, (double)(ddplug__now_ns() - start) / 1e9);
+  ddplug__errslot_capture(&st->err);
+  return rc;
+}
+
 /* Every public call on a handle ends here: record the failure on st too. */
 static int finish(ddplug_store *st, int rc) {
   if (rc != DDPLUG_OK) ddplug__errslot_capture(&st->err);
@@ -360,7 +399,9 @@ static int handshake(ddplug_store *st, const char *secret,
                              "store handshake");
   size_t slen = secret ? strlen(secret) : 0;
   uint8_t mac[DDPLUG__SHA256_LEN] = {0};
-  if (slen) ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac);
+  if (slen && ddplug__store_auth_mac(secret, slen, 0, snonce, cnonce, mac) != 0)
+    return lose(st, DDPLUG_E_NO_MEMORY,
+                "out of memory computing the rendezvous store handshake");
   uint32_t id = req_begin(st, DDPLUG__STORE_AUTH);
   ddplug__sbuf_u8(&st->req, slen > 0);
   ddplug__sbuf_put(&st->req, cnonce, sizeof cnonce);
@@ -391,18 +432,23 @@ static int handshake(ddplug_store *st, const char *secret,
   if (code != DDPLUG__STORE_R_OK || !smac || rd.left != 0)
     return bad_reply(st, "ddplug_store_connect");
   if (slen) {
-    ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac);
-    if (!ddplug__ct_equal(mac, smac, sizeof mac))
+    if (ddplug__store_auth_mac(secret, slen, 1, snonce, cnonce, mac) != 0 ||
+        !ddplug__ct_equal(mac, smac, sizeof mac))
       return lose(st, DDPLUG_E_CONFIG,
                   "rendezvous store at %s could not prove that it knows the "
                   "shared secret (is another service or a misconfigured rank "
                   "0 listening there? %s)",
                   st->where, k_secret_hint);
+    /* From here on every frame carries a sequence number and a MAC. */
+    if (ddplug__store_session_init(&st->session, secret, slen, snonce, cnonce, 0) != 0)
+      return lose(st, DDPLUG_E_NO_MEMORY,
+                  "out of memory computing the rendezvous store session keys");
   }
   return DDPLUG_OK;
 }
 
 static void store_free(ddplug_store *st) {
+  ddplug__store_session_clear(&st->session);
   if (st->fd >= 0) close(st->fd);
   ddplug__sbuf_free(&st->req);
   ddplug__free(st->in);
@@ -415,8 +461,9 @@ static void store_free(ddplug_store *st) {
  * addr: a hostname or an IPv4/IPv6 literal (not NULL or empty); port
  * 1..65535; secret: NULL or "" for none, otherwise the shared secret the
  * server requires. While nothing accepts the connection (refused, not
- * resolvable yet) the call retries with a short backoff (10 ms doubling to
- * 250 ms) until timeout_ms; 0 makes a single attempt; DDPLUG_TIMEOUT_DEFAULT
+ * resolvable yet), or the server closes it before the handshake completes,
+ * the call retries with a short backoff (10 ms doubling to 250 ms) until
+ * timeout_ms; 0 makes a single attempt; DDPLUG_TIMEOUT_DEFAULT
  * is 300 s. The handshake's round trips may take up to 500 ms
  * (DDPLUG__STORE_REPLY_GRACE_MS) beyond timeout_ms.
  * Returns OK and *out, to release with ddplug_store_close. Failure leaves
@@ -465,8 +512,10 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
 
   uint64_t start = ddplug__now_ns();
   uint64_t deadline = ddplug__deadline_ns(timeout_ms);
-  int attempts = 0;
+  int attempts = 0, rc;
+  int64_t backoff = 10;
   char why[256];
+again:
   st->fd = ddplug__store_tcp_connect_retry(addr, port, deadline, &attempts, why, sizeof why);
   if (st->fd < 0) {
     double waited = (double)(ddplug__now_ns() - start) / 1e9;
@@ -481,7 +530,21 @@ DDPLUG_API int ddplug_store_connect(const char *addr, int port,
     return DDPLUG_E_TIMEOUT;
   }
   int64_t hs_ms = ddplug__remaining_ms(deadline) + DDPLUG__STORE_REPLY_GRACE_MS;
-  int rc = handshake(st, secret, ddplug__deadline_ns(hs_ms), hs_ms);
+  rc = handshake(st, secret, ddplug__deadline_ns(hs_ms), hs_ms);
+  if (rc == DDPLUG_E_PEER_LOST && st->closed && ddplug__remaining_ms(deadline) > 0) {
+    /* Dropped before authenticating (a busy server sheds the oldest
+     * waiting connections): connect again while time is left. */
+    DDPLUG__DEBUG("rendezvous store at %s closed the connection during the "
+                  "handshake; connecting again", st->where);
+    st->fd = -1;
+    st->lost_status = 0;
+    st->closed = 0;
+    st->in_len = st->in_pos = 0;
+    ddplug__store_session_clear(&st->session);
+    ddplug__sleep_ms(DDPLUG__MIN(backoff, ddplug__remaining_ms(deadline)));
+    backoff = DDPLUG__MIN(backoff * 2, 250);
+    goto again;
+  }
   if (rc != DDPLUG_OK) {
     store_free(st);
     return rc;
@@ -505,7 +568,7 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
     store_free(st);
     return;
   }
-  pthread_mutex_lock(&st->mu);
+  pthread_mutex_lock(&st->mu); /* no other thread may use st now */
   if (st->lost_status == 0 && st->fd >= 0) {
     char saved[DDPLUG__ERRMSG_MAX];
     ddplug__strlcpy(saved, ddplug_last_error(), sizeof saved);
@@ -518,6 +581,10 @@ DDPLUG_API void ddplug_store_close(ddplug_store *st) {
   }
   pthread_mutex_unlock(&st->mu);
   store_free(st);
+}
+
+void ddplug__store_close_now(ddplug_store *st) {
+  if (st) store_free(st);
 }
 
 /* ---- calls --------------------------------------------------------------- */
@@ -536,12 +603,12 @@ static int no_answer(ddplug_store *st, const char *call, const char *key,
                      call, st->where, (long long)ms, key);
 }
 
-/* The simple exchanges: send the request built so far with the default
- * timeout and expect a reply code. */
+/* The simple exchanges: send the request built so far, answered before
+ * deadline_ns (timeout ms from the call's start), and expect a reply code. */
 static int simple_call(ddplug_store *st, const char *call, const char *key,
-                       uint32_t id, uint8_t *code, ddplug__rd *rd) {
-  int64_t ms = atomic_load(&st->default_timeout_ms);
-  int rc = transact(st, id, ddplug__deadline_ns(ms), code, rd);
+                       uint32_t id, uint64_t deadline_ns, int64_t ms,
+                       uint8_t *code, ddplug__rd *rd) {
+  int rc = transact(st, id, deadline_ns, code, rd);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0)
     return no_answer(st, call, key, ms);
   return rc;
@@ -555,14 +622,16 @@ static int key_value_call(ddplug_store *st, const char *call, uint8_t type,
   if ((rc = check_key(call, "key", key)) ||
       (rc = check_value(call, "value", key, value, len)))
     return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) == DDPLUG_OK) {
     uint32_t id = req_begin(st, type);
     ddplug__sbuf_key(&st->req, key, strlen(key));
     ddplug__sbuf_value(&st->req, value, (size_t)len);
     uint8_t code;
     ddplug__rd rd;
-    rc = simple_call(st, call, key, id, &code, &rd);
+    rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
     if (rc == DDPLUG_OK && (code != DDPLUG__STORE_R_OK || rd.left != 0))
       rc = bad_reply(st, call);
   }
@@ -591,9 +660,8 @@ DDPLUG_API int ddplug_store_set(ddplug_store *st, const char *key,
  * ("rendezvous store at H:P closed the connection (did rank 0 exit?)"),
  * INVALID_ARGUMENT, NO_MEMORY. On failure *value and *len are untouched.
  * Thread-safe (calls on one handle run one at a time). Since 1.0. */
-DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
-                                int64_t timeout_ms, void **value,
-                                uint64_t *len) {
+static int get(ddplug_store *st, const char *key, int64_t timeout_ms,
+               int64_t grace_ms, void **value, uint64_t *len) {
   static const char call[] = "ddplug_store_get";
   int rc = check_handle(call, st);
   if (rc) return rc;
@@ -604,7 +672,7 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   if (!value)
     return arg_fail(st, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                     "%s: value is NULL (key '%s')", call, key));
-  pthread_mutex_lock(&st->mu);
+  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + grace_ms)))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_GET);
   ddplug__sbuf_u32(&st->req, (uint32_t)t);
@@ -612,7 +680,7 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   uint8_t code;
   ddplug__rd rd;
   double waited;
-  rc = timed_call(st, id, t, &code, &rd, &waited);
+  rc = timed_call(st, id, t, grace_ms, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for key '%s': the "
@@ -644,6 +712,17 @@ DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
   return finish(st, rc);
 }
 
+DDPLUG_API int ddplug_store_get(ddplug_store *st, const char *key,
+                                int64_t timeout_ms, void **value,
+                                uint64_t *len) {
+  return get(st, key, timeout_ms, DDPLUG__STORE_REPLY_GRACE_MS, value, len);
+}
+
+int ddplug__store_get_within(ddplug_store *st, const char *key, int64_t timeout_ms,
+                             int64_t grace_ms, void **value, uint64_t *len) {
+  return get(st, key, timeout_ms, grace_ms > 0 ? grace_ms : 1, value, len);
+}
+
 /* ddplug_store_add — atomically add delta to the decimal integer stored at
  * key (absent = 0), store the sum as decimal text ("42") and return it in
  * *result (may be NULL). Errors: INVALID_ARGUMENT when the value is not a
@@ -656,14 +735,16 @@ DDPLUG_API int ddplug_store_add(ddplug_store *st, const char *key,
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key))) return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_ADD);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   ddplug__sbuf_i64(&st->req, delta);
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   if (code == DDPLUG__STORE_R_OK) {
     int64_t v = ddplug__rd_i64(&rd);
@@ -701,19 +782,18 @@ DDPLUG_API int ddplug_store_add(ddplug_store *st, const char *key,
  * *actual = NULL and *alen = 0. Errors: INVALID_ARGUMENT, PEER_LOST,
  * TIMEOUT (st's default timeout), NO_MEMORY (the swap may then have
  * happened). Thread-safe. Since 1.0. */
-DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
-                                        const void *expected, uint64_t elen,
-                                        const void *desired, uint64_t dlen,
-                                        int *swapped, void **actual,
-                                        uint64_t *alen) {
-  static const char call[] = "ddplug_store_compare_set";
+static int compare_set(ddplug_store *st, const char *call, const char *key,
+                       const void *expected, uint64_t elen, const void *desired,
+                       uint64_t dlen, int *swapped, void **actual, uint64_t *alen,
+                       int64_t ms) {
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key)) ||
       (rc = check_value(call, "expected", key, expected, elen)) ||
       (rc = check_value(call, "desired", key, desired, dlen)))
     return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_CAS);
   ddplug__sbuf_key(&st->req, key, strlen(key));
@@ -722,7 +802,7 @@ DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
   ddplug__sbuf_value(&st->req, desired, (size_t)dlen);
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   uint8_t did = ddplug__rd_u8(&rd);
   uint8_t present = ddplug__rd_u8(&rd);
@@ -740,6 +820,24 @@ DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
   return finish(st, DDPLUG_OK);
 }
 
+DDPLUG_API int ddplug_store_compare_set(ddplug_store *st, const char *key,
+                                        const void *expected, uint64_t elen,
+                                        const void *desired, uint64_t dlen,
+                                        int *swapped, void **actual,
+                                        uint64_t *alen) {
+  return compare_set(st, "ddplug_store_compare_set", key, expected, elen, desired,
+                     dlen, swapped, actual, alen,
+                     st ? atomic_load(&st->default_timeout_ms) : 0);
+}
+
+int ddplug__store_compare_set_within(ddplug_store *st, const char *key,
+                                     const void *expected, uint64_t elen,
+                                     const void *desired, uint64_t dlen,
+                                     int *swapped, int64_t timeout_ms) {
+  return compare_set(st, "ddplug_store_compare_set", key, expected, elen, desired,
+                     dlen, swapped, NULL, NULL, timeout_ms > 0 ? timeout_ms : 1);
+}
+
 /* ddplug_store_delete — remove key; *existed (may be NULL) = 1 if it was
  * there. A missing key is not an error. Parked GET/WAIT calls for the key
  * keep waiting. Errors: INVALID_ARGUMENT, PEER_LOST, TIMEOUT (st's default
@@ -750,13 +848,15 @@ DDPLUG_API int ddplug_store_delete(ddplug_store *st, const char *key,
   int rc = check_handle(call, st);
   if (rc) return rc;
   if ((rc = check_key(call, "key", key))) return arg_fail(st, rc);
-  pthread_mutex_lock(&st->mu);
+  int64_t ms = atomic_load(&st->default_timeout_ms);
+  uint64_t deadline = ddplug__deadline_ns(ms);
+  if ((rc = lock_until(st, call, deadline))) return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK) return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_DELETE);
   ddplug__sbuf_key(&st->req, key, strlen(key));
   uint8_t code;
   ddplug__rd rd;
-  rc = simple_call(st, call, key, id, &code, &rd);
+  rc = simple_call(st, call, key, id, deadline, ms, &code, &rd);
   if (rc != DDPLUG_OK) return finish(st, rc);
   uint8_t e = ddplug__rd_u8(&rd);
   if (code != DDPLUG__STORE_R_OK || rd.bad || rd.left != 0 || e > 1)
@@ -812,7 +912,8 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
     snprintf(what, sizeof what, "keys[%u]", i);
     if ((rc = check_key(call, what, keys[i]))) return arg_fail(st, rc);
   }
-  pthread_mutex_lock(&st->mu);
+  if ((rc = lock_until(st, call, ddplug__deadline_ns(t + DDPLUG__STORE_REPLY_GRACE_MS))))
+    return rc;
   if ((rc = check_usable(st)) != DDPLUG_OK || nkeys == 0)
     return finish(st, rc);
   uint32_t id = req_begin(st, DDPLUG__STORE_WAIT);
@@ -823,7 +924,7 @@ DDPLUG_API int ddplug_store_wait(ddplug_store *st, const char *const *keys,
   uint8_t code;
   ddplug__rd rd;
   double waited;
-  rc = timed_call(st, id, t, &code, &rd, &waited);
+  rc = timed_call(st, id, t, DDPLUG__STORE_REPLY_GRACE_MS, &code, &rd, &waited);
   if (rc == DDPLUG_E_TIMEOUT && st->lost_status == 0) {
     rc = ddplug__err(DDPLUG_E_TIMEOUT,
                      "%s: timed out after %.1f s waiting for %u key(s) "

@@ -1,5 +1,5 @@
 /*
- * store_net.c — socket plumbing shared by the store's server and client:
+ * net.c — socket plumbing shared by the store's server and client:
  * address formatting, socket options, randomness, and send/receive bounded
  * by a deadline (poll on non-blocking sockets).
  *

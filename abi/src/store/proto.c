@@ -1,15 +1,19 @@
 /*
- * store_proto.c — the rendezvous store's wire format: frame building and
+ * proto.c — the rendezvous store's wire format: frame building and
  * bounds-checked decoding. Pure functions; no sockets, no state.
  *
- * WIRE FORMAT (protocol version 1). All integers are big-endian.
+ * WIRE FORMAT (protocol version 2). All integers are big-endian.
  *
- *   frame   u32 length   bytes after this field: 6 .. 2 MiB + 1024
- *           u8  version  1 (DDPLUG__STORE_PROTO_VERSION)
+ *   frame   u32 length   bytes after this field: 6 .. 2 MiB + 1064
+ *           u8  version  2 (DDPLUG__STORE_PROTO_VERSION)
  *           u8  type     below
  *           u32 id       request id chosen by the client, echoed by the
  *                        reply; 0 in CHALLENGE
- *           ... body     by type; it must fill `length` exactly
+ *           ... body     by type
+ *           [u64 seq, 32-byte mac]   the trailer, on a connection whose
+ *                        handshake used a secret, after the handshake (the
+ *                        first frame after it in each direction is seq 0)
+ *           the fields must fill `length` exactly
  *   key     u16 n + n bytes: 1 <= n <= 255, no NUL byte
  *   value   u32 n + n bytes: 0 <= n <= 1 MiB
  *
@@ -19,13 +23,25 @@
  *                        32-byte client mac
  *   S->C REPLY     0x81  OK, 32-byte server mac      (then requests)
  *                     or REFUSED, u8 reason           (then the server closes)
- *   client mac = HMAC-SHA256(secret, "ddplug-store-v1 client" || server nonce
+ *   client mac = HMAC-SHA256(secret, "ddplug-store-v2 client" || server nonce
  *                || client nonce); server mac = HMAC-SHA256(secret,
- *   "ddplug-store-v1 server" || client nonce || server nonce); both are 32
+ *   "ddplug-store-v2 server" || client nonce || server nonce); both are 32
  *   zero bytes when that side has no secret. The server refuses a missing
  *   secret (reason 1), a wrong one (2) and a secret it does not expect (3);
  *   the client refuses a server whose mac is wrong. Until AUTH succeeds the
- *   server accepts no other frame.
+ *   server accepts no other frame, and no frame longer than an AUTH frame
+ *   (71 bytes after the length field): a connection that has not proven the
+ *   secret costs the server a fixed few hundred bytes.
+ *
+ * Integrity after the handshake (connections with a secret): each
+ *   direction has its own session key, HMAC-SHA256(secret, "ddplug-store-v2
+ *   session client->server" or "... server->client" || server nonce ||
+ *   client nonce), fresh for every connection. A frame's mac is
+ *   HMAC-SHA256(key of its direction, every byte of the frame from the
+ *   length field through seq). A receiver that finds a wrong mac or a seq
+ *   other than the next one (a frame altered, injected, replayed, dropped
+ *   or reordered) closes the connection and logs it. There is no
+ *   encryption: anyone on the path can read keys and values.
  *
  * Requests (C->S) and their REPLY bodies (first byte: the reply code):
  *   SET           0x02  key, value                 -> OK
@@ -52,7 +68,8 @@
  * request id, and a client discards replies to ids it no longer waits for.
  * Anything else — a length out of range, another version, an unknown type,
  * a field out of bounds, trailing bytes — makes the server close that
- * connection (logged at debug level); other connections are unaffected.
+ * connection (logged at debug level; a failed mac or sequence number at
+ * warning level); other connections are unaffected.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -136,6 +153,26 @@ void ddplug__sbuf_frame_begin(ddplug__sbuf *b, uint8_t type, uint32_t id) {
 void ddplug__sbuf_frame_end(ddplug__sbuf *b) {
   if (b->failed) return;
   put_u32_at(b->data + b->frame_start, (uint32_t)(b->len - b->frame_start - 4));
+}
+
+void ddplug__sbuf_frame_seal(ddplug__sbuf *b, ddplug__store_session *s) {
+  if (!s || !s->on) {
+    ddplug__sbuf_frame_end(b);
+    return;
+  }
+  ddplug__sbuf_i64(b, (int64_t)s->seq_tx);
+  if (ddplug__sbuf_reserve(b, DDPLUG__STORE_MAC_LEN) != 0) return;
+  /* The length field covers the mac, which is computed over the length. */
+  put_u32_at(b->data + b->frame_start,
+             (uint32_t)(b->len + DDPLUG__STORE_MAC_LEN - b->frame_start - 4));
+  if (ddplug__hmac_sha256(s->key_tx, sizeof s->key_tx, b->data + b->frame_start,
+                          b->len - b->frame_start, NULL, 0,
+                          b->data + b->len) != 0) {
+    b->failed = 1;
+    return;
+  }
+  b->len += DDPLUG__STORE_MAC_LEN;
+  s->seq_tx++;
 }
 
 void ddplug__sbuf_consume(ddplug__sbuf *b, size_t n) {
@@ -327,19 +364,86 @@ int ddplug__store_decode_request(const uint8_t *frame, size_t len,
   return 0;
 }
 
-void ddplug__store_auth_mac(const void *secret, size_t secret_len,
-                            int server_proof,
-                            const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
-                            const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
-                            uint8_t out[DDPLUG__SHA256_LEN]) {
+int ddplug__store_auth_mac(const void *secret, size_t secret_len,
+                           int server_proof,
+                           const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                           const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                           uint8_t out[DDPLUG__SHA256_LEN]) {
   const char *ctx = server_proof ? DDPLUG__STORE_MAC_SERVER : DDPLUG__STORE_MAC_CLIENT;
   uint8_t nonces[2 * DDPLUG__STORE_NONCE_LEN];
   /* Each side's proof ends with its own nonce. */
   memcpy(nonces, server_proof ? cnonce : snonce, DDPLUG__STORE_NONCE_LEN);
   memcpy(nonces + DDPLUG__STORE_NONCE_LEN, server_proof ? snonce : cnonce,
          DDPLUG__STORE_NONCE_LEN);
-  ddplug__hmac_sha256(secret, secret_len, ctx, strlen(ctx), nonces,
-                      sizeof nonces, out);
+  return ddplug__hmac_sha256(secret, secret_len, ctx, strlen(ctx), nonces,
+                             sizeof nonces, out);
+}
+
+/* ---- frame integrity ----------------------------------------------------- */
+
+int ddplug__store_session_init(ddplug__store_session *s, const void *secret,
+                               size_t secret_len,
+                               const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                               const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                               int server) {
+  memset(s, 0, sizeof *s);
+  if (secret_len == 0) return 0;
+  uint8_t nonces[2 * DDPLUG__STORE_NONCE_LEN];
+  memcpy(nonces, snonce, DDPLUG__STORE_NONCE_LEN);
+  memcpy(nonces + DDPLUG__STORE_NONCE_LEN, cnonce, DDPLUG__STORE_NONCE_LEN);
+  const char *c2s = DDPLUG__STORE_KEY_C2S, *s2c = DDPLUG__STORE_KEY_S2C;
+  if (ddplug__hmac_sha256(secret, secret_len, c2s, strlen(c2s), nonces,
+                          sizeof nonces, server ? s->key_rx : s->key_tx) != 0 ||
+      ddplug__hmac_sha256(secret, secret_len, s2c, strlen(s2c), nonces,
+                          sizeof nonces, server ? s->key_tx : s->key_rx) != 0) {
+    ddplug__store_session_clear(s);
+    return -1;
+  }
+  s->on = 1;
+  return 0;
+}
+
+void ddplug__store_session_clear(ddplug__store_session *s) {
+  volatile uint8_t *p = (volatile uint8_t *)s;
+  for (size_t i = 0; i < sizeof *s; i++) p[i] = 0;
+}
+
+int ddplug__store_frame_open(ddplug__store_session *s, const uint8_t *frame,
+                             size_t total, size_t *body_len, const char **why) {
+  if (total < 4) {
+    *why = "frame shorter than its length field";
+    return -1;
+  }
+  if (!s || !s->on) {
+    *body_len = total - 4;
+    return 0;
+  }
+  if (total < 4 + DDPLUG__STORE_LEN_MIN + DDPLUG__STORE_TRAILER_LEN) {
+    *why = "frame too short to carry its sequence number and MAC";
+    return -1;
+  }
+  uint8_t mac[DDPLUG__STORE_MAC_LEN];
+  const uint8_t *tag = frame + total - DDPLUG__STORE_MAC_LEN;
+  if (ddplug__hmac_sha256(s->key_rx, sizeof s->key_rx, frame,
+                          total - DDPLUG__STORE_MAC_LEN, NULL, 0, mac) != 0) {
+    *why = "cannot compute the frame's MAC (out of memory)";
+    return -1;
+  }
+  if (!ddplug__ct_equal(mac, tag, sizeof mac)) {
+    *why = "MAC mismatch: the frame was altered or forged";
+    return -1;
+  }
+  const uint8_t *sp = tag - DDPLUG__STORE_SEQ_LEN;
+  uint64_t seq = (uint64_t)ddplug__store_get_u32be(sp) << 32 |
+                 ddplug__store_get_u32be(sp + 4);
+  if (seq != s->seq_rx) {
+    *why = seq < s->seq_rx ? "sequence number already seen: a replayed frame"
+                           : "sequence number ahead of the expected one: a frame was dropped";
+    return -1;
+  }
+  s->seq_rx++;
+  *body_len = total - 4 - DDPLUG__STORE_TRAILER_LEN;
+  return 0;
 }
 
 int ddplug__store_parse_int(const uint8_t *s, size_t len, int64_t *out) {

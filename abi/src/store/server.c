@@ -1,14 +1,28 @@
 /*
- * store_server.c — the rendezvous store server: one background thread that
+ * server.c — the rendezvous store server: one background thread that
  * serves every connection with epoll (no thread per client).
  *
  * Rank 0 runs it inside its own process, so it must never crash, block or
  * leak because of what a client sends: every frame is bounded and checked
- * (store_proto.c); a malformed one closes that connection only. Blocking
- * GET/WAIT requests are parked in the key table (store_table.c) and answered
+ * (proto.c); a malformed one closes that connection only. Blocking
+ * GET/WAIT requests are parked in the key table (table.c) and answered
  * when their keys appear or their deadline passes — no polling. Output is
  * buffered per connection; a client that does not read its replies stops
  * being read (back-pressure) instead of growing the server's memory.
+ *
+ * Nothing is spent on a client before it proves the secret: until its AUTH
+ * succeeds a connection holds a fixed 128-byte input buffer (a frame longer
+ * than an AUTH frame closes it), must authenticate within a few seconds
+ * (HANDSHAKE_TIMEOUT_MS, not the rendezvous timeout), and counts against
+ * two caps — connections waiting to authenticate in all, and from one
+ * address — beyond which the oldest waiting connection is dropped. A
+ * joining rank is always the newest and authenticates in one round trip,
+ * so a flood of idle or slow connections cannot keep it out (and a client
+ * dropped during its handshake connects again). Running out of file
+ * descriptors drops the oldest waiting connection too, instead of pausing.
+ * After a handshake with a secret every frame carries a sequence number and
+ * a MAC (proto.c); one that fails either check closes the connection
+ * with a warning.
  *
  * Connections are never freed while an epoll batch or a table callback may
  * still refer to them: conn_kill() only marks and queues, settle() flushes
@@ -27,14 +41,26 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "store/store.h"
 
 /* A connection must authenticate within this long after accept, unless
- * changed with ddplug__store_server_set_handshake_timeout. */
-#define HANDSHAKE_TIMEOUT_MS 30000
+ * changed with ddplug__store_server_set_handshake_timeout. A client answers
+ * the challenge in one round trip; seconds leave room for a loaded machine
+ * without letting idle connections pile up for the rendezvous timeout. */
+#define HANDSHAKE_TIMEOUT_MS 5000
+/* Input buffer of a connection that has not authenticated: an AUTH frame
+ * (75 bytes) fits, nothing more is read. */
+#define IN_PREAUTH_CAP 128u
+/* Caps on connections waiting to authenticate: in all (also at most a
+ * quarter of the process's file descriptor limit), and from one address. */
+#define MAX_PENDING 1024u
+#define MAX_PENDING_PER_ADDR 256u
+/* At most one warning about dropped connections this often. */
+#define EVICT_WARN_INTERVAL_NS (10ull * 1000000000ull)
 /* Stop reading a connection while this much of its output is unsent. */
 #define OUT_HIGH_WATER (4u * 1024u * 1024u)
 /* Per-connection bounds against a client that floods the server. */
@@ -57,11 +83,15 @@ typedef struct conn {
   struct conn *prev, *next;  /* every live connection */
   struct conn *flush_next;   /* queued for flushing */
   struct conn *dead_next;    /* queued for reaping */
+  struct conn *pend_prev, *pend_next; /* waiting to authenticate, oldest first */
   int fd;
   uint32_t events;           /* current epoll mask */
-  uint8_t authed, bye, dead, flush_queued, close_after_flush;
+  uint8_t authed, bye, dead, flush_queued, close_after_flush, pending;
+  uint8_t addr_len;          /* the peer's address bytes, for the caps */
+  uint8_t addr[16];
   uint64_t handshake_deadline_ns;
   uint8_t nonce[DDPLUG__STORE_NONCE_LEN];
+  ddplug__store_session session; /* frame MACs after a handshake with a secret */
   uint8_t *in;               /* received bytes not yet processed */
   size_t in_len, in_cap;
   ddplug__sbuf out;          /* replies not yet sent: out.data[out_off..] */
@@ -85,7 +115,11 @@ struct ddplug_store_server {
   size_t secret_len;
   ddplug__store_table *table;
   conn *conns;
+  conn *pend_head, *pend_tail;    /* waiting to authenticate, oldest first */
   size_t nconns, nhandshaking;
+  size_t max_pending;
+  uint64_t evicted, evict_warned_ns;
+  int accept_again;               /* accept once more after settling */
   atomic_size_t nconns_shown; /* nconns, readable from other threads */
   conn *flush_list, *dead_list;
   uint64_t accept_paused_until_ns; /* 0 = accepting */
@@ -96,8 +130,20 @@ static char k_listen_tag, k_wake_tag;
 
 /* ---- connection lifetime ------------------------------------------------- */
 
+static void pending_remove(ddplug_store_server *s, conn *c) {
+  if (!c->pending) return;
+  c->pending = 0;
+  if (c->pend_prev) c->pend_prev->pend_next = c->pend_next;
+  else s->pend_head = c->pend_next;
+  if (c->pend_next) c->pend_next->pend_prev = c->pend_prev;
+  else s->pend_tail = c->pend_prev;
+  c->pend_prev = c->pend_next = NULL;
+  s->nhandshaking--;
+}
+
 static void conn_kill(ddplug_store_server *s, conn *c, const char *why) {
   if (c->dead) return;
+  pending_remove(s, c);
   c->dead = 1;
   c->dead_next = s->dead_list;
   s->dead_list = c;
@@ -191,7 +237,8 @@ static void conn_free(ddplug_store_server *s, conn *c, int fire) {
     fire_on_disconnect(s, c);
   }
   free_regs(c);
-  if (!c->authed) s->nhandshaking--;
+  pending_remove(s, c);
+  ddplug__store_session_clear(&c->session);
   /* After fork the epoll instance is shared with the parent: removing the
    * fd there would unregister the parent's connection. */
   if (!s->forked_copy) epoll_ctl(s->ep, EPOLL_CTL_DEL, c->fd, NULL);
@@ -234,7 +281,7 @@ static void reply_begin(conn *c, uint32_t id, uint8_t code) {
 }
 
 static void reply_end(ddplug_store_server *s, conn *c) {
-  ddplug__sbuf_frame_end(&c->out);
+  ddplug__sbuf_frame_seal(&c->out, &c->session);
   if (c->out.failed) {
     DDPLUG__WARN("rendezvous store: out of memory replying to %s; closing "
                  "that connection", c->peer);
@@ -296,8 +343,8 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   } else if (!s->secret && q->has_secret) {
     reason = DDPLUG__STORE_REFUSE_UNEXPECTED;
   } else if (s->secret) {
-    ddplug__store_auth_mac(s->secret, s->secret_len, 0, c->nonce, q->nonce, mac);
-    if (!ddplug__ct_equal(mac, q->mac, sizeof mac))
+    if (ddplug__store_auth_mac(s->secret, s->secret_len, 0, c->nonce, q->nonce, mac) != 0 ||
+        !ddplug__ct_equal(mac, q->mac, sizeof mac))
       reason = DDPLUG__STORE_REFUSE_BAD_MAC;
   }
   if (reason) {
@@ -314,13 +361,22 @@ static void handle_auth(ddplug_store_server *s, conn *c,
   }
   /* Prove to the client that this server knows the secret too. */
   memset(mac, 0, sizeof mac);
-  if (s->secret)
-    ddplug__store_auth_mac(s->secret, s->secret_len, 1, c->nonce, q->nonce, mac);
+  if (s->secret &&
+      (ddplug__store_auth_mac(s->secret, s->secret_len, 1, c->nonce, q->nonce, mac) != 0 ||
+       ddplug__store_session_init(&c->session, s->secret, s->secret_len, c->nonce,
+                                  q->nonce, 1) != 0)) {
+    conn_kill(s, c, "out of memory computing the session keys");
+    return;
+  }
   c->authed = 1;
-  s->nhandshaking--;
+  pending_remove(s, c);
+  /* The reply is the handshake's last frame: sent without the trailer. */
+  int on = c->session.on;
+  c->session.on = 0;
   reply_begin(c, q->id, DDPLUG__STORE_R_OK);
   ddplug__sbuf_put(&c->out, mac, sizeof mac);
   reply_end(s, c);
+  c->session.on = on;
 }
 
 /* GET/WAIT: answer at once when every key is present (the common case,
@@ -509,7 +565,7 @@ static void handle_frame(ddplug_store_server *s, conn *c, const uint8_t *frame,
 /* Grow c->in to hold at least need bytes. */
 static int in_reserve(conn *c, size_t need) {
   if (c->in_cap >= need) return 0;
-  size_t cap = c->in_cap ? c->in_cap : IN_MIN_CAP;
+  size_t cap = c->in_cap ? c->in_cap : c->authed ? IN_MIN_CAP : IN_PREAUTH_CAP;
   while (cap < need) cap *= 2;
   uint8_t *p = ddplug__realloc(c->in, cap);
   if (!p) return -1;
@@ -532,6 +588,10 @@ static void process_input(ddplug_store_server *s, conn *c) {
                                                    : "frame length over the cap");
       return;
     }
+    if (!c->authed && flen > DDPLUG__STORE_AUTH_LEN) {
+      conn_kill(s, c, "a frame longer than AUTH before authenticating");
+      return;
+    }
     /* Refuse another protocol version before buffering a large frame. */
     if (c->in_len - pos >= 5 && c->in[pos + 4] != DDPLUG__STORE_PROTO_VERSION) {
       conn_kill(s, c, "wrong protocol version");
@@ -546,7 +606,18 @@ static void process_input(ddplug_store_server *s, conn *c) {
       }
       break;
     }
-    handle_frame(s, c, c->in + pos + 4, flen);
+    size_t body = 0;
+    const char *why = NULL;
+    if (ddplug__store_frame_open(&c->session, c->in + pos, 4 + (size_t)flen, &body,
+                                 &why) != 0) {
+      DDPLUG__WARN("rendezvous store %s: a frame from %s failed its integrity "
+                   "check (%s); closing that connection (is something on the "
+                   "network altering traffic, or another program speaking to "
+                   "the store?)", s->where, c->peer, why);
+      conn_kill(s, c, NULL);
+      return;
+    }
+    handle_frame(s, c, c->in + pos + 4, body);
     pos += 4 + (size_t)flen;
   }
   if (c->dead) return;
@@ -562,8 +633,13 @@ static void process_input(ddplug_store_server *s, conn *c) {
 }
 
 static void conn_readable(ddplug_store_server *s, conn *c) {
-  if (in_reserve(c, c->in_len + IN_MIN_CAP / 2) != 0 &&
-      c->in_len == c->in_cap) {
+  /* Before authentication the buffer never grows past IN_PREAUTH_CAP. */
+  size_t want = c->authed ? c->in_len + IN_MIN_CAP / 2 : IN_PREAUTH_CAP;
+  if (!c->authed && c->in_len == c->in_cap && c->in_cap) {
+    conn_kill(s, c, "input buffer full before authenticating");
+    return;
+  }
+  if (in_reserve(c, want) != 0 && c->in_len == c->in_cap) {
     conn_kill(s, c, "out of memory");
     return;
   }
@@ -587,6 +663,38 @@ static void conn_readable(ddplug_store_server *s, conn *c) {
 
 /* ---- accepting ----------------------------------------------------------- */
 
+static void addr_bytes(const struct sockaddr *sa, uint8_t out[16], uint8_t *len) {
+  *len = 0;
+  if (sa->sa_family == AF_INET) {
+    memcpy(out, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    *len = 4;
+  } else if (sa->sa_family == AF_INET6) {
+    memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    *len = 16;
+  }
+}
+
+/* Drop the oldest connection waiting to authenticate (of address a, if not
+ * NULL): a cap was reached. Returns 1 if one was dropped. */
+static int evict_oldest(ddplug_store_server *s, const conn *like, const char *cap) {
+  conn *v = s->pend_head;
+  while (v && like && (v->addr_len != like->addr_len ||
+                       memcmp(v->addr, like->addr, like->addr_len) != 0))
+    v = v->pend_next;
+  if (!v) return 0;
+  s->evicted++;
+  uint64_t now = ddplug__now_ns();
+  if (s->evict_warned_ns == 0 || now - s->evict_warned_ns >= EVICT_WARN_INTERVAL_NS) {
+    DDPLUG__WARN("rendezvous store %s: %s; dropping the oldest connections "
+                 "that have not authenticated (%s first; %llu dropped so far): "
+                 "is something flooding this port?",
+                 s->where, cap, v->peer, (unsigned long long)s->evicted);
+    s->evict_warned_ns = now;
+  }
+  conn_kill(s, v, "dropped: too many connections waiting to authenticate");
+  return 1;
+}
+
 static void accept_one(ddplug_store_server *s, int fd,
                        const struct sockaddr *sa) {
   conn *c = ddplug__calloc(1, sizeof *c);
@@ -600,6 +708,22 @@ static void accept_one(ddplug_store_server *s, int fd,
   }
   c->fd = fd;
   ddplug__store_format_sockaddr(c->peer, sizeof c->peer, sa);
+  addr_bytes(sa, c->addr, &c->addr_len);
+  /* The caps: the newest connection always gets its chance. */
+  size_t same = 0;
+  for (conn *p = s->pend_head; p; p = p->pend_next)
+    if (p->addr_len == c->addr_len && !memcmp(p->addr, c->addr, c->addr_len)) same++;
+  if (same >= MAX_PENDING_PER_ADDR) {
+    char cap[160];
+    snprintf(cap, sizeof cap, "%u connections from %s wait to authenticate",
+             MAX_PENDING_PER_ADDR, c->peer);
+    evict_oldest(s, c, cap);
+  }
+  if (s->nhandshaking >= s->max_pending) {
+    char cap[160];
+    snprintf(cap, sizeof cap, "%zu connections wait to authenticate", s->max_pending);
+    evict_oldest(s, NULL, cap);
+  }
   c->handshake_deadline_ns =
       ddplug__deadline_ns(atomic_load(&s->handshake_timeout_ms));
   c->events = EPOLLIN;
@@ -614,6 +738,11 @@ static void accept_one(ddplug_store_server *s, int fd,
   s->conns = c;
   s->nconns++;
   atomic_store(&s->nconns_shown, s->nconns);
+  c->pending = 1;
+  c->pend_prev = s->pend_tail;
+  if (s->pend_tail) s->pend_tail->pend_next = c;
+  else s->pend_head = c;
+  s->pend_tail = c;
   s->nhandshaking++;
   ddplug__sbuf_frame_begin(&c->out, DDPLUG__STORE_CHALLENGE, 0);
   ddplug__sbuf_u8(&c->out, s->secret != NULL);
@@ -637,8 +766,16 @@ static void listener_ready(ddplug_store_server *s) {
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
     if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-    /* Out of descriptors or memory: pause accepting briefly rather than
-     * spinning on a listener that stays readable. */
+    /* Out of descriptors: free one held by a connection that has not
+     * authenticated, and accept again once it is closed (after this batch:
+     * connections are freed only at a safe point). */
+    if ((errno == EMFILE || errno == ENFILE) &&
+        evict_oldest(s, NULL, "out of file descriptors")) {
+      s->accept_again = 1;
+      return;
+    }
+    /* Out of descriptors or memory with nothing to drop: pause accepting
+     * briefly rather than spinning on a listener that stays readable. */
     DDPLUG__WARN("rendezvous store %s: accept failed (%s); pausing new "
                  "connections for %d ms",
                  s->where, strerror(errno), ACCEPT_PAUSE_MS);
@@ -656,14 +793,12 @@ static void listener_ready(ddplug_store_server *s) {
 static uint64_t run_timers(ddplug_store_server *s) {
   uint64_t now = ddplug__now_ns();
   uint64_t next = ddplug__store_table_expire(s->table, now);
-  if (s->nhandshaking > 0) {
-    for (conn *c = s->conns; c; c = c->next) {
-      if (c->authed || c->dead) continue;
-      if (c->handshake_deadline_ns <= now)
-        conn_kill(s, c, "no authentication within the handshake timeout");
-      else
-        next = DDPLUG__MIN(next, c->handshake_deadline_ns);
-    }
+  for (conn *c = s->pend_head, *n; c; c = n) {
+    n = c->pend_next;
+    if (c->handshake_deadline_ns <= now)
+      conn_kill(s, c, "no authentication within the handshake timeout");
+    else
+      next = DDPLUG__MIN(next, c->handshake_deadline_ns);
   }
   if (s->accept_paused_until_ns) {
     if (s->accept_paused_until_ns <= now) {
@@ -714,6 +849,11 @@ static void *server_main(void *arg) {
       }
     }
     settle(s);
+    while (s->accept_again && !atomic_load(&s->stop)) {
+      s->accept_again = 0;
+      listener_ready(s);
+      settle(s);
+    }
   }
   return NULL;
 }
@@ -816,6 +956,11 @@ DDPLUG_API int ddplug_store_serve(const char *addr, int port,
                        "out of memory starting the rendezvous store");
   s->listen_fd = s->wake_fd = s->ep = -1;
   atomic_store(&s->handshake_timeout_ms, HANDSHAKE_TIMEOUT_MS);
+  s->max_pending = MAX_PENDING;
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
+    s->max_pending = DDPLUG__MAX(DDPLUG__MIN((size_t)nofile.rlim_cur / 4, s->max_pending),
+                                 (size_t)16);
   ddplug__store_format_where(s->where, sizeof s->where, addr, port);
   int rc = DDPLUG_OK;
   if (secret && *secret) {

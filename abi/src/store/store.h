@@ -2,7 +2,7 @@
  * store.h — the store layer's header: internal declarations of the
  * rendezvous store (not installed). Depends on base/.
  * The module map of abi/src/store/:
- *   sha256.c        SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104)
+ *   crypto.c        HMAC-SHA256 and the constant-time compare (libcrypto)
  *   proto.c         the wire format (documented there), frame encoding and
  *                   request/reply decoding — pure functions, no sockets
  *   net.c           addresses, sockets, connect/send/recv with deadlines
@@ -22,44 +22,43 @@
 
 #include "base/base.h"
 
-/* ---- SHA-256 and HMAC-SHA256 (sha256.c) ---------------------------------- */
+/* ---- HMAC-SHA256 and constant-time compare (crypto.c) --------------------- */
 
 #define DDPLUG__SHA256_LEN 32
-#define DDPLUG__SHA256_BLOCK 64
 
-typedef struct ddplug__sha256_ctx {
-  uint32_t h[8];
-  uint64_t total;                     /* bytes hashed so far */
-  uint8_t block[DDPLUG__SHA256_BLOCK]; /* pending partial block */
-  size_t fill;                        /* bytes in block */
-} ddplug__sha256_ctx;
-
-void ddplug__sha256_init(ddplug__sha256_ctx *c);
-void ddplug__sha256_update(ddplug__sha256_ctx *c, const void *data, size_t len);
-void ddplug__sha256_final(ddplug__sha256_ctx *c, uint8_t out[DDPLUG__SHA256_LEN]);
-/* One-shot digest of data[0..len). */
-void ddplug__sha256(const void *data, size_t len,
-                    uint8_t out[DDPLUG__SHA256_LEN]);
-/* HMAC-SHA256(key, msg1 || msg2); msg2 may be NULL with len2 == 0. */
-void ddplug__hmac_sha256(const void *key, size_t key_len, const void *msg1,
-                         size_t len1, const void *msg2, size_t len2,
-                         uint8_t out[DDPLUG__SHA256_LEN]);
-/* 1 if a[0..n) == b[0..n), in time independent of where they differ. */
+/* HMAC-SHA256(key, msg1 || msg2) into out (libcrypto); msg2 may be NULL
+ * with len2 == 0, key may be empty. 0, or -1 when libcrypto failed (out of
+ * memory): out is then all zeros, which no peer accepts. Thread-safe. */
+int ddplug__hmac_sha256(const void *key, size_t key_len, const void *msg1,
+                        size_t len1, const void *msg2, size_t len2,
+                        uint8_t out[DDPLUG__SHA256_LEN]);
+/* 1 if a[0..n) == b[0..n), in time independent of where they differ
+ * (CRYPTO_memcmp). */
 int ddplug__ct_equal(const void *a, const void *b, size_t n);
 
-/* ---- wire format (store_proto.c) ----------------------------------------- */
+/* ---- wire format (proto.c) ----------------------------------------- */
 
-#define DDPLUG__STORE_PROTO_VERSION 1
+#define DDPLUG__STORE_PROTO_VERSION 2
 #define DDPLUG__STORE_KEY_MAX 255u
 #define DDPLUG__STORE_VALUE_MAX (1024u * 1024u)
 #define DDPLUG__STORE_WAIT_KEYS_MAX 1024u
 #define DDPLUG__STORE_NONCE_LEN 32
 /* Frame header: u32 length, u8 version, u8 type, u32 request id. */
 #define DDPLUG__STORE_HDR_LEN 10
+/* After the handshake of a connection with a secret, every frame ends with
+ * a u64 sequence number and a MAC over the frame (see proto.c). */
+#define DDPLUG__STORE_SEQ_LEN 8u
+#define DDPLUG__STORE_MAC_LEN 32u
+#define DDPLUG__STORE_TRAILER_LEN (DDPLUG__STORE_SEQ_LEN + DDPLUG__STORE_MAC_LEN)
 /* The length field counts the bytes after itself: at least version, type
- * and id; at most a compare-set of two maximal values plus its fields. */
+ * and id; at most a compare-set of two maximal values plus its fields and
+ * the trailer. */
 #define DDPLUG__STORE_LEN_MIN 6u
-#define DDPLUG__STORE_LEN_MAX (2u * DDPLUG__STORE_VALUE_MAX + 1024u)
+#define DDPLUG__STORE_LEN_MAX \
+  (2u * DDPLUG__STORE_VALUE_MAX + 1024u + DDPLUG__STORE_TRAILER_LEN)
+/* The length field of an AUTH frame: the largest frame a server reads
+ * from a connection that has not authenticated yet. */
+#define DDPLUG__STORE_AUTH_LEN (6u + 1u + DDPLUG__STORE_NONCE_LEN + DDPLUG__SHA256_LEN)
 
 /* Frame types. Requests go client -> server, the others server -> client. */
 enum {
@@ -94,8 +93,33 @@ enum {
 
 /* Context strings bound into the authentication MACs, so a client MAC can
  * never be replayed as a server MAC or the other way round. */
-#define DDPLUG__STORE_MAC_CLIENT "ddplug-store-v1 client"
-#define DDPLUG__STORE_MAC_SERVER "ddplug-store-v1 server"
+#define DDPLUG__STORE_MAC_CLIENT "ddplug-store-v2 client"
+#define DDPLUG__STORE_MAC_SERVER "ddplug-store-v2 server"
+/* ... and into the session keys, one per direction. */
+#define DDPLUG__STORE_KEY_C2S "ddplug-store-v2 session client->server"
+#define DDPLUG__STORE_KEY_S2C "ddplug-store-v2 session server->client"
+
+/* One side of an authenticated connection's frame protection: when `on`
+ * (the handshake used a secret), every frame sent carries seq_tx and a MAC
+ * under key_tx, and every frame received must carry seq_rx and a valid MAC
+ * under key_rx. */
+typedef struct ddplug__store_session {
+  int on;
+  uint8_t key_tx[DDPLUG__SHA256_LEN];
+  uint8_t key_rx[DDPLUG__SHA256_LEN];
+  uint64_t seq_tx, seq_rx;
+} ddplug__store_session;
+
+/* Derive both directions' keys from the secret and the handshake's nonces
+ * (server: 1 on the server's side) and turn the session on; a secret of
+ * length 0 leaves it off. 0, or -1 (libcrypto failed). */
+int ddplug__store_session_init(ddplug__store_session *s, const void *secret,
+                               size_t secret_len,
+                               const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                               const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                               int server);
+/* Forget the keys. */
+void ddplug__store_session_clear(ddplug__store_session *s);
 
 /* A growable byte buffer for building frames. Allocation failure is sticky:
  * `failed` is set and later appends do nothing. */
@@ -122,6 +146,9 @@ void ddplug__sbuf_value(ddplug__sbuf *b, const void *value, size_t len);
 /* Start a frame (header with a placeholder length) / patch its length. */
 void ddplug__sbuf_frame_begin(ddplug__sbuf *b, uint8_t type, uint32_t id);
 void ddplug__sbuf_frame_end(ddplug__sbuf *b);
+/* End the frame like ddplug__sbuf_frame_end; with a session that is on,
+ * first append its sequence number and MAC (and count it). s may be NULL. */
+void ddplug__sbuf_frame_seal(ddplug__sbuf *b, ddplug__store_session *s);
 /* Drop the first n bytes (already sent). */
 void ddplug__sbuf_consume(ddplug__sbuf *b, size_t n);
 
@@ -174,23 +201,32 @@ typedef struct ddplug__store_req {
  * outside frame[0..len). */
 int ddplug__store_decode_request(const uint8_t *frame, size_t len,
                                  ddplug__store_req *req, const char **why);
+/* Check one whole received frame, frame[0..total) from its length field
+ * (total = 4 + the length field): with a session that is on, its sequence
+ * number must be the next expected one and its MAC valid (then it is
+ * counted). Returns 0 and *body_len, the length to decode from frame + 4
+ * (the trailer removed), or -1 and *why ("MAC mismatch", "sequence number
+ * 7, expected 5", "frame too short for its MAC"). Pure; never reads outside
+ * frame[0..total). */
+int ddplug__store_frame_open(ddplug__store_session *s, const uint8_t *frame,
+                             size_t total, size_t *body_len, const char **why);
 /* Iterate the keys of a decoded WAIT (already validated by decode). */
 const uint8_t *ddplug__store_next_key(ddplug__rd *r, uint16_t *len);
 
-/* The handshake MACs (see the wire format in store_proto.c): the client's
+/* The handshake MACs (see the wire format in proto.c): the client's
  * proof (server_proof 0) = HMAC(secret, "ddplug-store-v1 client" || snonce
  * || cnonce); the server's (1) = HMAC(secret, "ddplug-store-v1 server" ||
  * cnonce || snonce). */
-void ddplug__store_auth_mac(const void *secret, size_t secret_len,
-                            int server_proof,
-                            const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
-                            const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
-                            uint8_t out[DDPLUG__SHA256_LEN]);
+int ddplug__store_auth_mac(const void *secret, size_t secret_len,
+                           int server_proof,
+                           const uint8_t snonce[DDPLUG__STORE_NONCE_LEN],
+                           const uint8_t cnonce[DDPLUG__STORE_NONCE_LEN],
+                           uint8_t out[DDPLUG__SHA256_LEN]);
 
 /* Parse a whole decimal int64 ("-12"; no spaces, no '+'): 0 or -1. */
 int ddplug__store_parse_int(const uint8_t *s, size_t len, int64_t *out);
 
-/* ---- sockets (store_net.c) ----------------------------------------------- */
+/* ---- sockets (net.c) ----------------------------------------------- */
 
 /* "H:P" or "[H]:P" (IPv6 literal) into buf. */
 void ddplug__store_format_where(char *buf, size_t cap, const char *host,
@@ -233,7 +269,7 @@ int ddplug__store_wait_readable(int fd, uint64_t deadline_ns, int *err);
 /* Same for writable (a connecting socket is writable once it is done). */
 int ddplug__store_wait_writable(int fd, uint64_t deadline_ns, int *err);
 
-/* ---- torch.distributed's TCPStore (torch_store.c) ------------------------ */
+/* ---- torch.distributed's TCPStore (torch_client.c) ------------------------ */
 
 /* A client of torchrun's agent store, only to publish and find ddplug's
  * store port under torchrun (TORCHELASTIC_USE_AGENT_STORE=True). Every call
@@ -248,7 +284,7 @@ int ddplug__tstore_wait_get(ddplug__tstore *ts, const char *key, char *out,
                             size_t cap, uint64_t deadline_ns);
 void ddplug__tstore_close(ddplug__tstore *ts);
 
-/* ---- key table with waiters (store_table.c) ------------------------------ */
+/* ---- key table with waiters (table.c) ------------------------------ */
 
 typedef struct ddplug__store_table ddplug__store_table;
 typedef struct ddplug__store_waiter ddplug__store_waiter;
@@ -304,7 +340,7 @@ void ddplug__store_table_drop_owner(ddplug__store_table *t, void *owner);
  * UINT64_MAX if no waiter is parked. */
 uint64_t ddplug__store_table_expire(ddplug__store_table *t, uint64_t now_ns);
 
-/* ---- server internals (store_server.c) ----------------------------------- */
+/* ---- server internals (server.c) ----------------------------------- */
 
 /* How long a new connection may take to authenticate before the server
  * drops it (default 30 s); applies to connections accepted afterwards.
@@ -315,7 +351,7 @@ void ddplug__store_server_set_handshake_timeout(ddplug_store_server *srv,
 /* Connections open right now (authenticated or not). Thread-safe. */
 size_t ddplug__store_server_connections(const ddplug_store_server *srv);
 
-/* ---- client internals (store_client.c) ----------------------------------- */
+/* ---- client internals (client.c) ----------------------------------- */
 
 /* The timeout used for DDPLUG_TIMEOUT_DEFAULT and by the calls that take no
  * timeout (set, add, compare_set, delete, on_disconnect), until changed. */
@@ -327,5 +363,22 @@ size_t ddplug__store_server_connections(const ddplug_store_server *srv);
 /* Change st's default timeout (the runtime applies rendezvous.timeout_s).
  * ms must be > 0. Thread-safe. */
 int ddplug__store_set_default_timeout(ddplug_store *st, int64_t ms);
+/* ddplug_store_compare_set bounded by its own timeout_ms (the handle's
+ * lock included) instead of the default: for failure paths, where the
+ * store may not answer at all. */
+int ddplug__store_compare_set_within(ddplug_store *st, const char *key,
+                                     const void *expected, uint64_t elen,
+                                     const void *desired, uint64_t dlen,
+                                     int *swapped, int64_t timeout_ms);
+/* ddplug_store_get waiting at most grace_ms (instead of 500 ms) past
+ * timeout_ms for the server's answer: for probes on failure paths, where
+ * the server may not answer at all. */
+int ddplug__store_get_within(ddplug_store *st, const char *key, int64_t timeout_ms,
+                             int64_t grace_ms, void **value, uint64_t *len);
+/* Close without saying goodbye and free st; never waits. The server then
+ * applies this connection's disconnect keys (set only if still absent).
+ * For a failed run: the goodbye could wait for a store that no longer
+ * answers. No other thread may use st. */
+void ddplug__store_close_now(ddplug_store *st);
 
 #endif /* DDPLUG_STORE_H */

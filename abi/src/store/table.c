@@ -1,5 +1,5 @@
 /*
- * store_table.c — the rendezvous server's key table and its parked waiters.
+ * table.c — the rendezvous server's key table and its parked waiters.
  *
  * Keys live in a chained hash table. An entry exists while its key is
  * present OR while some parked GET/WAIT watches it; each watch is a node in

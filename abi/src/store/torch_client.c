@@ -1,5 +1,5 @@
 /*
- * torch_store.c — a minimal client of torch.distributed's TCPStore, spoken
+ * torch_client.c — a minimal client of torch.distributed's TCPStore, spoken
  * only to find ddplug's own store under torchrun.
  *
  * Why: torchrun (torch >= 2.4) serves its agent's TCPStore on MASTER_PORT

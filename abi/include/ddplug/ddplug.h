@@ -987,8 +987,12 @@ DDPLUG_API const char *ddplug_audit_verdict_name(int verdict);
  * process per scope performs while the others of the scope wait for its
  * outcome through the rendezvous store. No collective barrier: waiters
  * block on a store key, so ranks may arrive minutes apart (slow shared file
- * systems), and a runner that dies is noticed (its store connection drops)
- * instead of leaving the others hanging.
+ * systems). The runner heartbeats through the store while it works (a
+ * thread of the runner process, every 0.5 s): waiters wait as long as it
+ * lives (config "timeouts.run_once_s", default 0 = no limit), and stop at
+ * once when it dies (its store connection drops) or records a failure, or
+ * within 5 s of its last heartbeat when it hangs or loses the network
+ * without its connection closing.
  *
  * A run-once is named; the name identifies the work within the run. A name
  * whose outcome is already recorded returns it at once, to every process
@@ -1007,11 +1011,13 @@ typedef enum ddplug_scope {
 
 /* Start run-once `name` in `scope`. Every process of the scope calls it.
  *  - The runner whose outcome is not yet recorded gets *runner = 1 and OK
- *    at once; it must do the work and then call ddplug_run_once_end (if it
- *    dies first, the others get PEER_LOST).
+ *    at once, and starts heartbeating; it must do the work and then call
+ *    ddplug_run_once_end (if it dies first, the others get PEER_LOST;
+ *    ddplug_close stops the heartbeat of one never ended).
  *  - Every other process gets *runner = 0 and blocks until the outcome is
  *    recorded (at most timeout_ms; DDPLUG_TIMEOUT_DEFAULT = config
- *    "timeouts.collective_s"), then returns it: OK when the work succeeded,
+ *    "timeouts.run_once_s", 0 there meaning as long as the runner
+ *    heartbeats), then returns it: OK when the work succeeded,
  *    else the status the runner ended with. *message (may be NULL; released
  *    with ddplug_free; "" when there is none) receives the runner's message:
  *    on success what it passed to ddplug_run_once_end (e.g. a serialized
@@ -1019,9 +1025,11 @@ typedef enum ddplug_scope {
  *    The last error then names the runner's rank and the run-once. The
  *    runner's *message stays NULL.
  * Errors: INVALID_ARGUMENT (NULL ctx/runner, bad name or scope), TIMEOUT
- * (naming the runner's rank; the outcome may still come), PEER_LOST (the
- * runner disconnected without an outcome), ABORTED (the run was aborted),
- * the runner's status, or a store failure. On failure *runner is 0.
+ * (naming the runner's rank and what set the limit — the config key or the
+ * argument; the outcome may still come), PEER_LOST (the runner
+ * disconnected, or stopped heartbeating, without an outcome), ABORTED (the
+ * run was aborted), the runner's status, SYSTEM (the runner could not
+ * start its heartbeat thread), or a store failure. On failure *runner is 0.
  * Blocks (waiters only). Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
                                      int scope, int64_t timeout_ms,

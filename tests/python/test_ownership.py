@@ -12,7 +12,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 import ddplug
 from ddplug import errors, ownership
-from ddplug.streams import DataSplit, StreamBatchSampler, _allowances
+from ddplug.declare import allowance, declare
+from ddplug.streams import DataSplit, StreamBatchSampler
 
 from conftest import TEST_PLUGIN
 
@@ -95,7 +96,9 @@ def test_plain_loader_becomes_plugin_owned_and_keeps_its_class(ctx: ddplug.Conte
     assert isinstance(managed.batch_sampler, StreamBatchSampler) and managed.batch_sampler.owner == "plugin"
     batches = [b.tolist() for b in managed]
     assert sorted(i for b in batches for i in b) == list(range(20)) and len(batches) == 5
-    assert callable(managed.state_dict) and managed.state_dict()["position"] == 5
+    # the position is the stream's (a Trainer checkpoint stores it under "ddplug"),
+    # not the loader's: a stateful loader would tie checkpoints to this strategy
+    assert not hasattr(managed, "state_dict") and managed.batch_sampler.state_dict()["position"] == 5
     assert "owner plugin (auto" in lines[0] and "5 batches per epoch" in lines[0]
 
 
@@ -120,8 +123,9 @@ def test_rank_aware_sampler_is_left_alone(ctx: ddplug.Context) -> None:
 def test_iterable_dataset_is_user_owned(ctx: ddplug.Context) -> None:
     lines: list = []
     loader = DataLoader(Stream(), batch_size=2)
-    assert split(ctx, lines).prepare(loader, "train") is loader
-    assert "IterableDataset" in lines[0] and "no audit" in lines[0]
+    with pytest.warns(errors.DdplugWarning, match="not audited: its samples carry no id"):
+        assert split(ctx, lines).prepare(loader, "train") is loader
+    assert lines[0].startswith("WARNING: stream 'train': owner user") and "IterableDataset" in lines[0]
 
 
 def test_config_forces_owner_and_conflicting_claims_fail() -> None:
@@ -181,19 +185,66 @@ def test_resume_position_and_epoch(ctx: ddplug.Context) -> None:
     assert [b.tolist() for b in managed] != full, "a finished epoch resumes at the next one"
 
 
-def test_allowances() -> None:
+def test_only_explicit_declarations_allow_padding_and_dropping() -> None:
     ds = Items(10)
-    # DistributedSampler over 10 samples on 4 ranks pads 2
-    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 3, False)
-    assert _allowances(10, 4, inner.sampler, inner) == (2, 0)
-    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 2, True)  # 3 per rank -> 1 batch of 2
-    assert _allowances(10, 4, inner.sampler, inner) == (0, 2)
+    # torch's own DistributedSampler: its documented padding (10 on 4 ranks: 2),
+    # or with drop_last its dropped tail — from N and the world, not from len()
+    a = allowance(10, [DistributedSampler(ds, num_replicas=4, rank=0)], None, evaluation=False)
+    assert (a.padding, a.dropped) == (2, 0) and "torch's DistributedSampler" in a.source
+    a = allowance(10, [DistributedSampler(ds, num_replicas=4, rank=0, drop_last=True)], None, evaluation=False)
+    assert (a.padding, a.dropped) == (0, 2)
+    # a subclass that changes __iter__ is not taken at its word, whatever its length says
+
+    class Half(DistributedSampler):
+        def __iter__(self):
+            return iter([i for i in super().__iter__() if i < 5])
+
+        def __len__(self) -> int:
+            return 2
+
+    a = allowance(10, [Half(ds, num_replicas=2, rank=0)], None, evaluation=False)
+    assert (a.padding, a.dropped, a.local_dropped) == (0, 0, 0)
+    # a batching that drops its last partial batch: this rank's remainder
+    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 2, True)  # 3 per rank -> 1 left
+    assert allowance(10, [inner.sampler], inner, evaluation=False).local_dropped == 1
     # every rank reads everything: nothing is allowed, the audit must see it
-    inner = BatchSampler(RandomSampler(ds), 2, False)
-    assert _allowances(10, 2, None, inner) == (0, 0)
-    declared = DuckSampler(10)
-    declared.ddplug_audit_allowance = (3, 1)
-    assert _allowances(10, 2, declared, declared) == (3, 1)
+    assert allowance(10, [RandomSampler(ds)], BatchSampler(RandomSampler(ds), 2, False),
+                     evaluation=False).describe() == "nothing"
+    # declared: padding by count, dropped by index, by predicate or by count
+    s = declare(DuckSampler(10), padding=3, dropped=[7, 2, 7])
+    a = allowance(10, [s], s, evaluation=False)
+    assert a.padding == 3 and a.dropped_indices.tolist() == [2, 7] and "declared on DuckSampler" in a.source
+    s = declare(DuckSampler(10), dropped=lambda i: i % 4 == 0)
+    assert allowance(10, [s], s, evaluation=False).dropped_indices.tolist() == [0, 4, 8]
+    assert allowance(10, [declare(DuckSampler(10), dropped=2)], None, evaluation=False).dropped == 2
+    # an evaluation stream declares nothing, whatever the sampler says
+    assert allowance(10, [s], s, evaluation=True).describe() == "nothing"
+    with pytest.raises(ValueError, match="padding must be >= 0"):
+        declare(DuckSampler(3), padding=-1)
+
+
+def test_stream_names_are_the_librarys_rule(ctx: ddplug.Context) -> None:
+    assert ownership.check_stream_name("val.en-2_x") == "val.en-2_x"
+    with pytest.raises(ValueError, match="stream name 'tr ain' has character ' ' at 2"):
+        ownership.check_stream_name("tr ain")
+    with pytest.raises(ValueError, match="must have 1 to 63 characters"):
+        split(ctx, []).prepare(DataLoader(Items(), batch_size=2), "x" * 64)
+    from ddplug.fabric import name_stream
+
+    with pytest.raises(ValueError, match="has character '/'"):
+        name_stream(DataLoader(Items()), "a/b")
+
+
+def test_the_forced_owner_is_the_librarys_answer() -> None:
+    cfg = {"data_split": {"owner": "user", "streams": {"val": {"owner": "auto"},
+                                                        "test": {"sampler": {"shuffle": False}}}}}
+    c = ctx_with(**cfg)
+    try:
+        assert ownership.forced_owner(c, "train") == ("user", "data_split.owner in <dict>")
+        assert ownership.forced_owner(c, "val") == (None, None)  # its own "auto" wins
+        assert ownership.forced_owner(c, "test") == ("user", "data_split.owner in <dict>")
+    finally:
+        c.close()
 
 
 def test_config_helper_is_valid_json() -> None:

@@ -50,6 +50,14 @@ def __getattr__(name: str):
         from .ownership import rank_aware
 
         return rank_aware
+    if name == "declare":
+        from .declare import declare
+
+        return declare
+    if name == "shard":
+        from .iterable import shard
+
+        return shard
     if name == "SyncBatchNorm":
         from .syncbn import SyncBatchNorm
 
@@ -95,7 +103,26 @@ __all__ = [
     "Unsupported",
     "library_path",
     "library_version",
+    "declare",
     "once",
     "rank_aware",
     "run_once",
+    "shard",
 ]
+
+
+def _register_with_loaded_lightning() -> None:
+    """``strategy="ddplug"`` by name: Lightning resolves strategy names from its
+    registry and reads no entry points for them, so registration needs an import.
+    When Lightning is already imported, ``import ddplug`` does it."""
+    import sys
+
+    for framework, module in (("lightning.pytorch", "lightning"), ("lightning.fabric", "fabric")):
+        if framework in sys.modules:
+            try:
+                __import__(f"{__name__}.{module}")
+            except Exception:  # a broken torch install must not break the binding
+                pass
+
+
+_register_with_loaded_lightning()

@@ -4,9 +4,11 @@
 
 A small sequence classifier learns whether a variable-length token sequence
 contains more "high" than "low" tokens. The loaders are plain DataLoaders: the
-ddplug strategy decides who splits them (here: ddplug's length-bucketed batch
-sampler, from the config), claims that through the runtime, audits every epoch
-that each sample was seen exactly once across the ranks, and prints all of it.
+ddplug strategy decides who splits them — the training stream with ddplug's
+length-bucketed batch sampler (the config's data_split.streams.train.sampler),
+the validation stream exactly (every sample once, no padding) — claims that
+through the runtime, audits every epoch what each rank consumed, and prints all
+of it.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Classifier(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         tokens, labels = batch
         acc = (self(tokens).argmax(-1) == labels).float().mean()
-        self.log("val_acc", acc, sync_dist=True)  # averaged over the ranks by ddplug
+        self.log("val_acc", acc, sync_dist=True)  # over every validation sample once, through ddplug
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=3e-3)

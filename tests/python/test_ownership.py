@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 import ddplug
 from ddplug import errors, ownership
-from ddplug.declare import allowance, declare
+from ddplug.declarations import allowance, declare
 from ddplug.streams import DataSplit, StreamBatchSampler
 
 from conftest import TEST_PLUGIN

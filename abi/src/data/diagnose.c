@@ -156,10 +156,15 @@ static diag *raise_violation(ddplug_audit_report *v, diag *d, int verdict) {
   return &d[verdict];
 }
 
-static void examples(diag *x, const char *head, const int64_t *ex, int n) {
+/* Example indices as decimals; example ids (64-bit, often hashes of keys) as
+ * 16 hex digits. */
+static void examples(diag *x, const char *head, const int64_t *ex, int n, int ids) {
   for (int k = 0; k < n; k++) {
     if (k == 0) dcat(x, "%s", head);
-    dcat(x, k ? ", %lld" : "%lld", (long long)ex[k]);
+    if (ids)
+      dcat(x, k ? ", %016llx" : "%016llx", (unsigned long long)ex[k]);
+    else
+      dcat(x, k ? ", %lld" : "%lld", (long long)ex[k]);
   }
 }
 
@@ -360,10 +365,11 @@ void ddplug__audit_diagnose(const char *stream,
              "(about N/%d with %d ranks; %llu never delivered",
              (unsigned long long)v.covered, (unsigned long long)v.num_samples,
              world, world, (unsigned long long)v.missing);
-        examples(x, ", e.g. sample ", (const int64_t *)cov->missing_ex, cov->nmissing_ex);
+        examples(x, ", e.g. sample ", (const int64_t *)cov->missing_ex, cov->nmissing_ex, 0);
         dcat(x, ") — the data was split twice (e.g. a rank-aware sampler, or a "
                 "dataset already sharded per rank, and another split on top): "
-                "let exactly one layer split it");
+                "let exactly one layer split it; or the sampler covers only "
+                "part of the dataset");
       } else if (missing_some) {
         diag *x = raise_violation(&v, d, DDPLUG_AUDIT_MISSING);
         if (by_id)
@@ -376,7 +382,7 @@ void ddplug__audit_diagnose(const char *stream,
                   "never delivered (declared dropped: %llu)",
                (unsigned long long)v.covered, (unsigned long long)v.num_samples,
                (unsigned long long)v.missing, (unsigned long long)v.allowed_missing);
-        examples(x, ", e.g. sample ", (const int64_t *)cov->missing_ex, cov->nmissing_ex);
+        examples(x, ", e.g. sample ", (const int64_t *)cov->missing_ex, cov->nmissing_ex, 0);
         if (!exact)
           dcat(x, " (estimated from %llu tracked %s)", (unsigned long long)tracked,
                by_id ? "ids" : "samples");
@@ -392,7 +398,7 @@ void ddplug__audit_diagnose(const char *stream,
         if (!by_id && world > 1)
           dcat(x, ": %llu across ranks, %llu within one rank", (unsigned long long)cross,
                (unsigned long long)within);
-        examples(x, by_id ? ", e.g. id " : ", e.g. sample ", cov->repeat_ex, cov->nrepeat_ex);
+        examples(x, by_id ? ", e.g. id " : ", e.g. sample ", cov->repeat_ex, cov->nrepeat_ex, by_id);
         if (!exact)
           dcat(x, " (%s)", by_id ? "counted among a hashed subset of the ids, scaled"
                                   : "estimated from the tracked samples");
@@ -460,10 +466,14 @@ void ddplug__audit_diagnose(const char *stream,
                  "(data_split.audit: this epoch is not audited)\n",
              stream, (unsigned long long)v.epoch, (unsigned long long)v.num_samples);
     } else {
-      sb_cat(&b, "ddplug audit: stream '%s'%s, epoch %llu, %d %s, N = %llu (%s)\n",
+      char nbuf[48];
+      if (by_id && !v.num_samples)
+        snprintf(nbuf, sizeof nbuf, "N unknown");
+      else
+        snprintf(nbuf, sizeof nbuf, "N = %llu", (unsigned long long)v.num_samples);
+      sb_cat(&b, "ddplug audit: stream '%s'%s, epoch %llu, %d %s, %s (%s)\n",
              stream, evaluation ? " (evaluation)" : "", (unsigned long long)v.epoch,
-             world, plural((uint64_t)world, "rank", "ranks"),
-             (unsigned long long)v.num_samples,
+             world, plural((uint64_t)world, "rank", "ranks"), nbuf,
              !coverage ? (s0->steps_only ? "steps and order only: no common index space"
                                          : "steps and order only")
              : exact ? (by_id ? "exact, by id" : "exact")

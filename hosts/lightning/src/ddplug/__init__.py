@@ -51,7 +51,7 @@ def __getattr__(name: str):
 
         return rank_aware
     if name == "declare":
-        from .declare import declare
+        from .declarations import declare
 
         return declare
     if name == "shard":

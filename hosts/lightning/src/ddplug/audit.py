@@ -51,6 +51,7 @@ class Report:
     samples: list = field(default_factory=list)
     missing_examples: list = field(default_factory=list)  # never delivered (exact mode)
     repeated_examples: list = field(default_factory=list)  # delivered more than once
+    repeated_keys: list = field(default_factory=list)  # by id: their keys, where this rank knows them
 
     @property
     def passed(self) -> bool:
@@ -237,8 +238,8 @@ class Audit:
             if report is not None and report.verdict not in ("UNSET", "PASS", "SKIPPED"):
                 lines = [report.summary] + [f"  {d}" for d in report.diagnoses[1:]]
                 err = make(st, detail="\n".join(lines), where=f"rank {self._ctx.rank}")
-            else:
-                err = self._ctx._error(st, f"audit of stream '{self.stream}' epoch {self.epoch}")
+            else:  # the library's sentence names the stream and epoch already
+                err = make(st, where=f"rank {self._ctx.rank}")
             self.free()
             if isinstance(err, AuditFailed) and report is not None:
                 err.report = report  # type: ignore[attr-defined]

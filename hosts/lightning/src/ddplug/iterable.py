@@ -7,17 +7,19 @@ iterable — item ``k`` goes to the consumer ``k mod (world·workers)`` — and
 :class:`IdAudit` checks each epoch that no sample was delivered twice, on one
 rank or across ranks and workers, from the ids the samples carry:
 
-* a field name of each batch: WebDataset's ``"__key__"`` is used by itself when
-  a batch is a dict that has it, or declared with ``ddplug.declare(dataset,
-  key="name")``;
+* a field name of each (collated) batch, declared with ``ddplug.declare(dataset,
+  key="__key__")`` — a WebDataset pipeline's ``"__key__"`` is used without a
+  declaration;
 * or a function of the batch returning its ids: ``ddplug.declare(dataset,
   key=lambda batch: batch["path"])``.
 
 Ids are ints or anything with a stable ``str`` (hashed to 64 bits the same way in
 every process). The audit is exact up to ``data_split.audit_exact_max`` ids, and
 beyond follows a hash-chosen subset (ddplug.h, "Samples identified by id", states
-its error bound). When the dataset has a length, the audit also checks that that
-many distinct ids came. A stream whose samples carry no id is not audited: a
+its error bound). For a :func:`shard` of a source with a length, the audit also
+checks that that many distinct ids came (nothing lost); for other iterables it
+checks repeats only. A pass ends when the loader is exhausted or has handed out
+``len(loader)`` batches. A stream whose samples carry no id is not audited: a
 warning says so.
 """
 
@@ -28,12 +30,13 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .audit import Audit, Report
+from .audit import Audit, Report, sample_id
 from .context import Context, current
 
 KEY_FIELD = "__key__"  # WebDataset's per-sample key
 
 _KEY_ATTR = "__ddplug_key__"
+_KEYS_KEPT = 1 << 16  # keys remembered per pass, to name repeated ids in reports
 
 Key = Union[str, Callable[[Any], Any]]
 
@@ -70,7 +73,7 @@ class shard(IterableDataset):
         if key is not None:
             setattr(self, _KEY_ATTR, key)
         try:  # declarations made on the source hold for its shards
-            from .declare import _ATTR
+            from .declarations import _ATTR
 
             d = getattr(source, _ATTR, None)
             if d is not None:
@@ -137,11 +140,17 @@ class IdAudit:
         self._explain = explain
         self.epoch = 0
         self.reports: list = []
+        self.batches: Optional[int] = None
         self._audit: Optional[Audit] = None
+        self._keys: dict = {}
 
     def attach(self, loader: Any) -> None:
         make = loader._get_iterator  # DataLoader.__iter__ calls it
         audit = self
+        try:  # frameworks stop at len(loader) batches without asking for one more
+            self.batches: Optional[int] = len(loader)
+        except TypeError:
+            self.batches = None
 
         def _get_iterator() -> Any:
             return _Recording(make(), audit)
@@ -152,6 +161,7 @@ class IdAudit:
         if self._audit is not None:
             self._audit.free()  # the previous pass ended early: not audited
         self._audit = None
+        self._keys: dict = {}
         if self._should_audit():
             self._audit = Audit(self.ctx, self.stream, self.expected, self.epoch, by_id=True,
                                 evaluation=self.evaluation)
@@ -159,7 +169,16 @@ class IdAudit:
 
     def record(self, batch: Any) -> None:
         if self._audit is not None:
-            self._audit.record_ids(batch_ids(batch, self.key))
+            keys = batch_ids(batch, self.key)
+            self._audit.record_ids(keys)
+            for k in keys:
+                if len(self._keys) >= _KEYS_KEPT:
+                    break
+                self._keys.setdefault(sample_id(k), k)
+
+    def _name_examples(self, report: Report) -> None:
+        """The keys behind the example ids this rank delivered itself."""
+        report.repeated_keys = [self._keys.get(i & 0xFFFFFFFFFFFFFFFF) for i in report.repeated_examples]
 
     def finish(self) -> None:
         audit, self._audit = self._audit, None
@@ -170,9 +189,11 @@ class IdAudit:
         except Exception as exc:
             report = getattr(exc, "report", None)
             if report is not None:
+                self._name_examples(report)
                 self.reports.append(report)
                 self._on_report(report)
             raise self._explain(exc) from None
+        self._name_examples(report)
         self.reports.append(report)
         self._on_report(report)
 
@@ -189,6 +210,7 @@ class _Recording:
     def __init__(self, it: Any, audit: IdAudit) -> None:
         self._it = it
         self._audit = audit
+        self._handed = 0
         audit.begin()
 
     def __iter__(self) -> "_Recording":
@@ -201,6 +223,9 @@ class _Recording:
             self._audit.finish()
             raise
         self._audit.record(batch)
+        self._handed += 1
+        if self._audit.batches is not None and self._handed == self._audit.batches:
+            self._audit.finish()  # the loader's last batch: frameworks ask no further
         return batch
 
     def __len__(self) -> int:
@@ -208,6 +233,7 @@ class _Recording:
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:  # persistent workers
         self._it._reset(loader, first_iter)
+        self._handed = 0
         self._audit.begin()
 
     def __getattr__(self, name: str) -> Any:

@@ -331,11 +331,11 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     @override
-    def load_checkpoint(self, checkpoint_path: Any) -> dict:
+    def load_checkpoint(self, checkpoint_path: Any, **kwargs: Any) -> dict:
         """Keep the checkpoint's stream positions for the loaders set up next; a
         checkpoint from another strategy has none: its epoch starts at its first
         batch."""
-        checkpoint = super().load_checkpoint(checkpoint_path)
+        checkpoint = super().load_checkpoint(checkpoint_path, **kwargs)
         saved = checkpoint.get("ddplug") if isinstance(checkpoint, dict) else None
         if isinstance(saved, dict) and isinstance(saved.get("streams"), dict):
             self._ckpt_states = dict(saved["streams"])
@@ -491,6 +491,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
         if self.global_rank == 0:
             self._print(report.text or report.summary)
+            keys = [k for k in report.repeated_keys if k is not None]
+            if keys:
+                self._print(f"  repeated sample keys: {', '.join(str(k) for k in keys[:8])}")
         trainer = self._trainer
         if trainer is not None and report.verdict != "SKIPPED":
             for logger in trainer.loggers:

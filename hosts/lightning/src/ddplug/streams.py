@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from . import declare as _declare
+from . import declarations as _declare
 from . import iterable as _iterable
 from . import ownership
 from .audit import Audit, Report
@@ -519,6 +519,10 @@ class DataSplit:
             )
         elif "double partitioning" in text:
             hint += "\n  Two layers split this stream; keep one owner (see data_split.owner)."
+        report = getattr(exc, "report", None)
+        keys = [k for k in getattr(report, "repeated_keys", []) or [] if k is not None]
+        if keys:
+            hint += f"\n  Repeated sample keys: {', '.join(str(k) for k in keys[:8])}"
         if not getattr(stream, "evaluation", False) and obj is not None and (
                 "missing samples" in text or "repeated samples" in text):
             report = getattr(exc, "report", None)
@@ -675,7 +679,7 @@ class DataSplit:
                 if decision.per_rank.global_map is not None:
                     global_map, audit_n = decision.per_rank.global_map, decision.per_rank.global_n
                 else:
-                    steps_only = True
+                    steps_only, audit_n = True, 0  # no common N: the ranks' lengths differ
                     self.warn(
                         f"stream '{stream}': the dataset differs across ranks ({decision.per_rank.why}) and"
                         " ddplug cannot map its indices to one index space (only chains of Subsets over the"
@@ -722,11 +726,12 @@ class DataSplit:
                 f" \"{_iterable.KEY_FIELD}\" is found by itself) to have each epoch checked for repeated samples"
             )
             return loader
-        try:
-            expected = len(loader.dataset)
-        except TypeError:
-            expected = 0
-        expected = self._sum_ranks(expected) if expected else 0
+        expected = 0  # the whole stream's distinct samples, where known
+        if isinstance(loader.dataset, _iterable.shard):
+            try:
+                expected = len(loader.dataset.source)
+            except TypeError:
+                expected = 0
         ids = _iterable.IdAudit(
             self.ctx, stream, key, expected, evaluation=evaluation,
             should_audit=lambda: self.should_audit(_IterableStream(stream), -1),
@@ -734,7 +739,7 @@ class DataSplit:
             explain=lambda exc: self.explain(_IterableStream(stream, decision, ids), exc))
         ids.attach(loader)
         self.iterables[stream] = ids
-        what = f"{expected} ids expected" if expected else "the dataset has no length: repeats only"
+        what = f"{expected} ids expected" if expected else "repeats only: how many samples the stream has is unknown"
         self.log(f"{decision.line}; audited by sample id ({what})")
         return loader
 

@@ -825,6 +825,138 @@ TEST_T(audit_off_skips_every_epoch_without_communicating, 150) {
   run(rank_audit_off, NULL);
 }
 
+/* ---- ids, declarations, evaluation, examples through the real finish ------ */
+
+static void record_ids_upto(ddplug_audit *a, uint64_t lo, uint64_t hi, uint64_t step,
+                            uint64_t extra) {
+  uint64_t ids[16];
+  uint64_t m = 0;
+  for (uint64_t i = lo; i < hi; i += step) {
+    ids[m++] = i * 7919u + 13u;
+    if (m == 16) {
+      CHECK_OK(ddplug_audit_record_ids(a, ids, m));
+      m = 0;
+    }
+  }
+  if (extra != UINT64_MAX) ids[m++] = extra * 7919u + 13u;
+  if (m) CHECK_OK(ddplug_audit_record_ids(a, ids, m));
+}
+
+static void rank_ids_and_declarations(int rank, int world, void *arg) {
+  setup su = {arg, "{\"audit\": \"every_epoch\", \"on_violation\": \"warn\", "
+                   "\"audit_exact_max\": 1024}"};
+  ddplug_context *ctx = open_ctx(&su);
+  uint64_t r = (uint64_t)rank, g = (uint64_t)world, n;
+  int64_t ex[8];
+  ddplug_audit_report rep = DDPLUG_AUDIT_REPORT_INIT;
+
+  /* by id, exact: ids r, r + 4, ... of 400; rank 3 also delivers rank 1's 5 */
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.by_id = 1;
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "web", 400, 0, &o, &a));
+  int64_t one = 1;
+  CHECK_STATUS(ddplug_audit_record(a, &one, 1), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "record with ddplug_audit_record_ids");
+  record_ids_upto(a, r, 400, g, rank == 3 ? 5 : UINT64_MAX);
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_OVERLAP);
+  CHECK_EQ_INT(rep.covered, 400);
+  CHECK_EQ_INT(rep.repeats, 1);
+  CHECK_EQ_INT(rep.exact, 1);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_OVERLAP, ex, 8, &n));
+  CHECK_EQ_INT(n, 1);
+  CHECK_EQ_INT(ex[0], 5 * 7919 + 13);
+  ddplug_audit_free(a);
+
+  /* by id, sampled: 3000 ids per rank (1024 may be kept), 200 of them
+   * delivered by two ranks: found in the hashed subset, counted about right */
+  CHECK_OK(ddplug_audit_begin(ctx, "web", 0, 1, &o, &a));
+  record_ids_upto(a, r * 3000, r * 3000 + 3000, 1, UINT64_MAX);
+  if (rank == 1) record_ids_upto(a, 0, 200, 1, UINT64_MAX); /* rank 0's first 200 */
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK(rep.violations & (1u << DDPLUG_AUDIT_OVERLAP)); /* rank 1's extra steps: uneven too */
+  CHECK_EQ_INT(rep.exact, 0);
+  CHECK_MSG(rep.repeats > 80 && rep.repeats < 500, "estimated %llu repeats of 200",
+            (unsigned long long)rep.repeats);
+  CHECK_CONTAINS(ddplug_audit_text(a), "sampled 1 in ");
+  CHECK_CONTAINS(ddplug_audit_text(a), "ids (by hash): a set of d repeated ids goes unseen");
+  ddplug_audit_free(a);
+
+  /* indices declared dropped (the same set everywhere): 0..9 may go */
+  CHECK_OK(ddplug_split_claim(ctx, "train", DDPLUG_OWNER_USER, "test sampler"));
+  int64_t gone[10];
+  for (int k = 0; k < 10; k++) gone[k] = k;
+  for (int epoch = 0; epoch < 2; epoch++) {
+    CHECK_OK(ddplug_audit_begin(ctx, "train", 410, (uint64_t)epoch, NULL, &a));
+    CHECK_OK(ddplug_audit_declare_dropped(a, gone, epoch == 1 && rank == 2 ? 9 : 10));
+    int64_t bad = 410;
+    CHECK_STATUS(ddplug_audit_declare_dropped(a, &bad, 1), DDPLUG_E_INVALID_ARGUMENT);
+    for (int64_t i = 10 + rank; i < 410; i += world) CHECK_OK(ddplug_audit_record(a, &i, 1));
+    if (epoch == 0) {
+      CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+      CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_PASS);
+      CHECK_EQ_INT(rep.missing, 0);
+      CHECK_EQ_INT(rep.allowed_missing, 10);
+    } else { /* rank 2 declared another set */
+      CHECK_STATUS(ddplug_audit_finish(a, &rep, 30000), DDPLUG_E_MISMATCH);
+      CHECK_CONTAINS(ddplug_last_error(), "rank 0 declared 10 dropped samples, rank 2 declared 9");
+    }
+    ddplug_audit_free(a);
+  }
+
+  /* a rank split gone wrong, found by the examples pass: ranks 1 and 2 both
+   * take rank 1's share of 400 */
+  CHECK_OK(ddplug_split_claim(ctx, "wrong", DDPLUG_OWNER_USER, "test sampler"));
+  CHECK_OK(ddplug_audit_begin(ctx, "wrong", 400, 0, NULL, &a));
+  int64_t share = rank == 2 ? 1 : rank;
+  for (int64_t i = share; i < 400; i += world) CHECK_OK(ddplug_audit_record(a, &i, 1));
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_MISSING);
+  CHECK_EQ_INT(rep.cross_repeats, 100);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_OVERLAP, ex, 8, &n));
+  CHECK_EQ_INT(n, 8);
+  CHECK_EQ_INT(ex[0], 1);
+  CHECK_EQ_INT(ex[1], 5);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_MISSING, ex, 8, &n));
+  CHECK_EQ_INT(ex[0], 2);
+  CHECK_CONTAINS(ddplug_audit_text(a), "the ranks' shares overlap heavily: check the rank and world size");
+  ddplug_audit_free(a);
+
+  /* an evaluation stream through the context-bound exact sampler: uneven
+   * counts (1001 on 4 ranks), every sample once, PASS */
+  ddplug_sampler_options so = DDPLUG_SAMPLER_OPTIONS_INIT;
+  so.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  so.stream = "val";
+  so.num_samples = 1001;
+  so.exact = 1;
+  so.batch_size = 8;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &so, &s));
+  ddplug_audit_options eo = DDPLUG_AUDIT_OPTIONS_INIT;
+  eo.evaluation = 1;
+  CHECK_OK(ddplug_audit_begin(ctx, "val", 1001, 0, &eo, &a));
+  CHECK_STATUS(ddplug_audit_declare_dropped(a, gone, 1), DDPLUG_E_INVALID_ARGUMENT);
+  drain(s, NULL);
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(rep.evaluation, 1);
+  CHECK_EQ_INT(rep.covered, 1001);
+  CHECK_EQ_INT(rep.deliveries, 1001);
+  uint64_t steps, samples;
+  CHECK_OK(ddplug_audit_rank_counts(a, 0, &steps, &samples));
+  CHECK_EQ_INT(samples, 251);
+  CHECK_OK(ddplug_audit_rank_counts(a, 3, &steps, &samples));
+  CHECK_EQ_INT(samples, 250);
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(ids_declarations_evaluation_and_examples_on_cpu, 150) {
+  run_on(rank_ids_and_declarations, "cpu");
+}
+
 /* The sampler feeds the open audit on one thread while another thread
  * begins, finishes and frees audits of the same stream: the feed must
  * never touch an audit being finished or freed (run under ASan/TSan; a

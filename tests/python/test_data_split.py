@@ -84,7 +84,7 @@ def test_per_rank_datasets_and_exact_evaluation(out: Path, world: int) -> None:
     for r in ranks:
         s = r["streams"]["train"]
         assert s["owner"] == "user" and "already sharded per rank" in s["line"], s["line"]
-        assert "use_distributed_sampler=False changes nothing under ddplug" in s["line"]
+        assert "Trainer(use_distributed_sampler=False) changes nothing under ddplug" in s["line"]
         rep = report(r, "train")
         assert rep["verdict"] == "PASS" and rep["num_samples"] == 1002 and rep["covered"] == 1002
         # validation: exact, uneven counts

@@ -251,3 +251,63 @@ def test_config_helper_is_valid_json() -> None:
     from conftest import config
 
     assert json.loads(config(sampler={"seed": 1}))["sampler"] == {"seed": 1}
+
+
+def test_sampler_settings_per_stream_and_exact_evaluation() -> None:
+    c = ctx_with(sampler={"kind": "bucket", "seed": 4, "bucket": {"batch_size": 4, "num_buckets": 2}},
+                 data_split={"streams": {"train": {"sampler": {"bucket": {"batch_size": 2}}},
+                                         "val": {"sampler": {"shuffle": True}},
+                                         "test": {"sampler": {"kind": "bucket"}}}})
+    try:
+        s = split(c, [])
+        train = s.sampler_settings("train")
+        assert train["kind"] == "bucket" and train["bucket"] == {"batch_size": 2, "num_buckets": 2, "pad": "repeat"}
+        assert train["seed"] == 4 and train["exact"] is False
+        val = s.sampler_settings("val")  # the top-level bucketing does not reach evaluation
+        assert val["kind"] == "distributed" and val["exact"] is True and val["shuffle"] is True and val["seed"] == 4
+        with pytest.raises(ValueError, match=r"'test' is an evaluation stream.*sampler.kind = \"bucket\""):
+            s.sampler_settings("test")
+        managed = s.prepare(DataLoader(Items(), batch_size=3), "predict")
+        stream = managed.batch_sampler
+        assert stream.evaluation and stream.index_sampler.exact
+        assert sorted(i for b in managed for i in b.tolist()) == list(range(20))
+    finally:
+        c.close()
+
+
+def test_shard_splits_by_rank_and_worker() -> None:
+    from ddplug.iterable import shard
+
+    src = list(range(23))
+    parts = [list(shard(src, rank=r, world_size=3)) for r in range(3)]
+    assert sorted(i for p in parts for i in p) == src and parts[1][:3] == [1, 4, 7]
+    assert [len(shard(src, rank=r, world_size=3)) for r in range(3)] == [8, 8, 7]
+    loaders = [list(DataLoader(shard(src, rank=r, world_size=2), batch_size=None, num_workers=2)) for r in range(2)]
+    assert sorted(int(i) for p in loaders for i in p) == src, "every item once over ranks x workers"
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        shard(src, rank=2, world_size=2)
+
+
+class Keyed(IterableDataset):
+    def __init__(self, keys: list) -> None:
+        self.keys = keys
+
+    def __iter__(self):
+        for k in self.keys:
+            yield {"__key__": k, "v": 0}
+
+
+def test_an_iterable_is_audited_by_id(ctx: ddplug.Context) -> None:
+    lines: list = []
+    s = DataSplit(ctx, "test", log=lines.append)
+    ok = s.prepare(DataLoader(ddplug.declare(Keyed([f"k{i}" for i in range(10)]), key="__key__"), batch_size=3),
+                   "train")
+    assert [len(b["__key__"]) for b in ok] == [3, 3, 3, 1]
+    ids = s.iterables["train"]
+    assert [r.verdict for r in ids.reports] == ["PASS"] and ids.reports[0].covered == 10
+    bad = s.prepare(DataLoader(ddplug.declare(Keyed(["a", "b", "a", "c"]), key=lambda b: b["__key__"]),
+                               batch_size=2), "train.1")
+    with pytest.raises(errors.AuditFailed) as e:
+        list(bad)
+    assert "repeated samples: 1 delivery repeated a sample already delivered" in str(e.value)
+    assert "Repeated sample keys: a" in str(e.value)

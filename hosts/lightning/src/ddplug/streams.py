@@ -166,6 +166,7 @@ class StreamBatchSampler:
         self._global_map = global_map
         self._steps_only = bool(steps_only)
         self._candidates = candidates
+        self.max_batches = 0  # the largest rank's batches per epoch
         self.epoch = 0
         self._epoch_set: Optional[int] = None
         self._iterations = 0
@@ -321,7 +322,7 @@ class StreamBatchSampler:
             )
             self._audit.free()
             self._audit = None
-        if not self._split.should_audit(self, total):
+        if not self._split.should_audit(self, max(total, self.max_batches)):
             return
         a = self._allowance
         padding = _declare.padding_for_epoch(self._candidates, epoch, a.padding)
@@ -657,9 +658,9 @@ class DataSplit:
                     seed=int(settings.get("seed", 0)), drop_last=bool(settings.get("drop_last", False)),
                     batch_size=batch_size, exact=bool(settings["exact"]))
                 inner = _Batches(index_sampler, batch_size, loader_drop_last and training)
-            shuffle, allowance, records = False, _declare.Allowance(), False  # the bound sampler declares and records
-            if loader_drop_last and training and index_sampler is not None:
-                allowance.local_dropped = len(index_sampler) % batch_size
+            # the bound sampler declares and records (the tail a drop_last batching
+            # drops is drawn from it all the same: nothing goes missing)
+            shuffle, allowance, records = False, _declare.Allowance(), False
         elif decision.owner == "framework":
             if framework_sampler is None:
                 raise ValueError(f"ddplug: stream '{stream}': owner \"framework\" needs the framework's sampler")
@@ -695,8 +696,7 @@ class DataSplit:
         if self.loader_state_dict:  # Fabric saves loaders that have state_dict
             new_loader.state_dict = stream_bs.state_dict
         stream_bs.track(new_loader)
-        if training:
-            self._check_even(stream_bs)
+        self._gather_lengths(stream_bs, training)
         old = self.streams.get(stream)
         if old is not None and old is not stream_bs:
             old.close()
@@ -772,13 +772,16 @@ class DataSplit:
             warnings.warn(f"ddplug: {line}", DdplugWarning, stacklevel=3)
         self.log(f"WARNING: {line}")
 
-    def _check_even(self, stream: StreamBatchSampler) -> None:
-        """Every rank must have the same number of batches (else the run hangs at
-        the first collective of the longer ranks' extra steps)."""
-        mine = np.array([len(stream)], dtype=np.int64)
+    def _gather_lengths(self, stream: StreamBatchSampler, training: bool) -> None:
+        """Every rank's batches per epoch (collective). A training stream must have
+        the same number on every rank (else the run hangs at the first collective
+        of the longer ranks' extra steps); an evaluation stream keeps the largest,
+        so that every rank decides alike whether an epoch is audited."""
+        mine = np.array([len(stream._inner)], dtype=np.int64)
         every = np.empty(self.ctx.world_size, dtype=np.int64)
         self.ctx.allgather(mine, every)
-        if int(every.min()) != int(every.max()):
+        stream.max_batches = int(every.max())
+        if training and int(every.min()) != int(every.max()):
             counts = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every))
             lo = int(np.argmin(every))
             raise make(

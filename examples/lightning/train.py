@@ -78,11 +78,20 @@ class Classifier(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=3e-3)
 
 
+def audit_seconds(trainer) -> float:
+    """Time this rank spent in the streams' audit calls so far (begin, the
+    collective finish, the report); recording runs inside ddplug's sampler and
+    costs microseconds an epoch here (bench/audit_cost.py measures it)."""
+    return sum(s.audit_seconds for s in trainer.strategy.streams.values())
+
+
 class Throughput(pl.Callback):
-    """Steps per epoch and samples/s over all ranks, printed by rank 0."""
+    """Steps per epoch and samples/s over all ranks, and the audit's share of the
+    epoch, printed by rank 0."""
 
     def on_train_epoch_start(self, trainer, module):
         self.t0, self.samples, self.steps = time.perf_counter(), 0, 0
+        self.audit0 = audit_seconds(trainer)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.samples += batch[1].numel()
@@ -94,9 +103,12 @@ class Throughput(pl.Callback):
         acc = trainer.callback_metrics.get("val_acc")
         if trainer.is_global_zero:
             extra = f", val_acc {float(acc):.3f}" if acc is not None else ""
+            audit = audit_seconds(trainer) - self.audit0
             print(f"demo: epoch {trainer.current_epoch}: {self.steps} steps per epoch per rank,"
                   f" {int(total)} samples on {trainer.world_size} ranks in {dt:.2f} s ="
                   f" {float(total) / dt:,.0f} samples/s{extra}", flush=True)
+            print(f"demo: epoch {trainer.current_epoch}: the data-split audit (train and val) took"
+                  f" {audit * 1000:.1f} ms on rank 0, {100 * audit / dt:.2f}% of the epoch", flush=True)
 
 
 def main() -> None:

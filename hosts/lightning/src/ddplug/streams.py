@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional
@@ -167,6 +168,7 @@ class StreamBatchSampler:
         self._steps_only = bool(steps_only)
         self._candidates = candidates
         self.max_batches = 0  # the largest rank's batches per epoch
+        self.audit_seconds = 0.0  # time in this stream's audit calls (begin, finish, report), cumulative
         self.epoch = 0
         self._epoch_set: Optional[int] = None
         self._iterations = 0
@@ -315,6 +317,13 @@ class StreamBatchSampler:
 
     # ---- audit -------------------------------------------------------------------
     def _begin_audit(self, epoch: int, total: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._begin_audit_timed(epoch, total)
+        finally:
+            self.audit_seconds += time.perf_counter() - t0
+
+    def _begin_audit_timed(self, epoch: int, total: int) -> None:
         if self._audit is not None:
             self._split.log(
                 f"stream '{self.name}': audit of epoch {self._audit.epoch} abandoned (the epoch ended"
@@ -346,6 +355,13 @@ class StreamBatchSampler:
         audit, self._audit = self._audit, None
         if audit is None:
             return
+        t0 = time.perf_counter()
+        try:
+            self._finish_audit_timed(audit)
+        finally:
+            self.audit_seconds += time.perf_counter() - t0
+
+    def _finish_audit_timed(self, audit: Audit) -> None:
         try:
             report = audit.finish()
         except Exception as exc:  # AuditFailed carries the report

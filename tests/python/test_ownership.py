@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Subset
 
 import ddplug
 from ddplug import errors, ownership
@@ -311,3 +311,43 @@ def test_an_iterable_is_audited_by_id(ctx: ddplug.Context) -> None:
         list(bad)
     assert "repeated samples: 1 delivery repeated a sample already delivered" in str(e.value)
     assert "Repeated sample keys: a" in str(e.value)
+
+
+def test_sharded_datasets_map_to_their_root() -> None:
+    """Subset chains and a Hugging Face dataset's indices mapping (what
+    split_dataset_by_node and .shard() leave) map local indices to the root's."""
+    import numpy as np
+
+    ds = Items(10)
+    mapping, root_n, root = ownership._subset_chain(Subset(Subset(ds, range(1, 10, 2)), [0, 2, 4]))
+    assert mapping.tolist() == [1, 5, 9] and root_n == 10 and root is ds
+    assert ownership._subset_chain(ds) == (None, -1, ds)
+
+    class Column:
+        def __init__(self, v):
+            self.v = v
+
+        def to_numpy(self):
+            return np.asarray(self.v)
+
+    class Table:
+        num_rows = 1000
+
+        def __init__(self, v=None):
+            self.v = v
+
+        def column(self, i):
+            return Column(self.v)
+
+    class FakeHF:  # the attributes datasets.Dataset has
+        _fingerprint = "abc123"
+
+        def __init__(self, idx):
+            self._indices = Table(idx)
+            self._data = Table()
+
+        def __len__(self):
+            return len(self._indices.v)
+
+    mapping, root_n, _ = ownership._subset_chain(Subset(FakeHF(list(range(1, 1000, 2))), [0, 1]))
+    assert mapping.tolist() == [1, 3] and root_n == 1000

@@ -727,7 +727,8 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
  * replayed into it. Feeding is safe against ddplug_audit_finish/_free of
  * that audit on another thread (both wait for a delivery being recorded).
  * The sampler must be freed before ctx is closed. On failure *out is
- * untouched and the ownership is as it was. Does not block. Since 1.0. */
+ * untouched and the ownership is as it was. Does not block; thread-safe
+ * (the sampler it gives is used from one thread at a time). Since 1.0. */
 DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
                                           const ddplug_sampler_options *opts,
                                           ddplug_sampler **out);
@@ -946,8 +947,11 @@ DDPLUG_API int ddplug_audit_declare_dropped(ddplug_audit *a,
  * declared index sets (naming the ranks and their values);
  * TIMEOUT/PEER_LOST/ABORTED from the collectives (a timeout aborts the
  * context); INVALID_ARGUMENT (NULL, a report smaller than up to its
- * missing field, finished twice). Waits at most timeout_ms per collective.
- * Since 1.0. */
+ * missing field, finished twice). The audit keeps what the report and the
+ * accessors below give until ddplug_audit_free; on failure the report is
+ * untouched except for a violation (its numbers are filled). Waits at most
+ * timeout_ms per collective; the thread that issues the context's
+ * collectives calls it. Since 1.0. */
 DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
                                    ddplug_audit_report *report,
                                    int64_t timeout_ms);
@@ -955,23 +959,23 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
 /* Steps and samples rank `rank` recorded in a finished audit (the same on
  * every rank). INVALID_ARGUMENT: NULL a, not finished, rank outside
  * [0, world), or the audit was SKIPPED (only this rank's are known: other
- * ranks give INVALID_ARGUMENT). steps or samples may be NULL. Never blocks.
- * Since 1.0. */
+ * ranks give INVALID_ARGUMENT). steps or samples may be NULL. Never blocks;
+ * any thread once finish returned. Since 1.0. */
 DDPLUG_API int ddplug_audit_rank_counts(const ddplug_audit *a, int32_t rank,
                                         uint64_t *steps, uint64_t *samples);
 
 /* The multi-line text of a finished audit, for logs: the numbers, every
  * rank's steps and samples, and one "diagnosis:" line per violation.
  * Owned by a, valid until ddplug_audit_free; "" before finish and for NULL.
- * Never blocks. Since 1.0. */
+ * Never blocks; any thread once finish returned. Since 1.0. */
 DDPLUG_API const char *ddplug_audit_text(const ddplug_audit *a);
 
 /* Up to cap example indices (by id: ids) behind the violation `verdict`
  * of a finished audit: DDPLUG_AUDIT_MISSING (never delivered, exact mode
  * only) or DDPLUG_AUDIT_OVERLAP (delivered more than once), smallest
- * first, at most 8. *n = how many (0 when none are known). INVALID_ARGUMENT
- * for another verdict, NULL a or n, or out NULL with cap > 0. Never
- * blocks. Since 1.0. */
+ * first, at most 8. *n = how many (0 when none are known, or before
+ * finish). INVALID_ARGUMENT for another verdict, NULL a or n, or out NULL
+ * with cap > 0. Never blocks; any thread once finish returned. Since 1.0. */
 DDPLUG_API int ddplug_audit_examples(const ddplug_audit *a, int verdict,
                                      int64_t *out, uint64_t cap,
                                      uint64_t *n);

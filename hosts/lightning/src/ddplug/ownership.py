@@ -116,8 +116,10 @@ class PerRank:
 
 
 def _subset_chain(dataset: Any) -> tuple:
-    """(local -> root index map or None, root) of a chain of ``Subset``s (or a
-    Hugging Face dataset with an indices mapping); (None, dataset) otherwise."""
+    """(local -> root index map or None, root length, root) of a chain of
+    ``Subset``s, possibly ending in a Hugging Face dataset with an indices mapping
+    (``.shard()``/``.select()``: its rows of the underlying table); (None, -1,
+    dataset) otherwise."""
     mapping: Optional[np.ndarray] = None
     d = dataset
     for _ in range(64):
@@ -127,15 +129,22 @@ def _subset_chain(dataset: Any) -> tuple:
             d = d.dataset
             continue
         hf_indices = getattr(d, "_indices", None)
-        if hf_indices is not None and hasattr(d, "_fingerprint") and hasattr(hf_indices, "column"):
-            try:  # datasets.Dataset after .shard()/.select(): an indices table over its data
+        table = getattr(d, "_data", None)
+        if hf_indices is not None and hasattr(d, "_fingerprint") and hasattr(hf_indices, "column") \
+                and hasattr(table, "num_rows"):
+            try:  # datasets.Dataset: an indices table over its data table
                 idx = np.asarray(hf_indices.column(0).to_numpy(), dtype=np.int64)
             except Exception:
                 break
             mapping = idx if mapping is None else idx[mapping]
-            break
+            return mapping, int(table.num_rows), d
         break
-    return mapping, d
+    if mapping is None:
+        return None, -1, d
+    try:
+        return mapping, len(d), d
+    except TypeError:
+        return None, -1, d
 
 
 def _fingerprint(dataset: Any) -> tuple:
@@ -144,7 +153,7 @@ def _fingerprint(dataset: Any) -> tuple:
         n = len(dataset)
     except TypeError:
         n = -1
-    mapping, root = _subset_chain(dataset)
+    mapping, root_n, root = _subset_chain(dataset)
     h = hashlib.blake2b(digest_size=8)
     h.update(type(dataset).__qualname__.encode())
     fp = getattr(dataset, "_fingerprint", None)  # Hugging Face datasets
@@ -152,14 +161,10 @@ def _fingerprint(dataset: Any) -> tuple:
         h.update(fp.encode())
     if mapping is not None:
         h.update(np.ascontiguousarray(mapping).tobytes())
-    try:
-        root_n = len(root)
-    except TypeError:
-        root_n = -1
     root_type = int.from_bytes(hashlib.blake2b(type(root).__qualname__.encode(), digest_size=7).digest(),
                                "little")
     ident = int.from_bytes(h.digest(), "little") >> 1
-    return [n, ident, root_n if mapping is not None else -1, root_type], mapping
+    return [n, ident, root_n, root_type], mapping
 
 
 def compare_datasets(ctx: Context, dataset: Any) -> Optional[PerRank]:

@@ -9,7 +9,8 @@ For Lightning users, one line::
 ``ddplug.fabric.DdplugStrategy`` does the same for Lightning Fabric. The rest of
 this package is the binding those strategies are built from: :class:`Context`
 (joining a run, collectives), :class:`~ddplug.config.Config`, the samplers, the
-audit, :class:`SyncBatchNorm`, and :func:`run_once` / :func:`once`.
+audit and what a sampler declares to it (:func:`declare`), :func:`shard` for
+iterable datasets, :class:`SyncBatchNorm`, and :func:`run_once` / :func:`once`.
 
 Errors: every failing library call raises a :class:`DdplugError` subclass named
 after its status (``ddplug.Timeout``, ``ddplug.PeerLost``, ``ddplug.Aborted``,

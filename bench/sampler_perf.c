@@ -73,7 +73,7 @@ static void die(const char *what, int st) {
 }
 
 /* One row: every rank < ranks, every epoch; fills the measurements. */
-static void run_row(row *r, ddplug_sampler_desc desc, int world, int ranks,
+static void run_row(row *r, ddplug_sampler_options desc, int world, int ranks,
                     int epochs, int64_t *buf, uint64_t chunk, long base_kib) {
   double *starts = calloc((size_t)ranks * (size_t)epochs, sizeof *starts);
   double sum_rate = 0, min_rate = 0;
@@ -124,7 +124,7 @@ static void run_row(row *r, ddplug_sampler_desc desc, int world, int ranks,
 /* run_row in a fresh child process: its peak RSS is the RSS it was forked
  * with plus what the row itself needs, never an earlier row's peak. The
  * measurements come back through a pipe. */
-static void run_row_isolated(row *r, ddplug_sampler_desc desc, int world,
+static void run_row_isolated(row *r, ddplug_sampler_options desc, int world,
                              int ranks, int epochs, int64_t *buf,
                              uint64_t chunk) {
   int fds[2];
@@ -152,7 +152,7 @@ static void run_row_isolated(row *r, ddplug_sampler_desc desc, int world,
     if (desc.lengths)
       for (uint64_t i = 0; i < desc.num_samples; i += 512) sink += desc.lengths[i];
     (void)sink;
-    ddplug_sampler_desc tiny = desc;
+    ddplug_sampler_options tiny = desc;
     tiny.num_samples = desc.num_samples < 1000 ? desc.num_samples : 1000;
     row warm = *r;
     run_row(&warm, tiny, world, 1, 1, buf, chunk, 0);
@@ -241,7 +241,7 @@ int main(int argc, char **argv) {
                  {"distributed", 0, n, 0, 0, 0, 0, 0, 0},
                  {"bucket(b=32,q=10)", 1, bucket_n, 0, 0, 0, 0, 0, 0}};
   for (int k = 0; k < 3; k++) {
-    ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+    ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
     d.kind = k < 2 ? DDPLUG_SAMPLER_DISTRIBUTED : DDPLUG_SAMPLER_BUCKET;
     d.num_samples = rows[k].n;
     d.shuffle = rows[k].shuffle;

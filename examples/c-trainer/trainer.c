@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
   ddplug_config_get_bool(c, "sampler.shuffle", &shuffle);
   ddplug_config_get_bool(c, "sampler.drop_last", &drop_last);
   ddplug_config_get_int(c, "sampler.seed", &seed);
-  ddplug_sampler_desc desc = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options desc = DDPLUG_SAMPLER_OPTIONS_INIT;
   desc.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   desc.num_samples = N_SAMPLES;
   desc.shuffle = shuffle;

@@ -48,7 +48,7 @@ static ddplug_context *open_ctx(const setup *s) {
 /* A standalone distributed sampler over [0, n) for rank/world. */
 static ddplug_sampler *plain(uint64_t n, int rank, int world, int shuffle,
                              uint64_t epoch) {
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = n;
   d.rank = rank;
@@ -75,7 +75,7 @@ static void record_all(ddplug_audit *a, ddplug_sampler *s, uint64_t batch) {
 /* A context-bound distributed sampler over N for stream. */
 static ddplug_sampler *ctx_sampler(ddplug_context *ctx, const char *stream,
                                    int shuffle, uint64_t batch) {
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.stream = stream;
   d.num_samples = N;
@@ -115,7 +115,7 @@ static void expect_failure(ddplug_context *ctx, ddplug_audit *a, int verdict,
   CHECK_CONTAINS(ddplug_context_error(ctx), sentence);
   CHECK_EQ_INT(r.verdict, verdict);
   CHECK_CONTAINS(r.summary, sentence);
-  CHECK_CONTAINS(r.text, "diagnosis: ");
+  CHECK_CONTAINS(ddplug_audit_text(a), "diagnosis: ");
   ddplug_audit_free(a);
 }
 
@@ -160,7 +160,15 @@ static void rank_plugin_sampler_passes(int rank, int world, void *arg) {
     CHECK_EQ_INT(r.deliveries, N);
     CHECK_EQ_INT(r.steps_min, 16); /* 250 indices in batches of 16 */
     CHECK_EQ_INT(r.steps_max, 16);
-    CHECK_EQ_INT(r.samples[rank], 250);
+    uint64_t steps = 0, samples = 0;
+    for (int32_t k = 0; k < world; k++) { /* every rank's counts, on every rank */
+      CHECK_OK(ddplug_audit_rank_counts(a, k, &steps, &samples));
+      CHECK_EQ_INT(samples, 250);
+      CHECK_EQ_INT(steps, 16);
+    }
+    CHECK_STATUS(ddplug_audit_rank_counts(a, world, &steps, &samples), DDPLUG_E_INVALID_ARGUMENT);
+    CHECK_CONTAINS(ddplug_last_error(), "rank 4 is not in the world");
+    CHECK_CONTAINS(ddplug_audit_text(a), "  rank 3: 16 steps, 250 samples\n");
     CHECK_CONTAINS(r.summary, "audit of stream 'train' epoch");
     CHECK_CONTAINS(r.summary, ": PASS — 4 ranks, 16 steps and 250 samples each, covered 1000 of 1000 (exact)");
     ddplug_audit_free(a);
@@ -182,7 +190,7 @@ static void rank_bucket_passes_with_padding(int rank, int world, void *arg) {
   ddplug_context *ctx = open_ctx(&su);
   int64_t lengths[N];
   for (int i = 0; i < N; i++) lengths[i] = (i * 37) % 500;
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_BUCKET;
   d.stream = "val";
   d.num_samples = N;
@@ -253,8 +261,7 @@ static void rank_split_twice(int rank, int world, void *arg) {
     CHECK_OK(ddplug_audit_record(a, &mine[((uint64_t)rank + i * (uint64_t)world) % k], 1));
   expect_failure(ctx, a, DDPLUG_AUDIT_DOUBLE_PARTITION,
                  "double partitioning: ranks together saw 252 of 1000 samples "
-                 "(about N/4 with 4 ranks) — the data was split twice (e.g. a "
-                 "rank-aware sampler and the framework's DistributedSampler)");
+                 "(about N/4 with 4 ranks; 748 never delivered, e.g. sample ");
   ddplug_sampler_free(s);
   ddplug_close(ctx);
 }
@@ -324,7 +331,7 @@ static void rank_epoch_not_advanced(int rank, int world, void *arg) {
       ddplug_audit_free(a);
     } else {
       expect_failure(ctx, a, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED,
-                     "epoch not advanced: rank(s) 0, 1, 2, 3 delivered epoch 1 in "
+                     "epoch not advanced: ranks 0, 1, 2, 3 delivered epoch 1 in "
                      "the order of an earlier epoch (the sampler's epoch was not "
                      "set) although shuffling is on — call set_epoch(epoch)");
     }
@@ -355,7 +362,7 @@ static void rank_same_order_user(int rank, int world, void *arg) {
       ddplug_audit_free(a);
     } else {
       expect_failure(ctx, a, DDPLUG_AUDIT_EPOCH_NOT_ADVANCED,
-                     "epoch not advanced: rank(s) 0, 1, 2, 3 delivered epoch 1 in "
+                     "epoch not advanced: ranks 0, 1, 2, 3 delivered epoch 1 in "
                      "the same order as the previous epoch although shuffling is on");
     }
     ddplug_sampler_free(s);
@@ -385,8 +392,28 @@ static void rank_missing(int rank, int world, void *arg) {
   CHECK_EQ_INT(r.verdict, DDPLUG_AUDIT_MISSING);
   CHECK_CONTAINS(ddplug_last_error(),
                  "missing samples: ranks together saw 975 of 1000 samples; 25 "
-                 "never delivered (declared dropped: 0) — e.g. sample 1, 5, 9, 13, 17");
+                 "never delivered (declared dropped: 0), e.g. sample 1, 5, 9, 13, 17");
+  CHECK_CONTAINS(ddplug_last_error(), "(and 1 more problem in the report)");
   CHECK(r.violations & (1u << DDPLUG_AUDIT_OVERLAP));
+  CHECK_EQ_INT(r.missing, 25);
+  CHECK_EQ_INT(r.repeats, 25);
+  CHECK_EQ_INT(r.cross_repeats, 0);
+  /* both problems, each with examples: the repeats are rank 1's own */
+  CHECK_CONTAINS(ddplug_audit_text(a),
+                 "diagnosis: repeated samples: 25 deliveries repeated a sample already "
+                 "delivered (declared padding: 0): 0 across ranks, 25 within one rank, "
+                 "e.g. sample 201, 205, 209, 213, 217, 221, 225, 229 — a sampler that "
+                 "repeats samples");
+  int64_t ex[16];
+  uint64_t nex = 0;
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_MISSING, ex, 16, &nex));
+  CHECK_EQ_INT(nex, 8);
+  CHECK_EQ_INT(ex[0], 1);
+  CHECK_EQ_INT(ex[7], 29);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_OVERLAP, ex, 2, &nex));
+  CHECK_EQ_INT(nex, 2);
+  CHECK_EQ_INT(ex[1], 205);
+  CHECK_STATUS(ddplug_audit_examples(a, DDPLUG_AUDIT_UNEVEN, ex, 2, &nex), DDPLUG_E_INVALID_ARGUMENT);
   ddplug_audit_free(a);
   ddplug_sampler_free(s);
   ddplug_close(ctx);
@@ -471,7 +498,11 @@ static void rank_mismatch(int rank, int world, void *arg) {
   ddplug_audit *a = begin_user(ctx, rank == 2 ? N + 1 : N, 0, 0);
   ddplug_audit_report r = DDPLUG_AUDIT_REPORT_INIT;
   CHECK_STATUS(ddplug_audit_finish(a, &r, 30000), DDPLUG_E_MISMATCH);
-  CHECK_CONTAINS(ddplug_last_error(), "rank 2 audits the same stream, epoch 0, N = 1001");
+  /* every rank names rank 0's values under rank 0 and rank 2's under rank 2 */
+  CHECK_CONTAINS(ddplug_last_error(), "audit of stream 'train' epoch 0: rank 0 audits epoch 0, "
+                                      "N = 1000, full, by index; rank 2 audits epoch 0, "
+                                      "N = 1001, full, by index — every rank must begin the "
+                                      "same audits in the same order");
   ddplug_audit_free(a);
   ddplug_close(ctx);
 }
@@ -485,7 +516,7 @@ static void rank_ownership(int rank, int world, void *arg) {
   ddplug_context *ctx = open_ctx(&su);
   /* a stream owned by the user: the plugin's sampler refuses it */
   CHECK_OK(ddplug_split_claim(ctx, "train", DDPLUG_OWNER_USER, "MyBucketSampler"));
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = N;
   ddplug_sampler *s = NULL;
@@ -544,7 +575,7 @@ TEST_T(agreement_names_ranks_that_never_come, 150) { run(rank_agree_timeout, NUL
 static void rank_plugin_slots(int rank, int world, void *arg) {
   setup su = {"sampler-plugin", NULL};
   ddplug_context *ctx = open_ctx(&su);
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = N;
   d.shuffle = 1;
@@ -612,7 +643,7 @@ static void rank_plugin_uneven_n(int rank, int world, void *arg) {
   setup su = {c->plugin, NULL};
   ddplug_context *ctx = open_ctx(&su);
   const uint64_t n = N + 1;
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = n;
   d.shuffle = 1;
@@ -686,7 +717,7 @@ TEST_T(a_plugin_sampler_without_the_slot_gets_its_padding_derived, 150) {
 static void rank_host_declared_kept(int rank, int world, void *arg) {
   setup su = {"sampler-plugin", NULL};
   ddplug_context *ctx = open_ctx(&su);
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = N + 1;
   d.shuffle = 0;
@@ -737,7 +768,7 @@ static void rank_out_of_range(int rank, int world, void *arg) {
   CHECK_CONTAINS(ddplug_last_error(),
                  "out of range: rank 2 delivered 3 indices outside [0, 1000) — "
                  "they are not samples of this stream");
-  CHECK_CONTAINS(r.text, "diagnosis: out of range: rank 2 delivered 3 indices");
+  CHECK_CONTAINS(ddplug_audit_text(a), "diagnosis: out of range: rank 2 delivered 3 indices");
   CHECK_EQ_STR(ddplug_audit_verdict_name(r.verdict), "OUT_OF_RANGE");
   ddplug_audit_free(a);
   ddplug_sampler_free(s);
@@ -792,6 +823,138 @@ static void rank_audit_off(int rank, int world, void *arg) {
 
 TEST_T(audit_off_skips_every_epoch_without_communicating, 150) {
   run(rank_audit_off, NULL);
+}
+
+/* ---- ids, declarations, evaluation, examples through the real finish ------ */
+
+static void record_ids_upto(ddplug_audit *a, uint64_t lo, uint64_t hi, uint64_t step,
+                            uint64_t extra) {
+  uint64_t ids[16];
+  uint64_t m = 0;
+  for (uint64_t i = lo; i < hi; i += step) {
+    ids[m++] = i * 7919u + 13u;
+    if (m == 16) {
+      CHECK_OK(ddplug_audit_record_ids(a, ids, m));
+      m = 0;
+    }
+  }
+  if (extra != UINT64_MAX) ids[m++] = extra * 7919u + 13u;
+  if (m) CHECK_OK(ddplug_audit_record_ids(a, ids, m));
+}
+
+static void rank_ids_and_declarations(int rank, int world, void *arg) {
+  setup su = {arg, "{\"audit\": \"every_epoch\", \"on_violation\": \"warn\", "
+                   "\"audit_exact_max\": 1024}"};
+  ddplug_context *ctx = open_ctx(&su);
+  uint64_t r = (uint64_t)rank, g = (uint64_t)world, n;
+  int64_t ex[8];
+  ddplug_audit_report rep = DDPLUG_AUDIT_REPORT_INIT;
+
+  /* by id, exact: ids r, r + 4, ... of 400; rank 3 also delivers rank 1's 5 */
+  ddplug_audit_options o = DDPLUG_AUDIT_OPTIONS_INIT;
+  o.by_id = 1;
+  ddplug_audit *a = NULL;
+  CHECK_OK(ddplug_audit_begin(ctx, "web", 400, 0, &o, &a));
+  int64_t one = 1;
+  CHECK_STATUS(ddplug_audit_record(a, &one, 1), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "record with ddplug_audit_record_ids");
+  record_ids_upto(a, r, 400, g, rank == 3 ? 5 : UINT64_MAX);
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_OVERLAP);
+  CHECK_EQ_INT(rep.covered, 400);
+  CHECK_EQ_INT(rep.repeats, 1);
+  CHECK_EQ_INT(rep.exact, 1);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_OVERLAP, ex, 8, &n));
+  CHECK_EQ_INT(n, 1);
+  CHECK_EQ_INT(ex[0], 5 * 7919 + 13);
+  ddplug_audit_free(a);
+
+  /* by id, sampled: 3000 ids per rank (1024 may be kept), 200 of them
+   * delivered by two ranks: found in the hashed subset, counted about right */
+  CHECK_OK(ddplug_audit_begin(ctx, "web", 0, 1, &o, &a));
+  record_ids_upto(a, r * 3000, r * 3000 + 3000, 1, UINT64_MAX);
+  if (rank == 1) record_ids_upto(a, 0, 200, 1, UINT64_MAX); /* rank 0's first 200 */
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK(rep.violations & (1u << DDPLUG_AUDIT_OVERLAP)); /* rank 1's extra steps: uneven too */
+  CHECK_EQ_INT(rep.exact, 0);
+  CHECK_MSG(rep.repeats > 80 && rep.repeats < 500, "estimated %llu repeats of 200",
+            (unsigned long long)rep.repeats);
+  CHECK_CONTAINS(ddplug_audit_text(a), "sampled 1 in ");
+  CHECK_CONTAINS(ddplug_audit_text(a), "ids (by hash): a set of d repeated ids goes unseen");
+  ddplug_audit_free(a);
+
+  /* indices declared dropped (the same set everywhere): 0..9 may go */
+  CHECK_OK(ddplug_split_claim(ctx, "train", DDPLUG_OWNER_USER, "test sampler"));
+  int64_t gone[10];
+  for (int k = 0; k < 10; k++) gone[k] = k;
+  for (int epoch = 0; epoch < 2; epoch++) {
+    CHECK_OK(ddplug_audit_begin(ctx, "train", 410, (uint64_t)epoch, NULL, &a));
+    CHECK_OK(ddplug_audit_declare_dropped(a, gone, epoch == 1 && rank == 2 ? 9 : 10));
+    int64_t bad = 410;
+    CHECK_STATUS(ddplug_audit_declare_dropped(a, &bad, 1), DDPLUG_E_INVALID_ARGUMENT);
+    for (int64_t i = 10 + rank; i < 410; i += world) CHECK_OK(ddplug_audit_record(a, &i, 1));
+    if (epoch == 0) {
+      CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+      CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_PASS);
+      CHECK_EQ_INT(rep.missing, 0);
+      CHECK_EQ_INT(rep.allowed_missing, 10);
+    } else { /* rank 2 declared another set */
+      CHECK_STATUS(ddplug_audit_finish(a, &rep, 30000), DDPLUG_E_MISMATCH);
+      CHECK_CONTAINS(ddplug_last_error(), "rank 0 declared 10 dropped samples, rank 2 declared 9");
+    }
+    ddplug_audit_free(a);
+  }
+
+  /* a rank split gone wrong, found by the examples pass: ranks 1 and 2 both
+   * take rank 1's share of 400 */
+  CHECK_OK(ddplug_split_claim(ctx, "wrong", DDPLUG_OWNER_USER, "test sampler"));
+  CHECK_OK(ddplug_audit_begin(ctx, "wrong", 400, 0, NULL, &a));
+  int64_t share = rank == 2 ? 1 : rank;
+  for (int64_t i = share; i < 400; i += world) CHECK_OK(ddplug_audit_record(a, &i, 1));
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_MISSING);
+  CHECK_EQ_INT(rep.cross_repeats, 100);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_OVERLAP, ex, 8, &n));
+  CHECK_EQ_INT(n, 8);
+  CHECK_EQ_INT(ex[0], 1);
+  CHECK_EQ_INT(ex[1], 5);
+  CHECK_OK(ddplug_audit_examples(a, DDPLUG_AUDIT_MISSING, ex, 8, &n));
+  CHECK_EQ_INT(ex[0], 2);
+  CHECK_CONTAINS(ddplug_audit_text(a), "the ranks' shares overlap heavily: check the rank and world size");
+  ddplug_audit_free(a);
+
+  /* an evaluation stream through the context-bound exact sampler: uneven
+   * counts (1001 on 4 ranks), every sample once, PASS */
+  ddplug_sampler_options so = DDPLUG_SAMPLER_OPTIONS_INIT;
+  so.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  so.stream = "val";
+  so.num_samples = 1001;
+  so.exact = 1;
+  so.batch_size = 8;
+  ddplug_sampler *s = NULL;
+  CHECK_OK(ddplug_context_sampler_new(ctx, &so, &s));
+  ddplug_audit_options eo = DDPLUG_AUDIT_OPTIONS_INIT;
+  eo.evaluation = 1;
+  CHECK_OK(ddplug_audit_begin(ctx, "val", 1001, 0, &eo, &a));
+  CHECK_STATUS(ddplug_audit_declare_dropped(a, gone, 1), DDPLUG_E_INVALID_ARGUMENT);
+  drain(s, NULL);
+  CHECK_OK(ddplug_audit_finish(a, &rep, 30000));
+  CHECK_EQ_INT(rep.verdict, DDPLUG_AUDIT_PASS);
+  CHECK_EQ_INT(rep.evaluation, 1);
+  CHECK_EQ_INT(rep.covered, 1001);
+  CHECK_EQ_INT(rep.deliveries, 1001);
+  uint64_t steps, samples;
+  CHECK_OK(ddplug_audit_rank_counts(a, 0, &steps, &samples));
+  CHECK_EQ_INT(samples, 251);
+  CHECK_OK(ddplug_audit_rank_counts(a, 3, &steps, &samples));
+  CHECK_EQ_INT(samples, 250);
+  ddplug_audit_free(a);
+  ddplug_sampler_free(s);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(ids_declarations_evaluation_and_examples_on_cpu, 150) {
+  run_on(rank_ids_and_declarations, "cpu");
 }
 
 /* The sampler feeds the open audit on one thread while another thread

@@ -195,7 +195,7 @@ TEST(defaults_are_the_documented_ones) {
       "\"rendezvous\":{\"external\":false,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":300},"
       "\"sampler\":{\"bucket\":{\"batch_size\":8,\"num_buckets\":8,\"pad\":\"repeat\"},"
       "\"drop_last\":false,\"kind\":\"distributed\",\"seed\":0,\"shuffle\":true},"
-      "\"timeouts\":{\"collective_s\":300},\"torch_distributed\":true}";
+      "\"timeouts\":{\"collective_s\":300,\"run_once_s\":0},\"torch_distributed\":true}";
   ddplug_config *cfg = NULL;
   CHECK_OK(ddplug_config_default(&cfg));
   CHECK_EQ_STR(ddplug_config_origin(cfg), "<defaults>");
@@ -236,7 +236,7 @@ TEST(numbers_are_canonical) {
   /* a value that needs 17 digits keeps them */
   cfg = load("{\"timeouts\": {\"collective_s\": 0.30000000000000004}}");
   text = to_json(cfg);
-  CHECK_CONTAINS(text, "\"collective_s\":0.30000000000000004}");
+  CHECK_CONTAINS(text, "\"collective_s\":0.30000000000000004,");
   free(text);
   ddplug_config_free(cfg);
 }
@@ -706,7 +706,9 @@ TEST(key_table_is_well_formed) {
     if (k->type == DDPLUG__CFG_INT && k->presence == DDPLUG__CFG_DEFAULT)
       CHECK_MSG(k->def_int >= k->imin && k->def_int <= k->imax, "%s: default out of range", k->path);
     if (k->type == DDPLUG__CFG_NUMBER)
-      CHECK_MSG(k->def_num > k->nmin && k->def_num <= k->nmax, "%s: default out of range", k->path);
+      CHECK_MSG((k->nmin_exclusive ? k->def_num > k->nmin : k->def_num >= k->nmin) &&
+                    k->def_num <= k->nmax,
+                "%s: default out of range", k->path);
     if (k->type == DDPLUG__CFG_STRING && k->def_str && k->pattern)
       CHECK(ddplug__config_pattern_match(k->pattern, k->def_str, strlen(k->def_str)) == 1);
   }

@@ -1,13 +1,18 @@
 /* test-runonce.c — run-once across real processes: one runner per scope (global:
  * rank 0; node: local rank 0 of each node, nodes simulated with
  * DDPLUG_HOST_ID), waiters get the runner's message or failure, recorded
- * outcomes come back at once, a waiter times out naming the runner, a runner
- * that dies wakes its node with PEER_LOST, and bad arguments are refused. */
+ * outcomes come back at once, waiters wait for a live runner past the
+ * collective timeout, a waiter times out naming the runner and the setting
+ * that limited it, a runner that dies wakes its node with PEER_LOST, one
+ * that stops heartbeating (stopped by a signal) is given up on, and bad
+ * arguments are refused. */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -16,18 +21,22 @@ static const char *g_calls; /* file every runner appends its rank to */
 
 /* The example plugin (collectives through the store) is enough: run-once
  * only uses the context's store. Short timeouts keep failures quick. */
-static ddplug_context *open_ctx(const char *collective_s) {
+static ddplug_context *open_ctx_with(const char *collective_s, const char *run_once_s) {
   char json[256];
   snprintf(json, sizeof json,
            "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 30}, "
-           "\"timeouts\": {\"collective_s\": %s}}",
-           collective_s ? collective_s : "60");
+           "\"timeouts\": {\"collective_s\": %s, \"run_once_s\": %s}}",
+           collective_s ? collective_s : "60", run_once_s ? run_once_s : "0");
   ddplug_config *cfg = NULL;
   CHECK_OK(ddplug_config_load_string(json, "test", &cfg));
   ddplug_context *ctx = NULL;
   CHECK_OK(ddplug_open(cfg, NULL, &ctx));
   ddplug_config_free(cfg);
   return ctx;
+}
+
+static ddplug_context *open_ctx(const char *collective_s) {
+  return open_ctx_with(collective_s, NULL);
 }
 
 static int count_calls(void) {
@@ -227,6 +236,109 @@ static void rank_bad_args(int rank, int world, void *arg) {
 
 TEST(bad_arguments_are_refused) {
   CHECK_EQ_INT(dt_run_ranks(1, rank_bad_args, NULL, NULL, 30, NULL), 0);
+}
+
+/* ---- a live runner is waited for ------------------------------------------ */
+
+/* The collective timeout is 1 s and the work takes 3: with the default
+ * (timeouts.run_once_s = 0) the waiter waits as long as the runner beats. */
+static void rank_long_work(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  ddplug_context *ctx = open_ctx("1");
+  work w = {rank, 3000, DDPLUG_OK, "downloaded"};
+  char *msg = NULL;
+  CHECK_OK(ddplug_run_once(ctx, "download", DDPLUG_SCOPE_GLOBAL, do_work, &w,
+                           DDPLUG_TIMEOUT_DEFAULT, &msg));
+  CHECK_EQ_STR(msg, "downloaded");
+  ddplug_free(msg);
+  CHECK_EQ_INT(count_calls(), 1);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(a_live_runner_is_waited_for_past_the_collective_timeout, 60) {
+  g_calls = dt_temp_file(".calls", "");
+  CHECK_EQ_INT(dt_run_ranks(2, rank_long_work, NULL, NULL, 45, NULL), 0);
+}
+
+/* timeouts.run_once_s = 0.5 with 2 s of work: the waiter gives up, naming
+ * the key and saying that the runner is alive. */
+static void rank_configured_limit(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  ddplug_context *ctx = open_ctx_with("60", "0.5");
+  int runner = -1;
+  char *msg = NULL;
+  if (rank == 0) {
+    CHECK_OK(ddplug_run_once_begin(ctx, "prep", DDPLUG_SCOPE_GLOBAL, DDPLUG_TIMEOUT_DEFAULT,
+                                   &runner, &msg));
+    CHECK_EQ_INT(runner, 1);
+    usleep(2000 * 1000);
+    CHECK_OK(ddplug_run_once_end(ctx, "prep", DDPLUG_SCOPE_GLOBAL, DDPLUG_OK, "x"));
+  } else {
+    CHECK_STATUS(ddplug_run_once_begin(ctx, "prep", DDPLUG_SCOPE_GLOBAL, DDPLUG_TIMEOUT_DEFAULT,
+                                       &runner, &msg),
+                 DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(ddplug_last_error(), "run-once 'prep' (scope global): no outcome from its "
+                                        "runner, rank 0, after 0.5 s (timeouts.run_once_s = "
+                                        "0.5 in test); the runner is alive and still working");
+  }
+  CHECK_OK(ddplug_barrier(ctx, 20000));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(a_configured_limit_is_named_in_the_timeout, 60) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_configured_limit, NULL, NULL, 45, NULL), 0);
+}
+
+/* A runner that stops (SIGSTOP: alive, connected, silent) is given up on
+ * about 5 s after its last heartbeat, well before the 60 s limit. */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int stop_work(void *user, char **message) {
+  ddplug_store *st = user;
+  (void)message;
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+  if (ddplug_store_set(st, "user/test/pid", pid, (uint64_t)n) != DDPLUG_OK) _exit(8);
+  raise(SIGSTOP);
+  _exit(7); /* not reached: the waiter kills it */
+}
+
+static void rank_stops(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  set_node(rank);
+  ddplug_context *ctx = open_ctx("60");
+  ddplug_store *store = ddplug_context_store(ctx);
+  if (rank == 2) ddplug_run_once(ctx, "hang", DDPLUG_SCOPE_NODE, stop_work, store, 60000, NULL);
+  if (rank == 3) {
+    work w = {rank, 0, DDPLUG_OK, ""};
+    double t0 = now_s();
+    CHECK_STATUS(ddplug_run_once(ctx, "hang", DDPLUG_SCOPE_NODE, do_work, &w, 60000, NULL),
+                 DDPLUG_E_PEER_LOST);
+    double waited = now_s() - t0;
+    CHECK_CONTAINS(ddplug_last_error(), "its runner, local rank 0 of node 1, stopped "
+                                        "heartbeating");
+    CHECK_MSG(waited > 4.0 && waited < 20.0, "gave up after %.1f s", waited);
+    void *v = NULL;
+    uint64_t len = 0;
+    CHECK_OK(ddplug_store_get(store, "user/test/pid", 1000, &v, &len));
+    kill((pid_t)atoi(v), SIGKILL);
+    ddplug_free(v);
+  }
+  ddplug_close(ctx);
+}
+
+TEST_T(a_runner_that_stops_heartbeating_is_given_up_on, 90) {
+  int statuses[4];
+  dt_run_ranks(4, rank_stops, NULL, NULL, 60, statuses);
+  CHECK(WIFSIGNALED(statuses[2]) && WTERMSIG(statuses[2]) == SIGKILL);
+  CHECK_MSG(WIFEXITED(statuses[3]) && WEXITSTATUS(statuses[3]) == 0, "rank 3 failed");
 }
 
 /* ---- the runner dies ---------------------------------------------------- */

@@ -17,7 +17,7 @@
 
 static ddplug_sampler *make(int kind, uint64_t n, int rank, int world,
                             int shuffle, int drop_last, uint64_t seed) {
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = kind;
   d.num_samples = n;
   d.rank = rank;
@@ -327,7 +327,7 @@ static void check_bucket(const bucket_case *c) {
   int64_t *lengths = malloc(sizeof *lengths * (c->n + 1));
   for (uint64_t i = 0; i < c->n; i++) lengths[i] = length_of(i);
   static const int64_t bounds[] = {10, 50, 200};
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_BUCKET;
   d.num_samples = c->n;
   d.world_size = c->world;
@@ -460,7 +460,7 @@ TEST(bucket_at_one_million_eight_ranks) {
 TEST(bucket_reshuffles_per_epoch_and_is_deterministic) {
   int64_t lengths[500];
   for (int i = 0; i < 500; i++) lengths[i] = length_of((uint64_t)i);
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_BUCKET;
   d.num_samples = 500;
   d.world_size = 2;
@@ -504,51 +504,72 @@ TEST(bucket_reshuffles_per_epoch_and_is_deterministic) {
 
 /* ---- what a plugin's sampler declares ----------------------------------- */
 
-static ddplug_sampler_desc dist_desc(uint64_t n, int world) {
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+static ddplug_sampler_options dist_desc(uint64_t n, int world) {
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = n;
   d.world_size = world;
   return d;
 }
 
-TEST(padding_is_derived_from_the_length_within_what_equalising_needs) {
+/* The plugin ABI's desc the runtime hands a plugin's sampler slots. */
+static ddplug_sampler_desc plugin_desc(ddplug_sampler_options o) {
+  ddplug_sampler_desc d;
+  int exact = 0;
+  CHECK_OK(ddplug__sampler_options_to_desc(&o, &d, &exact, "test"));
+  return d;
+}
+
+TEST(the_remainder_is_derived_only_in_the_direction_drop_last_says) {
   uint64_t p, dr;
-  /* distributed: torch's ceil/floor of N / world, nothing beyond */
-  static const struct { uint64_t n; int world; uint64_t len, padded, dropped; } dc[] = {
-      {1001, 4, 251, 3, 0}, {1001, 4, 250, 0, 1}, {1000, 4, 250, 0, 0},
-      {1001, 4, 252, 0, 0}, /* 7 repeats: more than equal lengths need */
-      {1001, 4, 500, 0, 0}, {1001, 4, 0, 0, 0},   {0, 3, 0, 0, 0},
-      {1, 8, 1, 7, 0},      {7, 8, 0, 0, 7},      {5, 1, 5, 0, 0}};
+  /* distributed: torch's ceil/floor of N / world, nothing beyond, and
+   * padding only without drop_last, dropping only with it */
+  static const struct { uint64_t n; int world, drop; uint64_t len, padded, dropped; } dc[] = {
+      {1001, 4, 0, 251, 3, 0}, {1001, 4, 1, 250, 0, 1}, {1000, 4, 0, 250, 0, 0},
+      {1001, 4, 0, 250, 0, 0}, /* shorter than padding makes it: not declared */
+      {1001, 4, 1, 251, 0, 0}, /* longer with drop_last: not declared */
+      {1001, 4, 0, 252, 0, 0}, /* 7 repeats: more than equal lengths need */
+      {1001, 4, 0, 500, 0, 0}, {1001, 4, 0, 0, 0, 0},   {0, 3, 0, 0, 0, 0},
+      {1, 8, 0, 1, 7, 0},      {7, 8, 1, 0, 0, 7},      {5, 1, 0, 5, 0, 0}};
   for (size_t i = 0; i < DDPLUG__ARRAY_LEN(dc); i++) {
-    ddplug_sampler_desc d = dist_desc(dc[i].n, dc[i].world);
+    ddplug_sampler_options o = dist_desc(dc[i].n, dc[i].world);
+    o.drop_last = dc[i].drop;
+    ddplug_sampler_desc d = plugin_desc(o);
     ddplug__sampler_derive_declared(&d, dc[i].len, &p, &dr);
     CHECK_MSG(p == dc[i].padded && dr == dc[i].dropped,
-              "N=%llu world=%d length %llu: derived padded %llu dropped %llu",
-              (unsigned long long)dc[i].n, dc[i].world, (unsigned long long)dc[i].len,
+              "N=%llu world=%d drop_last %d length %llu: derived padded %llu dropped %llu",
+              (unsigned long long)dc[i].n, dc[i].world, dc[i].drop, (unsigned long long)dc[i].len,
               (unsigned long long)p, (unsigned long long)dr);
   }
   /* bucket: less than one global batch (batch_size * world) per bucket */
-  ddplug_sampler_desc b = dist_desc(100, 2);
+  static const int64_t lens[100] = {0};
+  static const int64_t two[2] = {1, 2};
+  ddplug_sampler_options b = dist_desc(100, 2);
   b.kind = DDPLUG_SAMPLER_BUCKET;
   b.batch_size = 4;
+  b.lengths = lens;
   b.num_buckets = 3; /* at most 3 * 8 - 1 padded or dropped */
-  static const struct { uint64_t len, padded, dropped; } bc[] = {
-      {13, 4, 0}, {12, 0, 4}, {15, 20, 0}, {16, 0, 0}, {10, 0, 20}, {9, 0, 0}};
+  static const struct { int drop; uint64_t len, padded, dropped; } bc[] = {
+      {0, 13, 4, 0}, {1, 12, 0, 4}, {0, 15, 20, 0}, {0, 16, 0, 0}, {1, 10, 0, 20},
+      {1, 9, 0, 0}, {0, 12, 0, 0}, {1, 13, 0, 0}};
   for (int k = 0; k < 2; k++) {
     if (k) { /* 2 explicit bounds: 3 buckets too */
       b.num_buckets = 0;
       b.num_boundaries = 2;
+      b.boundaries = two;
     }
     for (size_t i = 0; i < DDPLUG__ARRAY_LEN(bc); i++) {
-      ddplug__sampler_derive_declared(&b, bc[i].len, &p, &dr);
+      b.drop_last = bc[i].drop;
+      ddplug_sampler_desc d = plugin_desc(b);
+      ddplug__sampler_derive_declared(&d, bc[i].len, &p, &dr);
       CHECK_MSG(p == bc[i].padded && dr == bc[i].dropped,
-                "bucket length %llu: derived padded %llu dropped %llu",
-                (unsigned long long)bc[i].len, (unsigned long long)p, (unsigned long long)dr);
+                "bucket length %llu drop_last %d: derived padded %llu dropped %llu",
+                (unsigned long long)bc[i].len, bc[i].drop, (unsigned long long)p,
+                (unsigned long long)dr);
     }
   }
   /* no overflow at the extremes */
-  ddplug_sampler_desc h = dist_desc(UINT64_MAX / 2, 8);
+  ddplug_sampler_desc h = plugin_desc(dist_desc(UINT64_MAX / 2, 8));
   ddplug__sampler_derive_declared(&h, UINT64_MAX / 4, &p, &dr);
   CHECK_EQ_INT(p, 0);
   CHECK_EQ_INT(dr, 0);
@@ -577,7 +598,7 @@ static void capture_declared(void *user, int level, int rank, const char *line) 
 }
 
 TEST(a_plugin_sampler_declares_through_its_slot_else_it_is_derived) {
-  ddplug_sampler_desc d = dist_desc(1001, 4);
+  ddplug_sampler_options d = dist_desc(1001, 4);
   ddplug_sampler *s = NULL;
   CHECK_OK(ddplug_sampler_new(&d, &s));
   ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
@@ -659,7 +680,7 @@ static void golden_lines(char *buf, size_t cap) {
   for (int drop = 0; drop <= 1; drop++)
     for (int q = 0; q <= 1; q++)
       for (int rank = 0; rank < 2; rank++) {
-        ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+        ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
         d.kind = DDPLUG_SAMPLER_BUCKET;
         d.num_samples = 24;
         d.rank = rank;
@@ -755,38 +776,42 @@ TEST(feistel_reference_transcription_agrees) {
 
 typedef struct bad_desc {
   const char *what;
-  void (*edit)(ddplug_sampler_desc *d);
+  void (*edit)(ddplug_sampler_options *d);
   int status;
   const char *message;
 } bad_desc;
 
 static const int64_t kLen[4] = {1, 2, 3, 4};
 static const int64_t kBadBounds[2] = {5, 5};
-static void e_kind(ddplug_sampler_desc *d) { d->kind = 7; }
-static void e_rank(ddplug_sampler_desc *d) { d->rank = 4; d->world_size = 4; }
-static void e_neg(ddplug_sampler_desc *d) { d->rank = -1; d->world_size = 2; }
-static void e_shuffle(ddplug_sampler_desc *d) { d->shuffle = 2; }
-static void e_stream(ddplug_sampler_desc *d) { d->stream = "tr ain"; }
-static void e_empty(ddplug_sampler_desc *d) { d->stream = ""; }
-static void e_abi(ddplug_sampler_desc *d) { d->abi_version = DDPLUG_MAKE_VERSION(2, 0); }
-static void e_size(ddplug_sampler_desc *d) { d->struct_size = 8; }
-static void e_huge(ddplug_sampler_desc *d) { d->num_samples = 1ull << 63; }
-static void e_bs(ddplug_sampler_desc *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->lengths = kLen; d->num_buckets = 2; }
-static void e_len(ddplug_sampler_desc *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->num_buckets = 2; }
-static void e_asc(ddplug_sampler_desc *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; d->boundaries = kBadBounds; d->num_boundaries = 2; }
-static void e_nb(ddplug_sampler_desc *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; d->num_boundaries = 2; }
-static void e_none(ddplug_sampler_desc *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; }
+static void e_kind(ddplug_sampler_options *d) { d->kind = 7; }
+static void e_rank(ddplug_sampler_options *d) { d->rank = 4; d->world_size = 4; }
+static void e_neg(ddplug_sampler_options *d) { d->rank = -1; d->world_size = 2; }
+static void e_shuffle(ddplug_sampler_options *d) { d->shuffle = 2; }
+static void e_stream(ddplug_sampler_options *d) { d->stream = "tr ain"; }
+static void e_empty(ddplug_sampler_options *d) { d->stream = ""; }
+static void e_abi(ddplug_sampler_options *d) { d->abi_version = DDPLUG_MAKE_VERSION(2, 0); }
+static void e_size(ddplug_sampler_options *d) { d->struct_size = 8; }
+static void e_huge(ddplug_sampler_options *d) { d->num_samples = 1ull << 63; }
+static void e_bs(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->lengths = kLen; d->num_buckets = 2; }
+static void e_len(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->num_buckets = 2; }
+static void e_asc(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; d->boundaries = kBadBounds; d->num_boundaries = 2; }
+static void e_nb(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; d->num_boundaries = 2; }
+static void e_none(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; }
+static void e_exact_drop(ddplug_sampler_options *d) { d->exact = 1; d->drop_last = 1; }
+static void e_exact_bucket(ddplug_sampler_options *d) { d->kind = DDPLUG_SAMPLER_BUCKET; d->batch_size = 1; d->lengths = kLen; d->num_buckets = 1; d->exact = 1; }
 
 TEST(invalid_descs_get_exact_errors) {
   static const bad_desc table[] = {
       {"kind", e_kind, DDPLUG_E_INVALID_ARGUMENT, "kind 7 is not a sampler kind"},
       {"rank", e_rank, DDPLUG_E_INVALID_ARGUMENT, "rank 4 is not in a world of 4"},
       {"negative rank", e_neg, DDPLUG_E_INVALID_ARGUMENT, "rank -1 is not in a world of 2"},
-      {"shuffle", e_shuffle, DDPLUG_E_INVALID_ARGUMENT, "shuffle (2) and drop_last (0) must be 0 or 1"},
+      {"shuffle", e_shuffle, DDPLUG_E_INVALID_ARGUMENT, "shuffle (2), drop_last (0) and exact (0) must be 0 or 1"},
+      {"exact with drop_last", e_exact_drop, DDPLUG_E_INVALID_ARGUMENT, "exact = 1 delivers every sample once; drop_last = 1 contradicts it"},
+      {"exact bucket", e_exact_bucket, DDPLUG_E_INVALID_ARGUMENT, "the bucket sampler pads or drops to whole batches, so it cannot be exact"},
       {"stream", e_stream, DDPLUG_E_INVALID_ARGUMENT, "stream name 'tr ain' has character ' ' at 2"},
       {"empty stream", e_empty, DDPLUG_E_INVALID_ARGUMENT, "stream name '' must have 1 to 63 characters"},
-      {"abi", e_abi, DDPLUG_E_ABI_MISMATCH, "desc has ABI version 2.0"},
-      {"size", e_size, DDPLUG_E_INVALID_ARGUMENT, "desc struct_size 8 is too small"},
+      {"abi", e_abi, DDPLUG_E_ABI_MISMATCH, "the options have ABI version 2.0"},
+      {"size", e_size, DDPLUG_E_INVALID_ARGUMENT, "options struct_size 8 is too small"},
       {"huge", e_huge, DDPLUG_E_INVALID_ARGUMENT, "does not fit the int64 indices"},
       {"batch", e_bs, DDPLUG_E_INVALID_ARGUMENT, "the bucket sampler needs batch_size >= 1"},
       {"lengths", e_len, DDPLUG_E_INVALID_ARGUMENT, "the bucket sampler needs lengths[4]"},
@@ -795,7 +820,7 @@ TEST(invalid_descs_get_exact_errors) {
       {"none", e_none, DDPLUG_E_INVALID_ARGUMENT, "give boundaries, or num_buckets >= 1"},
   };
   for (size_t i = 0; i < DDPLUG__ARRAY_LEN(table); i++) {
-    ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+    ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
     d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
     d.num_samples = 4;
     table[i].edit(&d);
@@ -813,15 +838,26 @@ TEST(invalid_descs_get_exact_errors) {
   ddplug_sampler_free(NULL);
 }
 
-TEST(older_smaller_desc_gets_defaults) {
-  /* A writer that knew only the fields up to stream (size cut there). */
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
-  d.struct_size = (uint32_t)offsetof(ddplug_sampler_desc, stream);
+TEST(options_smaller_than_1_0_are_refused_and_a_newer_writers_are_read_so_far) {
+  /* the options struct is the host API's own since 1.0: nothing smaller */
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
+  d.struct_size = (uint32_t)offsetof(ddplug_sampler_options, batch_size);
   d.kind = DDPLUG_SAMPLER_DISTRIBUTED;
   d.num_samples = 10;
-  d.batch_size = 99; /* beyond struct_size: must be ignored */
   ddplug_sampler *s = NULL;
-  CHECK_OK(ddplug_sampler_new(&d, &s));
+  CHECK_STATUS(ddplug_sampler_new(&d, &s), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "fill them with DDPLUG_SAMPLER_OPTIONS_INIT");
+  /* a writer built against a newer minor version: its fields past ours
+   * are ignored */
+  struct { ddplug_sampler_options o; uint64_t newer; } big;
+  memset(&big, 0, sizeof big);
+  big.o = (ddplug_sampler_options)DDPLUG_SAMPLER_OPTIONS_INIT;
+  big.o.struct_size = sizeof big;
+  big.o.abi_version = DDPLUG_MAKE_VERSION(DDPLUG_ABI_MAJOR, DDPLUG_ABI_MINOR + 1);
+  big.o.kind = DDPLUG_SAMPLER_DISTRIBUTED;
+  big.o.num_samples = 10;
+  big.newer = ~0ull;
+  CHECK_OK(ddplug_sampler_new(&big.o, &s));
   ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
   CHECK_OK(ddplug_sampler_info_get(s, &info));
   CHECK_EQ_STR(info.stream, "train");
@@ -831,12 +867,62 @@ TEST(older_smaller_desc_gets_defaults) {
   ddplug_sampler_free(s);
 }
 
+/* Exact (evaluation): every sample once, no padding; counts may differ. */
+TEST(an_exact_sampler_delivers_every_sample_once_with_uneven_counts) {
+  static const struct { uint64_t n; int world; } cases[] = {
+      {1001, 2}, {1001, 3}, {7, 8}, {0, 3}, {96, 4}, {1, 1}};
+  for (size_t c = 0; c < DDPLUG__ARRAY_LEN(cases); c++) {
+    uint64_t n = cases[c].n;
+    int world = cases[c].world;
+    unsigned char *seen = calloc(n ? n : 1, 1);
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+      memset(seen, 0, n ? n : 1);
+      uint64_t total = 0;
+      for (int r = 0; r < world; r++) {
+        ddplug_sampler_options d = dist_desc(n, world);
+        d.rank = r;
+        d.exact = 1;
+        d.shuffle = shuffle;
+        d.seed = 9;
+        ddplug_sampler *s = NULL;
+        CHECK_OK(ddplug_sampler_new(&d, &s));
+        CHECK_OK(ddplug_sampler_set_epoch(s, 3));
+        uint64_t len = 0;
+        CHECK_OK(ddplug_sampler_length(s, &len));
+        CHECK_EQ_INT(len, (n > (uint64_t)r) ? (n - (uint64_t)r - 1) / (uint64_t)world + 1 : 0);
+        ddplug_sampler_info info = DDPLUG_SAMPLER_INFO_INIT;
+        CHECK_OK(ddplug_sampler_info_get(s, &info));
+        CHECK_EQ_INT(info.exact, 1);
+        CHECK_EQ_INT(info.padded, 0);
+        CHECK_EQ_INT(info.dropped, 0);
+        int64_t buf[16];
+        uint64_t got, mine = 0;
+        do {
+          CHECK_OK(ddplug_sampler_next(s, buf, 16, &got));
+          for (uint64_t k = 0; k < got; k++) {
+            CHECK(buf[k] >= 0 && (uint64_t)buf[k] < n);
+            CHECK_MSG(!seen[buf[k]], "N=%llu world=%d: sample %lld twice",
+                      (unsigned long long)n, world, (long long)buf[k]);
+            seen[buf[k]] = 1;
+          }
+          mine += got;
+        } while (got);
+        CHECK_EQ_INT(mine, len);
+        total += mine;
+        ddplug_sampler_free(s);
+      }
+      CHECK_EQ_INT(total, n);
+    }
+    free(seen);
+  }
+}
+
 static void create_bucket_child(void *arg) {
   const char *k = arg;
   setenv("DDPLUG_TEST_FAIL_ALLOC", k, 1);
   int64_t lengths[64];
   for (int i = 0; i < 64; i++) lengths[i] = i % 9;
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = DDPLUG_SAMPLER_BUCKET;
   d.num_samples = 64;
   d.lengths = lengths;

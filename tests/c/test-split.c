@@ -1,8 +1,9 @@
 /* test-split.c — split ownership rules on the data-split state: first claim
  * wins, same owner again is fine, a different owner is a conflict naming
  * both claimants and what to change, config-forced owners (per stream and
- * the default), resolution order, the agreement check across ranks, stream
- * names, and thread safety of concurrent claims. */
+ * the default, read from a real config by the one function every caller
+ * asks), resolution order, the agreement check across ranks, stream names
+ * (the one public check), and thread safety of concurrent claims. */
 #include <pthread.h>
 
 #include "data/data.h"
@@ -19,6 +20,7 @@ static ddplug__data_state *state_with(int fallback, const char *stream,
     p.nstreams = 1;
     snprintf(p.streams[0].stream, sizeof p.streams[0].stream, "%s", stream);
     p.streams[0].owner = stream_owner;
+    p.streams[0].set = 1;
     snprintf(p.streams[0].by, sizeof p.streams[0].by,
              "data_split.streams.%s.owner in cfg.json", stream);
   }
@@ -168,4 +170,70 @@ TEST(stream_names_are_checked) {
   memset(longname, 'x', 64);
   longname[64] = '\0';
   CHECK_STATUS(ddplug__stream_name_check(longname, "claim"), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "must have 1 to 63 characters (it has 64)");
+  /* the public check is the same rule */
+  CHECK_OK(ddplug_stream_name_check("predict.3"));
+  CHECK_STATUS(ddplug_stream_name_check("tr ain"), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_EQ_STR(ddplug_last_error(),
+               "ddplug_stream_name_check: stream name 'tr ain' has character ' ' "
+               "at 2; use letters, digits, '_', '-' and '.'");
+  CHECK_STATUS(ddplug_stream_name_check("\xc3\xa9t\xc3\xa9"), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "has byte 0xc3 at 0");
+  CHECK_STATUS(ddplug_stream_name_check(""), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_stream_name_check(NULL), DDPLUG_E_INVALID_ARGUMENT);
+}
+
+/* ddplug_split_forced_owner: the one answer to "which owner does the config
+ * force for this stream, by which key" (the runtime's claims and the Python
+ * package ask it). */
+TEST(the_forced_owner_comes_from_one_function) {
+  static const struct {
+    const char *data_split, *stream;
+    int owner;
+    const char *by;
+  } cases[] = {
+      {"{}", "train", DDPLUG_OWNER_UNSET, ""},
+      {"{\"owner\": \"auto\"}", "train", DDPLUG_OWNER_UNSET, ""},
+      {"{\"owner\": \"user\"}", "val", DDPLUG_OWNER_USER, "data_split.owner in t.json"},
+      {"{\"owner\": \"user\", \"streams\": {\"val\": {\"owner\": \"plugin\"}}}", "val",
+       DDPLUG_OWNER_PLUGIN, "data_split.streams.val.owner in t.json"},
+      {"{\"owner\": \"user\", \"streams\": {\"val\": {\"owner\": \"plugin\"}}}", "train",
+       DDPLUG_OWNER_USER, "data_split.owner in t.json"},
+      /* a stream's own "auto" overrides data_split.owner */
+      {"{\"owner\": \"framework\", \"streams\": {\"val\": {\"owner\": \"auto\"}}}", "val",
+       DDPLUG_OWNER_UNSET, ""},
+      /* a stream with sampler settings only inherits data_split.owner */
+      {"{\"owner\": \"framework\", \"streams\": {\"val\": {\"sampler\": {\"shuffle\": false}}}}",
+       "val", DDPLUG_OWNER_FRAMEWORK, "data_split.owner in t.json"},
+  };
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(cases); i++) {
+    char json[512];
+    snprintf(json, sizeof json, "{\"data_split\": %s}", cases[i].data_split);
+    ddplug_config *cfg = NULL;
+    CHECK_MSG(ddplug_config_load_string(json, "t.json", &cfg) == DDPLUG_OK, "%s: %s", json,
+              ddplug_last_error());
+    int owner = -1;
+    char by[DDPLUG__CLAIMANT_MAX] = "x";
+    CHECK_OK(ddplug_split_forced_owner(cfg, cases[i].stream, &owner, by, sizeof by));
+    CHECK_MSG(owner == cases[i].owner && strcmp(by, cases[i].by) == 0,
+              "%s, stream %s: owner %d by '%s'", json, cases[i].stream, owner, by);
+    /* the context's state reads the same policy */
+    ddplug__data_policy p;
+    CHECK_OK(ddplug__data_policy_read(cfg, &p));
+    ddplug__data_state *st = NULL;
+    CHECK_OK(ddplug__data_state_new(&p, &st));
+    char who[DDPLUG__CLAIMANT_MAX];
+    ddplug__split_resolve(st, cases[i].stream, &owner, who, sizeof who);
+    CHECK_EQ_INT(owner, cases[i].owner);
+    CHECK_EQ_STR(who, cases[i].by);
+    ddplug__data_state_free(st);
+    ddplug_config_free(cfg);
+  }
+  int owner = -1;
+  CHECK_OK(ddplug_split_forced_owner(NULL, "train", &owner, NULL, 0));
+  CHECK_EQ_INT(owner, DDPLUG_OWNER_UNSET);
+  CHECK_STATUS(ddplug_split_forced_owner(NULL, "a b", &owner, NULL, 0), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_STATUS(ddplug_split_forced_owner(NULL, "train", NULL, NULL, 0), DDPLUG_E_INVALID_ARGUMENT);
+  char tiny[1];
+  CHECK_STATUS(ddplug_split_forced_owner(NULL, "train", &owner, tiny, 0), DDPLUG_E_INVALID_ARGUMENT);
 }

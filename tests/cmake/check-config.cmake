@@ -112,7 +112,7 @@ elseif(MODE STREQUAL "stdin")
 elseif(MODE STREQUAL "json")
   run(rc out err check-config --json ${_data}/good/minimal.json)
   if(NOT rc EQUAL 0 OR NOT out MATCHES
-     "^\\{\"checks\":\\{\"duplicate_gpu\":\"error\",\"param_sync_every\":0\\},.*\"plugin\":\"cpu\",.*\"timeouts\":\\{\"collective_s\":300\\},\"torch_distributed\":true\\}\n$")
+     "^\\{\"checks\":\\{\"duplicate_gpu\":\"error\",\"param_sync_every\":0\\},.*\"plugin\":\"cpu\",.*\"timeouts\":\\{\"collective_s\":300,\"run_once_s\":0\\},\"torch_distributed\":true\\}\n$")
     message(FATAL_ERROR "check-config --json: exit ${rc}\n${out}${err}")
   endif()
 

@@ -58,7 +58,7 @@ def test_header_constants(tmp_path: Path) -> None:
   printf("SAMPLER_BUCKET %d\\n", (int)DDPLUG_SAMPLER_BUCKET);
   printf("SCOPE_GLOBAL %d\\n", (int)DDPLUG_SCOPE_GLOBAL);
   printf("SCOPE_NODE %d\\n", (int)DDPLUG_SCOPE_NODE);
-  printf("AUDIT_MAX_RANKS %d\\n", (int)DDPLUG_AUDIT_MAX_RANKS);
+  printf("STREAM_NAME_MAX %d\\n", (int)DDPLUG_STREAM_NAME_MAX);
   printf("OP_BIT_AVG %u\\n", DDPLUG_OP_BIT(DDPLUG_OP_AVG));
   printf("OP_AVG %d\\n", (int)DDPLUG_OP_AVG);
   printf("VERSION_3_7 %u\\n", DDPLUG_MAKE_VERSION(3, 7));
@@ -71,7 +71,7 @@ def test_header_constants(tmp_path: Path) -> None:
     assert c["SAMPLER_BUCKET"] == samplers.KIND_BUCKET
     assert c["SCOPE_GLOBAL"] == runonce.SCOPE_GLOBAL
     assert c["SCOPE_NODE"] == runonce.SCOPE_NODE
-    assert c["AUDIT_MAX_RANKS"] == S.AUDIT_MAX_RANKS
+    assert c["STREAM_NAME_MAX"] == 63  # the rule the key table's pattern and ownership share
     assert c["OP_AVG"] == _names.ops()["avg"]
     assert c["OP_BIT_AVG"] == 1 << _names.ops()["avg"]  # how _host tests op_mask
     assert c["VERSION_3_7"] == (3 << 16) | 7  # how the strategies print versions

@@ -28,11 +28,16 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
                      r" \(host ABI \d+\.\d+\)$", out, re.M), out
     owners = dict(re.findall(r"^ddplug: stream '(\w+)': owner plugin \(auto: [^)]*\); ddplug's length-bucketed"
                              r" batch sampler; (\d+) batches per epoch per rank$", out, re.M))
-    assert set(owners) == {"train", "val"}, out
-    reports = re.findall(r"^ddplug audit: stream '(\w+)', epoch (\d), 2 ranks, N = (\d+).*\n  verdict: (\w+)$",
-                         out, re.M)
+    assert set(owners) == {"train"}, out  # bucketing and padding for train only
+    assert re.search(r"^ddplug: stream 'val': owner plugin \(auto: [^)]*\); ddplug's distributed sampler \(exact:"
+                     r" every sample once\); 8 batches per epoch per rank$", out, re.M), out
+    reports = re.findall(r"^ddplug audit: stream '(\w+)'(?: \(evaluation\))?, epoch (\d), 2 ranks, N = (\d+).*\n"
+                         r"  verdict: (\w+)$", out, re.M)
     assert sorted(reports) == [("train", "0", "1024", "PASS"), ("train", "1", "1024", "PASS"),
                                ("val", "0", "256", "PASS"), ("val", "1", "256", "PASS")], out
+    # the validation stream carries no repeats: 256 deliveries of 256 samples
+    assert re.search(r"^ddplug audit: stream 'val' \(evaluation\), epoch 0, 2 ranks, N = 256 \(exact\)\n"
+                     r"(?:  .*\n)*?  repeats: 0 \(declared padding 0\); never delivered: 0", out, re.M), out
     epochs = re.findall(r"^demo: epoch (\d): (\d+) steps per epoch per rank, (\d+) samples on 2 ranks in \S+ s ="
                         r" [\d,]+ samples/s, val_acc [\d.]+$", out, re.M)
     steps = int(owners["train"])

@@ -85,3 +85,6 @@ def test_checkpoint_resume_continues_the_stream(out: Path) -> None:
     for r in resumed:
         assert list(r["seen"]) == ["1"], "epoch 0 was done before the checkpoint"
         assert r["seen"]["1"] == ref[r["rank"]]["seen"]["1"][3:]
+        full = len(ref[r["rank"]]["seen"]["1"])
+        assert r["len_after_load"] == full - 3, "len(loader) after a mid-epoch resume: the batches left"
+        assert r["len_now"] == full, "then whole epochs again"

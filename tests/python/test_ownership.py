@@ -8,11 +8,12 @@ import json
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Subset
 
 import ddplug
 from ddplug import errors, ownership
-from ddplug.streams import DataSplit, StreamBatchSampler, _allowances
+from ddplug.declarations import allowance, declare
+from ddplug.streams import DataSplit, StreamBatchSampler
 
 from conftest import TEST_PLUGIN
 
@@ -95,7 +96,9 @@ def test_plain_loader_becomes_plugin_owned_and_keeps_its_class(ctx: ddplug.Conte
     assert isinstance(managed.batch_sampler, StreamBatchSampler) and managed.batch_sampler.owner == "plugin"
     batches = [b.tolist() for b in managed]
     assert sorted(i for b in batches for i in b) == list(range(20)) and len(batches) == 5
-    assert callable(managed.state_dict) and managed.state_dict()["position"] == 5
+    # the position is the stream's (a Trainer checkpoint stores it under "ddplug"),
+    # not the loader's: a stateful loader would tie checkpoints to this strategy
+    assert not hasattr(managed, "state_dict") and managed.batch_sampler.state_dict()["position"] == 5
     assert "owner plugin (auto" in lines[0] and "5 batches per epoch" in lines[0]
 
 
@@ -120,8 +123,9 @@ def test_rank_aware_sampler_is_left_alone(ctx: ddplug.Context) -> None:
 def test_iterable_dataset_is_user_owned(ctx: ddplug.Context) -> None:
     lines: list = []
     loader = DataLoader(Stream(), batch_size=2)
-    assert split(ctx, lines).prepare(loader, "train") is loader
-    assert "IterableDataset" in lines[0] and "no audit" in lines[0]
+    with pytest.warns(errors.DdplugWarning, match="not audited: its samples carry no id"):
+        assert split(ctx, lines).prepare(loader, "train") is loader
+    assert lines[0].startswith("WARNING: stream 'train': owner user") and "IterableDataset" in lines[0]
 
 
 def test_config_forces_owner_and_conflicting_claims_fail() -> None:
@@ -181,22 +185,169 @@ def test_resume_position_and_epoch(ctx: ddplug.Context) -> None:
     assert [b.tolist() for b in managed] != full, "a finished epoch resumes at the next one"
 
 
-def test_allowances() -> None:
+def test_only_explicit_declarations_allow_padding_and_dropping() -> None:
     ds = Items(10)
-    # DistributedSampler over 10 samples on 4 ranks pads 2
-    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 3, False)
-    assert _allowances(10, 4, inner.sampler, inner) == (2, 0)
-    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 2, True)  # 3 per rank -> 1 batch of 2
-    assert _allowances(10, 4, inner.sampler, inner) == (0, 2)
+    # torch's own DistributedSampler: its documented padding (10 on 4 ranks: 2),
+    # or with drop_last its dropped tail — from N and the world, not from len()
+    a = allowance(10, [DistributedSampler(ds, num_replicas=4, rank=0)], None, evaluation=False)
+    assert (a.padding, a.dropped) == (2, 0) and "torch's DistributedSampler" in a.source
+    a = allowance(10, [DistributedSampler(ds, num_replicas=4, rank=0, drop_last=True)], None, evaluation=False)
+    assert (a.padding, a.dropped) == (0, 2)
+    # a subclass that changes __iter__ is not taken at its word, whatever its length says
+
+    class Half(DistributedSampler):
+        def __iter__(self):
+            return iter([i for i in super().__iter__() if i < 5])
+
+        def __len__(self) -> int:
+            return 2
+
+    a = allowance(10, [Half(ds, num_replicas=2, rank=0)], None, evaluation=False)
+    assert (a.padding, a.dropped, a.local_dropped) == (0, 0, 0)
+    # a batching that drops its last partial batch: this rank's remainder
+    inner = BatchSampler(DistributedSampler(ds, num_replicas=4, rank=0), 2, True)  # 3 per rank -> 1 left
+    assert allowance(10, [inner.sampler], inner, evaluation=False).local_dropped == 1
     # every rank reads everything: nothing is allowed, the audit must see it
-    inner = BatchSampler(RandomSampler(ds), 2, False)
-    assert _allowances(10, 2, None, inner) == (0, 0)
-    declared = DuckSampler(10)
-    declared.ddplug_audit_allowance = (3, 1)
-    assert _allowances(10, 2, declared, declared) == (3, 1)
+    assert allowance(10, [RandomSampler(ds)], BatchSampler(RandomSampler(ds), 2, False),
+                     evaluation=False).describe() == "nothing"
+    # declared: padding by count, dropped by index, by predicate or by count
+    s = declare(DuckSampler(10), padding=3, dropped=[7, 2, 7])
+    a = allowance(10, [s], s, evaluation=False)
+    assert a.padding == 3 and a.dropped_indices.tolist() == [2, 7] and "declared on DuckSampler" in a.source
+    s = declare(DuckSampler(10), dropped=lambda i: i % 4 == 0)
+    assert allowance(10, [s], s, evaluation=False).dropped_indices.tolist() == [0, 4, 8]
+    assert allowance(10, [declare(DuckSampler(10), dropped=2)], None, evaluation=False).dropped == 2
+    # an evaluation stream declares nothing, whatever the sampler says
+    assert allowance(10, [s], s, evaluation=True).describe() == "nothing"
+    with pytest.raises(ValueError, match="padding must be >= 0"):
+        declare(DuckSampler(3), padding=-1)
+
+
+def test_stream_names_are_the_librarys_rule(ctx: ddplug.Context) -> None:
+    assert ownership.check_stream_name("val.en-2_x") == "val.en-2_x"
+    with pytest.raises(ValueError, match="stream name 'tr ain' has character ' ' at 2"):
+        ownership.check_stream_name("tr ain")
+    with pytest.raises(ValueError, match="must have 1 to 63 characters"):
+        split(ctx, []).prepare(DataLoader(Items(), batch_size=2), "x" * 64)
+    from ddplug.fabric import name_stream
+
+    with pytest.raises(ValueError, match="has character '/'"):
+        name_stream(DataLoader(Items()), "a/b")
+
+
+def test_the_forced_owner_is_the_librarys_answer() -> None:
+    cfg = {"data_split": {"owner": "user", "streams": {"val": {"owner": "auto"},
+                                                        "test": {"sampler": {"shuffle": False}}}}}
+    c = ctx_with(**cfg)
+    try:
+        assert ownership.forced_owner(c, "train") == ("user", "data_split.owner in <dict>")
+        assert ownership.forced_owner(c, "val") == (None, None)  # its own "auto" wins
+        assert ownership.forced_owner(c, "test") == ("user", "data_split.owner in <dict>")
+    finally:
+        c.close()
 
 
 def test_config_helper_is_valid_json() -> None:
     from conftest import config
 
     assert json.loads(config(sampler={"seed": 1}))["sampler"] == {"seed": 1}
+
+
+def test_sampler_settings_per_stream_and_exact_evaluation() -> None:
+    c = ctx_with(sampler={"kind": "bucket", "seed": 4, "bucket": {"batch_size": 4, "num_buckets": 2}},
+                 data_split={"streams": {"train": {"sampler": {"bucket": {"batch_size": 2}}},
+                                         "val": {"sampler": {"shuffle": True}},
+                                         "test": {"sampler": {"kind": "bucket"}}}})
+    try:
+        s = split(c, [])
+        train = s.sampler_settings("train")
+        assert train["kind"] == "bucket" and train["bucket"] == {"batch_size": 2, "num_buckets": 2, "pad": "repeat"}
+        assert train["seed"] == 4 and train["exact"] is False
+        val = s.sampler_settings("val")  # the top-level bucketing does not reach evaluation
+        assert val["kind"] == "distributed" and val["exact"] is True and val["shuffle"] is True and val["seed"] == 4
+        with pytest.raises(ValueError, match=r"'test' is an evaluation stream.*sampler.kind = \"bucket\""):
+            s.sampler_settings("test")
+        managed = s.prepare(DataLoader(Items(), batch_size=3), "predict")
+        stream = managed.batch_sampler
+        assert stream.evaluation and stream.index_sampler.exact
+        assert sorted(i for b in managed for i in b.tolist()) == list(range(20))
+    finally:
+        c.close()
+
+
+def test_shard_splits_by_rank_and_worker() -> None:
+    from ddplug.iterable import shard
+
+    src = list(range(23))
+    parts = [list(shard(src, rank=r, world_size=3)) for r in range(3)]
+    assert sorted(i for p in parts for i in p) == src and parts[1][:3] == [1, 4, 7]
+    assert [len(shard(src, rank=r, world_size=3)) for r in range(3)] == [8, 8, 7]
+    loaders = [list(DataLoader(shard(src, rank=r, world_size=2), batch_size=None, num_workers=2)) for r in range(2)]
+    assert sorted(int(i) for p in loaders for i in p) == src, "every item once over ranks x workers"
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        shard(src, rank=2, world_size=2)
+
+
+class Keyed(IterableDataset):
+    def __init__(self, keys: list) -> None:
+        self.keys = keys
+
+    def __iter__(self):
+        for k in self.keys:
+            yield {"__key__": k, "v": 0}
+
+
+def test_an_iterable_is_audited_by_id(ctx: ddplug.Context) -> None:
+    lines: list = []
+    s = DataSplit(ctx, "test", log=lines.append)
+    ok = s.prepare(DataLoader(ddplug.declare(Keyed([f"k{i}" for i in range(10)]), key="__key__"), batch_size=3),
+                   "train")
+    assert [len(b["__key__"]) for b in ok] == [3, 3, 3, 1]
+    ids = s.iterables["train"]
+    assert [r.verdict for r in ids.reports] == ["PASS"] and ids.reports[0].covered == 10
+    bad = s.prepare(DataLoader(ddplug.declare(Keyed(["a", "b", "a", "c"]), key=lambda b: b["__key__"]),
+                               batch_size=2), "train.1")
+    with pytest.raises(errors.AuditFailed) as e:
+        list(bad)
+    assert "repeated samples: 1 delivery repeated a sample already delivered" in str(e.value)
+    assert "Repeated sample keys: a" in str(e.value)
+
+
+def test_sharded_datasets_map_to_their_root() -> None:
+    """Subset chains and a Hugging Face dataset's indices mapping (what
+    split_dataset_by_node and .shard() leave) map local indices to the root's."""
+    import numpy as np
+
+    ds = Items(10)
+    mapping, root_n, root = ownership._subset_chain(Subset(Subset(ds, range(1, 10, 2)), [0, 2, 4]))
+    assert mapping.tolist() == [1, 5, 9] and root_n == 10 and root is ds
+    assert ownership._subset_chain(ds) == (None, -1, ds)
+
+    class Column:
+        def __init__(self, v):
+            self.v = v
+
+        def to_numpy(self):
+            return np.asarray(self.v)
+
+    class Table:
+        num_rows = 1000
+
+        def __init__(self, v=None):
+            self.v = v
+
+        def column(self, i):
+            return Column(self.v)
+
+    class FakeHF:  # the attributes datasets.Dataset has
+        _fingerprint = "abc123"
+
+        def __init__(self, idx):
+            self._indices = Table(idx)
+            self._data = Table()
+
+        def __len__(self):
+            return len(self._indices.v)
+
+    mapping, root_n, _ = ownership._subset_chain(Subset(FakeHF(list(range(1, 1000, 2))), [0, 1]))
+    assert mapping.tolist() == [1, 3] and root_n == 1000

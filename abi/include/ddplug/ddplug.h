@@ -576,19 +576,30 @@ DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req);
 DDPLUG_API void ddplug_request_free(ddplug_request *req);
 
 /* ========================================================================
- * Data split ownership, samplers, audit — see issue "Data-split ownership".
+ * Data split ownership, samplers, audit.
  *
  * Exactly one layer splits each data stream ("train", "val", ...): the
  * plugin (ddplug's samplers or the plugin's own), the framework (its
- * DistributedSampler injection) or the user (a rank-aware sampler). The
- * samplers below are ddplug's; the audit proves, per epoch, from what every
- * rank actually consumed, that the split was right.
+ * DistributedSampler injection) or the user (a rank-aware sampler or a
+ * dataset already sharded per rank). The samplers below are ddplug's; the
+ * audit proves, per epoch, from what every rank actually consumed, that the
+ * split was right.
  * ======================================================================== */
+
+/* Longest stream name, in bytes (without the NUL). */
+#define DDPLUG_STREAM_NAME_MAX 63
+
+/* Whether stream is a valid stream name: 1 to DDPLUG_STREAM_NAME_MAX
+ * characters of A-Z a-z 0-9 _ . - (the rule every call below applies, and
+ * the config's data_split.streams keys). Returns OK, or INVALID_ARGUMENT
+ * (NULL, empty, too long, or a character outside the set: the last error
+ * names it and its position). Never blocks; thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_stream_name_check(const char *stream);
 
 /* ---- samplers ----------------------------------------------------------
 
    A sampler yields this rank's share of one epoch of a stream as dataset
-   indices. Two kinds (ddplug_sampler_desc.kind, plugin.h):
+   indices. Two kinds (ddplug_sampler_kind, plugin.h):
 
    DDPLUG_SAMPLER_DISTRIBUTED — an index sampler with the semantics of
      torch.utils.data.DistributedSampler: the epoch's order is a keyed
@@ -596,7 +607,11 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req);
      else 0, 1, ..., N-1; it is padded by repeating its start up to
      world·ceil(N/world) positions, or cut to world·floor(N/world) with
      drop_last; rank r takes positions r, r+world, r+2·world, ... Every rank
-     yields the same count. next() fills up to cap indices (chunks).
+     yields the same count. With exact = 1 (evaluation streams) it is
+     neither padded nor cut: rank r takes positions r, r+world, ... < N,
+     so every sample is delivered exactly once and the ranks' counts differ
+     by at most one (ceil or floor of N/world). next() fills up to cap
+     indices (chunks).
    DDPLUG_SAMPLER_BUCKET — a batch sampler over per-sample lengths: samples
      are grouped into length buckets (explicit ascending upper bounds, plus a
      bucket for longer samples, or num_buckets quantile buckets), each bucket
@@ -604,69 +619,94 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req);
      whole global batches, and the order of batches is shuffled the same way
      on every rank. Every rank yields the same number of batches of exactly
      batch_size indices; each sample is in at most one batch per epoch apart
-     from the declared padding. next() returns one batch per call.
+     from the declared padding. next() returns one batch per call. It always
+     pads or cuts: exact = 1 is refused for it.
 
    The permutation is a 4-round Feistel network on ceil(log2 N) bits with
-   cycle walking (abi/src/sampler_feistel.c documents it): O(1) memory and
+   cycle walking (abi/src/data/feistel.c documents it): O(1) memory and
    O(1) epoch start whatever N, any position resumes directly, the same
-   indices on every machine and run for the same desc, seed and epoch.
+   indices on every machine and run for the same options, seed and epoch.
    The bucket sampler keeps its bucket membership (4 bytes per sample below
-   2^32 samples, else 8); it does not keep lengths or desc pointers.
+   2^32 samples, else 8); it does not keep lengths or option pointers.
    A sampler handle is used from one thread at a time; distinct samplers
    are independent.
-
-   Fill a desc with DDPLUG_SAMPLER_DESC_INIT, then set its fields:
-     kind, num_samples (N; indices are in [0, N), N < 2^63), shuffle (0/1),
-     seed, drop_last (0: pad by repetition; 1: drop), stream (name, for
-     messages and ownership; NULL = "train"), rank and world_size (0/0 = a
-     single rank; the context-bound constructor takes them from the
-     context), and for DDPLUG_SAMPLER_BUCKET: lengths[N], batch_size (per
-     rank, >= 1), and boundaries[num_boundaries] (strictly ascending) or
-     boundaries = NULL with num_buckets >= 1 quantile buckets. For the
-     distributed kind batch_size is optional: when set, the audit counts one
-     step per batch_size indices (else one per index).
    ---------------------------------------------------------------------- */
 typedef struct ddplug_sampler ddplug_sampler;
 
-#define DDPLUG_SAMPLER_DESC_INIT                                         \
-  {sizeof(ddplug_sampler_desc), DDPLUG_PLUGIN_ABI_VERSION, 0, 0, 0, 0, 0, \
+/* What a host asks of a sampler. Fill it with DDPLUG_SAMPLER_OPTIONS_INIT,
+ * then set the fields. (A plugin's sampler slots receive the plugin ABI's
+ * ddplug_sampler_desc, plugin.h, which the runtime builds from these.) */
+typedef struct ddplug_sampler_options {
+  uint32_t struct_size;
+  uint32_t abi_version;       /* DDPLUG_ABI_VERSION                          */
+  int32_t kind;               /* ddplug_sampler_kind (plugin.h)              */
+  int32_t rank;               /* 0/0 = a single rank; the context-bound     */
+  int32_t world_size;         /*   constructor takes them from the context */
+  int32_t shuffle;            /* 0/1                                         */
+  int32_t drop_last;          /* 0: pad by repetition; 1: drop the tail      */
+  int32_t exact;              /* 1: every sample once, no padding or drop;
+                                 per-rank counts may differ by one
+                                 (distributed kind only; evaluation)       */
+  uint64_t seed;
+  uint64_t num_samples;       /* N: indices are in [0, N), N < 2^63          */
+  const char *stream;         /* name, for messages and ownership; NULL =
+                                 "train" (copied)                           */
+  /* the bucket kind only */
+  const int64_t *lengths;     /* [num_samples] per-sample lengths (read
+                                 during the call only)                     */
+  const int64_t *boundaries;  /* strictly ascending upper bounds, or NULL    */
+  uint32_t num_boundaries;
+  uint32_t num_buckets;       /* boundaries == NULL: quantile buckets (>= 1) */
+  uint64_t batch_size;        /* bucket: per rank, >= 1; distributed:
+                                 optional, the audit then counts one step
+                                 per batch_size indices (else per index)   */
+} ddplug_sampler_options;
+#define DDPLUG_SAMPLER_OPTIONS_INIT                                   \
+  {sizeof(ddplug_sampler_options), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, \
    0, 0, 0, NULL, NULL, NULL, 0, 0, 0}
 
 /* Create a standalone sampler (no context, no ownership, no audit) from
- * desc, which is copied (lengths are read during the call only; stream is
- * copied). The epoch is 0 and the position 0 until set_epoch/seek.
- * Returns OK; INVALID_ARGUMENT naming the field (unknown kind, rank out of
- * range, NULL lengths, boundaries not ascending, batch_size 0, ...),
- * ABI_MISMATCH for a desc of another major version, NO_MEMORY. On failure
- * *out is untouched. Does not block. Since 1.0. */
-DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
+ * opts, which is copied (lengths and boundaries are read during the call
+ * only; stream is copied). The epoch is 0 and the position 0 until
+ * set_epoch/seek. Returns OK; INVALID_ARGUMENT naming the field (unknown
+ * kind, rank out of range, NULL lengths, boundaries not ascending,
+ * batch_size 0, exact with the bucket kind, a bad stream name, ...),
+ * ABI_MISMATCH for options of another major version, NO_MEMORY. On failure
+ * *out is untouched. Does not block; thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_options *opts,
                                   ddplug_sampler **out);
 
 /* Start epoch `epoch` at position 0: O(1) (keys derived from seed and
  * epoch). Call it at the start of every epoch — the audit reports a shuffled
- * stream whose order did not change as "epoch not advanced". Since 1.0. */
+ * stream whose order did not change as "epoch not advanced". Returns OK,
+ * INVALID_ARGUMENT (NULL s), or a plugin sampler's failure. Does not block;
+ * one thread at a time per sampler. Since 1.0. */
 DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch);
 
 /* Deliver the next indices into out[0..cap): the distributed kind fills
  * min(cap, remaining) indices; the bucket kind one batch (exactly
  * batch_size indices; INVALID_ARGUMENT if cap < batch_size, nothing
- * consumed). *n = how many; 0 at the end of the epoch. Since 1.0. */
+ * consumed). *n = how many; 0 at the end of the epoch. A context-bound
+ * sampler records them in the stream's open audit. Does not block; one
+ * thread at a time per sampler. Since 1.0. */
 DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
                                    uint64_t cap, uint64_t *n);
 
 /* Make the next index (distributed) or batch (bucket) delivered the
  * position-th of this epoch (0-based), exactly as if that many had been
  * consumed: resuming at a position yields the uninterrupted order. O(1).
- * position == length is the end; beyond it INVALID_ARGUMENT. Since 1.0. */
+ * position == length is the end; beyond it INVALID_ARGUMENT. Does not
+ * block; one thread at a time per sampler. Since 1.0. */
 DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position);
 
-/* Indices (distributed) or batches (bucket) this rank yields per epoch,
- * the same on every rank. Since 1.0. */
+/* Indices (distributed) or batches (bucket) this rank yields per epoch:
+ * the same on every rank, except with exact = 1 (ceil or floor of
+ * N/world). Returns OK or INVALID_ARGUMENT (NULL argument). Since 1.0. */
 DDPLUG_API int ddplug_sampler_length(const ddplug_sampler *s,
                                      uint64_t *length);
 
 /* Indices (distributed) or batches (bucket) consumed so far this epoch.
- * Since 1.0. */
+ * Returns OK or INVALID_ARGUMENT (NULL argument). Since 1.0. */
 DDPLUG_API int ddplug_sampler_position(const ddplug_sampler *s,
                                        uint64_t *position);
 
@@ -680,18 +720,22 @@ typedef struct ddplug_sampler_info {
   int32_t from_plugin;     /* 1: the plugin's sampler slots serve it       */
   uint64_t num_samples;
   uint64_t batch_size;     /* bucket: per rank; distributed: as given      */
-  uint64_t length;         /* per rank per epoch (ddplug_sampler_length)   */
+  uint64_t length;         /* this rank's, per epoch (ddplug_sampler_length) */
   uint64_t epoch;
   uint64_t position;
   uint64_t padded;         /* deliveries repeating a sample (padding)      */
   uint64_t dropped;        /* samples left out by drop_last                */
   char stream[64];
+  int32_t exact;           /* 1: every sample once (options.exact)         */
+  int32_t reserved0;
 } ddplug_sampler_info;
-#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
+#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, 0, 0}
 
-/* Fill *info. padded/dropped: a default sampler's own numbers; for a
- * plugin-supplied sampler what its sampler_declared slot (plugin ABI 1.2)
- * reports, else what its length implies (see "audit" below). Since 1.0. */
+/* Fill *info (honouring its struct_size). padded/dropped: a default
+ * sampler's own numbers; for a plugin-supplied sampler what its
+ * sampler_declared slot (plugin ABI 1.2) reports, else the remainder its
+ * drop_last implies (see "audit" below). Returns OK or INVALID_ARGUMENT
+ * (NULL, or info smaller than up to its stream field). Since 1.0. */
 DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
                                        ddplug_sampler_info *info);
 
@@ -704,25 +748,40 @@ DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s);
    (ddplug's or the plugin's sampler splits), _FRAMEWORK (the framework's own
    injection) or _USER (the dataset/sampler is rank-aware). The config can
    force one: "data_split.streams.<name>.owner", else "data_split.owner"
-   ("auto" forces nothing). A claimant is a short human description of who
-   claims ("lightning adapter: rank-aware sampler BucketSampler"), shown in
+   ("auto" forces nothing; a stream's own "auto" also overrides
+   data_split.owner). A claimant is a short human description of who claims
+   ("lightning adapter: rank-aware sampler BucketSampler"), shown in
    conflicts. Ownership state lives in the context and is thread-safe.
    ---------------------------------------------------------------------- */
+
+/* The owner cfg forces for stream, and by which key: *owner receives
+ * DDPLUG_OWNER_PLUGIN/_FRAMEWORK/_USER, or DDPLUG_OWNER_UNSET when nothing
+ * is forced ("auto"); by (may be NULL) receives, in at most cap bytes with
+ * the NUL, the key and the config's origin ("data_split.streams.train.owner
+ * in run.json"), "" when nothing is forced. cfg NULL means the defaults
+ * (nothing forced). The one rule every caller uses: the context's claims
+ * and the host adapters ask it. Returns OK; INVALID_ARGUMENT (bad stream
+ * name, NULL owner, cap 0 with a buffer); NO_MEMORY. On failure the
+ * out-parameters are untouched. Never blocks; thread-safe. Since 1.0. */
+DDPLUG_API int ddplug_split_forced_owner(const ddplug_config *cfg,
+                                         const char *stream, int *owner,
+                                         char *by, uint64_t cap);
 
 /* Claim stream for owner on behalf of claimant. The first claim wins; the
  * same owner again is OK (the first claimant stays on record); a different
  * owner is DDPLUG_E_SPLIT_CONFLICT naming both claimants and what to change;
- * a claim that disagrees with an owner the config forces is SPLIT_CONFLICT
- * naming the config key. INVALID_ARGUMENT for a bad stream name, an owner
- * that is not PLUGIN/FRAMEWORK/USER, or an empty claimant. Local (no
- * communication; see ddplug_split_agree). Since 1.0. */
+ * a claim that disagrees with an owner the config forces
+ * (ddplug_split_forced_owner) is SPLIT_CONFLICT naming the config key.
+ * INVALID_ARGUMENT for a bad stream name, an owner that is not
+ * PLUGIN/FRAMEWORK/USER, or an empty claimant. Local (no communication; see
+ * ddplug_split_agree); thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_split_claim(ddplug_context *ctx, const char *stream,
                                   int owner, const char *claimant);
 
 /* The owner of stream now: the claimed one, else the config's forced one,
  * else DDPLUG_OWNER_UNSET. claimant (may be NULL) receives who decided, at
- * most cap bytes with the NUL ("" if unset). Any time, any thread.
- * Since 1.0. */
+ * most cap bytes with the NUL ("" if unset). Returns OK or INVALID_ARGUMENT.
+ * Any time, any thread. Since 1.0. */
 DDPLUG_API int ddplug_split_owner(ddplug_context *ctx, const char *stream,
                                   int *owner, char *claimant, uint64_t cap);
 
@@ -730,26 +789,30 @@ DDPLUG_API int ddplug_split_owner(ddplug_context *ctx, const char *stream,
  * (the same number of times). OK when every rank resolved the same owner;
  * otherwise DDPLUG_E_SPLIT_CONFLICT on every rank naming the ranks that
  * differ, what each resolved and who claimed it. TIMEOUT (naming the
- * missing ranks) if some rank does not call it within timeout_ms. Since 1.0. */
+ * missing ranks) if some rank does not call it within timeout_ms. Blocks at
+ * most timeout_ms. Since 1.0. */
 DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
                                   int64_t timeout_ms);
 
-/* Create a sampler bound to ctx for desc->stream. rank and world_size come
- * from the context (desc's must be 0 or equal to them, else
+/* Create a sampler bound to ctx for opts->stream. rank and world_size come
+ * from the context (opts' must be 0 or equal to them, else
  * INVALID_ARGUMENT). The stream must be owned by the plugin: an unclaimed
  * stream is claimed for DDPLUG_OWNER_PLUGIN (claimant "ddplug sampler");
  * a stream owned by the framework or the user is DDPLUG_E_SPLIT_CONFLICT —
  * the plugin's sampler refuses to split what it does not own. When the
  * plugin has sampler slots (DDPLUG_CAP_SAMPLER) they serve the sampler,
- * otherwise ddplug's defaults do. While an audit is open on the stream
- * (ddplug_audit_begin), every index the sampler delivers is recorded in it,
- * with the padding/dropping the sampler declares (see "audit" below); indices
- * delivered before the audit began in the same epoch are replayed into it.
- * Feeding is safe against ddplug_audit_finish/_free of that audit on another
- * thread (both wait for a delivery being recorded). The sampler must be
- * freed before ctx is closed. Since 1.0. */
+ * except for exact = 1 (the slots' contract is equal lengths): ddplug's
+ * defaults serve it then, and otherwise. While an audit is open on the
+ * stream (ddplug_audit_begin), every index the sampler delivers is recorded
+ * in it, with the padding/dropping the sampler declares (see "audit"
+ * below); indices delivered before the audit began in the same epoch are
+ * replayed into it. Feeding is safe against ddplug_audit_finish/_free of
+ * that audit on another thread (both wait for a delivery being recorded).
+ * The sampler must be freed before ctx is closed. On failure *out is
+ * untouched and the ownership is as it was. Does not block; thread-safe
+ * (the sampler it gives is used from one thread at a time). Since 1.0. */
 DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
-                                          const ddplug_sampler_desc *desc,
+                                          const ddplug_sampler_options *opts,
                                           ddplug_sampler **out);
 
 /* ---- audit ---------------------------------------------------------------
@@ -768,22 +831,32 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
    in full and checks the second one's order and steps only (the order
    check needs two epochs: it catches a missing set_epoch).
 
-   Padding and dropping. Repeats and holes are violations unless declared:
-   the host declares them in ddplug_audit_options for a stream it records;
-   for a plugin-owned stream the context-bound sampler declares them when it
-   first feeds the audit, raising (never lowering) what the host gave:
-     - ddplug's default samplers declare exactly what they pad or drop (the
+   Padding and dropping. A sample delivered more than once (padding) and a
+   sample never delivered are violations unless declared, and padding and
+   dropping are declared separately; the audit never infers them from a
+   sampler's own length. Declarations:
+     - the host's, in ddplug_audit_options: allowed_padding and
+       allowed_missing (counts, all ranks together), local_dropped (this
+       rank's drop_last remainder: a batching that drops its last partial
+       batch; summed over the ranks), and ddplug_audit_declare_dropped
+       (the indices left out on purpose);
+     - for a plugin-owned stream the context-bound sampler's, when it first
+       feeds the audit, raising (never lowering) what the host gave:
+       ddplug's default samplers declare exactly what they pad or drop (the
        distributed one world·ceil(N/world) - N or N - world·floor(N/world);
-       the bucket one its per-bucket padding or drop);
-     - a plugin's own sampler declares through its sampler_declared slot
-       (plugin.h, plugin ABI 1.2);
-     - a plugin sampler without that slot (or whose slot fails) is assumed
-       to equalise like the defaults: with T = length·world deliveries
-       (times batch_size for the bucket kind), T - N is allowed as padding,
-       or N - T as dropped samples, if it is less than world (distributed)
-       or than buckets·batch_size·world (bucket); a larger difference is
-       not assumed legitimate and is reported as overlap or missing.
+       the bucket one its per-bucket padding or drop; exact = 1 nothing);
+       a plugin's own sampler declares through its sampler_declared slot
+       (plugin.h, plugin ABI 1.2); one without that slot (or whose slot
+       fails) is taken to pad (drop_last 0) or drop (drop_last 1) only the
+       remainder that equal lengths need — less than world (distributed) or
+       than buckets·batch_size·world (bucket) — and anything beyond is a
+       violation.
    ddplug_sampler_info shows the numbers a sampler declares.
+
+   Evaluation streams (options.evaluation = 1; val, test and predict) run
+   without lockstep and must be exact: the ranks' step counts may differ,
+   and every sample is delivered exactly once — no declaration allows a
+   repeat or a hole there.
 
    Exact mode (N <= M): one bit per sample per rank; union and intersection
    through two allreduces (BOR, BAND on int64 words, in chunks).
@@ -792,14 +865,33 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
    [0, N) — with M bits; coverage and repeats are exact on that subset and
    scaled by N/M in the report, and the "missing" and "overlap" diagnoses
    allow for the sampling error (4 standard deviations). Steps, deliveries
-   and order fingerprints are exact in both modes.
+   and order fingerprints are exact in both modes. When repeats or holes
+   are found, a second pass over the bitmaps finds example indices (cost
+   only then).
+
+   Samples identified by id (options.by_id = 1; an iterable dataset whose
+   samples carry a key): ddplug_audit_record_ids records 64-bit ids, and
+   the audit checks that no id is delivered twice in the epoch, on one rank
+   or across ranks, and, when num_samples > 0 (the expected count), that
+   num_samples distinct ids were delivered. It is exact while every rank
+   keeps at most M / world ids: the ids are exchanged in rounds of at most
+   16 MiB per rank. Beyond, a rank keeps only ids whose mixed 64-bit hash
+   falls in the lowest 2^-L of the range (L raised one step at a time until
+   it keeps at most M / world), all ranks use the largest L, and the check
+   runs on that hash-chosen subset: a repeat found there is a real repeat
+   (no false alarm, up to 64-bit hash collisions), a set of d repeated ids
+   goes unseen with probability (1 - 2^-L)^d, and counts are scaled by 2^L
+   (the report says "sampled 1 in 2^L"). Memory: 8 bytes per kept id.
+
    Every collective goes through the context's collectives (any plugin);
    a plugin without int64 BOR/BAND gets counts-only audits (noted).
 
    Diagnoses (verdict, in priority order — the verdict is the first that
-   applies, the report's violations and text list all), as the one-line
-   text starts:
+   applies; the report's violations and text list every one present, each
+   with its counts and, where known, a few example indices), as the
+   one-line text starts:
      "uneven batches: rank r has k steps, others m (will hang)"
+                              (not for evaluation streams)
      "out of range: rank r delivered k indices outside [0, N)"
                               (indices that are no sample: any count fails;
                                checked also when coverage is not)
@@ -807,8 +899,11 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
      "double partitioning: ranks together saw N/G of N samples — the data
       was split twice (e.g. a rank-aware sampler and the framework's
       DistributedSampler)"
-     "missing samples: ..."   (coverage below N minus the declared drop)
-     "overlap: ..."           (repeats beyond the declared padding)
+     "missing samples: ..."   (samples never delivered beyond the declared
+                               dropping)
+     "repeated samples: ..."  (deliveries beyond the declared padding; the
+                               rank split is blamed only when the ranks'
+                               shares overlap heavily)
      "epoch not advanced: ..." (shuffled, yet the same order as the
                                 previous epoch; or the sampler's epoch is
                                 behind the audited one)
@@ -823,27 +918,33 @@ typedef enum ddplug_audit_verdict {
   DDPLUG_AUDIT_NO_PARTITION = 4,
   DDPLUG_AUDIT_DOUBLE_PARTITION = 5,
   DDPLUG_AUDIT_MISSING = 6,
-  DDPLUG_AUDIT_OVERLAP = 7,
+  DDPLUG_AUDIT_OVERLAP = 7,            /* repeated samples                  */
   DDPLUG_AUDIT_EPOCH_NOT_ADVANCED = 8,
-  DDPLUG_AUDIT_OUT_OF_RANGE = 9        /* added after 0.1.0 (was counted only) */
+  DDPLUG_AUDIT_OUT_OF_RANGE = 9
 } ddplug_audit_verdict;
 #define DDPLUG_AUDIT_VERDICT_COUNT_ 10
 
-/* What the host declares about the epoch (for a framework/user-owned
- * stream; a context-bound sampler declares its own). */
+/* What the host declares about the epoch (see "Padding and dropping"). */
 typedef struct ddplug_audit_options {
   uint32_t struct_size;
   uint32_t abi_version;
   int32_t shuffle;          /* 1: the order must change between epochs   */
-  int32_t reserved0;
-  uint64_t allowed_padding; /* deliveries that legitimately repeat a
-                               sample, all ranks together (padding)       */
-  uint64_t allowed_missing; /* samples legitimately left out (drop_last)  */
+  int32_t evaluation;       /* 1: no lockstep, every sample exactly once  */
+  uint64_t allowed_padding; /* declared padding: deliveries that repeat a
+                               sample, all ranks together                */
+  uint64_t allowed_missing; /* declared dropping: samples left out on
+                               purpose, all ranks together                */
+  uint64_t local_dropped;   /* this rank's drop_last remainder (samples its
+                               batching leaves out), summed over ranks    */
+  int32_t by_id;            /* 1: samples are ids (ddplug_audit_record_ids) */
+  int32_t steps_only;       /* 1: indices of different ranks are not in one
+                               index space: check steps (and order) only  */
 } ddplug_audit_options;
-#define DDPLUG_AUDIT_OPTIONS_INIT {sizeof(ddplug_audit_options), DDPLUG_ABI_VERSION, 0, 0, 0, 0}
+#define DDPLUG_AUDIT_OPTIONS_INIT {sizeof(ddplug_audit_options), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0}
 
-#define DDPLUG_AUDIT_MAX_RANKS 64
-
+/* The numbers of a finished audit, identical on every rank. Per-rank
+ * numbers, the multi-line text and example indices come from the accessor
+ * functions below (any world size). */
 typedef struct ddplug_audit_report {
   uint32_t struct_size;
   uint32_t abi_version;
@@ -851,60 +952,115 @@ typedef struct ddplug_audit_report {
   uint32_t violations;        /* bit (1u << verdict) of every diagnosis    */
   int32_t world_size;
   int32_t exact;              /* 1 exact, 0 sampled; -1 not checked        */
-  int32_t full;               /* 1 coverage checked; 0 order/steps only    */
-  int32_t ranks_listed;       /* min(world_size, DDPLUG_AUDIT_MAX_RANKS)   */
+  int32_t full;               /* 1 coverage checked; 0 steps/order only    */
+  int32_t evaluation;         /* 1: an evaluation stream (exact coverage)  */
   uint64_t epoch;
-  uint64_t num_samples;       /* N                                         */
+  uint64_t num_samples;       /* N (by id: expected ids, 0 if unknown)     */
   uint64_t tracked;           /* samples followed (N exact, M sampled)     */
   uint64_t covered;           /* distinct samples seen by some rank (est.)  */
   uint64_t common;            /* seen by every rank (est.)                 */
   uint64_t deliveries;        /* samples delivered, all ranks              */
   uint64_t repeats;           /* deliveries - covered (padding included)   */
-  uint64_t allowed_padding;
-  uint64_t allowed_missing;
+  uint64_t allowed_padding;   /* declared, all ranks together              */
+  uint64_t allowed_missing;   /* declared (counts, drop_last remainders and
+                                 declared indices not delivered)           */
   uint64_t out_of_range;      /* indices outside [0, N), all ranks         */
   uint64_t steps_min, steps_max;
   int32_t steps_min_rank, steps_max_rank;
   uint64_t samples_min, samples_max;
   int32_t samples_min_rank, samples_max_rank;
-  uint64_t steps[DDPLUG_AUDIT_MAX_RANKS];
-  uint64_t samples[DDPLUG_AUDIT_MAX_RANKS];
+  uint64_t missing;           /* samples never delivered, beyond declared  */
+  uint64_t cross_repeats;     /* repeats of samples another rank delivered */
   char stream[64];
-  char summary[512];          /* one line: "audit train epoch 0: PASS ..." */
-  char text[4096];            /* multi-line, for logs                      */
+  char summary[512];          /* one line: "audit of stream 'train' epoch 0:
+                                 PASS ..." (cut at 511 bytes)             */
 } ddplug_audit_report;
 #define DDPLUG_AUDIT_REPORT_INIT \
   {.struct_size = sizeof(ddplug_audit_report), .abi_version = DDPLUG_ABI_VERSION}
 
-/* Open the audit of epoch `epoch` of stream (num_samples = N). Always gives
- * a handle (free it with ddplug_audit_free), also when the config says not
- * to audit this epoch: then record counts steps only and finish reports
+/* Open the audit of epoch `epoch` of stream (num_samples = N; by id: the
+ * expected number of distinct ids, 0 if unknown). Always gives a handle
+ * (free it with ddplug_audit_free), also when the config says not to audit
+ * this epoch: then record counts steps only and finish reports
  * DDPLUG_AUDIT_SKIPPED without communicating. opts may be NULL (no shuffle,
- * nothing allowed). One audit per stream at a time: INVALID_ARGUMENT if one
- * is open. Local; does not block. Since 1.0. */
+ * nothing declared, a training stream of indices). One audit per stream at
+ * a time: INVALID_ARGUMENT if one is open. Also INVALID_ARGUMENT for a bad
+ * stream name or NULL arguments, NO_MEMORY (the bitmap: lower
+ * data_split.audit_exact_max). On failure *out is untouched. Local; does
+ * not block; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_audit_begin(ddplug_context *ctx, const char *stream,
                                   uint64_t num_samples, uint64_t epoch,
                                   const ddplug_audit_options *opts,
                                   ddplug_audit **out);
 
 /* Record one step that consumed indices[0..n) (n may be 0: a step without
- * samples). For a plugin-owned stream whose context-bound sampler records
- * already, INVALID_ARGUMENT (it would count twice). Local; O(n). Since 1.0. */
+ * samples). INVALID_ARGUMENT for a plugin-owned stream whose context-bound
+ * sampler records already (it would count twice), for an audit by id, or
+ * a finished one. Local; O(n); one thread at a time per audit. Since 1.0. */
 DDPLUG_API int ddplug_audit_record(ddplug_audit *a, const int64_t *indices,
                                    uint64_t n);
+
+/* Record one step that consumed the samples with ids[0..n) (an audit begun
+ * with options.by_id = 1; equal ids are the same sample; a host hashes
+ * non-integer keys to 64 bits the same way on every rank).
+ * INVALID_ARGUMENT for an audit of indices or a finished one; NO_MEMORY
+ * (nothing recorded). Local; amortised O(n); one thread at a time per
+ * audit. Since 1.0. */
+DDPLUG_API int ddplug_audit_record_ids(ddplug_audit *a, const uint64_t *ids,
+                                       uint64_t n);
+
+/* Declare indices[0..n) left out of the epoch on purpose (e.g. the samples
+ * a bucket sampler's length bounds exclude): they may go undelivered. Call
+ * it any time before finish, with the same set on every rank (finish
+ * fails with MISMATCH otherwise); repeated calls add to the set. An index
+ * outside [0, N) is INVALID_ARGUMENT (nothing declared). Not for audits by
+ * id or evaluation streams (INVALID_ARGUMENT). NO_MEMORY (nothing
+ * declared). Local; O(n); one thread at a time per audit. Since 1.0. */
+DDPLUG_API int ddplug_audit_declare_dropped(ddplug_audit *a,
+                                            const int64_t *indices,
+                                            uint64_t n);
 
 /* Collective: every rank that began the audit finishes it. Fills *report
  * (honouring its struct_size) on every rank with the same content. Returns
  * OK for PASS and SKIPPED, and for a violation with on_violation = warn
  * (a warning is logged); DDPLUG_E_AUDIT_FAILED for a violation with
  * on_violation = error (the last error is the summary line);
- * DDPLUG_E_MISMATCH if ranks audit different streams, epochs or N (naming
- * the ranks); TIMEOUT/PEER_LOST/ABORTED from the collectives (a timeout
- * aborts the context). Waits at most timeout_ms per collective. Finishing
- * twice is INVALID_ARGUMENT. Since 1.0. */
+ * DDPLUG_E_MISMATCH if ranks audit different streams, epochs, N, kinds or
+ * declared index sets (naming the ranks and their values);
+ * TIMEOUT/PEER_LOST/ABORTED from the collectives (a timeout aborts the
+ * context); INVALID_ARGUMENT (NULL, a report smaller than up to its
+ * missing field, finished twice). The audit keeps what the report and the
+ * accessors below give until ddplug_audit_free; on failure the report is
+ * untouched except for a violation (its numbers are filled). Waits at most
+ * timeout_ms per collective; the thread that issues the context's
+ * collectives calls it. Since 1.0. */
 DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
                                    ddplug_audit_report *report,
                                    int64_t timeout_ms);
+
+/* Steps and samples rank `rank` recorded in a finished audit (the same on
+ * every rank). INVALID_ARGUMENT: NULL a, not finished, rank outside
+ * [0, world), or the audit was SKIPPED (only this rank's are known: other
+ * ranks give INVALID_ARGUMENT). steps or samples may be NULL. Never blocks;
+ * any thread once finish returned. Since 1.0. */
+DDPLUG_API int ddplug_audit_rank_counts(const ddplug_audit *a, int32_t rank,
+                                        uint64_t *steps, uint64_t *samples);
+
+/* The multi-line text of a finished audit, for logs: the numbers, every
+ * rank's steps and samples, and one "diagnosis:" line per violation.
+ * Owned by a, valid until ddplug_audit_free; "" before finish and for NULL.
+ * Never blocks; any thread once finish returned. Since 1.0. */
+DDPLUG_API const char *ddplug_audit_text(const ddplug_audit *a);
+
+/* Up to cap example indices (by id: ids) behind the violation `verdict`
+ * of a finished audit: DDPLUG_AUDIT_MISSING (never delivered, exact mode
+ * only) or DDPLUG_AUDIT_OVERLAP (delivered more than once), smallest
+ * first, at most 8. *n = how many (0 when none are known, or before
+ * finish). INVALID_ARGUMENT for another verdict, NULL a or n, or out NULL
+ * with cap > 0. Never blocks; any thread once finish returned. Since 1.0. */
+DDPLUG_API int ddplug_audit_examples(const ddplug_audit *a, int verdict,
+                                     int64_t *out, uint64_t cap,
+                                     uint64_t *n);
 
 /* Release a (finished or not). NULL is a no-op. Since 1.0. */
 DDPLUG_API void ddplug_audit_free(ddplug_audit *a);
@@ -917,8 +1073,12 @@ DDPLUG_API const char *ddplug_audit_verdict_name(int verdict);
  * process per scope performs while the others of the scope wait for its
  * outcome through the rendezvous store. No collective barrier: waiters
  * block on a store key, so ranks may arrive minutes apart (slow shared file
- * systems), and a runner that dies is noticed (its store connection drops)
- * instead of leaving the others hanging.
+ * systems). The runner heartbeats through the store while it works (a
+ * thread of the runner process, every 0.5 s): waiters wait as long as it
+ * lives (config "timeouts.run_once_s", default 0 = no limit), and stop at
+ * once when it dies (its store connection drops) or records a failure, or
+ * within 5 s of its last heartbeat when it hangs or loses the network
+ * without its connection closing.
  *
  * A run-once is named; the name identifies the work within the run. A name
  * whose outcome is already recorded returns it at once, to every process
@@ -937,11 +1097,13 @@ typedef enum ddplug_scope {
 
 /* Start run-once `name` in `scope`. Every process of the scope calls it.
  *  - The runner whose outcome is not yet recorded gets *runner = 1 and OK
- *    at once; it must do the work and then call ddplug_run_once_end (if it
- *    dies first, the others get PEER_LOST).
+ *    at once, and starts heartbeating; it must do the work and then call
+ *    ddplug_run_once_end (if it dies first, the others get PEER_LOST;
+ *    ddplug_close stops the heartbeat of one never ended).
  *  - Every other process gets *runner = 0 and blocks until the outcome is
  *    recorded (at most timeout_ms; DDPLUG_TIMEOUT_DEFAULT = config
- *    "timeouts.collective_s"), then returns it: OK when the work succeeded,
+ *    "timeouts.run_once_s", 0 there meaning as long as the runner
+ *    heartbeats), then returns it: OK when the work succeeded,
  *    else the status the runner ended with. *message (may be NULL; released
  *    with ddplug_free; "" when there is none) receives the runner's message:
  *    on success what it passed to ddplug_run_once_end (e.g. a serialized
@@ -949,9 +1111,11 @@ typedef enum ddplug_scope {
  *    The last error then names the runner's rank and the run-once. The
  *    runner's *message stays NULL.
  * Errors: INVALID_ARGUMENT (NULL ctx/runner, bad name or scope), TIMEOUT
- * (naming the runner's rank; the outcome may still come), PEER_LOST (the
- * runner disconnected without an outcome), ABORTED (the run was aborted),
- * the runner's status, or a store failure. On failure *runner is 0.
+ * (naming the runner's rank and what set the limit — the config key or the
+ * argument; the outcome may still come), PEER_LOST (the runner
+ * disconnected, or stopped heartbeating, without an outcome), ABORTED (the
+ * run was aborted), the runner's status, SYSTEM (the runner could not
+ * start its heartbeat thread), or a store failure. On failure *runner is 0.
  * Blocks (waiters only). Thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
                                      int scope, int64_t timeout_ms,

@@ -271,8 +271,11 @@ typedef struct ddplug_coll_args {
 } ddplug_coll_args;
 
 /* ------------------------------------------------------------------------ */
-/* Sampler description (optional sampler slots, ABI 1.1). A sampler yields
- * this rank's share of one epoch of a data stream as dataset indices.
+/* Sampler description (optional sampler slots, ABI 1.1), built by the
+ * runtime from the host's ddplug_sampler_options (ddplug.h). A sampler
+ * yields this rank's share of one epoch of a data stream as dataset
+ * indices; the slots serve training streams (equal lengths on every rank):
+ * exact evaluation streams are always served by ddplug's own sampler.
  *   kind DDPLUG_SAMPLER_DISTRIBUTED: an index sampler; next() fills up to cap
  *     indices.
  *   kind DDPLUG_SAMPLER_BUCKET: a batch sampler over per-sample lengths;
@@ -446,7 +449,9 @@ typedef struct ddplug_plugin {
    * "audit"). Called from the thread that uses the sampler, after
    * sampler_create or sampler_set_epoch; must not block. On a failure
    * status (or when the slot is NULL, or the plugin was built against ABI
-   * 1.1) the runtime derives the two numbers from sampler_length instead. */
+   * 1.1) the runtime allows only the remainder that equal lengths need, in
+   * the direction desc->drop_last says (padding without it, dropping with
+   * it); anything beyond is a violation of the audit. */
   int (*sampler_declared)(ddplug_plugin_sampler *s, uint64_t *padded,
                           uint64_t *dropped);
 

@@ -42,6 +42,12 @@ static const char *const k_duplicate_gpu[] = {"error", "warn", "allow", NULL};
 #define INT(p, pres, lo, hi, def, d)                                 \
   {.path = p, .type = DDPLUG__CFG_INT, .presence = pres, .imin = lo, \
    .imax = hi, .def_int = def, .description = d}
+/* An optional key without a default (absent: inherited from elsewhere). */
+#define OPT_ENUM(p, values, d)                                             \
+  {.path = p, .type = DDPLUG__CFG_ENUM, .presence = DDPLUG__CFG_OPTIONAL, \
+   .enum_values = values, .description = d}
+#define OPT_BOOL(p, d) \
+  {.path = p, .type = DDPLUG__CFG_BOOL, .presence = DDPLUG__CFG_OPTIONAL, .description = d}
 /* A number lo < v <= hi. */
 #define NUMBER(p, lo, hi, def, d)                                           \
   {.path = p, .type = DDPLUG__CFG_NUMBER, .presence = DDPLUG__CFG_DEFAULT, \
@@ -109,6 +115,16 @@ static const ddplug__cfg_key k_keys[] = {
     NUMBER("timeouts.collective_s", 0, 86400, 300,
            "Seconds a collective may wait for the other ranks before the run "
            "is aborted."),
+    {.path = "timeouts.run_once_s",
+     .type = DDPLUG__CFG_NUMBER,
+     .presence = DDPLUG__CFG_DEFAULT,
+     .nmin = 0,
+     .nmax = 604800,
+     .def_num = 0,
+     .description = "Seconds a run-once waiter (e.g. Lightning's prepare_data "
+                    "on the other ranks) waits for its runner's outcome; 0: "
+                    "no limit while the runner is alive (it heartbeats; a "
+                    "runner that dies or fails ends the wait at once)."},
 
     OBJECT("data_split", DDPLUG__CFG_DEFAULT,
            "Which layer splits the data among ranks, and the audit that "
@@ -123,15 +139,49 @@ static const ddplug__cfg_key k_keys[] = {
      .presence = DDPLUG__CFG_DEFAULT,
      .pattern = STREAM_NAME_PATTERN,
      .pattern_hint = STREAM_NAME_HINT,
-     .description = "Per-stream split owners, by stream name (train, val, "
+     .description = "Per-stream split settings, by stream name (train, val, "
                     "test, predict or any name)."},
     OBJECT("data_split.streams.*", DDPLUG__CFG_OPTIONAL,
            "The split settings of one stream."),
     {.path = "data_split.streams.*.owner",
      .type = DDPLUG__CFG_ENUM,
-     .presence = DDPLUG__CFG_REQUIRED,
+     .presence = DDPLUG__CFG_OPTIONAL,
      .enum_values = k_owners,
-     .description = "Split owner of this stream."},
+     .description = "Split owner of this stream (absent: data_split.owner; "
+                    "auto: decided for this stream, whatever data_split.owner "
+                    "says)."},
+    OBJECT("data_split.streams.*.sampler", DDPLUG__CFG_OPTIONAL,
+           "ddplug's sampler for this stream: each key given overrides the "
+           "same key of the top-level sampler (e.g. bucketing and padding "
+           "for train only). Evaluation streams (val, test, predict) are "
+           "split exactly whatever the top-level sampler says: no repeats, "
+           "no drops, uneven counts per rank."),
+    OPT_ENUM("data_split.streams.*.sampler.kind", k_sampler_kinds,
+             "The sampler kind for this stream (see sampler.kind)."),
+    OPT_BOOL("data_split.streams.*.sampler.shuffle",
+             "Shuffle this stream each epoch."),
+    INT("data_split.streams.*.sampler.seed", DDPLUG__CFG_OPTIONAL, 0,
+        MAX_SAFE_INT, 0, "Seed of this stream's shuffle."),
+    OPT_BOOL("data_split.streams.*.sampler.drop_last",
+             "Drop this stream's tail instead of padding it."),
+    OBJECT("data_split.streams.*.sampler.bucket", DDPLUG__CFG_OPTIONAL,
+           "This stream's bucket sampler settings (see sampler.bucket)."),
+    {.path = "data_split.streams.*.sampler.bucket.boundaries",
+     .type = DDPLUG__CFG_INT_ARRAY,
+     .presence = DDPLUG__CFG_OPTIONAL,
+     .imin = 1,
+     .imax = DDPLUG__CFG_NO_MAX,
+     .min_len = 1,
+     .max_len = 1024,
+     .ascending = 1,
+     .description = "Upper length bounds of the buckets, strictly "
+                    "ascending."},
+    INT("data_split.streams.*.sampler.bucket.num_buckets", DDPLUG__CFG_OPTIONAL,
+        1, 1024, 0, "Number of quantile buckets when boundaries are absent."),
+    INT("data_split.streams.*.sampler.bucket.batch_size", DDPLUG__CFG_OPTIONAL,
+        1, 1048576, 0, "Samples per batch on each rank."),
+    OPT_ENUM("data_split.streams.*.sampler.bucket.pad", k_pads,
+             "Repeat samples, or drop the excess."),
     ENUM("data_split.audit", k_audits, "first_epoch",
          "When to audit that the ranks together saw each sample exactly "
          "once."),

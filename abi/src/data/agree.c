@@ -1,9 +1,8 @@
-/* split_context.c — the data-split state of a context (ctx->data): the
- * policy read from the config, and ddplug_split_claim / _owner / _agree.
+/* agree.c — the data-split state of a context (ctx->data), created from
+ * its config on first use, and ddplug_split_claim / _owner / _agree.
  * Agreement goes through the store: rank r publishes
  * "ddplug/split/<stream>/<call>/<r>" = "<owner>|<claimant>", then reads all.
  * SPDX-License-Identifier: Apache-2.0 */
-#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,116 +13,12 @@
 
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int parse_owner(const char *text, int *owner) {
-  static const struct { const char *name; int owner; } names[] = {
-      {"auto", DDPLUG_OWNER_UNSET}, {"plugin", DDPLUG_OWNER_PLUGIN},
-      {"framework", DDPLUG_OWNER_FRAMEWORK}, {"user", DDPLUG_OWNER_USER}};
-  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(names); i++)
-    if (strcmp(text, names[i].name) == 0) {
-      *owner = names[i].owner;
-      return 0;
-    }
-  return -1;
-}
-
-/* A string setting, or NULL when absent (the schema's default applies). */
-static char *cfg_string(const ddplug_config *cfg, const char *path) {
-  char *v = NULL;
-  if (ddplug_config_get_string(cfg, path, &v) != DDPLUG_OK) return NULL;
-  return v;
-}
-
-/* data_split.streams: {"<name>": {"owner": "..."}, ...} */
-static int read_streams(const ddplug_config *cfg, const char *origin,
-                        ddplug__data_policy *p) {
-  char *text = cfg_string(cfg, "data_split.streams");
-  if (!text) return DDPLUG_OK;
-  json_error_t jerr;
-  json_t *obj = json_loads(text, 0, &jerr);
-  ddplug_free(text);
-  if (!json_is_object(obj)) {
-    json_decref(obj);
-    return ddplug__err(DDPLUG_E_CONFIG, "%s: data_split.streams is not an object",
-                       origin);
-  }
-  p->streams = ddplug__calloc(json_object_size(obj) + 1, sizeof *p->streams);
-  if (!p->streams) {
-    json_decref(obj);
-    return ddplug__err(DDPLUG_E_NO_MEMORY, "data split policy: out of memory");
-  }
-  const char *name;
-  json_t *val;
-  json_object_foreach(obj, name, val) {
-    const char *o = json_string_value(json_object_get(val, "owner"));
-    ddplug__forced_owner *f = &p->streams[p->nstreams];
-    if (strlen(name) > DDPLUG__STREAM_MAX) {
-      int rc = ddplug__err(DDPLUG_E_CONFIG,
-                           "%s: data_split.streams: stream name '%s' is longer "
-                           "than %d characters",
-                           origin, name, DDPLUG__STREAM_MAX);
-      json_decref(obj);
-      return rc;
-    }
-    if (!o || parse_owner(o, &f->owner) != 0) {
-      int rc = ddplug__err(DDPLUG_E_CONFIG,
-                           "%s: data_split.streams.%s.owner must be auto, "
-                           "plugin, framework or user",
-                           origin, name);
-      json_decref(obj);
-      return rc;
-    }
-    ddplug__strlcpy(f->stream, name, sizeof f->stream);
-    snprintf(f->by, sizeof f->by, "data_split.streams.%s.owner in %s", name, origin);
-    p->nstreams++;
-  }
-  json_decref(obj);
-  return DDPLUG_OK;
-}
-
-static int read_policy(const ddplug_config *cfg, ddplug__data_policy *p) {
-  memset(p, 0, sizeof *p);
-  p->audit_mode = DDPLUG__AUDIT_FIRST_EPOCH;
-  p->exact_max = 100000000ull;
-  if (!cfg) return DDPLUG_OK;
-  const char *origin = ddplug_config_origin(cfg);
-  char *v = cfg_string(cfg, "data_split.owner");
-  if (v) {
-    int bad = parse_owner(v, &p->fallback.owner);
-    ddplug_free(v);
-    if (bad)
-      return ddplug__err(DDPLUG_E_CONFIG,
-                         "%s: data_split.owner must be auto, plugin, framework "
-                         "or user", origin);
-    snprintf(p->fallback.by, sizeof p->fallback.by, "data_split.owner in %s", origin);
-  }
-  v = cfg_string(cfg, "data_split.audit");
-  if (v) {
-    if (!strcmp(v, "off")) p->audit_mode = DDPLUG__AUDIT_OFF;
-    else if (!strcmp(v, "every_epoch")) p->audit_mode = DDPLUG__AUDIT_EVERY_EPOCH;
-    ddplug_free(v);
-  }
-  v = cfg_string(cfg, "data_split.on_violation");
-  if (v) {
-    p->on_violation_warn = strcmp(v, "warn") == 0;
-    ddplug_free(v);
-  }
-  int64_t m;
-  if (ddplug_config_get_int(cfg, "data_split.audit_exact_max", &m) == DDPLUG_OK && m >= 0)
-    p->exact_max = (uint64_t)m;
-  int st = read_streams(cfg, origin, p);
-  if (st) {
-    ddplug__free(p->streams);
-    p->streams = NULL;
-  }
-  return st;
-}
-
 int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out) {
   pthread_mutex_lock(&g_init_mu);
   int st = DDPLUG_OK;
   if (!ctx->data) {
     ddplug__data_policy p;
-    st = read_policy(ctx->cfg, &p);
+    st = ddplug__data_policy_read(ctx->cfg, &p);
     ddplug__data_state *state = NULL;
     if (st == DDPLUG_OK) st = ddplug__data_state_new(&p, &state);
     if (st == DDPLUG_OK) {

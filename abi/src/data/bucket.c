@@ -1,4 +1,4 @@
-/* sampler_bucket.c — the default length-bucketed batch sampler (the kind
+/* bucket.c — the default length-bucketed batch sampler (the kind
  * VITS and GPT-SoVITS train with), with equal batch counts on every rank.
  *
  * Buckets. With boundaries u_0 < u_1 < ... < u_{m-1}, bucket i holds the
@@ -165,8 +165,9 @@ static int build_members(bucket_sampler *s, const ddplug_sampler_desc *d,
   return DDPLUG_OK;
 }
 
-static int bucket_create(const ddplug_sampler_desc *d,
+static int bucket_create(const ddplug_sampler_desc *d, int exact,
                          ddplug_plugin_sampler **out) {
+  (void)exact; /* refused for this kind by sampler.c */
   bucket_sampler *s = ddplug__calloc(1, sizeof *s);
   if (!s) return ddplug__err(DDPLUG_E_NO_MEMORY, "bucket sampler: out of memory");
   s->n = d->num_samples;

@@ -5,12 +5,14 @@
  *   feistel.c       keyed bijection of [0, N) (Feistel + cycle walking)
  *   distributed.c   the default distributed index sampler
  *   bucket.c        the default length-bucketed batch sampler
- *   sampler.c       ddplug_sampler_*: validation, dispatch to the defaults or
- *                   a plugin's sampler slots, audit feed; the stream-name rule
+ *   sampler.c       ddplug_sampler_*: options, dispatch to the defaults or
+ *                   a plugin's sampler slots, what a sampler declares
  *   sampler_bind.c  ddplug_context_sampler_new: a sampler bound to a context
- *   owner.c         per-stream split ownership (claims, forced owners)
+ *   owner.c         stream names, the config's forced owners, per-stream
+ *                   split ownership (claims)
  *   agree.c         ddplug_split_*: claims agreed across ranks via the store
  *   record.c        the audit's per-rank recording (exact set or sample)
+ *   ids.c           the audit of samples by id (exact or a hashed subset)
  *   diagnose.c      the verdict and texts from gathered statistics
  *   audit.c         ddplug_audit_*: begin, record, the collective finish
  *
@@ -23,7 +25,7 @@
 
 #include "base/base.h"
 
-/* ---- the permutation (sampler_feistel.c) --------------------------------- */
+/* ---- the permutation (feistel.c) --------------------------------- */
 
 #define DDPLUG__FEISTEL_ROUNDS 4
 
@@ -51,14 +53,16 @@ void ddplug__feistel_map(const ddplug__feistel *f, uint64_t start,
 #define DDPLUG__SALT_BUCKET 0x6275636bull      /* "buck" + bucket number */
 #define DDPLUG__SALT_AUDIT 0x61756469ull       /* "audi" */
 
-/* ---- default samplers (sampler_distributed.c, sampler_bucket.c) ---------- */
+/* ---- default samplers (distributed.c, bucket.c) ------------------------- */
 
 /* Both defaults implement the plugin's sampler slots (plugin.h) with the same
- * contracts, so sampler_api.c drives a default and a plugin-supplied sampler
+ * contracts, so sampler.c drives a default and a plugin-supplied sampler
  * through one table. `create` validates desc itself (a copied, size-checked
- * desc; kind already matched) and sets the last error on failure. */
+ * desc; kind already matched) and sets the last error on failure; exact = 1
+ * (the distributed kind only) neither pads nor drops. */
 typedef struct ddplug__sampler_ops {
-  int (*create)(const ddplug_sampler_desc *desc, ddplug_plugin_sampler **out);
+  int (*create)(const ddplug_sampler_desc *desc, int exact,
+                ddplug_plugin_sampler **out);
   int (*set_epoch)(ddplug_plugin_sampler *s, uint64_t epoch);
   int (*next)(ddplug_plugin_sampler *s, int64_t *out, uint64_t cap,
               uint64_t *n);
@@ -80,16 +84,17 @@ extern const ddplug__sampler_ops ddplug__bucket_ops;
 uint64_t ddplug__distributed_per_rank(uint64_t n, uint64_t world,
                                       int drop_last);
 
-/* ---- the public handle (sampler_api.c, sampler_context.c) ---------------- */
+/* ---- the public handle (sampler.c, sampler_bind.c) ----------------------- */
 
 /* The type of the plugin table's sampler_declared slot (plugin.h). */
 typedef int (*ddplug__declared_fn)(ddplug_plugin_sampler *s, uint64_t *padded,
                                    uint64_t *dropped);
 
-#define DDPLUG__STREAM_MAX 63
+#define DDPLUG__STREAM_MAX DDPLUG_STREAM_NAME_MAX
 
 struct ddplug_sampler {
   ddplug_sampler_desc desc; /* validated copy; lengths/boundaries cleared */
+  int exact;                /* options.exact                              */
   char stream[DDPLUG__STREAM_MAX + 1];
   ddplug_plugin_sampler *impl;
   /* the slots driving impl: a default's, or the plugin's (create unused;
@@ -104,14 +109,18 @@ struct ddplug_sampler {
   ddplug_context *ctx; /* context-bound samplers only */
 };
 
-/* 0 if stream is a valid stream name (1..63 of [A-Za-z0-9_.-]); else
- * INVALID_ARGUMENT with `what` as the message's head. */
+/* The stream-name rule (ddplug_stream_name_check) with `what` as the
+ * message's head: OK, or INVALID_ARGUMENT with the last error set. */
 int ddplug__stream_name_check(const char *stream, const char *what);
-/* Validate *in and copy it into *d (defaults filled: stream "train", world
- * 1). Errors name `what`, the stream and the field. */
-int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
-                              ddplug_sampler_desc *d, const char *what);
-int ddplug__sampler_alloc(const ddplug_sampler_desc *d, ddplug_sampler **out);
+/* Validate the host's *in and build the plugin ABI's desc *d from it
+ * (defaults filled: stream "train", world 1; d->stream points into in's
+ * string, copy it before in goes) and *exact. Errors name `what`, the
+ * stream and the field. */
+int ddplug__sampler_options_to_desc(const ddplug_sampler_options *in,
+                                    ddplug_sampler_desc *d, int *exact,
+                                    const char *what);
+int ddplug__sampler_alloc(const ddplug_sampler_desc *d, int exact,
+                          ddplug_sampler **out);
 /* Serve s with the default sampler of d->kind. */
 int ddplug__sampler_use_default(ddplug_sampler *s,
                                 const ddplug_sampler_desc *d);
@@ -121,25 +130,26 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
  * (ddplug__sampler_derive_declared). Called at creation and by set_epoch
  * (never under the data lock: a failing slot is logged). */
 void ddplug__sampler_update_declared(ddplug_sampler *s);
-/* The padding or dropping that an equal-length split of d->num_samples
- * must have when every one of d->world_size ranks yields `length` indices
- * (distributed) or batches of d->batch_size (bucket): T = total deliveries;
- * T - N is padding and N - T dropping, but only within what equalising can
- * need — fewer than world_size (distributed: ceil/floor of N / world), fewer
- * than one global batch per bucket (bucket). Anything beyond is not
- * derived: the audit then reports it as overlap or missing samples. */
+/* The remainder that an equal-length split of d->num_samples needs when
+ * every one of d->world_size ranks yields `length` indices (distributed)
+ * or batches of d->batch_size (bucket): T = total deliveries; with
+ * drop_last 0, T - N is padding, with drop_last 1, N - T is dropping —
+ * but only within what equalising can need: fewer than world_size
+ * (distributed), fewer than one global batch per bucket (bucket). Anything
+ * beyond, or in the other direction, is not declared: the audit reports
+ * it. */
 void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
                                      uint64_t length, uint64_t *padded,
                                      uint64_t *dropped);
 
-/* Context binding (sampler_context.c): after next delivered n indices
+/* Context binding (sampler_bind.c): after next delivered n indices
  * starting at position `before`, record them in the stream's open audit (a
  * no-op for a standalone sampler). Problems are logged, never returned:
  * next() has consumed the indices already. */
 void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
                               const int64_t *idx, uint64_t n);
 
-/* ---- split ownership and per-stream state (split_owner.c) --------------- */
+/* ---- split ownership and per-stream state (owner.c) --------------------- */
 
 #define DDPLUG__CLAIMANT_MAX 160
 
@@ -153,13 +163,13 @@ enum ddplug__audit_mode {
 typedef struct ddplug__forced_owner {
   char stream[DDPLUG__STREAM_MAX + 1]; /* "" = the default for all streams */
   int owner;                           /* DDPLUG_OWNER_*; UNSET = auto      */
+  int set;                             /* the stream's own owner key exists */
   char by[DDPLUG__CLAIMANT_MAX];       /* "data_split.streams.train.owner in
                                           config.json"                     */
 } ddplug__forced_owner;
 
-/* What the config decides for the data-split layer (split_context.c reads
- * it from the context's config; tests build it directly). */
-
+/* What the config decides for the data-split layer (read by
+ * ddplug__data_policy_read; tests build it directly). */
 typedef struct ddplug__data_policy {
   ddplug__forced_owner fallback;  /* data_split.owner                      */
   ddplug__forced_owner *streams;  /* data_split.streams.<name>.owner       */
@@ -168,6 +178,14 @@ typedef struct ddplug__data_policy {
   int on_violation_warn;          /* 0: error, 1: warn                      */
   uint64_t exact_max;             /* data_split.audit_exact_max            */
 } ddplug__data_policy;
+
+/* Read the policy from cfg (NULL: the defaults). On failure p->streams is
+ * NULL and the last error names the key. */
+int ddplug__data_policy_read(const ddplug_config *cfg, ddplug__data_policy *p);
+/* The forced owner of stream under p: the stream's own owner key when it
+ * has one (also "auto", which forces nothing), else data_split.owner. */
+const ddplug__forced_owner *ddplug__policy_forced(const ddplug__data_policy *p,
+                                                  const char *stream);
 
 typedef struct ddplug__stream {
   char name[DDPLUG__STREAM_MAX + 1];
@@ -209,7 +227,7 @@ void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
                            int *owner, char *claimant, size_t cap);
 
 /* The context's data state, created from its config on first use
- * (split_context.c). */
+ * (agree.c). */
 int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out);
 
 /* The agreement check on gathered owners: owners[r] and claimants[r] of
@@ -219,7 +237,7 @@ int ddplug__split_agree_check(const char *stream, int world,
                               const int *owners,
                               const char *const *claimants);
 
-/* ---- audit (audit_record.c, audit_diagnose.c, audit_run.c) ------------- */
+/* ---- audit (record.c, ids.c, diagnose.c, audit.c) ----------------------- */
 
 enum ddplug__audit_scope {
   DDPLUG__SCOPE_SKIP = 0,  /* not audited: counts only, no communication  */
@@ -227,15 +245,38 @@ enum ddplug__audit_scope {
   DDPLUG__SCOPE_FULL = 2   /* steps, order, coverage                      */
 };
 
-/* One rank's contribution to the finish, exchanged by allgather. */
+#define DDPLUG__AUDIT_EXAMPLES 8
+
+/* One rank's contribution to the finish, exchanged by allgather (int64
+ * each, so that any plugin's int64 allgather carries it). */
 typedef struct ddplug__audit_stats {
   int64_t stream_hash, epoch, num_samples, scope;
   int64_t steps, deliveries, tracked_deliveries, distinct;
   int64_t out_of_range, order_repeated, epoch_behind, shuffle;
   int64_t allowed_padding, allowed_missing, tracked, coverage_ok;
+  int64_t evaluation, by_id, steps_only, local_dropped;
+  int64_t dropped_count, dropped_hash, level, nlocal_examples;
+  /* up to 8 samples this rank delivered twice itself */
+  int64_t local_examples[DDPLUG__AUDIT_EXAMPLES];
 } ddplug__audit_stats;
 #define DDPLUG__AUDIT_NSTATS \
   ((uint64_t)(sizeof(ddplug__audit_stats) / sizeof(int64_t)))
+
+/* What the collective part of the finish found, for the diagnosis. */
+typedef struct ddplug__audit_coverage {
+  uint64_t covered;        /* tracked samples some rank delivered          */
+  uint64_t common;         /* ... every rank delivered                     */
+  uint64_t holes;          /* tracked samples nobody delivered, not in the
+                              declared set                                 */
+  uint64_t dropped_holes;  /* declared-dropped samples nobody delivered    */
+  uint64_t missing_ex[DDPLUG__AUDIT_EXAMPLES]; /* hole examples, ascending */
+  int nmissing_ex;
+  int64_t repeat_ex[DDPLUG__AUDIT_EXAMPLES];   /* repeated samples, ascending */
+  int nrepeat_ex;
+  uint64_t id_duplicates;  /* by id: deliveries of an id already delivered
+                              (within the kept subset)                     */
+  uint64_t id_distinct;    /* by id: distinct kept ids                     */
+} ddplug__audit_coverage;
 
 struct ddplug_audit {
   ddplug_context *ctx;          /* NULL in unit tests                      */
@@ -248,10 +289,15 @@ struct ddplug_audit {
   ddplug_audit_options opts;    /* declared by the host (or a sampler)     */
   int exact;                    /* 1: every sample tracked                 */
   uint64_t tracked;             /* M: samples tracked                      */
+  uint64_t exact_max;           /* data_split.audit_exact_max              */
   ddplug__feistel subset;       /* sampled mode: i tracked iff pi(i) < M   */
   uint64_t *bits;               /* [words] tracked samples seen            */
+  uint64_t *dropped;            /* [words] declared dropped (lazy)         */
   uint64_t words;
   uint64_t steps, deliveries, tracked_deliveries, out_of_range;
+  uint64_t local_repeats;       /* tracked deliveries of a sample seen here */
+  int64_t local_ex[DDPLUG__AUDIT_EXAMPLES];
+  int nlocal_ex;
   uint64_t fingerprint;         /* order hash of the deliveries            */
   int has_prev;                 /* the stream's previous epoch's order     */
   uint64_t prev_epoch, prev_fingerprint;
@@ -259,10 +305,22 @@ struct ddplug_audit {
   int warned_double_feed;
   int epoch_behind;             /* a sampler fed it from an older epoch    */
   uint64_t sampler_epoch;
+  /* by id (ids.c): the kept mixed ids, and the subset level L (ids kept
+   * iff their mixed hash < 2^(64-L)) */
+  uint64_t *ids;
+  uint64_t nids, cap_ids;
+  uint32_t level;
+  /* after finish */
+  ddplug__audit_stats *all;     /* [world] every rank's stats (skip: 1)    */
+  int nall;
+  ddplug_audit_report report;
+  ddplug__audit_coverage cov;
+  char *text;
 };
 
 /* Allocate an audit (no registration): scope decides whether a bitmap of
- * min(n, exact_max) bits is allocated. */
+ * min(n, exact_max) bits is allocated (not for an audit by id or of steps
+ * only). */
 int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
                         const ddplug_audit_options *opts, int scope,
                         uint64_t exact_max, int rank, int world,
@@ -271,6 +329,8 @@ int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
  * step). Never fails. */
 void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
                        uint64_t steps);
+/* Declare indices dropped (ddplug_audit_declare_dropped, checked). */
+int ddplug__audit_drop(ddplug_audit *a, const int64_t *idx, uint64_t n);
 /* Take the audit off its stream (if registered) and keep its order
  * fingerprint there for the next epoch's check. */
 void ddplug__audit_unregister(ddplug_audit *a);
@@ -278,13 +338,26 @@ void ddplug__audit_unregister(ddplug_audit *a);
 void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s);
 uint64_t ddplug__audit_stream_hash(const char *stream);
 
-/* Build the report from every rank's stats (all[world]) and, for a full
- * scope with coverage, the tracked union/intersection counts and up to
- * nmissing example indices never seen. */
+/* By id (ids.c). Record n ids as `steps` steps; NO_MEMORY keeps nothing. */
+int ddplug__audit_add_ids(ddplug_audit *a, const uint64_t *ids, uint64_t n,
+                          uint64_t steps);
+/* Keep only the ids of subset level `level` (>= a->level). */
+void ddplug__audit_ids_level(ddplug_audit *a, uint32_t level);
+/* Sort the kept ids and count this rank's own repeats (adjacent equal). */
+void ddplug__audit_ids_sort(ddplug_audit *a);
+/* Duplicates and distinct ids over every rank's sorted kept ids:
+ * parts[r][0..counts[r]) (each ascending). Adds to cov (id_duplicates,
+ * id_distinct, repeat examples). */
+void ddplug__audit_ids_merge(const uint64_t *const *parts,
+                             const uint64_t *counts, int world,
+                             ddplug__audit_coverage *cov);
+
+/* Build the report and the text from every rank's stats (all[world]) and
+ * what the finish found (cov: NULL without coverage). The text is malloc'd
+ * into *text (NULL when out of memory: the report still stands). */
 void ddplug__audit_diagnose(const char *stream,
                             const ddplug__audit_stats *all, int world,
-                            uint64_t covered, uint64_t common,
-                            const uint64_t *missing, int nmissing,
-                            ddplug_audit_report *r);
+                            const ddplug__audit_coverage *cov,
+                            ddplug_audit_report *r, char **text);
 
 #endif /* DDPLUG_DATA_H */

@@ -1,13 +1,15 @@
-/* sampler_distributed.c — the default distributed index sampler.
+/* distributed.c — the default distributed index sampler.
  *
  * The epoch's global order is pi(0), pi(1), ..., pi(N-1) — pi the keyed
- * permutation of sampler_feistel.c for (seed, epoch) when shuffling, the
+ * permutation of feistel.c for (seed, epoch) when shuffling, the
  * identity otherwise — padded by repeating it from the start up to
  * T = per_rank * world positions (or cut to T when drop_last), exactly like
  * torch.utils.data.DistributedSampler: per_rank = ceil(N / world), or
  * floor(N / world) with drop_last. Rank r yields global positions
  * r, r + world, r + 2*world, ... (per_rank of them). Position g >= N is the
- * padding copy of position g mod N.
+ * padding copy of position g mod N. Exact (evaluation): no padding and no
+ * cut; rank r yields its positions below N, ceil((N - r) / world) of them,
+ * so the ranks' counts differ by at most one.
  *
  * State is O(1) (no index list): set_epoch derives four round keys, seek
  * sets a counter, next computes only this rank's positions.
@@ -20,7 +22,7 @@
 
 typedef struct dist_sampler {
   uint64_t n, world, rank, seed;
-  int shuffle, drop_last;
+  int shuffle, drop_last, exact;
   uint64_t per_rank; /* indices this rank yields per epoch */
   uint64_t unpadded; /* positions k < unpadded have global position < n */
   uint64_t pos;
@@ -33,8 +35,8 @@ uint64_t ddplug__distributed_per_rank(uint64_t n, uint64_t world,
   return drop_last ? n / world : n / world + (n % world != 0);
 }
 
-/* Create from a validated desc (sampler_api.c checked rank/world/flags). */
-static int dist_create(const ddplug_sampler_desc *d,
+/* Create from a validated desc (sampler.c checked rank/world/flags). */
+static int dist_create(const ddplug_sampler_desc *d, int exact,
                        ddplug_plugin_sampler **out) {
   dist_sampler *s = ddplug__calloc(1, sizeof *s);
   if (!s)
@@ -47,9 +49,11 @@ static int dist_create(const ddplug_sampler_desc *d,
   s->seed = d->seed;
   s->shuffle = d->shuffle;
   s->drop_last = d->drop_last;
-  s->per_rank = ddplug__distributed_per_rank(s->n, s->world, s->drop_last);
+  s->exact = exact;
   /* k with rank + k*world < n */
   uint64_t below = s->n > s->rank ? (s->n - s->rank - 1) / s->world + 1 : 0;
+  s->per_rank = exact ? below
+                      : ddplug__distributed_per_rank(s->n, s->world, s->drop_last);
   s->unpadded = DDPLUG__MIN(below, s->per_rank);
   ddplug__feistel_init(&s->perm, s->n, s->seed, 0, DDPLUG__SALT_DISTRIBUTED);
   *out = (ddplug_plugin_sampler *)s;
@@ -116,6 +120,10 @@ static void dist_destroy(ddplug_plugin_sampler *ps) { ddplug__free(ps); }
 static void dist_declared(ddplug_plugin_sampler *ps, uint64_t *padded,
                           uint64_t *dropped) {
   dist_sampler *s = (dist_sampler *)ps;
+  if (s->exact) {
+    *padded = *dropped = 0;
+    return;
+  }
   uint64_t total = s->per_rank * s->world;
   *padded = total > s->n ? total - s->n : 0;
   *dropped = total < s->n ? s->n - total : 0;

@@ -1,18 +1,189 @@
-/* split_owner.c — who splits each data stream: the per-stream registry of
- * the data-split state, the claim rules, forced owners from the config, and
- * the check that all ranks resolved the same owner.
+/* owner.c — who splits each data stream: the stream-name rule, the owners
+ * the config forces, the per-stream registry of the data-split state, the
+ * claim rules, and the check that all ranks resolved the same owner.
  *
  * Rules (ddplug_split_claim): the first claim of a stream wins; the same
  * owner again is fine (the first claimant is kept); a different owner is
  * SPLIT_CONFLICT naming both claimants and what to change. A config that
  * forces an owner (data_split.streams.<name>.owner, else data_split.owner,
- * unless "auto") makes every disagreeing claim a conflict naming the key.
+ * unless "auto") makes every disagreeing claim a conflict naming the key;
+ * ddplug_split_forced_owner answers the same question for the host adapters.
  * SPDX-License-Identifier: Apache-2.0 */
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "data/data.h"
+
+/* ---- stream names ---------------------------------------------------------- */
+
+int ddplug__stream_name_check(const char *stream, const char *what) {
+  if (!stream)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: the stream name is NULL", what);
+  size_t len = strlen(stream);
+  if (len == 0 || len > DDPLUG__STREAM_MAX)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream name '%.80s%s' must have 1 to %d characters "
+                       "(it has %zu)",
+                       what, stream, len > 80 ? "..." : "", DDPLUG__STREAM_MAX, len);
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)stream[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+             (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    if (ok) continue;
+    if (c >= 0x20 && c < 0x7f)
+      return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                         "%s: stream name '%s' has character '%c' at %zu; use "
+                         "letters, digits, '_', '-' and '.'",
+                         what, stream, c, i);
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream name has byte 0x%02x at %zu; use letters, "
+                       "digits, '_', '-' and '.'",
+                       what, c, i);
+  }
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_stream_name_check(const char *stream) {
+  return ddplug__stream_name_check(stream, "ddplug_stream_name_check");
+}
+
+/* ---- the config's forced owners -------------------------------------------- */
+
+static int parse_owner(const char *text, int *owner) {
+  static const struct { const char *name; int owner; } names[] = {
+      {"auto", DDPLUG_OWNER_UNSET}, {"plugin", DDPLUG_OWNER_PLUGIN},
+      {"framework", DDPLUG_OWNER_FRAMEWORK}, {"user", DDPLUG_OWNER_USER}};
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(names); i++)
+    if (strcmp(text, names[i].name) == 0) {
+      *owner = names[i].owner;
+      return 0;
+    }
+  return -1;
+}
+
+/* A string setting, or NULL when absent (the schema's default applies). */
+static char *cfg_string(const ddplug_config *cfg, const char *path) {
+  char *v = NULL;
+  if (ddplug_config_get_string(cfg, path, &v) != DDPLUG_OK) return NULL;
+  return v;
+}
+
+/* data_split.streams: {"<name>": {"owner": "...", "sampler": {...}}, ...};
+ * a stream without "owner" inherits data_split.owner. */
+static int read_streams(const ddplug_config *cfg, const char *origin,
+                        ddplug__data_policy *p) {
+  char *text = cfg_string(cfg, "data_split.streams");
+  if (!text) return DDPLUG_OK;
+  json_error_t jerr;
+  json_t *obj = json_loads(text, 0, &jerr);
+  ddplug_free(text);
+  if (!json_is_object(obj)) {
+    json_decref(obj);
+    return ddplug__err(DDPLUG_E_CONFIG, "%s: data_split.streams is not an object",
+                       origin);
+  }
+  p->streams = ddplug__calloc(json_object_size(obj) + 1, sizeof *p->streams);
+  if (!p->streams) {
+    json_decref(obj);
+    return ddplug__err(DDPLUG_E_NO_MEMORY, "data split policy: out of memory");
+  }
+  const char *name;
+  json_t *val;
+  int rc = DDPLUG_OK;
+  json_object_foreach(obj, name, val) {
+    char what[64];
+    snprintf(what, sizeof what, "%s: data_split.streams", origin);
+    if (ddplug__stream_name_check(name, what) != DDPLUG_OK) {
+      rc = DDPLUG_E_CONFIG; /* the last error names the name and the rule */
+      break;
+    }
+    json_t *o = json_object_get(val, "owner");
+    if (!o) continue;
+    ddplug__forced_owner *f = &p->streams[p->nstreams];
+    if (!json_is_string(o) || parse_owner(json_string_value(o), &f->owner) != 0) {
+      rc = ddplug__err(DDPLUG_E_CONFIG,
+                       "%s: data_split.streams.%s.owner must be auto, plugin, "
+                       "framework or user",
+                       origin, name);
+      break;
+    }
+    f->set = 1;
+    ddplug__strlcpy(f->stream, name, sizeof f->stream);
+    snprintf(f->by, sizeof f->by, "data_split.streams.%s.owner in %s", name, origin);
+    p->nstreams++;
+  }
+  json_decref(obj);
+  return rc;
+}
+
+int ddplug__data_policy_read(const ddplug_config *cfg, ddplug__data_policy *p) {
+  memset(p, 0, sizeof *p);
+  p->audit_mode = DDPLUG__AUDIT_FIRST_EPOCH;
+  p->exact_max = 100000000ull;
+  if (!cfg) return DDPLUG_OK;
+  const char *origin = ddplug_config_origin(cfg);
+  char *v = cfg_string(cfg, "data_split.owner");
+  if (v) {
+    int bad = parse_owner(v, &p->fallback.owner);
+    ddplug_free(v);
+    if (bad)
+      return ddplug__err(DDPLUG_E_CONFIG,
+                         "%s: data_split.owner must be auto, plugin, framework "
+                         "or user", origin);
+    snprintf(p->fallback.by, sizeof p->fallback.by, "data_split.owner in %s", origin);
+  }
+  v = cfg_string(cfg, "data_split.audit");
+  if (v) {
+    if (!strcmp(v, "off")) p->audit_mode = DDPLUG__AUDIT_OFF;
+    else if (!strcmp(v, "every_epoch")) p->audit_mode = DDPLUG__AUDIT_EVERY_EPOCH;
+    ddplug_free(v);
+  }
+  v = cfg_string(cfg, "data_split.on_violation");
+  if (v) {
+    p->on_violation_warn = strcmp(v, "warn") == 0;
+    ddplug_free(v);
+  }
+  int64_t m;
+  if (ddplug_config_get_int(cfg, "data_split.audit_exact_max", &m) == DDPLUG_OK && m >= 0)
+    p->exact_max = (uint64_t)m;
+  int st = read_streams(cfg, origin, p);
+  if (st) {
+    ddplug__free(p->streams);
+    p->streams = NULL;
+    p->nstreams = 0;
+  }
+  return st;
+}
+
+const ddplug__forced_owner *ddplug__policy_forced(const ddplug__data_policy *p,
+                                                  const char *stream) {
+  for (uint32_t i = 0; i < p->nstreams; i++)
+    if (p->streams[i].set && strcmp(p->streams[i].stream, stream) == 0)
+      return &p->streams[i];
+  return &p->fallback;
+}
+
+DDPLUG_API int ddplug_split_forced_owner(const ddplug_config *cfg,
+                                         const char *stream, int *owner,
+                                         char *by, uint64_t cap) {
+  static const char what[] = "ddplug_split_forced_owner";
+  int st = ddplug__stream_name_check(stream, what);
+  if (st) return st;
+  if (!owner || (by && cap == 0))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: owner must not be NULL (and cap > 0 with a buffer)", what);
+  ddplug__data_policy p;
+  if ((st = ddplug__data_policy_read(cfg, &p))) return st;
+  const ddplug__forced_owner *f = ddplug__policy_forced(&p, stream);
+  *owner = f->owner;
+  if (by) ddplug__strlcpy(by, f->owner != DDPLUG_OWNER_UNSET ? f->by : "", (size_t)cap);
+  ddplug__free(p.streams);
+  return DDPLUG_OK;
+}
+
+/* ---- the per-stream registry and the claim rules --------------------------- */
 
 int ddplug__data_state_new(ddplug__data_policy *policy,
                            ddplug__data_state **out) {
@@ -69,10 +240,7 @@ ddplug__stream *ddplug__data_stream(ddplug__data_state *st, const char *name) {
 
 const ddplug__forced_owner *ddplug__data_forced(const ddplug__data_state *st,
                                                 const char *stream) {
-  for (uint32_t i = 0; i < st->policy.nstreams; i++)
-    if (strcmp(st->policy.streams[i].stream, stream) == 0)
-      return &st->policy.streams[i];
-  return &st->policy.fallback;
+  return ddplug__policy_forced(&st->policy, stream);
 }
 
 /* What to change, for a conflict between two owners. */

@@ -1,53 +1,49 @@
-/* sampler_api.c — ddplug_sampler_*: desc validation, one handle that drives
- * either a default sampler (sampler_distributed.c, sampler_bucket.c) or a
- * plugin's sampler slots, and position bookkeeping.
+/* sampler.c — ddplug_sampler_*: the host's options turned into the plugin
+ * ABI's desc, one handle that drives either a default sampler
+ * (distributed.c, bucket.c) or a plugin's sampler slots, position
+ * bookkeeping, and what a sampler declares it pads or drops.
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/data.h"
 
-int ddplug__stream_name_check(const char *stream, const char *what) {
-  size_t len = strlen(stream);
-  if (len == 0 || len > DDPLUG__STREAM_MAX)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "%s: stream name '%s' must have 1 to %d characters",
-                       what, stream, DDPLUG__STREAM_MAX);
-  for (size_t i = 0; i < len; i++) {
-    char c = stream[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-             (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
-    if (!ok)
-      return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                         "%s: stream name '%s' has character '%c' at %zu; use "
-                         "letters, digits, '_', '-' and '.'",
-                         what, stream, c, i);
-  }
-  return DDPLUG_OK;
-}
-
-int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
-                              ddplug_sampler_desc *d, const char *what) {
+int ddplug__sampler_options_to_desc(const ddplug_sampler_options *in,
+                                    ddplug_sampler_desc *d, int *exact,
+                                    const char *what) {
   if (!in)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: desc is NULL", what);
-  if (DDPLUG_VERSION_MAJOR_OF(in->abi_version) != DDPLUG_PLUGIN_ABI_MAJOR)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: options are NULL", what);
+  if (DDPLUG_VERSION_MAJOR_OF(in->abi_version) != DDPLUG_ABI_MAJOR)
     return ddplug__err(DDPLUG_E_ABI_MISMATCH,
-                       "%s: desc has ABI version %u.%u, this library speaks "
-                       "%u.x (fill it with DDPLUG_SAMPLER_DESC_INIT)",
+                       "%s: the options have ABI version %u.%u, this library "
+                       "speaks %u.x (fill them with DDPLUG_SAMPLER_OPTIONS_INIT)",
                        what, DDPLUG_VERSION_MAJOR_OF(in->abi_version),
-                       DDPLUG_VERSION_MINOR_OF(in->abi_version),
-                       DDPLUG_PLUGIN_ABI_MAJOR);
-  if (in->struct_size < offsetof(ddplug_sampler_desc, stream))
+                       DDPLUG_VERSION_MINOR_OF(in->abi_version), DDPLUG_ABI_MAJOR);
+  if (in->struct_size < offsetof(ddplug_sampler_options, batch_size) + sizeof in->batch_size)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "%s: desc struct_size %u is too small (at least %zu; "
-                       "fill it with DDPLUG_SAMPLER_DESC_INIT)",
+                       "%s: options struct_size %u is too small (at least %zu; "
+                       "fill them with DDPLUG_SAMPLER_OPTIONS_INIT)",
                        what, in->struct_size,
-                       offsetof(ddplug_sampler_desc, stream));
+                       offsetof(ddplug_sampler_options, batch_size) + sizeof in->batch_size);
+  ddplug_sampler_options o;
+  memset(&o, 0, sizeof o);
+  memcpy(&o, in, DDPLUG__MIN((size_t)in->struct_size, sizeof o));
   memset(d, 0, sizeof *d);
-  memcpy(d, in, DDPLUG__MIN((size_t)in->struct_size, sizeof *d));
   d->struct_size = sizeof *d;
   d->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
-  if (!d->stream) d->stream = "train";
+  d->kind = o.kind;
+  d->rank = o.rank;
+  d->world_size = o.world_size;
+  d->shuffle = o.shuffle;
+  d->drop_last = o.drop_last;
+  d->seed = o.seed;
+  d->num_samples = o.num_samples;
+  d->stream = o.stream ? o.stream : "train";
+  d->lengths = o.lengths;
+  d->boundaries = o.boundaries;
+  d->num_boundaries = o.num_boundaries;
+  d->num_buckets = o.num_buckets;
+  d->batch_size = o.batch_size;
   int st = ddplug__stream_name_check(d->stream, what);
   if (st) return st;
   if (d->world_size == 0 && d->rank == 0) d->world_size = 1;
@@ -57,22 +53,34 @@ int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
                        "(need 0 <= rank < world_size)",
                        what, d->stream, d->rank, d->world_size);
   if ((d->shuffle != 0 && d->shuffle != 1) ||
-      (d->drop_last != 0 && d->drop_last != 1))
+      (d->drop_last != 0 && d->drop_last != 1) || (o.exact != 0 && o.exact != 1))
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "%s: stream '%s': shuffle (%d) and drop_last (%d) must "
-                       "be 0 or 1",
-                       what, d->stream, d->shuffle, d->drop_last);
+                       "%s: stream '%s': shuffle (%d), drop_last (%d) and exact "
+                       "(%d) must be 0 or 1",
+                       what, d->stream, d->shuffle, d->drop_last, o.exact);
+  if (o.exact && d->drop_last)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': exact = 1 delivers every sample once; "
+                       "drop_last = 1 contradicts it (set one of them to 0)",
+                       what, d->stream);
   if (d->num_samples > (uint64_t)INT64_MAX)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "%s: stream '%s': num_samples %llu does not fit the "
                        "int64 indices (at most 2^63 - 1)",
                        what, d->stream, (unsigned long long)d->num_samples);
+  *exact = o.exact;
   if (d->kind == DDPLUG_SAMPLER_DISTRIBUTED) return DDPLUG_OK;
   if (d->kind != DDPLUG_SAMPLER_BUCKET)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "%s: stream '%s': kind %d is not a sampler kind (use "
                        "DDPLUG_SAMPLER_DISTRIBUTED or DDPLUG_SAMPLER_BUCKET)",
                        what, d->stream, d->kind);
+  if (o.exact)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': the bucket sampler pads or drops to "
+                       "whole batches, so it cannot be exact: use the "
+                       "distributed kind for an exact (evaluation) stream",
+                       what, d->stream);
   if (d->batch_size == 0)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "%s: stream '%s': the bucket sampler needs batch_size "
@@ -111,10 +119,12 @@ int ddplug__sampler_desc_copy(const ddplug_sampler_desc *in,
 }
 
 /* Allocate the handle around a validated desc (no implementation yet). */
-int ddplug__sampler_alloc(const ddplug_sampler_desc *d, ddplug_sampler **out) {
+int ddplug__sampler_alloc(const ddplug_sampler_desc *d, int exact,
+                          ddplug_sampler **out) {
   ddplug_sampler *s = ddplug__calloc(1, sizeof *s);
   if (!s) return ddplug__err(DDPLUG_E_NO_MEMORY, "sampler: out of memory");
   s->desc = *d;
+  s->exact = exact;
   ddplug__strlcpy(s->stream, d->stream, sizeof s->stream);
   s->desc.stream = s->stream;
   s->desc.lengths = NULL;
@@ -128,7 +138,7 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
   const ddplug__sampler_ops *ops = d->kind == DDPLUG_SAMPLER_BUCKET
                                        ? &ddplug__bucket_ops
                                        : &ddplug__distributed_ops;
-  int st = ops->create(d, &s->impl);
+  int st = ops->create(d, s->exact, &s->impl);
   if (st) return ddplug__err_prefix(st, "stream '%s'", d->stream);
   s->ops = *ops;
   st = s->ops.length(s->impl, &s->len);
@@ -136,15 +146,16 @@ int ddplug__sampler_use_default(ddplug_sampler *s,
   return st;
 }
 
-DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_desc *desc,
+DDPLUG_API int ddplug_sampler_new(const ddplug_sampler_options *opts,
                                   ddplug_sampler **out) {
   if (!out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_new: out is NULL");
   ddplug_sampler_desc d;
-  int st = ddplug__sampler_desc_copy(desc, &d, "ddplug_sampler_new");
+  int exact = 0;
+  int st = ddplug__sampler_options_to_desc(opts, &d, &exact, "ddplug_sampler_new");
   if (st) return st;
   ddplug_sampler *s;
-  st = ddplug__sampler_alloc(&d, &s);
+  st = ddplug__sampler_alloc(&d, exact, &s);
   if (st) return st;
   st = ddplug__sampler_use_default(s, &d);
   if (st) {
@@ -257,8 +268,8 @@ void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
     limit = world;
   }
   if (total == UINT64_MAX) return;
-  if (total >= n && total - n < limit) *padded = total - n;
-  else if (total < n && n - total < limit) *dropped = n - total;
+  if (!d->drop_last && total >= n && total - n < limit) *padded = total - n;
+  else if (d->drop_last && total < n && n - total < limit) *dropped = n - total;
 }
 
 void ddplug__sampler_update_declared(ddplug_sampler *s) {
@@ -307,6 +318,7 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
   v.padded = s->padded;
   v.dropped = s->dropped;
   ddplug__strlcpy(v.stream, s->stream, sizeof v.stream);
+  v.exact = s->exact;
   uint32_t size = info->struct_size;
   memcpy(info, &v, DDPLUG__MIN((size_t)size, sizeof v));
   info->struct_size = size;

@@ -1,4 +1,4 @@
-/* sampler_context.c — samplers bound to a context: the ownership check, the
+/* sampler_bind.c — samplers bound to a context: the ownership check, the
  * plugin's sampler slots (or the defaults), and feeding the stream's open
  * audit with every index delivered (replaying the epoch's earlier positions
  * when the audit began late).
@@ -49,28 +49,30 @@ static int use_plugin(ddplug_context *ctx, ddplug_sampler *s,
 }
 
 DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
-                                          const ddplug_sampler_desc *desc,
+                                          const ddplug_sampler_options *opts,
                                           ddplug_sampler **out) {
   static const char what[] = "ddplug_context_sampler_new";
   if (!ctx || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx and out must not be NULL", what);
   int st = ddplug__ctx_check(ctx);
   if (st) return ddplug__ctx_fail(ctx, st);
-  if (desc && ((desc->world_size != 0 && desc->world_size != ctx->world.world_size) ||
-               (desc->world_size != 0 && desc->rank != ctx->world.rank)))
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-        "%s: desc says rank %d of %d but this context is rank %d of %d: leave "
-        "rank and world_size 0 (the context's are used)",
-        what, desc->rank, desc->world_size, ctx->world.rank, ctx->world.world_size));
-  ddplug_sampler_desc in;
-  if (desc) {
+  ddplug_sampler_desc d;
+  int exact = 0;
+  ddplug_sampler_options in;
+  if (opts && opts->struct_size >= offsetof(ddplug_sampler_options, batch_size)) {
+    if ((opts->world_size != 0 && opts->world_size != ctx->world.world_size) ||
+        (opts->world_size != 0 && opts->rank != ctx->world.rank))
+      return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+          "%s: the options say rank %d of %d but this context is rank %d of %d: "
+          "leave rank and world_size 0 (the context's are used)",
+          what, opts->rank, opts->world_size, ctx->world.rank, ctx->world.world_size));
     memset(&in, 0, sizeof in);
-    memcpy(&in, desc, DDPLUG__MIN((size_t)desc->struct_size, sizeof in));
+    memcpy(&in, opts, DDPLUG__MIN((size_t)opts->struct_size, sizeof in));
     in.rank = ctx->world.rank;
     in.world_size = ctx->world.world_size;
+    opts = &in;
   }
-  ddplug_sampler_desc d;
-  if ((st = ddplug__sampler_desc_copy(desc ? &in : NULL, &d, what)))
+  if ((st = ddplug__sampler_options_to_desc(opts, &d, &exact, what)))
     return ddplug__ctx_fail(ctx, st);
   ddplug__data_state *data;
   if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_fail(ctx, st);
@@ -84,8 +86,10 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
         "make the plugin its owner",
         d.stream, ddplug_owner_name(owner), claimant, ddplug_owner_name(owner)));
   ddplug_sampler *s;
-  if ((st = ddplug__sampler_alloc(&d, &s))) return ddplug__ctx_fail(ctx, st);
-  if (plugin_has_sampler(&ctx->plugin->table))
+  if ((st = ddplug__sampler_alloc(&d, exact, &s))) return ddplug__ctx_fail(ctx, st);
+  /* an exact (evaluation) sampler is always ddplug's: the slots' contract
+   * is equal lengths on every rank */
+  if (!exact && plugin_has_sampler(&ctx->plugin->table))
     st = use_plugin(ctx, s, &s->desc);
   else
     st = ddplug__sampler_use_default(s, &d);

@@ -432,6 +432,7 @@ fail: {
 
 DDPLUG_API int ddplug_close(ddplug_context *ctx) {
   if (!ctx) return DDPLUG_OK;
+  ddplug__runonce_forget(ctx); /* a run-once never ended stops beating */
   int s = ddplug__ctx_check(ctx);
   if (s == DDPLUG_OK) {
     set_key(ctx, "ddplug/closing/");

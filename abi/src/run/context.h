@@ -29,7 +29,7 @@
  *                          serves until all world_size came and left)
  *   ddplug/closing/<rank>  rank reached ddplug_close (the close barrier)
  *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (data/agree.c)
- *   ddplug/runonce/...     run-once status (runonce.c)
+ *   ddplug/runonce/...     run-once outcomes and runner heartbeats (runonce.c)
  *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
  *   user/...               the host's keys (ddplug_context_store)
  *
@@ -250,6 +250,11 @@ void ddplug__plugin_err_clear(ddplug_context *ctx);
 /* After a slot returned status != OK: set the thread's last error to the
  * plugin's explanation (or a generic one naming the slot) and return status. */
 int ddplug__plugin_err_take(ddplug_context *ctx, int status, const char *slot);
+
+/* ---- runonce.c ----------------------------------------------------------- */
+
+/* Stop the heartbeats of the run-onces ctx runs and never ended (close). */
+void ddplug__runonce_forget(const ddplug_context *ctx);
 
 /* ---- collective.c --------------------------------------------------------- */
 

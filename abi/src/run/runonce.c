@@ -2,35 +2,52 @@
  * wait for its outcome through the rendezvous store (ddplug.h, "Run once").
  *
  * Store keys (the runtime's "ddplug/" prefix; "user/" is the host's):
- *   ddplug/runonce/<scope>/<name>   the outcome: "<status>\n<rank>\n<message>"
- * where <scope> is "global" or "node<index>". The runner registers the same
- * key with ddplug_store_on_disconnect carrying a PEER_LOST outcome, so a
- * runner that dies without ending sets it (if absent) and the waiters wake up
- * with PEER_LOST instead of waiting for their timeout. Waiters wait in short
- * slices (ddplug__wait_keys) that also notice an abort of the run and keep the
+ *   ddplug/runonce/<scope>/<name>        the outcome: "<status>\n<rank>\n<message>"
+ *   ddplug/runonce/<scope>/<name>/beat   the runner's heartbeat counter
+ * where <scope> is "global" or "node<index>". The runner registers the
+ * outcome key with ddplug_store_on_disconnect carrying a PEER_LOST outcome,
+ * so a runner that dies without ending sets it (if absent) and the waiters
+ * wake up with PEER_LOST at once. While it works, a thread of the runner adds
+ * 1 to the beat key every BEAT_MS: waiters wait as long as it keeps beating
+ * (no limit by default: config timeouts.run_once_s = 0), and give up with
+ * PEER_LOST when it stops for STALE_MS (a hung host, or one cut off from the
+ * store without its connection closing). Waiters wait in slices
+ * (ddplug__wait_keys) that also notice an abort of the run and keep the
  * context's shared store connection free for other calls between slices.
  *
- * Processes remember which run-once they are running (ctx, scope, name) in a
- * small mutex-protected list, so that end can refuse a caller that is not the
- * runner.
+ * Processes remember which run-once they are running (ctx, scope, name, and
+ * the heartbeat thread) in a small mutex-protected list, so that end can
+ * refuse a caller that is not the runner, and close can stop the beats of a
+ * run-once that never ended.
  *
  * SPDX-License-Identifier: Apache-2.0 */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "run/context.h"
 
 #define RUNONCE_NAME_MAX 160
 #define RUNONCE_MESSAGE_MAX (512u * 1024u)
 #define RUNONCE_KEY_MAX 255
+#define BEAT_MS 500    /* the runner's heartbeat period                  */
+#define STALE_MS 5000  /* a runner silent this long is taken for dead    */
+#define SLICE_MS 1000  /* how often a waiter looks at the heartbeat      */
 
 typedef struct open_once {
   struct open_once *next;
   const ddplug_context *ctx;
+  ddplug_store *store;
   int scope;
   char key[RUNONCE_KEY_MAX + 1];
+  pthread_t beat;
+  int beating;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop;
 } open_once;
 
 static pthread_mutex_t g_open_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -114,10 +131,13 @@ static int decode_outcome(const char *value, int *status, int *rank,
   return 0;
 }
 
-static int default_timeout_ms(ddplug_context *ctx, int64_t timeout_ms,
-                              int64_t *out) {
+/* The waiter's limit in ms (-1: none while the runner lives) and what set
+ * it, for the TIMEOUT message. */
+static int waiter_timeout(ddplug_context *ctx, int64_t timeout_ms, int64_t *out,
+                          char *by, size_t cap) {
   if (timeout_ms >= 0) {
     *out = timeout_ms;
+    snprintf(by, cap, "the timeout the caller passed, %.1f s", (double)timeout_ms / 1000.0);
     return DDPLUG_OK;
   }
   if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT)
@@ -125,10 +145,12 @@ static int default_timeout_ms(ddplug_context *ctx, int64_t timeout_ms,
                        "run-once: timeout %lld ms is negative (use "
                        "DDPLUG_TIMEOUT_DEFAULT for the configured one)",
                        (long long)timeout_ms);
-  double s = 300.0;
+  double s = 0.0;
   const ddplug_config *cfg = ddplug_context_config(ctx);
-  if (cfg) (void)ddplug_config_get_double(cfg, "timeouts.collective_s", &s);
-  *out = (int64_t)(s * 1000.0);
+  if (cfg) (void)ddplug_config_get_double(cfg, "timeouts.run_once_s", &s);
+  *out = s > 0 ? (int64_t)(s * 1000.0) : -1;
+  snprintf(by, cap, "timeouts.run_once_s = %g in %s", s,
+           cfg ? ddplug_config_origin(cfg) : "the defaults");
   return DDPLUG_OK;
 }
 
@@ -157,6 +179,68 @@ static int deliver(const char *value, const char *desc, char **message) {
                      first > 400 || nl ? " (full text in the message)" : "");
 }
 
+/* The runner's heartbeat: add 1 to "<key>/beat" every BEAT_MS until told to
+ * stop. A failing add is not an error here: waiters notice a silent runner. */
+static void *beat_main(void *arg) {
+  open_once *o = arg;
+  char bkey[RUNONCE_KEY_MAX + 8];
+  snprintf(bkey, sizeof bkey, "%s/beat", o->key);
+  pthread_mutex_lock(&o->mu);
+  while (!o->stop) {
+    pthread_mutex_unlock(&o->mu);
+    (void)ddplug_store_add(o->store, bkey, 1, NULL);
+    pthread_mutex_lock(&o->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)BEAT_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    while (!o->stop && pthread_cond_timedwait(&o->cv, &o->mu, &until) == 0) {
+    }
+  }
+  pthread_mutex_unlock(&o->mu);
+  return NULL;
+}
+
+/* The first heartbeat, before begin returns (so that waiters can tell a
+ * runner that stops at once from one that has not begun yet), then the
+ * heartbeat thread (every signal blocked there: the host's handlers stay on
+ * its own threads). */
+static int beat_start(open_once *o) {
+  char bkey[RUNONCE_KEY_MAX + 8];
+  snprintf(bkey, sizeof bkey, "%s/beat", o->key);
+  int st = ddplug_store_add(o->store, bkey, 1, NULL);
+  if (st) return ddplug__err_prefix(st, "run-once: the runner's first heartbeat");
+  pthread_mutex_init(&o->mu, NULL);
+  pthread_cond_init(&o->cv, NULL);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&o->beat, NULL, beat_main, o);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    pthread_cond_destroy(&o->cv);
+    pthread_mutex_destroy(&o->mu);
+    return ddplug__err_errno(DDPLUG_E_SYSTEM, rc, "run-once: starting the heartbeat thread");
+  }
+  o->beating = 1;
+  return DDPLUG_OK;
+}
+
+/* Stop the heartbeat and release o. */
+static void once_free(open_once *o) {
+  if (o->beating) {
+    pthread_mutex_lock(&o->mu);
+    o->stop = 1;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    pthread_join(o->beat, NULL);
+    pthread_cond_destroy(&o->cv);
+    pthread_mutex_destroy(&o->mu);
+  }
+  ddplug__free(o);
+}
+
 static void open_add(open_once *o) {
   pthread_mutex_lock(&g_open_mu);
   o->next = g_open;
@@ -180,30 +264,78 @@ static open_once *open_take(const ddplug_context *ctx, int scope,
   return found;
 }
 
+void ddplug__runonce_forget(const ddplug_context *ctx) {
+  for (;;) {
+    pthread_mutex_lock(&g_open_mu);
+    open_once **pp = &g_open, *found = NULL;
+    for (; *pp; pp = &(*pp)->next)
+      if ((*pp)->ctx == ctx) {
+        found = *pp;
+        *pp = found->next;
+        break;
+      }
+    pthread_mutex_unlock(&g_open_mu);
+    if (!found) return;
+    once_free(found);
+  }
+}
+
 /* Wait until the outcome key exists (in slices that also notice an abort of
  * the run) or the deadline passes; then read it. */
 static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
-                        const char *who, int64_t timeout_ms, void **value) {
+                        const char *who, int64_t timeout_ms, const char *limit_by,
+                        void **value) {
   const char *keys[1] = {key};
-  int rc = ddplug__wait_keys(ctx, ctx->store, keys, 1,
-                             ddplug__deadline_ns(timeout_ms), desc, 0);
-  if (ddplug__own_timeout(ctx, rc))
-    return ddplug__err(DDPLUG_E_TIMEOUT,
-                       "%s: no outcome from its runner, %s, after %.1f s "
-                       "(is it still working? pass a longer timeout)",
-                       desc, who, (double)timeout_ms / 1000.0);
-  uint64_t len = 0;
-  if (rc != DDPLUG_OK) {
-    /* The run failed while we waited (e.g. the runner died and the runtime
-     * noticed first): its own record, if it got there, says more. */
-    char why[DDPLUG__ERRMSG_MAX];
-    ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
-    if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK)
-      return DDPLUG_OK;
-    ddplug__set_last_error(why);
-    return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
+  char bkey[RUNONCE_KEY_MAX + 8];
+  snprintf(bkey, sizeof bkey, "%s/beat", key);
+  uint64_t start = ddplug__now_ns();
+  uint64_t deadline = timeout_ms >= 0 ? ddplug__deadline_ns(timeout_ms) : UINT64_MAX;
+  int64_t last_beat = -1;
+  uint64_t last_change = start;
+  for (;;) {
+    uint64_t slice = ddplug__deadline_ns(SLICE_MS);
+    int rc = ddplug__wait_keys(ctx, ctx->store, keys, 1, DDPLUG__MIN(slice, deadline), desc, 0);
+    uint64_t now = ddplug__now_ns();
+    if (rc == DDPLUG_OK) break;
+    if (!ddplug__own_timeout(ctx, rc)) {
+      /* The run failed while we waited (e.g. the runner died and the runtime
+       * noticed first): its own record, if it got there, says more. */
+      char why[DDPLUG__ERRMSG_MAX];
+      uint64_t len = 0;
+      ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
+      if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK) return DDPLUG_OK;
+      ddplug__set_last_error(why);
+      return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
+    }
+    void *bv = NULL;
+    uint64_t blen = 0;
+    if (ddplug_store_get(ctx->store, bkey, 0, &bv, &blen) == DDPLUG_OK) {
+      int64_t beat = strtoll(bv, NULL, 10);
+      ddplug_free(bv);
+      if (beat != last_beat) {
+        last_beat = beat;
+        last_change = now;
+      }
+    }
+    double waited = (double)(now - start) / 1e9;
+    if (now >= deadline)
+      return ddplug__err(DDPLUG_E_TIMEOUT,
+                         "%s: no outcome from its runner, %s, after %.1f s (%s)%s",
+                         desc, who, waited, limit_by,
+                         last_beat >= 0 && now - last_change < (uint64_t)STALE_MS * 1000000ull
+                             ? "; the runner is alive and still working: raise that "
+                               "timeout, or set timeouts.run_once_s = 0 to wait as long "
+                               "as it lives"
+                             : "");
+    if (last_beat >= 0 && now - last_change > (uint64_t)STALE_MS * 1000000ull)
+      return ddplug__err(DDPLUG_E_PEER_LOST,
+                         "%s: its runner, %s, stopped heartbeating %.1f s ago without "
+                         "an outcome (its process hangs, or its host lost the "
+                         "network): giving up after %.1f s",
+                         desc, who, (double)(now - last_change) / 1e9, waited);
   }
-  rc = ddplug_store_get(ctx->store, key, 0, value, &len);
+  uint64_t len = 0;
+  int rc = ddplug_store_get(ctx->store, key, 0, value, &len);
   if (rc != DDPLUG_OK)
     return ddplug__err_prefix(rc, "%s: reading the outcome of %s", desc, who);
   return DDPLUG_OK;
@@ -232,7 +364,8 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
                    sizeof desc);
   if (st) return st;
   int64_t tmo = 0;
-  st = default_timeout_ms(ctx, timeout_ms, &tmo);
+  char limit_by[320];
+  st = waiter_timeout(ctx, timeout_ms, &tmo, limit_by, sizeof limit_by);
   if (st) return st;
   st = ddplug__ctx_check(ctx);
   if (st) return ddplug__err_prefix(st, "%s", desc);
@@ -252,6 +385,7 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
     open_once *o = ddplug__calloc(1, sizeof *o);
     if (!o) return ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", desc);
     o->ctx = ctx;
+    o->store = store;
     o->scope = scope;
     ddplug__strlcpy(o->key, key, sizeof o->key);
     char reason[320];
@@ -271,6 +405,10 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
       ddplug__free(o);
       return ddplug__err_prefix(st, "%s: registering the runner", desc);
     }
+    if ((st = beat_start(o))) {
+      ddplug__free(o);
+      return ddplug__err_prefix(st, "%s", desc);
+    }
     open_add(o);
     *runner = 1;
     DDPLUG__DEBUG("%s: this process runs it", desc);
@@ -280,7 +418,7 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
   char who[64];
   runner_name(&w, scope, who, sizeof who);
   DDPLUG__DEBUG("%s: waiting for %s", desc, who);
-  st = wait_outcome(ctx, key, desc, who, tmo, &value);
+  st = wait_outcome(ctx, key, desc, who, tmo, limit_by, &value);
   if (st) return st;
   st = deliver(value, desc, message);
   ddplug_free(value);
@@ -305,7 +443,7 @@ DDPLUG_API int ddplug_run_once_end(ddplug_context *ctx, const char *name,
                        "process that got runner = 1 from "
                        "ddplug_run_once_begin ends it, once)",
                        desc);
-  ddplug__free(o);
+  once_free(o);
   size_t len = 0;
   char *value = encode_outcome(status, w.rank, message, &len);
   if (!value) return ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", desc);

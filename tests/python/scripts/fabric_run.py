@@ -59,8 +59,10 @@ def main() -> None:
     evald = ddplug.fabric.name_stream(DataLoader(ev, batch_size=4), "eval")
     train, evald = fabric.setup_dataloaders(train, evald)
     state = {"model": model, "opt": opt, "train": train, "epoch": 0}
+    len_after_load = None
     if args.resume:
         fabric.load(args.resume, state)  # the train stream continues where it was saved
+        len_after_load = len(train)  # the batches left in the resumed epoch
     seen: dict = {}
     for epoch in range(state["epoch"], 2):
         for i, batch in enumerate(train):
@@ -98,6 +100,7 @@ def main() -> None:
         "gathered": gathered.flatten().tolist(), "params": C.params_list(model),
         "streams": C.streams_summary(s), "rank_kwargs": s.rank_kwargs,
         "broadcast": fabric.broadcast([fabric.global_rank, "x"], src=0),
+        "len_after_load": len_after_load, "len_now": len(train),
     })
     s.close()
 

@@ -190,13 +190,28 @@ def write_result(rank: int, data: dict) -> None:
 
 def streams_summary(strategy: Any) -> dict:
     out = {}
-    for name, s in getattr(strategy, "streams", {}).items():
+    data = getattr(strategy, "_data", None)
+    every = dict(getattr(strategy, "streams", {}))
+    every.update(getattr(data, "iterables", {}) if data is not None else {})
+    for name, s in every.items():
+        if not hasattr(s, "decision"):  # an iterable stream's id audit
+            out[name] = {"owner": "user", "line": "", "length": -1,
+                         "reports": [{"verdict": r.verdict, "summary": r.summary, "violations": r.violations,
+                                      "diagnoses": r.diagnoses, "repeats": r.repeats, "covered": r.covered,
+                                      "num_samples": r.num_samples, "deliveries": r.deliveries,
+                                      "repeated_examples": r.repeated_examples,
+                                      "repeated_keys": r.repeated_keys} for r in s.reports]}
+            continue
         out[name] = {
             "owner": s.owner,
             "line": s.decision.line,
             "length": len(s),
             "reports": [{"verdict": r.verdict, "summary": r.summary, "epoch": r.epoch,
-                         "covered": r.covered, "deliveries": r.deliveries} for r in s.reports],
+                         "covered": r.covered, "deliveries": r.deliveries, "violations": r.violations,
+                         "diagnoses": r.diagnoses, "text": r.text, "missing": r.missing,
+                         "repeats": r.repeats, "num_samples": r.num_samples, "steps": r.steps,
+                         "missing_examples": r.missing_examples,
+                         "repeated_examples": r.repeated_examples} for r in s.reports],
         }
     return out
 
@@ -216,3 +231,103 @@ def guarded(main):
                 pass
             raise
     return wrapper
+
+
+class HalfSampler(Sampler):
+    """A rank-aware sampler with a self-consistent bug: it only ever covers the
+    first half of the dataset, and its length agrees with that."""
+
+    def __init__(self, n: int, num_replicas: int, rank: int) -> None:
+        self.n, self.num_replicas, self.rank = n, num_replicas, rank
+        self.half = n // 2
+
+    def __iter__(self):
+        return iter(range(self.rank, self.half, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.half, self.num_replicas))
+
+
+class SkippingSampler(DistributedSampler):
+    """A DistributedSampler subclass that silently skips the first ``skip``
+    indices of the dataset (a filtering bug); its length stays torch's."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, skip: int = 50) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.skip = skip
+
+    def __iter__(self):
+        return iter([i if i >= self.skip else i + self.skip for i in super().__iter__()])
+
+
+class LengthBucketBatchSampler(DistributedSampler):
+    """A batch sampler in the manner of the VITS / GPT-SoVITS distributed bucket
+    sampler: samples whose length falls outside (boundaries[0], boundaries[-1]]
+    are left out; each bucket is padded by repeating its own samples to a multiple
+    of batch_size * num_replicas, split by rank, cut into batches, and the batches
+    are shuffled per epoch. It pads and drops, and declares neither."""
+
+    def __init__(self, dataset: Any, batch_size: int, boundaries: list, num_replicas: int, rank: int,
+                 shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle)
+        self.lengths = dataset.lengths
+        self.batch_size = batch_size
+        self.boundaries = list(boundaries)
+        self.buckets = [[] for _ in range(len(self.boundaries) - 1)]
+        self.left_out = []
+        for i, n in enumerate(self.lengths):
+            for b in range(len(self.boundaries) - 1):
+                if self.boundaries[b] < n <= self.boundaries[b + 1]:
+                    self.buckets[b].append(i)
+                    break
+            else:
+                self.left_out.append(i)
+        self.buckets = [b for b in self.buckets if b]
+        per = batch_size * num_replicas
+        self.sizes = [len(b) + (per - len(b) % per) % per for b in self.buckets]
+        self.padding = sum(self.sizes) - sum(len(b) for b in self.buckets)
+        self.num_samples = sum(self.sizes) // num_replicas
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        batches = []
+        for bucket, size in zip(self.buckets, self.sizes):
+            order = torch.randperm(len(bucket), generator=g).tolist() if self.shuffle else list(range(len(bucket)))
+            order = (order * (size // len(bucket) + 1))[:size]
+            mine = order[self.rank::self.num_replicas]
+            batches += [[bucket[k] for k in mine[j:j + self.batch_size]]
+                        for j in range(0, len(mine), self.batch_size)]
+        if self.shuffle:
+            batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return self.num_samples // self.batch_size
+
+
+class RankSizedDataset(SeqDataset):
+    """A dataset each rank builds with a different length (sharded by hand, not a
+    Subset): ddplug sees that it differs but cannot map it to one index space."""
+
+    def __init__(self, n: int, rank: int) -> None:
+        super().__init__(n + rank, seed=5)
+
+
+class Ids(torch.utils.data.IterableDataset):
+    """A streaming dataset whose samples carry a WebDataset-style "__key__"; it
+    yields all of its samples to whoever iterates it (not split by itself)."""
+
+    def __init__(self, n: int, prefix: str = "s", key: bool = True) -> None:
+        super().__init__()
+        self.base = SeqDataset(n, seed=11)
+        self.n, self.prefix, self.key = n, prefix, key
+
+    def __iter__(self):
+        for i in range(self.n):
+            item = dict(self.base[i])
+            if self.key:
+                item["__key__"] = f"{self.prefix}{i:05d}"
+            yield item
+
+    def __len__(self) -> int:
+        return self.n

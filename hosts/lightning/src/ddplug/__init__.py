@@ -9,7 +9,8 @@ For Lightning users, one line::
 ``ddplug.fabric.DdplugStrategy`` does the same for Lightning Fabric. The rest of
 this package is the binding those strategies are built from: :class:`Context`
 (joining a run, collectives), :class:`~ddplug.config.Config`, the samplers, the
-audit, :class:`SyncBatchNorm`, and :func:`run_once` / :func:`once`.
+audit and what a sampler declares to it (:func:`declare`), :func:`shard` for
+iterable datasets, :class:`SyncBatchNorm`, and :func:`run_once` / :func:`once`.
 
 Errors: every failing library call raises a :class:`DdplugError` subclass named
 after its status (``ddplug.Timeout``, ``ddplug.PeerLost``, ``ddplug.Aborted``,
@@ -28,6 +29,7 @@ from .errors import (  # noqa: E402
     AuditFailed,
     ConfigError,
     DdplugError,
+    DdplugWarning,
     InternalError,
     InvalidArgument,
     Mismatch,
@@ -53,6 +55,14 @@ def __getattr__(name: str):
         from .ownership import rank_aware
 
         return rank_aware
+    if name == "declare":
+        from .declarations import declare
+
+        return declare
+    if name == "shard":
+        from .iterable import shard
+
+        return shard
     if name == "SyncBatchNorm":
         from .syncbn import SyncBatchNorm
 
@@ -82,6 +92,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "DdplugError",
+    "DdplugWarning",
     "InternalError",
     "InvalidArgument",
     "Mismatch",
@@ -98,7 +109,26 @@ __all__ = [
     "Unsupported",
     "library_path",
     "library_version",
+    "declare",
     "once",
     "rank_aware",
     "run_once",
+    "shard",
 ]
+
+
+def _register_with_loaded_lightning() -> None:
+    """``strategy="ddplug"`` by name: Lightning resolves strategy names from its
+    registry and reads no entry points for them, so registration needs an import.
+    When Lightning is already imported, ``import ddplug`` does it."""
+    import sys
+
+    for framework, module in (("lightning.pytorch", "lightning"), ("lightning.fabric", "fabric")):
+        if framework in sys.modules:
+            try:
+                __import__(f"{__name__}.{module}")
+            except Exception:  # a broken torch install must not break the binding
+                pass
+
+
+_register_with_loaded_lightning()

@@ -88,7 +88,7 @@ PROTOTYPES: dict = {
     "ddplug_request_seq": (c_uint64, [P]),
     "ddplug_request_free": (None, [P]),
     # samplers
-    "ddplug_sampler_new": (c_int, [POINTER(S.SamplerDesc), PP]),
+    "ddplug_sampler_new": (c_int, [POINTER(S.SamplerOptions), PP]),
     "ddplug_sampler_set_epoch": (c_int, [P, c_uint64]),
     "ddplug_sampler_next": (c_int, [P, I64P, c_uint64, U64P]),
     "ddplug_sampler_seek": (c_int, [P, c_uint64]),
@@ -96,17 +96,24 @@ PROTOTYPES: dict = {
     "ddplug_sampler_position": (c_int, [P, U64P]),
     "ddplug_sampler_info_get": (c_int, [P, POINTER(S.SamplerInfo)]),
     "ddplug_sampler_free": (None, [P]),
-    "ddplug_context_sampler_new": (c_int, [P, POINTER(S.SamplerDesc), PP]),
-    # split ownership, audit
+    "ddplug_context_sampler_new": (c_int, [P, POINTER(S.SamplerOptions), PP]),
+    # streams, split ownership, audit
+    "ddplug_stream_name_check": (c_int, [c_char_p]),
+    "ddplug_split_forced_owner": (c_int, [P, c_char_p, IP, c_char_p, c_uint64]),
     "ddplug_split_claim": (c_int, [P, c_char_p, c_int, c_char_p]),
     "ddplug_split_owner": (c_int, [P, c_char_p, IP, c_char_p, c_uint64]),
     "ddplug_split_agree": (c_int, [P, c_char_p, c_int64]),
     "ddplug_audit_begin": (c_int, [P, c_char_p, c_uint64, c_uint64, POINTER(S.AuditOptions), PP]),
     "ddplug_audit_record": (c_int, [P, I64P, c_uint64]),
+    "ddplug_audit_record_ids": (c_int, [P, U64P, c_uint64]),
+    "ddplug_audit_declare_dropped": (c_int, [P, I64P, c_uint64]),
     "ddplug_audit_finish": (c_int, [P, POINTER(S.AuditReport), c_int64]),
+    "ddplug_audit_rank_counts": (c_int, [P, ctypes.c_int32, U64P, U64P]),
+    "ddplug_audit_text": (c_char_p, [P]),
+    "ddplug_audit_examples": (c_int, [P, c_int, I64P, c_uint64, U64P]),
     "ddplug_audit_free": (None, [P]),
     "ddplug_audit_verdict_name": (c_char_p, [c_int]),
-    # run once (abi/src/runonce.c)
+    # run once (abi/src/run/runonce.c)
     "ddplug_run_once_begin": (c_int, [P, c_char_p, c_int, c_int64, IP, PP]),
     "ddplug_run_once_end": (c_int, [P, c_char_p, c_int, c_int, c_char_p]),
 }

@@ -155,18 +155,26 @@ def _staged(ctx: Context, tensor: Tensor) -> Tensor:
 
 
 def reduce(ctx: Context, tensor: Tensor, reduce_op: Union[str, Any, None] = "mean") -> Tensor:
-    """In-place allreduce with Lightning's semantics: "mean" averages (integers:
-    truncated like Lightning's gloo path), returns ``tensor``."""
+    """In-place allreduce with Lightning's semantics; returns ``tensor``. "mean" of
+    an integer tensor leaves the truncated mean in ``tensor`` (as Lightning's gloo
+    path does) but returns the exact mean as a float tensor: Lightning divides two
+    synced sums for a mean-reduced metric (the values, and the batch sizes, an
+    integer tensor), and with uneven per-rank counts — exact evaluation — the
+    truncated batch size would bias it."""
     op = _op_name(reduce_op)
     work = _staged(ctx, tensor)
+    exact = None
     if op == "avg" and not work.is_floating_point():
         ctx.allreduce(work, "sum")
+        exact = work.double() / ctx.world_size
         work.copy_(torch.div(work, ctx.world_size, rounding_mode="trunc"))
     else:
         ctx.allreduce(work, op)
     if work.data_ptr() != tensor.data_ptr():
         with torch.no_grad():
             tensor.copy_(work.view_as(tensor))
+    if exact is not None:
+        return exact.to(torch.get_default_dtype()).view_as(tensor).to(tensor.device)
     return tensor
 
 

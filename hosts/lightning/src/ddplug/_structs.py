@@ -61,8 +61,8 @@ class OpenOptions(ctypes.Structure):
     ]
 
 
-class SamplerDesc(ctypes.Structure):
-    """``ddplug_sampler_desc`` (plugin.h; its abi_version is the plugin ABI's)."""
+class SamplerOptions(ctypes.Structure):
+    """``ddplug_sampler_options`` (the host API's sampler description)."""
 
     _fields_ = [
         ("struct_size", c_uint32),
@@ -72,7 +72,7 @@ class SamplerDesc(ctypes.Structure):
         ("world_size", c_int32),
         ("shuffle", c_int32),
         ("drop_last", c_int32),
-        ("reserved0", c_int32),
+        ("exact", c_int32),
         ("seed", c_uint64),
         ("num_samples", c_uint64),
         ("stream", c_char_p),
@@ -102,8 +102,9 @@ class SamplerInfo(ctypes.Structure):
         ("padded", c_uint64),
         ("dropped", c_uint64),
         ("stream", c_char * 64),
+        ("exact", c_int32),
+        ("reserved0", c_int32),
     ]
-
 
 
 class AuditOptions(ctypes.Structure):
@@ -113,14 +114,13 @@ class AuditOptions(ctypes.Structure):
         ("struct_size", c_uint32),
         ("abi_version", c_uint32),
         ("shuffle", c_int32),
-        ("reserved0", c_int32),
+        ("evaluation", c_int32),
         ("allowed_padding", c_uint64),
         ("allowed_missing", c_uint64),
+        ("local_dropped", c_uint64),
+        ("by_id", c_int32),
+        ("steps_only", c_int32),
     ]
-
-
-# DDPLUG_AUDIT_MAX_RANKS; checked against the header by the layout test.
-AUDIT_MAX_RANKS = 64
 
 
 class AuditReport(ctypes.Structure):
@@ -134,7 +134,7 @@ class AuditReport(ctypes.Structure):
         ("world_size", c_int32),
         ("exact", c_int32),
         ("full", c_int32),
-        ("ranks_listed", c_int32),
+        ("evaluation", c_int32),
         ("epoch", c_uint64),
         ("num_samples", c_uint64),
         ("tracked", c_uint64),
@@ -153,11 +153,10 @@ class AuditReport(ctypes.Structure):
         ("samples_max", c_uint64),
         ("samples_min_rank", c_int32),
         ("samples_max_rank", c_int32),
-        ("steps", c_uint64 * AUDIT_MAX_RANKS),
-        ("samples", c_uint64 * AUDIT_MAX_RANKS),
+        ("missing", c_uint64),
+        ("cross_repeats", c_uint64),
         ("stream", c_char * 64),
         ("summary", c_char * 512),
-        ("text", c_char * 4096),
     ]
 
 
@@ -166,15 +165,15 @@ C_NAMES = {
     "ddplug_world": World,
     "ddplug_plugin_info": PluginInfo,
     "ddplug_open_options": OpenOptions,
-    "ddplug_sampler_desc": SamplerDesc,
+    "ddplug_sampler_options": SamplerOptions,
     "ddplug_sampler_info": SamplerInfo,
     "ddplug_audit_options": AuditOptions,
     "ddplug_audit_report": AuditReport,
 }
 
 # Structs whose abi_version field carries the plugin ABI version (plugin.h) rather
-# than the host API version.
-_PLUGIN_ABI = (SamplerDesc,)
+# than the host API version: none of those the package fills.
+_PLUGIN_ABI: tuple = ()
 
 
 def new(cls, **fields):

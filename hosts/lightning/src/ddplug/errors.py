@@ -31,6 +31,11 @@ class DdplugError(RuntimeError):
         super().__init__(f"{head}{text} [{name}]")
 
 
+class DdplugWarning(UserWarning):
+    """A problem ddplug found that does not stop the run (e.g. a data stream it
+    cannot audit)."""
+
+
 class InvalidArgument(DdplugError, ValueError):
     pass
 

@@ -20,8 +20,11 @@ needs torch.distributed; ``setup_module`` replaces those layers by
 :class:`ddplug.syncbn.SyncBatchNorm` (statistics over every rank through ddplug).
 
 Streams are named "train" (the first loader), then "loader1", "loader2", ...; name
-one yourself with :func:`name_stream` before ``setup_dataloaders``. A loader that
-shuffles (RandomSampler) is split with the config's shuffle; others keep order.
+one yourself with :func:`name_stream` before ``setup_dataloaders``. Streams named
+val, test, predict or eval (and a loader that neither shuffles nor is the first)
+are evaluation streams, split exactly: every sample once, uneven counts per rank.
+After ``fabric.load`` restores a stream mid-epoch, ``len(loader)`` is the number of
+batches left in that epoch.
 """
 
 from __future__ import annotations
@@ -60,8 +63,11 @@ _STREAM_ATTR = "ddplug_stream"
 
 
 def name_stream(loader: DataLoader, name: str) -> DataLoader:
-    """Give ``loader`` a stream name (used by ``setup_dataloaders``)."""
-    setattr(loader, _STREAM_ATTR, name)
+    """Give ``loader`` a stream name (used by ``setup_dataloaders``); a name the
+    library refuses is a ValueError now, not at setup."""
+    from .ownership import check_stream_name
+
+    setattr(loader, _STREAM_ATTR, check_stream_name(name))
     return loader
 
 
@@ -139,7 +145,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             ctx = self._open_context(f"lightning.fabric {lf.__version__}")
             # Fabric's loader calls set_epoch(number of its iterations) (wrappers.py:316-321)
             self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report,
-                                   epochs_count_iterations=True)
+                                   epochs_count_iterations=True, resume_shortens_len=True,
+                                   loader_state_dict=True)
         _abort_on_uncaught_exception(self)
 
     @override
@@ -172,8 +179,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if name is None:
             name = "train" if self._loaders == 0 else f"loader{self._loaders}"
         self._loaders += 1
-        training = isinstance(getattr(dataloader, "sampler", None), RandomSampler)
-        return self._data.prepare(dataloader, name, framework_sampler=self._fabric_sampler, training=training)
+        return self._data.prepare(dataloader, name, framework_sampler=self._fabric_sampler,
+                                  training=_trains(name, dataloader))
 
     @override
     def backward(self, tensor: Tensor, module: Optional[Module], *args: Any, **kwargs: Any) -> None:
@@ -227,8 +234,14 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         super().teardown()
 
     # ------------------------------------------------------------------ helpers
-    def _fabric_sampler(self, dataloader: DataLoader) -> Any:
-        """Fabric's own sampler choice, for owner "framework" (fabric.py:1176-1182)."""
+    def _fabric_sampler(self, dataloader: DataLoader, evaluation: bool = False) -> Any:
+        """Fabric's own sampler choice, for owner "framework"; for an evaluation
+        stream the unrepeated DistributedSampler (every sample once), as the
+        Trainer uses for predict."""
+        if evaluation:
+            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+            return UnrepeatedDistributedSampler(dataloader.dataset, shuffle=False, **self.rank_kwargs)
         from lightning.fabric import Fabric
 
         return Fabric._get_distributed_sampler(dataloader, **self.rank_kwargs)
@@ -236,6 +249,19 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
         if self.global_rank == 0:
             self._print(report.text or report.summary)
+
+
+def _trains(name: str, dataloader: DataLoader) -> bool:
+    """A Fabric stream trains (lockstep, padded to equal lengths) unless it is named
+    as an evaluation stream (val, test, predict, eval: :func:`name_stream`), or it
+    neither shuffles nor is the first ("train") loader."""
+    from .streams import is_evaluation
+
+    if is_evaluation(name):
+        return False
+    if name == "train" or name.startswith("train."):
+        return True
+    return isinstance(getattr(dataloader, "sampler", None), RandomSampler)
 
 
 def _abort_on_uncaught_exception(strategy: DdplugStrategy) -> None:

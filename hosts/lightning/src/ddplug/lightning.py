@@ -36,9 +36,17 @@ What it does that DDPStrategy does not:
   ``torch_distributed=False``, a sampler that asks torch.distributed for its ranks
   stops the run with an error naming it and the arguments to pass instead,
   :mod:`ddplug._torchdist`);
-* the sampler's epoch and position are saved in checkpoints (Lightning saves loaders
-  that have ``state_dict``, lightning/pytorch/utilities/combined_loader.py:378-394)
-  and a resumed run continues where it stopped.
+* the streams' epochs and positions are saved in checkpoints under the key
+  ``"ddplug"``, which other strategies ignore: a ddplug checkpoint resumes under
+  ``strategy="ddp"`` and a DDP checkpoint under ddplug (the loaders themselves stay
+  stateless for Lightning, whose loop state would otherwise demand them);
+* evaluation (val, test, predict) is exact: every sample once, uneven per-rank
+  counts, so predictions and synced sums over the whole set are the
+  single-process ones.
+
+``strategy="ddplug"`` by name needs ``import ddplug.lightning`` first (or
+``import ddplug`` after Lightning is imported): Lightning resolves strategy names
+from its registry and reads no entry points for strategies.
 """
 
 from __future__ import annotations
@@ -136,6 +144,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._prepare_data_patched: Optional[tuple] = None
         self._guarded_sources: list = []
         self._bn_converted = False
+        self._ckpt_states: Optional[dict] = None  # stream positions of a loaded checkpoint
 
     # ------------------------------------------------------------------ properties
     # root_device, num_nodes, num_processes, context, streams: DdplugParallel.
@@ -189,6 +198,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             on_report=self._on_audit_report,
             should_audit=self._should_audit,
         )
+        if self._ckpt_states is not None:
+            self._data.restore(self._ckpt_states)
+            self._ckpt_states = None
         self._guard_dataloader_hooks(trainer)
         trainer_fn = trainer.state.fn
         assert self.model is not None
@@ -230,10 +242,18 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
 
             rewrap = _IndexBatchSamplerWrapper
+        note = ""
+        if self._user_use_distributed_sampler is False:
+            note = ("; Trainer(use_distributed_sampler=False) changes nothing under ddplug: ddplug decides each"
+                    " stream's owner — a loader that is not rank-aware is split by ddplug's sampler; to keep it"
+                    f" as it is, declare it ddplug.rank_aware(...) or set data_split.streams.{name}.owner ="
+                    " \"user\"")
         return self._data.prepare(
             dataloader, name,
-            framework_sampler=lambda dl: self._lightning_sampler(dl, stage),
+            framework_sampler=lambda dl, evaluation=False: self._lightning_sampler(dl, stage, evaluation),
             rewrap=rewrap,
+            training=stage == RunningStage.TRAINING if stage is not None else None,
+            note=note,
         )
 
     @override
@@ -309,6 +329,34 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         """Shape (world_size, *tensor.shape), rank order."""
         return self._all_gather(tensor, sync_grads)
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
+        """The streams' epochs and positions go under ``checkpoint["ddplug"]``, a key
+        other strategies ignore (a stateful loader in Lightning's loop state would
+        make ``strategy="ddp"`` refuse the checkpoint)."""
+        if self._data is not None and self._data.streams:
+            checkpoint["ddplug"] = {"version": 1, "streams": self._data.states()}
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, **kwargs: Any) -> dict:
+        """Keep the checkpoint's stream positions for the loaders set up next; a
+        checkpoint from another strategy has none: its epoch starts at its first
+        batch."""
+        checkpoint = super().load_checkpoint(checkpoint_path, **kwargs)
+        saved = checkpoint.get("ddplug") if isinstance(checkpoint, dict) else None
+        if isinstance(saved, dict) and isinstance(saved.get("streams"), dict):
+            self._ckpt_states = dict(saved["streams"])
+            if self._data is not None:  # loaded after setup (restore_checkpoint_after_setup)
+                self._data.restore(self._ckpt_states)
+                self._ckpt_states = None
+        else:
+            self._ckpt_states = None
+            self._log_rank_zero(f"checkpoint {checkpoint_path} holds no ddplug stream positions (saved by"
+                                " another strategy): a resumed epoch starts at its first batch")
+        return checkpoint
 
     # ------------------------------------------------------------------ registration, teardown
     @classmethod
@@ -415,16 +463,19 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self._trainer._accelerator_connector.use_distributed_sampler = self._user_use_distributed_sampler
         self._user_use_distributed_sampler = None
 
-    def _lightning_sampler(self, dataloader: Any, stage: Optional[RunningStage]) -> Any:
-        """Lightning's own DistributedSampler for a loader (owner "framework")."""
+    def _lightning_sampler(self, dataloader: Any, stage: Optional[RunningStage], evaluation: bool = False) -> Any:
+        """Lightning's own DistributedSampler for a loader (owner "framework"); for
+        an evaluation stream its unrepeated form (the one it uses for predict), so
+        evaluation stays exact."""
         from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
         from lightning.pytorch.utilities.data import _is_dataloader_shuffled
 
         trainer = self._trainer
         assert trainer is not None
         shuffle = True if stage == RunningStage.TRAINING else _is_dataloader_shuffled(dataloader)
+        mode = RunningStage.PREDICTING if evaluation else stage
         return _get_distributed_sampler(dataloader, shuffle, overfit_batches=trainer.overfit_batches,
-                                        mode=stage, **self.distributed_sampler_kwargs)
+                                        mode=mode, **self.distributed_sampler_kwargs)
 
     def _should_audit(self, stream: StreamBatchSampler, total: int) -> bool:
         trainer = self._trainer
@@ -450,6 +501,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _on_audit_report(self, stream: StreamBatchSampler, report: Report) -> None:
         if self.global_rank == 0:
             self._print(report.text or report.summary)
+            keys = [k for k in report.repeated_keys if k is not None]
+            if keys:
+                self._print(f"  repeated sample keys: {', '.join(str(k) for k in keys[:8])}")
         trainer = self._trainer
         if trainer is not None and report.verdict != "SKIPPED":
             for logger in trainer.loggers:

@@ -2,12 +2,14 @@
 scope performs while the others wait for its outcome through the rendezvous store.
 
 ``scope="global"``: rank 0 runs it; ``scope="node"``: the first local rank of every
-node. There is no collective barrier: waiters block on a store key (with the
-collective timeout, or ``timeout_s``), so ranks may arrive minutes apart (slow
-shared file systems) and a runner that dies is noticed (its store connection
-drops) instead of leaving everyone hanging. If the work raises, the runner re-raises
-and every waiter raises :class:`RunOnceFailed` carrying the original exception's
-type, message and traceback text.
+node. There is no collective barrier: waiters block on a store key for as long as
+the runner lives — it heartbeats through the store; ``timeouts.run_once_s`` (default
+0: no limit) or ``timeout_s`` bound the wait — so ranks may arrive minutes apart
+(slow shared file systems, long downloads), and a runner that dies is noticed at
+once (its store connection drops), one that hangs within about 5 s of its last
+heartbeat, instead of leaving everyone hanging. If the work raises, the runner
+re-raises and every waiter raises :class:`RunOnceFailed` carrying the original
+exception's type, message and traceback text.
 
 Names identify the work within a run: a name that already completed returns its
 recorded outcome immediately (once per run).

@@ -43,7 +43,7 @@ _CHUNK = 4096
 class _CSampler:
     """The C sampler handle and its bookkeeping (shared by both classes)."""
 
-    def __init__(self, desc: S.SamplerDesc, context: Optional[Context], keep: tuple) -> None:
+    def __init__(self, desc: S.SamplerOptions, context: Optional[Context], keep: tuple) -> None:
         out = ctypes.c_void_p()
         if context is not None:
             check(F.ddplug_context_sampler_new(context.handle, ctypes.byref(desc), ctypes.byref(out)),
@@ -125,11 +125,11 @@ class _Base(Sampler):
         self._dirty = False  # an iteration consumed something since the last epoch start
 
     def _desc(self, kind: int, num_samples: int, context: Optional[Context], rank: Optional[int],
-              num_replicas: Optional[int], **fields) -> S.SamplerDesc:
-        """A sampler desc with the fields both kinds share (rank/world 0 with a
+              num_replicas: Optional[int], **fields) -> S.SamplerOptions:
+        """Sampler options with the fields both kinds share (rank/world 0 with a
         context: the context's)."""
         return S.new(
-            S.SamplerDesc, kind=kind, rank=int(rank or 0),
+            S.SamplerOptions, kind=kind, rank=int(rank or 0),
             world_size=int(num_replicas or (0 if context is not None else 1)),
             shuffle=int(self.shuffle), drop_last=int(self.drop_last), seed=self.seed,
             num_samples=int(num_samples), stream=self._stream_b, **fields)
@@ -208,6 +208,8 @@ class DistributedSampler(_Base):
         stream: the data stream's name ("train", "val", ...).
         shuffle, seed, drop_last: as torch's DistributedSampler.
         batch_size: optional; the audit then counts one step per batch.
+        exact: every sample exactly once per epoch, no padding (an evaluation
+            stream): the ranks' lengths differ by at most one.
     """
 
     def __init__(
@@ -222,9 +224,12 @@ class DistributedSampler(_Base):
         rank: Optional[int] = None,
         num_replicas: Optional[int] = None,
         batch_size: int = 0,
+        exact: bool = False,
     ) -> None:
         super().__init__(stream, shuffle, seed, drop_last)
-        desc = self._desc(KIND_DISTRIBUTED, num_samples, context, rank, num_replicas, batch_size=int(batch_size))
+        self.exact = bool(exact)
+        desc = self._desc(KIND_DISTRIBUTED, num_samples, context, rank, num_replicas, batch_size=int(batch_size),
+                          exact=int(self.exact))
         self._c = _CSampler(desc, context, ())
 
     def __iter__(self) -> Iterator[int]:

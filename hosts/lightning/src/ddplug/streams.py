@@ -2,13 +2,18 @@
 
 :class:`DataSplit` turns a user's DataLoader into a ddplug-managed one:
 
-1. resolve the owner (:mod:`ddplug.ownership`) and claim it through the runtime;
+1. resolve the owner (:mod:`ddplug.ownership`: rank-aware samplers, datasets
+   already sharded per rank, the config) and claim it through the runtime;
 2. build the batches this rank consumes:
    ``plugin``    ddplug's :class:`~ddplug.samplers.DistributedSampler` (batched by
                  the loader's batch size) or :class:`~ddplug.samplers.BucketBatchSampler`
-                 (config ``sampler.kind`` "bucket"), bound to the run;
+                 (config ``sampler.kind`` "bucket", or the stream's own
+                 ``data_split.streams.<name>.sampler``), bound to the run;
+                 evaluation streams (val, test, predict) are split exactly: every
+                 sample once, uneven counts per rank;
    ``user``      the user's rank-aware sampler / batch sampler, untouched;
-   ``framework`` the framework's own DistributedSampler (an injector callback);
+   ``framework`` the framework's own DistributedSampler (an injector callback;
+                 its unrepeated form for evaluation streams);
 3. wrap them in a :class:`StreamBatchSampler` that fans ``set_epoch`` out to the
    sampler, the batch sampler and the dataset, records what the rank consumed into
    the epoch's audit, finishes the audit when the epoch's last batch is drawn, and
@@ -16,7 +21,13 @@
    continues where it stopped;
 4. re-create the DataLoader around it (Lightning's re-instantiation, which keeps
    custom DataLoader subclasses and their arguments), then check that every rank
-   has the same number of batches — a mismatch would hang the first collective.
+   of a training stream has the same number of batches — a mismatch would hang
+   the first collective (evaluation streams run without lockstep).
+
+What a user's or the framework's sampler pads or drops must be declared
+(:mod:`ddplug.declare`); the audit never infers it from the sampler's length.
+Iterable datasets are audited by sample id where the samples carry one
+(:mod:`ddplug.iterable`).
 
 The framework's own sampler injection must be off for managed loaders; the
 strategies take care of that.
@@ -25,20 +36,33 @@ strategies take care of that.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import time
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from . import declarations as _declare
+from . import iterable as _iterable
 from . import ownership
 from .audit import Audit, Report
 from .context import Context
-from .errors import make, status_code
+from .errors import DdplugWarning, make, status_code
 from .samplers import BucketBatchSampler, DistributedSampler
 
 TRAIN = "train"
+EVALUATION_PREFIXES = ("val", "test", "predict", "eval", "validation")
+
+
+def is_evaluation(stream: str) -> bool:
+    """Whether a stream name is an evaluation stream's (val, test, predict, eval,
+    and their numbered forms "val.1" ...)."""
+    head = stream.split(".")[0]
+    return head in EVALUATION_PREFIXES
 
 
 class _EpochForward:
@@ -120,8 +144,12 @@ class StreamBatchSampler:
         index_sampler: Any,
         batch_sampler: Any,
         shuffle: bool,
-        allowed: tuple,
+        allowance: _declare.Allowance,
         records: bool,
+        evaluation: bool = False,
+        global_map: Optional[np.ndarray] = None,
+        steps_only: bool = False,
+        candidates: tuple = (),
     ) -> None:
         self._split = split
         self.decision = decision
@@ -133,8 +161,14 @@ class StreamBatchSampler:
         self.index_sampler = index_sampler
         self._user_batch_sampler = batch_sampler
         self._shuffle = bool(shuffle)
-        self._allowed = allowed
+        self._allowance = allowance
         self._records = records
+        self.evaluation = bool(evaluation)
+        self._global_map = global_map
+        self._steps_only = bool(steps_only)
+        self._candidates = candidates
+        self.max_batches = 0  # the largest rank's batches per epoch
+        self.audit_seconds = 0.0  # time in this stream's audit calls (begin, finish, report), cumulative
         self.epoch = 0
         self._epoch_set: Optional[int] = None
         self._iterations = 0
@@ -155,7 +189,12 @@ class StreamBatchSampler:
         return _EpochForward(self)
 
     def __len__(self) -> int:
-        return len(self._inner)
+        """Batches per epoch on this rank; after a restored checkpoint, where the
+        framework asks for it (Fabric), the batches left in the resumed epoch."""
+        total = len(self._inner)
+        if self._resume is not None and self._split.resume_shortens_len:
+            return max(0, total - self._resume[1])
+        return total
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs. Where the framework numbers epochs by
@@ -171,7 +210,7 @@ class StreamBatchSampler:
             "epoch": self.epoch,
             "position": self.position,
             "world_size": self._split.ctx.world_size,
-            "length": len(self),
+            "length": len(self._inner),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -185,7 +224,7 @@ class StreamBatchSampler:
             )
             return
         epoch, pos = int(state["epoch"]), int(state["position"])
-        if pos >= len(self):
+        if pos >= len(self._inner):
             epoch, pos = epoch + 1, 0
         self._resume = (epoch, pos)
         self._epoch_set = epoch
@@ -252,7 +291,7 @@ class StreamBatchSampler:
         self._iterations += 1
         self._fan_out_epoch(epoch)
         self.drawn, self.consumed, self._start = start, None, start
-        total = len(self)
+        total = len(self._inner)
         self._begin_audit(epoch, total)
         if isinstance(self._inner, _Batches):
             it = self._inner.iter_from(start)
@@ -278,6 +317,13 @@ class StreamBatchSampler:
 
     # ---- audit -------------------------------------------------------------------
     def _begin_audit(self, epoch: int, total: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._begin_audit_timed(epoch, total)
+        finally:
+            self.audit_seconds += time.perf_counter() - t0
+
+    def _begin_audit_timed(self, epoch: int, total: int) -> None:
         if self._audit is not None:
             self._split.log(
                 f"stream '{self.name}': audit of epoch {self._audit.epoch} abandoned (the epoch ended"
@@ -285,20 +331,37 @@ class StreamBatchSampler:
             )
             self._audit.free()
             self._audit = None
-        if not self._split.should_audit(self, total):
+        if not self._split.should_audit(self, max(total, self.max_batches)):
             return
-        padding, missing = self._allowed
+        a = self._allowance
+        padding = _declare.padding_for_epoch(self._candidates, epoch, a.padding)
         self._audit = Audit(self._split.ctx, self.name, self.num_samples, epoch, shuffle=self._shuffle,
-                            allowed_padding=padding, allowed_missing=missing)
+                            evaluation=self.evaluation, allowed_padding=padding, allowed_missing=a.dropped,
+                            local_dropped=a.local_dropped, steps_only=self._steps_only)
+        if a.dropped_indices is not None and a.dropped_indices.size and not self.evaluation:
+            self._audit.declare_dropped(a.dropped_indices)
 
     def _record(self, batch: Any) -> None:
         if self._audit is not None and self._records:
-            self._audit.record(_indices(batch))
+            idx = _indices(batch)
+            if self._steps_only:
+                idx = idx[:0]
+            elif self._global_map is not None:
+                inside = (idx >= 0) & (idx < self._global_map.size)
+                idx = np.where(inside, self._global_map[np.clip(idx, 0, max(0, self._global_map.size - 1))], -1)
+            self._audit.record(idx)
 
     def _finish_audit(self) -> None:
         audit, self._audit = self._audit, None
         if audit is None:
             return
+        t0 = time.perf_counter()
+        try:
+            self._finish_audit_timed(audit)
+        finally:
+            self.audit_seconds += time.perf_counter() - t0
+
+    def _finish_audit_timed(self, audit: Audit) -> None:
         try:
             report = audit.finish()
         except Exception as exc:  # AuditFailed carries the report
@@ -317,6 +380,29 @@ class StreamBatchSampler:
         for obj in (self.index_sampler, self._inner):
             if isinstance(obj, (DistributedSampler, BucketBatchSampler)):
                 obj.close()
+
+
+def _declare_target(stream: Any) -> Any:
+    """The object a user would declare padding or dropping on."""
+    for name in ("_user_batch_sampler", "index_sampler", "_dataset"):
+        obj = getattr(stream, name, None)
+        if obj is not None and not isinstance(obj, (DistributedSampler, BucketBatchSampler)):
+            return obj
+    return None
+
+
+def json_value(v: Any) -> str:
+    return json.dumps(v)
+
+
+class _IterableStream:
+    """What the strategies' hooks need of a stream read from an iterable dataset."""
+
+    def __init__(self, name: str, decision: Optional[ownership.Decision] = None, ids: Any = None) -> None:
+        self.name = name
+        self.decision = decision
+        self.owner = decision.owner if decision is not None else "user"
+        self.reports = ids.reports if ids is not None else []
 
 
 def _indices(batch: Any) -> np.ndarray:
@@ -404,6 +490,13 @@ class DataSplit:
             nobody called set_epoch (None: count iterations).
         epochs_count_iterations: the framework's set_epoch numbers a loader's
             iterations in this process (Fabric), so a restored checkpoint shifts it.
+        resume_shortens_len: after a restored position, ``len(loader)`` reports
+            the batches left in the resumed epoch (Fabric's loops use it; the
+            Trainer counts the resumed epoch's batches itself).
+        loader_state_dict: the loaders get ``state_dict`` (Fabric saves a loader
+            in ``fabric.save`` state through it). The Trainer keeps it off: a
+            stateful loader in a checkpoint breaks resuming it under another
+            strategy; its strategy stores the positions under "ddplug" instead.
         on_report: called with (stream, report) after every finished audit.
         should_audit: (stream, batches this epoch) -> bool; False skips the
             epoch's audit (e.g. a sanity check or limit_*_batches).
@@ -419,9 +512,15 @@ class DataSplit:
         on_report: Optional[Callable[[StreamBatchSampler, Report], None]] = None,
         should_audit: Optional[Callable[[StreamBatchSampler, int], bool]] = None,
         epochs_count_iterations: bool = False,
+        resume_shortens_len: bool = False,
+        loader_state_dict: bool = False,
     ) -> None:
         self.ctx = ctx
         self.epochs_count_iterations = bool(epochs_count_iterations)
+        self.resume_shortens_len = bool(resume_shortens_len)
+        self.loader_state_dict = bool(loader_state_dict)
+        self.iterables: dict = {}
+        self._pending: dict = {}
         self.framework = framework
         self.log = log
         self.epoch_source = epoch_source
@@ -444,18 +543,39 @@ class DataSplit:
     def should_audit(self, stream: StreamBatchSampler, total: int) -> bool:
         return True if self._should_audit is None else bool(self._should_audit(stream, total))
 
-    def explain(self, stream: StreamBatchSampler, exc: BaseException) -> BaseException:
-        """Add what the adapter knows (owner, who decided) to an audit failure."""
+    def explain(self, stream: Any, exc: BaseException) -> BaseException:
+        """Add what the adapter knows (owner, who decided, how to declare) to an
+        audit failure."""
         d = stream.decision
-        hint = f"\n  {d.line}"
-        if d.owner == "user" and "no partitioning" in str(exc):
+        text = str(exc)
+        hint = f"\n  {d.line}" if d is not None else ""
+        obj = _declare_target(stream)
+        if d is not None and d.owner == "user" and "no partitioning" in text:
             hint += (
                 "\n  The stream is owned by the user, but its sampler gives every rank the same samples."
                 " Make the sampler rank-aware (num_replicas/rank), or let ddplug split it:"
                 f" data_split.streams.{d.stream}.owner = \"plugin\" (or \"auto\")."
             )
-        elif "double partitioning" in str(exc):
+        elif "double partitioning" in text:
             hint += "\n  Two layers split this stream; keep one owner (see data_split.owner)."
+        report = getattr(exc, "report", None)
+        keys = [k for k in getattr(report, "repeated_keys", []) or [] if k is not None]
+        if keys:
+            hint += f"\n  Repeated sample keys: {', '.join(str(k) for k in keys[:8])}"
+        if not getattr(stream, "evaluation", False) and obj is not None and (
+                "missing samples" in text or "repeated samples" in text):
+            report = getattr(exc, "report", None)
+            parts = []
+            if report is not None and "MISSING" in report.violations:
+                parts.append(f"dropped=<the {report.missing} indices it leaves out, a predicate, or a count>")
+            if report is not None and "OVERLAP" in report.violations:
+                parts.append(f"padding={report.repeats}")
+            if parts:
+                hint += (
+                    f"\n  If {type(obj).__name__} pads or drops on purpose, declare it:"
+                    f" ddplug.declare(<the {type(obj).__name__}>, {', '.join(parts)})"
+                    " — see the README's \"Declaring padding and dropping\"."
+                )
         try:
             exc.args = (f"{exc}{hint}",)
         except Exception:
@@ -464,50 +584,86 @@ class DataSplit:
 
     # ---- the work ----------------------------------------------------------------
     def sampler_settings(self, stream: str, training: Optional[bool] = None) -> dict:
-        """The config's "sampler" settings for a stream; evaluation streams (by
-        name, or ``training=False``) are never shuffled nor cut."""
-        s = dict(self.settings.get("sampler", {}))
+        """ddplug's sampler settings for a stream: the top-level "sampler", each key
+        of the stream's own ``data_split.streams.<name>.sampler`` overriding it.
+        An evaluation stream (by name, or ``training=False``) is split exactly:
+        the top-level sampler does not apply to it (no bucketing, shuffling,
+        padding or dropping), and its own settings may not ask for bucketing or
+        drop_last (ValueError naming the key)."""
+        own = dict(((self.settings.get("data_split", {}) or {}).get("streams", {}) or {})
+                   .get(stream, {}).get("sampler", {}) or {})
         if training is None:
-            training = stream == TRAIN or stream.startswith(TRAIN + ".")
-        if not training:
-            s["shuffle"] = False  # evaluation order does not matter; keep it stable
-            s["drop_last"] = False
-        return s
+            training = not is_evaluation(stream)
+        if training:
+            s = dict(self.settings.get("sampler", {}))
+            bucket = dict(s.get("bucket", {}))
+            bucket.update(own.pop("bucket", {}) or {})
+            s.update(own)
+            s["bucket"] = bucket
+            s["exact"] = False
+            return s
+        for key, bad in (("kind", "bucket"), ("drop_last", True)):
+            if own.get(key) == bad:
+                raise ValueError(
+                    f"ddplug: stream '{stream}' is an evaluation stream, split exactly (every sample once,"
+                    f" uneven counts per rank); data_split.streams.{stream}.sampler.{key} = {json_value(bad)}"
+                    f" in {self.origin} would pad or drop it: remove that setting"
+                )
+        return {"kind": "distributed", "shuffle": bool(own.get("shuffle", False)),
+                "seed": int(own.get("seed", self.settings.get("sampler", {}).get("seed", 0))),
+                "drop_last": False, "exact": True, "bucket": {}}
+
+    def restore(self, states: dict) -> None:
+        """Positions to resume from, by stream name (a checkpoint's ddplug states):
+        applied to streams prepared from now on, and to those already prepared."""
+        self._pending = dict(states or {})
+        for name, stream in self.streams.items():
+            st = self._pending.pop(name, None)
+            if st is not None:
+                stream.load_state_dict(st)
+
+    def states(self) -> dict:
+        """Every stream's position, for a checkpoint."""
+        return {name: s.state_dict() for name, s in self.streams.items()}
 
     def prepare(
         self,
         loader: Any,
         stream: str,
         *,
-        framework_sampler: Optional[Callable[[DataLoader], Any]] = None,
+        framework_sampler: Optional[Callable[..., Any]] = None,
         rewrap: Optional[Callable[[Any], Any]] = None,
         training: Optional[bool] = None,
+        note: str = "",
     ) -> Any:
         """The managed version of ``loader`` for ``stream`` (see the module doc).
 
         framework_sampler: builds the framework's own DistributedSampler for
-            ``loader`` (needed when the config forces owner "framework").
+            ``loader`` (needed when the config forces owner "framework"); called
+            with ``evaluation=True`` for an evaluation stream.
         rewrap: re-applies a framework wrapper to the new batch sampler (Lightning's
             predict index tracking).
-        training: whether the stream is shuffled like a training stream (None:
-            by name, "train" and "train.N" are)."""
+        training: whether the stream trains (in lockstep, shuffled, padded to equal
+            lengths) or evaluates (exact); None: by name (val, test, predict, eval
+            evaluate).
+        note: appended to the owner line (what a framework setting means here)."""
+        ownership.check_stream_name(stream)
+        if training is None:
+            training = not is_evaluation(stream)
+        evaluation = not training
         if not isinstance(loader, DataLoader):
             decision = ownership.Decision(stream, "user", f"{type(loader).__name__} is not a DataLoader:"
-                                          " it must split by itself", None, None)
+                                          " it must split by itself", None, None, note=note)
             ownership.claim(self.ctx, decision, self._claimant())
-            self.log(decision.line)
+            self.warn(f"{decision.line} — not audited: ddplug sees no indices or ids of a"
+                      f" {type(loader).__name__}")
             return loader
         iterable = isinstance(loader.dataset, IterableDataset)
-        decision = ownership.resolve(self.settings, loader, stream, iterable=iterable, origin=self.origin)
+        per_rank = None if iterable else ownership.compare_datasets(self.ctx, loader.dataset)
+        decision = ownership.resolve(self.ctx, loader, stream, iterable=iterable, per_rank=per_rank)
+        decision.note = note
         if iterable:
-            if decision.owner != "user":
-                raise ValueError(
-                    f"ddplug: stream '{stream}' reads an IterableDataset, which only the dataset itself can split;"
-                    f" owner {decision.owner} ({decision.forced_by}) is impossible: set it to \"user\""
-                )
-            ownership.claim(self.ctx, decision, self._claimant())
-            self.log(decision.line + " — no audit: an iterable stream has no sampler indices to record")
-            return loader
+            return self._prepare_iterable(loader, decision, evaluation)
 
         old_bs = loader.batch_sampler
         inner_bs = getattr(old_bs, "_batch_sampler", old_bs)  # unwrap Lightning's predict wrapper
@@ -519,12 +675,13 @@ class DataSplit:
         n = len(loader.dataset)
         batch_size = getattr(inner_bs, "batch_size", None) or 1
         loader_drop_last = bool(getattr(inner_bs, "drop_last", False))
-        ws = self.ctx.world_size
 
         ownership.claim(self.ctx, decision, self._claimant())
         index_sampler: Any = None
         user_bs: Any = None
         records = True
+        global_map, steps_only, audit_n = None, False, n
+        candidates: tuple = ()
         used = ""  # which of ddplug's samplers splits, for the log line
         if decision.owner == "plugin":
             settings = self.sampler_settings(stream, training)
@@ -532,41 +689,103 @@ class DataSplit:
                 inner = self._bucket(loader, stream, settings)
                 used = "ddplug's length-bucketed batch sampler; "
             else:
-                used = "ddplug's distributed sampler; "
+                used = "ddplug's distributed sampler (exact: every sample once); " if settings["exact"] \
+                    else "ddplug's distributed sampler; "
                 index_sampler = DistributedSampler(
                     n, context=self.ctx, stream=stream, shuffle=bool(settings.get("shuffle", True)),
                     seed=int(settings.get("seed", 0)), drop_last=bool(settings.get("drop_last", False)),
-                    batch_size=batch_size)
-                inner = _Batches(index_sampler, batch_size, loader_drop_last)
-            shuffle, allowed, records = False, (0, 0), False  # the bound sampler declares and records
+                    batch_size=batch_size, exact=bool(settings["exact"]))
+                inner = _Batches(index_sampler, batch_size, loader_drop_last and training)
+            # the bound sampler declares and records (the tail a drop_last batching
+            # drops is drawn from it all the same: nothing goes missing)
+            shuffle, allowance, records = False, _declare.Allowance(), False
         elif decision.owner == "framework":
             if framework_sampler is None:
                 raise ValueError(f"ddplug: stream '{stream}': owner \"framework\" needs the framework's sampler")
-            index_sampler = framework_sampler(loader)
+            index_sampler = framework_sampler(loader, evaluation=evaluation)
             inner = BatchSampler(index_sampler, batch_size, loader_drop_last)
             shuffle = _shuffled(index_sampler)
-            allowed = _allowances(n, ws, index_sampler, inner)
+            candidates = (index_sampler, loader.dataset)
+            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation)
         else:  # user
             user_bs = inner_bs if type(inner_bs) is not BatchSampler else None
             index_sampler = getattr(inner_bs, "sampler", None)
             inner = inner_bs
             shuffle = _shuffled(decision.aware_obj) or _shuffled(index_sampler)
-            allowed = _allowances(n, ws, decision.aware_obj if decision.aware_where != "dataset" else None, inner)
+            candidates = tuple(o for o in (user_bs, index_sampler, loader.dataset) if o is not None)
+            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation)
+            if decision.per_rank is not None:
+                if decision.per_rank.global_map is not None:
+                    global_map, audit_n = decision.per_rank.global_map, decision.per_rank.global_n
+                else:
+                    steps_only, audit_n = True, 0  # no common N: the ranks' lengths differ
+                    self.warn(
+                        f"stream '{stream}': the dataset differs across ranks ({decision.per_rank.why}) and"
+                        " ddplug cannot map its indices to one index space (only chains of Subsets over the"
+                        " same dataset map): the audit checks steps and order, not which samples were seen"
+                    )
 
         stream_bs = StreamBatchSampler(
-            self, decision, inner, num_samples=n, dataset=loader.dataset, index_sampler=index_sampler,
-            batch_sampler=user_bs, shuffle=shuffle, allowed=allowed, records=records)
+            self, decision, inner, num_samples=audit_n, dataset=loader.dataset, index_sampler=index_sampler,
+            batch_sampler=user_bs, shuffle=shuffle, allowance=allowance, records=records,
+            evaluation=evaluation, global_map=global_map, steps_only=steps_only, candidates=candidates)
         new_loader = _rebuild(loader, rewrap(stream_bs) if rewrap is not None else stream_bs)
-        new_loader.state_dict = stream_bs.state_dict  # Lightning saves "stateful" loaders in checkpoints
-        stream_bs.track(new_loader)
         new_loader.load_state_dict = stream_bs.load_state_dict
-        self._check_even(stream_bs)
+        if self.loader_state_dict:  # Fabric saves loaders that have state_dict
+            new_loader.state_dict = stream_bs.state_dict
+        stream_bs.track(new_loader)
+        self._gather_lengths(stream_bs, training)
         old = self.streams.get(stream)
         if old is not None and old is not stream_bs:
             old.close()
         self.streams[stream] = stream_bs
-        self.log(f"{decision.line}; {used}{len(stream_bs)} batches per epoch per rank")
+        pending = self._pending.pop(stream, None)
+        if pending is not None:
+            stream_bs.load_state_dict(pending)
+        declared = f"; declared {allowance.describe()}" if allowance.source and not evaluation else ""
+        mapped = f"; audited in the {audit_n} indices of the whole dataset" if global_map is not None else ""
+        self.log(f"{decision.line}; {used}{len(stream_bs)} batches per epoch per rank{declared}{mapped}")
         return new_loader
+
+    def _prepare_iterable(self, loader: DataLoader, decision: ownership.Decision, evaluation: bool) -> Any:
+        stream = decision.stream
+        if decision.owner != "user":
+            raise ValueError(
+                f"ddplug: stream '{stream}' reads an IterableDataset, which only the dataset itself can split;"
+                f" owner {decision.owner} ({decision.forced_by}) is impossible: set it to \"user\""
+                " (ddplug.shard(dataset) splits any iterable by rank and DataLoader worker)"
+            )
+        ownership.claim(self.ctx, decision, self._claimant())
+        key = _iterable.key_of(loader.dataset)
+        if key is None:
+            self.warn(
+                f"{decision.line} — not audited: its samples carry no id. Declare one"
+                f" (ddplug.declare(dataset, key=\"<field>\") or key=<function of a batch>; WebDataset's"
+                f" \"{_iterable.KEY_FIELD}\" is found by itself) to have each epoch checked for repeated samples"
+            )
+            return loader
+        expected = 0  # the whole stream's distinct samples, where known
+        if isinstance(loader.dataset, _iterable.shard):
+            try:
+                expected = len(loader.dataset.source)
+            except TypeError:
+                expected = 0
+        ids = _iterable.IdAudit(
+            self.ctx, stream, key, expected, evaluation=evaluation,
+            should_audit=lambda: self.should_audit(_IterableStream(stream), -1),
+            on_report=lambda r: self.on_report(_IterableStream(stream, decision, ids), r),
+            explain=lambda exc: self.explain(_IterableStream(stream, decision, ids), exc))
+        ids.attach(loader)
+        self.iterables[stream] = ids
+        what = f"{expected} ids expected" if expected else "repeats only: how many samples the stream has is unknown"
+        self.log(f"{decision.line}; audited by sample id ({what})")
+        return loader
+
+    def _sum_ranks(self, value: int) -> int:
+        """The sum over ranks of a per-rank number (collective)."""
+        every = np.empty(self.ctx.world_size, dtype=np.int64)
+        self.ctx.allgather(np.asarray([value], dtype=np.int64), every)
+        return int(every.sum())
 
     def _claimant(self) -> str:
         return f"{self.framework} adapter (rank {self.ctx.rank})"
@@ -585,13 +804,22 @@ class DataSplit:
             shuffle=bool(settings.get("shuffle", True)), seed=int(settings.get("seed", 0)),
             drop_last=b.get("pad", "repeat") == "drop")
 
-    def _check_even(self, stream: StreamBatchSampler) -> None:
-        """Every rank must have the same number of batches (else the run hangs at
-        the first collective of the longer ranks' extra steps)."""
-        mine = np.array([len(stream)], dtype=np.int64)
+    def warn(self, line: str) -> None:
+        """A warning, printed once (rank 0) and sent to Python's warnings."""
+        if self.ctx.rank == 0:
+            warnings.warn(f"ddplug: {line}", DdplugWarning, stacklevel=3)
+        self.log(f"WARNING: {line}")
+
+    def _gather_lengths(self, stream: StreamBatchSampler, training: bool) -> None:
+        """Every rank's batches per epoch (collective). A training stream must have
+        the same number on every rank (else the run hangs at the first collective
+        of the longer ranks' extra steps); an evaluation stream keeps the largest,
+        so that every rank decides alike whether an epoch is audited."""
+        mine = np.array([len(stream._inner)], dtype=np.int64)
         every = np.empty(self.ctx.world_size, dtype=np.int64)
         self.ctx.allgather(mine, every)
-        if int(every.min()) != int(every.max()):
+        stream.max_batches = int(every.max())
+        if training and int(every.min()) != int(every.max()):
             counts = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every))
             lo = int(np.argmin(every))
             raise make(
@@ -605,27 +833,6 @@ class DataSplit:
         for s in self.streams.values():
             s.close()
         self.streams.clear()
-
-
-def _allowances(n: int, world_size: int, declared: Any, inner: Any) -> tuple:
-    """(allowed padding, allowed missing) for a stream whose sampler ddplug did not
-    build: from what the sampler declares (total_size) or from its length."""
-    override = getattr(declared, "ddplug_audit_allowance", None)
-    if override is not None:
-        return int(override[0]), int(override[1])
-    per_rank = None
-    if isinstance(inner, BatchSampler):
-        try:
-            length = len(inner.sampler)
-            per_rank = (length // inner.batch_size) * inner.batch_size if inner.drop_last else length
-        except TypeError:
-            per_rank = None
-    if per_rank is None:
-        total = getattr(declared, "total_size", None)
-        if isinstance(total, int):
-            return max(0, total - n), max(0, n - total)
-        return 0, 0
-    if per_rank >= n and world_size > 1:
-        return 0, 0  # every rank reads the whole dataset: nothing to allow, let the audit say so
-    total = per_rank * world_size
-    return max(0, total - n), max(0, n - total)
+        for ids in self.iterables.values():
+            ids.close()
+        self.iterables.clear()

@@ -1,0 +1,243 @@
+"""Iterable datasets (streaming): a rank × worker sharding helper, and the audit of
+samples by id.
+
+An ``IterableDataset`` has no indices for ddplug's sampler to split: it must split
+itself across ranks and DataLoader workers. :func:`shard` does that for any
+iterable — item ``k`` goes to the consumer ``k mod (world·workers)`` — and
+:class:`IdAudit` checks each epoch that no sample was delivered twice, on one
+rank or across ranks and workers, from the ids the samples carry:
+
+* a field name of each (collated) batch, declared with ``ddplug.declare(dataset,
+  key="__key__")`` — a WebDataset pipeline's ``"__key__"`` is used without a
+  declaration;
+* or a function of the batch returning its ids: ``ddplug.declare(dataset,
+  key=lambda batch: batch["path"])``.
+
+Ids are ints or anything with a stable ``str`` (hashed to 64 bits the same way in
+every process). The audit is exact up to ``data_split.audit_exact_max`` ids, and
+beyond follows a hash-chosen subset (ddplug.h, "Samples identified by id", states
+its error bound). For a :func:`shard` of a source with a length, the audit also
+checks that that many distinct ids came (nothing lost); for other iterables it
+checks repeats only. A pass ends when the loader is exhausted or has handed out
+``len(loader)`` batches. A stream whose samples carry no id is not audited: a
+warning says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterator, Optional, Union
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .audit import Audit, Report, sample_id
+from .context import Context, current
+
+KEY_FIELD = "__key__"  # WebDataset's per-sample key
+
+_KEY_ATTR = "__ddplug_key__"
+_KEYS_KEPT = 1 << 16  # keys remembered per pass, to name repeated ids in reports
+
+Key = Union[str, Callable[[Any], Any]]
+
+
+class shard(IterableDataset):
+    """``source``'s items for this rank and DataLoader worker only: item ``k`` (in
+    the source's order, the same on every rank) goes to consumer
+    ``k mod (world_size · workers)``, consumer ``rank · workers + worker``. Every
+    item reaches exactly one consumer per pass; ranks get counts that differ by at
+    most one per worker.
+
+    Args:
+        source: any iterable (a streaming dataset, a generator factory's result
+            is consumed once: pass a re-iterable).
+        context / rank, world_size: whose share (default: the current run's).
+    """
+
+    def __init__(self, source: Any, *, context: Optional[Context] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None) -> None:
+        super().__init__()
+        if rank is None or world_size is None:
+            ctx = context if context is not None else current()
+            if ctx is None:
+                raise RuntimeError(
+                    "ddplug.shard needs the ranks: call it inside a run (after the strategy set up), or pass"
+                    " rank= and world_size= (e.g. self.trainer.global_rank and self.trainer.world_size)"
+                )
+            rank, world_size = ctx.rank, ctx.world_size
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"ddplug.shard: rank {rank} is not in a world of {world_size}")
+        self.source = source
+        self.rank, self.world_size = int(rank), int(world_size)
+        key = getattr(source, _KEY_ATTR, None)
+        if key is not None:
+            setattr(self, _KEY_ATTR, key)
+        try:  # declarations made on the source hold for its shards
+            from .declarations import _ATTR
+
+            d = getattr(source, _ATTR, None)
+            if d is not None:
+                setattr(self, _ATTR, d)
+        except ImportError:  # pragma: no cover
+            pass
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        consumers = self.world_size * workers
+        me = self.rank * workers + worker
+        return itertools.islice(iter(self.source), me, None, consumers)
+
+    def __len__(self) -> int:
+        n = len(self.source)  # type: ignore[arg-type]
+        return n // self.world_size + (self.rank < n % self.world_size)
+
+
+def set_key(dataset: Any, key: Key) -> Any:
+    """Say how to find the sample ids in a batch of ``dataset`` (see the module
+    doc); ``ddplug.declare(dataset, key=...)`` calls it."""
+    setattr(dataset, _KEY_ATTR, key)
+    return dataset
+
+
+def key_of(dataset: Any) -> Optional[Key]:
+    """The declared key, else ``"__key__"`` for a WebDataset pipeline, else None."""
+    key = getattr(dataset, _KEY_ATTR, None)
+    if key is not None:
+        return key
+    if type(dataset).__module__.split(".")[0] == "webdataset":
+        return KEY_FIELD
+    return None
+
+
+def batch_ids(batch: Any, key: Key) -> list:
+    """The ids in one (collated) batch."""
+    if callable(key):
+        ids = key(batch)
+    elif isinstance(batch, dict):
+        ids = batch[key]
+    else:
+        ids = getattr(batch, key)
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes, int)):
+        return [ids]
+    return list(ids)
+
+
+class IdAudit:
+    """Audits each pass over a loader of an iterable dataset by sample id: begins
+    when an iterator is created, records every batch's ids, finishes (collective)
+    when the iterator is exhausted. Installed on the loader by :meth:`attach`."""
+
+    def __init__(self, ctx: Context, stream: str, key: Key, expected: int, *,
+                 evaluation: bool, should_audit: Callable[[], bool],
+                 on_report: Callable[[Report], None], explain: Callable[[BaseException], BaseException]) -> None:
+        self.ctx, self.stream, self.key, self.expected = ctx, stream, key, int(expected)
+        self.evaluation = evaluation
+        self._should_audit = should_audit
+        self._on_report = on_report
+        self._explain = explain
+        self.epoch = 0
+        self.reports: list = []
+        self.batches: Optional[int] = None
+        self._audit: Optional[Audit] = None
+        self._keys: dict = {}
+
+    def attach(self, loader: Any) -> None:
+        make = loader._get_iterator  # DataLoader.__iter__ calls it
+        audit = self
+        try:  # frameworks stop at len(loader) batches without asking for one more
+            self.batches: Optional[int] = len(loader)
+        except TypeError:
+            self.batches = None
+
+        def _get_iterator() -> Any:
+            return _Recording(make(), audit)
+
+        loader._get_iterator = _get_iterator
+
+    def begin(self) -> None:
+        if self._audit is not None:
+            self._audit.free()  # the previous pass ended early: not audited
+        self._audit = None
+        self._keys: dict = {}
+        if self._should_audit():
+            self._audit = Audit(self.ctx, self.stream, self.expected, self.epoch, by_id=True,
+                                evaluation=self.evaluation)
+        self.epoch += 1
+
+    def record(self, batch: Any) -> None:
+        if self._audit is not None:
+            keys = batch_ids(batch, self.key)
+            self._audit.record_ids(keys)
+            for k in keys:
+                if len(self._keys) >= _KEYS_KEPT:
+                    break
+                self._keys.setdefault(sample_id(k), k)
+
+    def _name_examples(self, report: Report) -> None:
+        """The keys behind the example ids this rank delivered itself."""
+        report.repeated_keys = [self._keys.get(i & 0xFFFFFFFFFFFFFFFF) for i in report.repeated_examples]
+
+    def finish(self) -> None:
+        audit, self._audit = self._audit, None
+        if audit is None:
+            return
+        try:
+            report = audit.finish()
+        except Exception as exc:
+            report = getattr(exc, "report", None)
+            if report is not None:
+                self._name_examples(report)
+                self.reports.append(report)
+                self._on_report(report)
+            raise self._explain(exc) from None
+        self._name_examples(report)
+        self.reports.append(report)
+        self._on_report(report)
+
+    def close(self) -> None:
+        if self._audit is not None:
+            self._audit.free()
+            self._audit = None
+
+
+class _Recording:
+    """A DataLoader iterator that records each batch's ids and finishes the audit
+    when it is exhausted. Everything else is the wrapped iterator's."""
+
+    def __init__(self, it: Any, audit: IdAudit) -> None:
+        self._it = it
+        self._audit = audit
+        self._handed = 0
+        audit.begin()
+
+    def __iter__(self) -> "_Recording":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._audit.finish()
+            raise
+        self._audit.record(batch)
+        self._handed += 1
+        if self._audit.batches is not None and self._handed == self._audit.batches:
+            self._audit.finish()  # the loader's last batch: frameworks ask no further
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:  # persistent workers
+        self._it._reset(loader, first_iter)
+        self._handed = 0
+        self._audit.begin()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+__all__ = ["IdAudit", "KEY_FIELD", "batch_ids", "key_of", "set_key", "shard"]

@@ -80,7 +80,7 @@ static void check_kind(cf_rank *r, ddplug_context *ctx, int kind, int *dead) {
            "sampler (%s): equal shares cover the data as declared; epochs, seek", name);
   int64_t *lengths = malloc(N_SAMPLES * sizeof *lengths);
   for (int i = 0; i < N_SAMPLES; i++) lengths[i] = 1 + (i * 37) % 200;
-  ddplug_sampler_desc d = DDPLUG_SAMPLER_DESC_INIT;
+  ddplug_sampler_options d = DDPLUG_SAMPLER_OPTIONS_INIT;
   d.kind = kind;
   d.shuffle = 1;
   d.seed = 7;

@@ -57,6 +57,7 @@
 
 #include "bench_util.h"
 #include "ddplug/ddplug.h"
+#include "ddplug/store.h"
 
 typedef struct opts {
   int ranks;

@@ -22,6 +22,7 @@
 
 #include "bench_util.h"
 #include "ddplug/ddplug.h"
+#include "ddplug/store.h"
 
 static int g_json;
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "ddplug/store.h"
 #include "store/store.h"
 
 static inline ddplug_store_server *st_serve(const char *secret) {

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "ddplug/store.h"
 
 #ifndef DDPLUG_TEST_NCCL
 

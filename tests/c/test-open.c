@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "ddplug/store.h"
 
 #define EXAMPLE_CONFIG "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 20}}"
 

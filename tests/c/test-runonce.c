@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "ddplug/store.h"
 
 static const char *g_calls; /* file every runner appends its rank to */
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ddplug/ddplug.h"
+#include "ddplug/store.h"
 
 static long long now_ns(void) {
   struct timespec ts;

@@ -20,8 +20,10 @@ extern "C" {
 
 /* ------------------------------------------------------------------------ */
 /* Export macro. Everything not marked DDPLUG_API is hidden
- * (-fvisibility=hidden), and the linker version script lists exactly the
- * exported names (tests/c/test-exports.c compares the two).                */
+ * (-fvisibility=hidden); the linker version script (abi/src/ddplug.map)
+ * puts ddplug/store.h's functions in the node DDPLUG_EXPERIMENTAL and every
+ * other ddplug_* name in DDPLUG_1.0, and tests/c/test-exports.c checks that
+ * the exported names are exactly the DDPLUG_API declarations.             */
 #if defined(DDPLUG_BUILDING_LIBRARY)
 #  define DDPLUG_API __attribute__((visibility("default")))
 #else

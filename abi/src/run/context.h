@@ -42,6 +42,7 @@
 #include <stdatomic.h>
 
 #include "base/base.h"
+#include "ddplug/store.h"
 
 /* ---- world.c ------------------------------------------------------------ */
 

@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 
 #include "base/base.h"
+#include "ddplug/store.h"
 
 /* ---- HMAC-SHA256 and constant-time compare (crypto.c) --------------------- */
 

@@ -133,7 +133,7 @@ def profile(a: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
     import ddplug  # noqa: F401
     from ddplug import _names
-    from ddplug._api import F
+    from ddplug._capi import F
     from ddplug.distributed import context_of
 
     torch.set_num_threads(1)

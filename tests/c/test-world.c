@@ -201,7 +201,7 @@ static ddplug_world caller_world(int rank, int ws, int lr, int lws, int node, co
 TEST(a_callers_world_replaces_discovery) {
   const char *env[] = {"RANK=0", "WORLD_SIZE=8", "MASTER_ADDR=env-host", "MASTER_PORT=1", NULL};
   ddplug_world given = caller_world(3, 4, 1, 2, 1, "", 0), w = DDPLUG_WORLD_INIT;
-  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w));
+  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, NULL, 0, &w));
   CHECK_EQ_INT(w.rank, 3);
   CHECK_EQ_INT(w.world_size, 4);
   CHECK_EQ_INT(w.local_rank, 1);
@@ -211,13 +211,13 @@ TEST(a_callers_world_replaces_discovery) {
   CHECK_EQ_STR(w.master_addr, "env-host"); /* none given: MASTER_ADDR/PORT */
   CHECK_EQ_INT(w.master_port, 1);
   given = caller_world(3, 4, -1, -1, -1, "lightning-host", 4242);
-  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w));
+  CHECK_OK(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, NULL, 0, &w));
   CHECK_EQ_STR(w.master_addr, "lightning-host");
   CHECK_EQ_INT(w.master_port, 4242);
   CHECK_EQ_INT(w.local_rank, -1);
   ddplug_config *cfg = NULL;
   CHECK_OK(ddplug_config_load_string("{\"rendezvous\": {\"addr\": \"cfg-host\"}}", "r.json", &cfg));
-  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, &w));
+  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, NULL, 0, &w));
   CHECK_EQ_STR(w.master_addr, "cfg-host"); /* the config wins */
   CHECK_EQ_INT(w.master_port, 4242);
   ddplug_config_free(cfg);
@@ -241,15 +241,38 @@ TEST(a_callers_world_is_checked_field_by_field) {
     ddplug_world given = caller_world(bad[i].rank, bad[i].ws, bad[i].lr, bad[i].lws, bad[i].node, "",
                                       bad[i].port),
                  w = DDPLUG_WORLD_INIT;
-    CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, &w), DDPLUG_E_CONFIG);
+    CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)env, &given, NULL, 0, &w), DDPLUG_E_CONFIG);
     CHECK_CONTAINS(ddplug_last_error(), bad[i].error);
   }
   /* a world of several with no address anywhere */
   const char *none[] = {NULL};
   ddplug_world given = caller_world(0, 2, -1, -1, -1, "", 0), w = DDPLUG_WORLD_INIT;
-  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, &w), DDPLUG_E_CONFIG);
+  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, NULL, 0, &w), DDPLUG_E_CONFIG);
   CHECK_CONTAINS(ddplug_last_error(), "world size is 2 (caller) but no rendezvous address");
   given.struct_size = 4;
-  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, &w),
+  CHECK_STATUS(ddplug__world_from_caller(NULL, table_get, (void *)none, &given, NULL, 0, &w),
                DDPLUG_E_INVALID_ARGUMENT);
+}
+
+/* An override of the rendezvous (options.rendezvous_addr / _port) beats the
+ * config and the environment; -1 (any port) only for a world of one. */
+TEST(a_callers_rendezvous_override_beats_the_config) {
+  const char *env[] = {"MASTER_ADDR=env-host", "MASTER_PORT=1", NULL};
+  ddplug_config *cfg = NULL;
+  CHECK_OK(ddplug_config_load_string("{\"rendezvous\": {\"addr\": \"cfg\", \"port\": 7000}}", "r.json",
+                                     &cfg));
+  ddplug_world given = caller_world(1, 2, -1, -1, -1, "", 0), w = DDPLUG_WORLD_INIT;
+  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, "10.9.8.7", 4321, &w));
+  CHECK_EQ_STR(w.master_addr, "10.9.8.7");
+  CHECK_EQ_INT(w.master_port, 4321);
+  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, NULL, 0, &w));
+  CHECK_EQ_STR(w.master_addr, "cfg");
+  CHECK_EQ_INT(w.master_port, 7000);
+  CHECK_STATUS(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, "127.0.0.1", -1, &w),
+               DDPLUG_E_CONFIG);
+  CHECK_CONTAINS(ddplug_last_error(), "rendezvous_port -1 (any free port) needs a world of one");
+  given = caller_world(0, 1, -1, -1, -1, "", 0);
+  CHECK_OK(ddplug__world_from_caller(cfg, table_get, (void *)env, &given, "127.0.0.1", -1, &w));
+  CHECK_EQ_INT(w.master_port, 0);
+  ddplug_config_free(cfg);
 }

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT
 
 import ddplug
-from ddplug import _lib, _names, _structs as S, errors
+from ddplug import _capi, _names, errors
+from ddplug import _capi as S
 
 HEADERS = ROOT / "abi" / "include"
 
@@ -47,7 +48,7 @@ def test_struct_layouts_match_the_headers(tmp_path: Path) -> None:
 
 
 def test_header_constants(tmp_path: Path) -> None:
-    from ddplug import _host, audit, runonce, samplers
+    from ddplug import _runtime, audit, runonce, samplers
 
     c = _compile_and_run(tmp_path, """
   printf("OK %d\\n", DDPLUG_OK);
@@ -65,15 +66,15 @@ def test_header_constants(tmp_path: Path) -> None:
 """)
     assert c["OK"] == 0 == errors.status_code("OK")
     assert c["TIMEOUT_DEFAULT"] == -1  # the Python layer passes -1 for "configured"
-    assert c["CAP_HOST"] == _host.CAP_HOST_MEMORY
-    assert c["CAP_DEVICE"] == _host.CAP_DEVICE_MEMORY
+    assert c["CAP_HOST"] == _runtime.CAP_HOST_MEMORY
+    assert c["CAP_DEVICE"] == _runtime.CAP_DEVICE_MEMORY
     assert c["SAMPLER_DISTRIBUTED"] == samplers.KIND_DISTRIBUTED
     assert c["SAMPLER_BUCKET"] == samplers.KIND_BUCKET
     assert c["SCOPE_GLOBAL"] == runonce.SCOPE_GLOBAL
     assert c["SCOPE_NODE"] == runonce.SCOPE_NODE
     assert c["STREAM_NAME_MAX"] == 63  # the rule the key table's pattern and ownership share
     assert c["OP_AVG"] == _names.ops()["avg"]
-    assert c["OP_BIT_AVG"] == 1 << _names.ops()["avg"]  # how _host tests op_mask
+    assert c["OP_BIT_AVG"] == 1 << _names.ops()["avg"]  # how _runtime tests op_mask
     assert c["VERSION_3_7"] == (3 << 16) | 7  # how the strategies print versions
     assert audit.verdict_name(1) == "PASS"
 
@@ -113,10 +114,10 @@ def test_library_not_found_says_where_it_looked(monkeypatch: pytest.MonkeyPatch,
     bogus = tmp_path / "nowhere" / "libddplug.so.1"
     broken = tmp_path / "libddplug.so.1"
     broken.write_text("not a shared object\n" * 20)
-    monkeypatch.setattr(_lib, "_lib", None)
-    monkeypatch.setattr(_lib, "candidates", lambda: [("DDPLUG_LIBRARY", str(bogus)), ("build tree", str(broken))])
-    with pytest.raises(_lib.LibraryNotFound) as e:
-        _lib.load()
+    monkeypatch.setattr(_capi, "_lib", None)
+    monkeypatch.setattr(_capi, "candidates", lambda: [("DDPLUG_LIBRARY", str(bogus)), ("build tree", str(broken))])
+    with pytest.raises(_capi.LibraryNotFound) as e:
+        _capi.load()
     text = str(e.value)
     assert f"DDPLUG_LIBRARY: {bogus} (no such file)" in text
     assert str(broken) in text and "invalid ELF header" in text
@@ -126,7 +127,7 @@ def test_library_not_found_says_where_it_looked(monkeypatch: pytest.MonkeyPatch,
 def test_candidates_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDPLUG_LIBRARY", "/x/libddplug.so")
     monkeypatch.setenv("DDPLUG_BUILD_DIR", "/b")
-    origins = [o for o, _ in _lib.candidates()]
+    origins = [o for o, _ in _capi.candidates()]
     assert origins[0] == "DDPLUG_LIBRARY"
     assert origins.index("package") < origins.index("sys.prefix") < origins.index("DDPLUG_BUILD_DIR")
     assert origins[-1] == "source tree"
@@ -158,5 +159,5 @@ def test_config_roundtrip_and_overrides() -> None:
 
 def test_unknown_function_names_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(AttributeError) as e:
-        _lib.fn("ddplug_no_such_function", None, [])
+        _capi.fn("ddplug_no_such_function", None, [])
     assert "does not export ddplug_no_such_function()" in str(e.value)

@@ -10,27 +10,47 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddplug import _buffers, _host, errors
+from ddplug import _buffers, _runtime, errors
+from ddplug.config import load
 
 
-def test_config_names_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _plugin_for(source, device: str) -> object:
+    cfg = load(source)
+    try:
+        return _runtime.plugin_for(cfg, torch.device(device))
+    finally:
+        cfg.close()
+
+
+def test_a_cuda_device_asks_for_nccl_unless_the_config_chooses(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library says whether the user's document chose a plugin
+    (ddplug_config_is_set): defaults do not count, and no file is read twice."""
     monkeypatch.delenv("DDPLUG_CONFIG", raising=False)
-    assert _host.config_names_plugin(None) is False
-    assert _host.config_names_plugin({"sampler": {}}) is False
-    assert _host.config_names_plugin({"plugin": "cpu"}) is True
-    assert _host.config_names_plugin('{"plugin": "mine"}') is True
+    assert _plugin_for(None, "cuda") == "nccl"
+    assert _plugin_for(None, "cpu") is None
+    assert _plugin_for({"sampler": {}}, "cuda") == "nccl"
+    assert _plugin_for({"plugin": "cpu"}, "cuda") is None
+    assert _plugin_for('{"plugin": "cpu"}', "cuda") is None
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"gradients": {"bucket_mb": 5}}))
-    assert _host.config_names_plugin(str(f)) is False
+    assert _plugin_for(str(f), "cuda") == "nccl"
     f.write_text(json.dumps({"plugin": "cpu"}))
-    assert _host.config_names_plugin(f) is True
+    assert _plugin_for(f, "cuda") is None
     monkeypatch.setenv("DDPLUG_CONFIG", str(f))
-    assert _host.config_names_plugin(None) is True
-    assert _host.config_names_plugin(str(tmp_path / "missing.json")) is False  # the library reports it
+    assert _plugin_for(None, "cuda") is None
+    with pytest.raises(errors.NotFound, match="missing.json"):  # the library reports it
+        _plugin_for(str(tmp_path / "missing.json"), "cuda")
+    cfg = load({"plugin": "cpu"})
+    try:
+        with pytest.raises(errors.NotFound, match="did you mean 'plugin'"):
+            cfg.is_set("plugn")
+    finally:
+        cfg.close()
 
 
 def _open(device: torch.device, config=None):
-    return _host.open_context(config, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+    return _runtime.open_context(config, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                               main_address=None, main_port=None, device=device, framework="test")
 
 

@@ -319,8 +319,21 @@ typedef struct ddplug_open_options {
    * and 0: MASTER_ADDR / MASTER_PORT then). Checked like a config "world"
    * (CONFIG naming the field); reported with source "caller". Since 1.0. */
   const ddplug_world *world;
+  /* Collective timeout override in ms (a framework's own timeout argument,
+   * e.g. torch.distributed's); 0 = config "timeouts.collective_s". Since
+   * 1.0. */
+  int64_t collective_timeout_ms;
+  /* With world: the rendezvous as the caller decided it, overriding the
+   * config's rendezvous.addr / port and the environment (a framework that
+   * exchanges its own address and port, e.g. one per torch.distributed
+   * subgroup); NULL = not overridden. rendezvous_port > 0: that port; -1:
+   * any free port (a world of one); 0: not overridden. Since 1.0. */
+  const char *rendezvous_addr;
+  int32_t rendezvous_port;
+  int32_t reserved0;
 } ddplug_open_options;
-#define DDPLUG_OPEN_OPTIONS_INIT {sizeof(ddplug_open_options), DDPLUG_ABI_VERSION, NULL, NULL, NULL, 0, NULL}
+#define DDPLUG_OPEN_OPTIONS_INIT \
+  {sizeof(ddplug_open_options), DDPLUG_ABI_VERSION, NULL, NULL, NULL, 0, NULL, 0, NULL, 0, 0}
 
 /* Join the run. Collective: every rank of the world calls it.
  *  1. discovers the world (ddplug_world_discover);

@@ -334,6 +334,11 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "ddplug_open: timeout_ms must be 0 (config) or positive, got %lld",
                        (long long)opts.timeout_ms);
+  if (opts.collective_timeout_ms < 0)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_open: collective_timeout_ms must be 0 (config) or positive, "
+                       "got %lld",
+                       (long long)opts.collective_timeout_ms);
 
   ddplug_context *ctx = ddplug__calloc(1, sizeof *ctx);
   if (!ctx) return ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory creating a context");
@@ -361,14 +366,23 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
     if (ddplug_log_level_parse(level, &lv) == DDPLUG_OK) ddplug__log_config_level(lv);
     ddplug_free(level);
   }
-  s = opts.world ? ddplug__world_given(ctx->cfg, opts.world, &ctx->world)
+  if (!opts.world && (opts.rendezvous_addr || opts.rendezvous_port)) {
+    s = ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                    "ddplug_open: options.rendezvous_addr / rendezvous_port need "
+                    "options.world (a caller that decides the rendezvous decides the world)");
+    goto fail;
+  }
+  s = opts.world ? ddplug__world_given(ctx->cfg, opts.world, opts.rendezvous_addr,
+                                       opts.rendezvous_port, &ctx->world)
                  : ddplug_world_discover(ctx->cfg, &ctx->world);
   if (s != DDPLUG_OK) goto fail;
   ddplug__log_set_rank(ctx->world.rank);
   ctx->rdzv_timeout_ms = opts.timeout_ms > 0
                              ? opts.timeout_ms
                              : seconds_ms(ctx->cfg, "rendezvous.timeout_s", 300000);
-  ctx->coll_timeout_ms = seconds_ms(ctx->cfg, "timeouts.collective_s", 300000);
+  ctx->coll_timeout_ms = opts.collective_timeout_ms > 0
+                           ? opts.collective_timeout_ms
+                           : seconds_ms(ctx->cfg, "timeouts.collective_s", 300000);
   ctx->open_deadline_ns = ddplug__deadline_ns(ctx->rdzv_timeout_ms);
 
   /* Reach the store first: from then on a failure here (a plugin that does

@@ -52,12 +52,14 @@ typedef const char *(*ddplug__env_fn)(const char *name, void *user);
 int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn env,
                                void *env_user, ddplug_world *out);
 /* The world a caller gave (ddplug_open_options.world), checked, with the
- * rendezvous resolved (config > the caller's > MASTER_ADDR/PORT); out is a
- * full ddplug_world. ddplug__world_given reads the process environment. */
+ * rendezvous resolved (config > the caller's > MASTER_ADDR/PORT, or the
+ * override rdzv_addr / rdzv_port: ddplug_open_options); out is a full
+ * ddplug_world. ddplug__world_given reads the process environment. */
 int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn env, void *env_user,
-                              const ddplug_world *given, ddplug_world *out);
+                              const ddplug_world *given, const char *rdzv_addr,
+                              int32_t rdzv_port, ddplug_world *out);
 int ddplug__world_given(const ddplug_config *cfg, const ddplug_world *given,
-                        ddplug_world *out);
+                        const char *rdzv_addr, int32_t rdzv_port, ddplug_world *out);
 
 /* ---- loader.c ----------------------------------------------------------- */
 

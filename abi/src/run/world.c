@@ -385,7 +385,8 @@ static int caller_field(const char *name, int32_t v, int32_t lo, int32_t hi, int
 }
 
 int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn get, void *env_user,
-                              const ddplug_world *given, ddplug_world *out) {
+                              const ddplug_world *given, const char *rdzv_addr,
+                              int32_t rdzv_port, ddplug_world *out) {
   if (!given || given->struct_size < offsetof(ddplug_world, source))
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "ddplug_open: options.world must be initialised with "
@@ -405,11 +406,25 @@ int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn get, void
                      w.local_world_size > 0 ? w.local_world_size - 1 : w.world_size - 1, 1);
   if (s == DDPLUG_OK) s = caller_field("node_rank", w.node_rank, 0, w.world_size - 1, 1);
   if (s == DDPLUG_OK) s = caller_field("master_port", w.master_port, 0, 65535, 0);
+  if (s == DDPLUG_OK && (rdzv_addr || rdzv_port))
+    s = caller_field("rendezvous_port", rdzv_port, rdzv_port < 0 ? -1 : 1,
+                     rdzv_port < 0 ? -1 : 65535, 0);
+  if (s == DDPLUG_OK && rdzv_port < 0 && w.world_size > 1)
+    s = ddplug__err(DDPLUG_E_CONFIG,
+                    "ddplug_open: options.rendezvous_port -1 (any free port) needs a world of "
+                    "one, not %d: the other ranks must know the port",
+                    w.world_size);
   if (s != DDPLUG_OK) return s;
   set_source(&w, "caller");
+  /* An override replaces the config's rendezvous and the environment. */
+  const ddplug_config *rdzv_cfg = cfg;
+  if (rdzv_addr) ddplug__strlcpy(w.master_addr, rdzv_addr, sizeof w.master_addr);
+  if (rdzv_port) w.master_port = rdzv_port > 0 ? rdzv_port : 0;
+  if (rdzv_addr || rdzv_port) rdzv_cfg = NULL;
   envctx e = {get, env_user, "environment"};
   int status = DDPLUG_OK;
-  if (resolve_master(cfg, &e, &w, &status) < 0) return status;
+  if (resolve_master(rdzv_cfg, &e, &w, &status) < 0) return status;
+  if (rdzv_port < 0) w.master_port = 0; /* any free port: not MASTER_PORT either */
   *out = w;
   return DDPLUG_OK;
 }
@@ -425,6 +440,6 @@ DDPLUG_API int ddplug_world_discover(const ddplug_config *cfg,
 }
 
 int ddplug__world_given(const ddplug_config *cfg, const ddplug_world *given,
-                        ddplug_world *out) {
-  return ddplug__world_from_caller(cfg, real_getenv, NULL, given, out);
+                        const char *rdzv_addr, int32_t rdzv_port, ddplug_world *out) {
+  return ddplug__world_from_caller(cfg, real_getenv, NULL, given, rdzv_addr, rdzv_port, out);
 }

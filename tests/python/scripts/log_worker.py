@@ -42,16 +42,16 @@ def main() -> None:
     ctx = ddplug.Context(None, framework="test")
     if RANK == 1:
         # A warning of the library's own: a plugin file whose name differs.
-        from ddplug import _api
+        from ddplug import _capi
 
         src = ctx.plugin["path"]
         dst = os.path.join(OUT, "libddplug-renamed.so")
         with open(src, "rb") as f, open(dst, "wb") as g:
             g.write(f.read())
-        from ddplug import _structs as S
+        from ddplug import _capi as S
 
         info = S.new(S.PluginInfo)
-        _api.F.ddplug_plugin_inspect(dst.encode(), ctypes.byref(info))
+        _capi.F.ddplug_plugin_inspect(dst.encode(), ctypes.byref(info))
     if RANK == 0:
         _logbridge.report("ddplug: a report line")
     ctx.barrier()

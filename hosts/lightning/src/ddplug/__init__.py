@@ -72,16 +72,16 @@ def __getattr__(name: str):
 
 def library_version() -> str:
     """The loaded libddplug's release version ("0.1.0")."""
-    from ._api import F
+    from ._capi import F
 
     return F.ddplug_version_string().decode()
 
 
 def library_path() -> str:
     """Where libddplug was loaded from."""
-    from . import _lib
+    from . import _capi
 
-    return _lib.path()
+    return _capi.path()
 
 
 __all__ = [

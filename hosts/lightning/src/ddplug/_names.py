@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ._api import F
+from ._capi import F
 from .errors import check
 
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from . import _host, _logbridge
+from . import _logbridge, _runtime
 from .config import ConfigSource
 from .context import Context
 from .gradsync import GradientSync, check_parameters_equal
@@ -101,7 +101,7 @@ class DdplugParallel:
         if self._ctx is None or self._ctx.closed:
             env = self.cluster_environment
             many = self.world_size > 1
-            self._ctx = _host.open_context(
+            self._ctx = _runtime.open_context(
                 self._config_source,
                 rank=self.global_rank,
                 world_size=self.world_size,
@@ -171,32 +171,36 @@ class DdplugParallel:
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
         ctx = self._ctx
-        if ctx is not None and not ctx.closed and not ctx._aborted and not _host.raised_everywhere(exception):
+        if ctx is not None and not ctx.closed and not ctx._aborted and not _runtime.raised_everywhere(exception):
             ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
 
     def _live(self) -> Optional[Context]:
         ctx = self._ctx
         return ctx if ctx is not None and not ctx.closed else None
 
-    # ---- collectives in Lightning's conventions ---------------------------------
-    def _reduce(self, tensor: Any, reduce_op: Any) -> Any:
+    # ---- collectives in Lightning's conventions (Trainer and Fabric alike) ------
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Any = "mean") -> Any:
+        """In place, like DDPStrategy.reduce: "mean"/"avg" averages, "sum" sums,
+        ReduceOp values map to ddplug's ops. Non-tensors come back unchanged.
+        (Fabric calls it all_reduce.)"""
         ctx = self._live()
         if not isinstance(tensor, Tensor) or ctx is None:
             return tensor
-        return _host.reduce(ctx, tensor, reduce_op)
+        return _runtime.reduce(ctx, tensor, reduce_op)
 
-    def _all_gather(self, tensor: Tensor, sync_grads: bool) -> Tensor:
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        """Shape (world_size, *tensor.shape), rank order."""
         ctx = self._live()
         if ctx is None:
             return tensor.unsqueeze(0)
-        return _host.all_gather(ctx, tensor, sync_grads)
+        return _runtime.all_gather(ctx, tensor, sync_grads)
 
-    def _barrier(self) -> None:
+    def barrier(self, name: Optional[str] = None) -> None:
         ctx = self._live()
         if ctx is not None:
             ctx.barrier()
 
-    def _broadcast(self, obj: Any, src: int) -> Any:
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
         ctx = self._live()
         return obj if ctx is None else ctx.broadcast_object(obj, src)
 
@@ -248,6 +252,6 @@ def _abi(v: int) -> str:
 
 
 def _lib_version() -> str:
-    from ._api import F
+    from ._capi import F
 
     return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"

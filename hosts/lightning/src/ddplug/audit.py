@@ -18,8 +18,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from . import _structs as S
-from ._api import F
+from . import _capi as S
+from ._capi import F
 from .context import Context
 from .errors import AuditFailed, make
 

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-from ._api import F, take_string
+from ._capi import F, take_string
 from .errors import check
 
 
@@ -106,6 +106,14 @@ class Config:
     def get_bool(self, path: str) -> bool:
         out = ctypes.c_int()
         check(F.ddplug_config_get_bool(self.handle, path.encode(), ctypes.byref(out)))
+        return bool(out.value)
+
+    def is_set(self, path: str) -> bool:
+        """Whether the document this config was loaded from sets ``path`` itself
+        (rather than leaving it to its default): e.g. whether the user chose a
+        plugin. A path the schema does not have raises, with a suggestion."""
+        out = ctypes.c_int()
+        check(F.ddplug_config_is_set(self.handle, path.encode(), ctypes.byref(out)))
         return bool(out.value)
 
     def get_str(self, path: str) -> str:

@@ -19,8 +19,8 @@ import threading
 from typing import Any, Optional
 
 from . import _buffers, _names
-from . import _structs as S
-from ._api import F, take_bytes
+from . import _capi as S
+from ._capi import F, take_bytes
 from .config import Config, ConfigSource, load
 from .errors import check, make
 
@@ -131,6 +131,17 @@ class Context:
         host_id: node identity override (ranks with equal ids share a node).
         framework: who is calling, for logs ("lightning 2.6.6").
         timeout_s: rendezvous timeout override.
+        world: the world as the caller decided it (a framework's cluster
+            environment), used instead of discovery: a dict with ``rank`` and
+            ``world_size`` and, where known, ``local_rank``,
+            ``local_world_size``, ``node_rank`` (-1 or absent: unknown),
+            ``master_addr`` and ``master_port`` (used when the config names no
+            rendezvous address / port).
+        collective_timeout_s: collective timeout override (a framework's own
+            timeout argument).
+        rendezvous: ``(addr, port)`` the caller decided, overriding the config's
+            and the environment's (with ``world`` only; port -1: any free port,
+            a world of one).
     """
 
     def __init__(
@@ -141,6 +152,9 @@ class Context:
         host_id: Optional[str] = None,
         framework: Optional[str] = None,
         timeout_s: Optional[float] = None,
+        world: Optional[dict] = None,
+        collective_timeout_s: Optional[float] = None,
+        rendezvous: Optional[tuple] = None,
     ) -> None:
         self.lock = threading.RLock()  # held around every call into the context's collectives
         cfg = load(config)
@@ -151,7 +165,23 @@ class Context:
                 host_id=host_id.encode() if host_id else None,
                 framework=framework.encode() if framework else None,
                 timeout_ms=int(timeout_s * 1000) if timeout_s else 0,
+                collective_timeout_ms=max(1, int(collective_timeout_s * 1000)) if collective_timeout_s else 0,
             )
+            if world is not None:
+                given = S.new(
+                    S.World,
+                    rank=int(world["rank"]),
+                    world_size=int(world["world_size"]),
+                    local_rank=int(world.get("local_rank", -1)),
+                    local_world_size=int(world.get("local_world_size", -1)),
+                    node_rank=int(world.get("node_rank", -1)),
+                    master_port=int(world.get("master_port") or 0),
+                    master_addr=str(world.get("master_addr") or "").encode(),
+                )
+                opts.world = ctypes.pointer(given)
+            if rendezvous is not None:
+                opts.rendezvous_addr = str(rendezvous[0]).encode() if rendezvous[0] else None
+                opts.rendezvous_port = int(rendezvous[1])
             out = ctypes.c_void_p()
             check(F.ddplug_open(cfg.handle, ctypes.byref(opts), ctypes.byref(out)), "ddplug_open")
         finally:

@@ -130,8 +130,8 @@ def _torch_store(ctx: Context, timeout_s: Optional[float]) -> Any:
 
     import torch.distributed as dist
 
-    from . import _structs as S
-    from ._api import F
+    from . import _capi as S
+    from ._capi import F
 
     if ctx.world_size == 1:
         return dist.HashStore()

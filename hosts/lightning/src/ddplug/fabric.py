@@ -33,7 +33,7 @@ import logging
 import sys
 import weakref
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from torch import Tensor
 from torch.nn import Module, SyncBatchNorm
@@ -46,10 +46,9 @@ from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.fabric.strategies.parallel import ParallelStrategy
-from lightning.fabric.strategies.strategy import TBroadcast, _BackwardSyncControl
-from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
-from . import _host
+from . import _runtime
 from . import syncbn as _syncbn
 from ._strategy import DdplugParallel
 from .audit import Report
@@ -164,7 +163,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if any(p.requires_grad for p in module.parameters()):
             if self._grad_sync is not None:
                 self._grad_sync.detach()
-            self._grad_sync = _host.gradient_sync(self._ctx, module.parameters())
+            self._grad_sync = _runtime.gradient_sync(self._ctx, module.parameters())
             self._grad_sync.attach()
         return module
 
@@ -198,24 +197,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         return out
 
     # ------------------------------------------------------------------ collectives
-    @override
-    def all_reduce(
-        self, tensor: Union[Tensor, Any], group: Optional[Any] = None,
-        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
-    ) -> Union[Tensor, Any]:
-        return self._reduce(tensor, reduce_op)
-
-    @override
-    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
-        return self._all_gather(tensor, sync_grads)
-
-    @override
-    def barrier(self, name: Optional[str] = None) -> None:
-        self._barrier()
-
-    @override
-    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        return self._broadcast(obj, src)
+    # all_gather, barrier and broadcast: the mixin's (DdplugParallel); Fabric's
+    # name for the mixin's reduce:
+    all_reduce = DdplugParallel.reduce
 
     # ------------------------------------------------------------------ registration, teardown
     @classmethod

@@ -62,7 +62,6 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
@@ -70,10 +69,9 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
-from lightning.pytorch.strategies.strategy import TBroadcast
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-from . import _host, _torchdist
+from . import _runtime, _torchdist
 from . import syncbn as _syncbn
 from ._strategy import DdplugParallel
 from .audit import Report
@@ -210,7 +208,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self.model_to_device()
         broadcast_module(self._ctx, self.model)
         if trainer_fn == TrainerFn.FITTING:
-            self._grad_sync = _host.gradient_sync(self._ctx, self.model.parameters())
+            self._grad_sync = _runtime.gradient_sync(self._ctx, self.model.parameters())
             self._grad_sync.attach()
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
@@ -303,32 +301,14 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         return out
 
     # ------------------------------------------------------------------ collectives
-    @override
-    def reduce(
-        self, tensor: Union[Tensor, Any], group: Optional[Any] = None,
-        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
-    ) -> Union[Tensor, Any]:
-        """In place, like DDPStrategy.reduce: "mean"/"avg" averages, "sum" sums,
-        ReduceOp values map to ddplug's ops. Non-tensors come back unchanged."""
-        return self._reduce(tensor, reduce_op)
-
+    # reduce, all_gather and broadcast: the mixin's (DdplugParallel).
     @override
     def barrier(self, name: Optional[str] = None) -> None:
         if name and name.endswith("_dataloader()"):
             # Lightning requests a stage's loaders, then calls this barrier, then
-            # processes them (fit_loop.py:238-255, evaluation_loop.py:177-192):
-            # restart the stream numbering of that stage.
+            # processes them: restart the stream numbering of that stage.
             self._stream_counters.pop(name[: -len("_dataloader()")], None)
-        self._barrier()
-
-    @override
-    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        return self._broadcast(obj, src)
-
-    @override
-    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
-        """Shape (world_size, *tensor.shape), rank order."""
-        return self._all_gather(tensor, sync_grads)
+        DdplugParallel.barrier(self, name)
 
     # ------------------------------------------------------------------ checkpoints
     @override

@@ -34,7 +34,7 @@ import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler, Subset
 
 from . import _names
-from ._api import F
+from ._capi import F
 from .context import Context
 from .errors import check
 

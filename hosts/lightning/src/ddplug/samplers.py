@@ -27,8 +27,8 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _structs as S
-from ._api import F
+from . import _capi as S
+from ._capi import F
 from .context import Context
 from .errors import check
 

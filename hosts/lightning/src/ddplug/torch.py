@@ -56,7 +56,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import context as _context
-from .config import ConfigSource
+from .config import ConfigSource, load
 from .context import Context
 from .runonce import RunOnceFailed, once, run_once
 from .streams import DataSplit
@@ -111,13 +111,18 @@ def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, devi
 
 
 def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Context:
-    from . import _host
+    from . import _runtime
     from ._backend.create import abort_on_uncaught_exception
 
     dev = torch.device(device) if device is not None else None
-    cuda = dev.type == "cuda" if dev is not None else (torch.cuda.is_available() and torch.cuda.device_count() > 0)
-    plugin = "nccl" if cuda and not _host.config_names_plugin(config) else None
-    ctx = Context(config, plugin=plugin, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s)
+    if dev is None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        dev = torch.device("cuda")
+    cfg = load(config)
+    try:
+        ctx = Context(cfg, plugin=_runtime.plugin_for(cfg, dev), framework=f"pytorch {torch.__version__}",
+                      timeout_s=timeout_s)
+    finally:
+        cfg.close()
     _context.set_current(ctx)
     atexit.register(_close_at_exit, ctx)
     abort_on_uncaught_exception(ctx, ctx.rank)

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _host
+from .. import _runtime
 from ..config import load
 from ..context import Context, current, set_current
 from ..errors import DdplugError, make, status_code
@@ -77,35 +77,32 @@ def create(opts: Any, backend_options: Any = None) -> ProcessGroupDdplug:
 
 def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.timedelta], members: list,
                    parent: Optional[Context], group: str = "") -> Context:
-    """Open a context for a group of ``size`` ranks, meeting through ``store``."""
+    """Open a context for a group of ``size`` ranks, meeting through ``store``:
+    torch's world as ddplug_open_options.world; the rendezvous exchanged through
+    torch's store (a subgroup, or a config that names no port) overriding the
+    config's; torch's own timeout, where the user gave one, as the collective
+    timeout. The config itself is used as loaded."""
     cfg = load(None)
     try:
-        overrides: dict = {"world": {"rank": rank, "world_size": size}}
-        host_id = cfg.get("world.host_id")
-        if host_id:
-            overrides["world"]["host_id"] = host_id
+        rendezvous = None
         if size == 1:
-            overrides["rendezvous.addr"], overrides["rendezvous.port"] = "127.0.0.1", 0
-        elif cfg.get("rendezvous.port") is None or members:
-            addr, port = _exchange(store, rank, cfg.get("rendezvous.addr"), group)
-            overrides["rendezvous.addr"], overrides["rendezvous.port"] = addr, port
-        if timeout is not None and _explicit(timeout):
-            overrides["timeouts.collective_s"] = max(0.001, timeout.total_seconds())
-        merged = cfg.with_overrides(overrides)
+            rendezvous = ("127.0.0.1", -1)
+        elif members or not cfg.is_set("rendezvous.port"):
+            addr = cfg.get_str("rendezvous.addr") if cfg.is_set("rendezvous.addr") else None
+            rendezvous = _exchange(store, rank, addr, group)
+        coll_s = timeout.total_seconds() if timeout is not None and _explicit(timeout) else None
+        if parent is not None and not parent.closed:
+            plugin = parent.plugin["path"] or parent.plugin["name"]  # a subgroup runs on its parent's plugin
+        else:
+            plugin = "nccl" if _cuda_visible() and not cfg.is_set("plugin") else None
+        who = f"torch.distributed {torch.__version__}" + (f" (subgroup of ranks {members})" if members else "")
+        try:
+            return Context(cfg, plugin=plugin, framework=who, world={"rank": rank, "world_size": size},
+                           rendezvous=rendezvous, collective_timeout_s=coll_s)
+        except DdplugError as exc:
+            raise _errors.open_error(exc) from None
     finally:
         cfg.close()
-    plugin = None
-    if parent is not None and not parent.closed:
-        plugin = parent.plugin["path"] or parent.plugin["name"]  # a subgroup runs on its parent's plugin
-    elif not _host.config_names_plugin(None) and _cuda_visible():
-        plugin = "nccl"
-    who = f"torch.distributed {torch.__version__}" + (f" (subgroup of ranks {members})" if members else "")
-    try:
-        return Context(merged, plugin=plugin, framework=who)
-    except DdplugError as exc:
-        raise _errors.open_error(exc) from None
-    finally:
-        merged.close()
 
 
 def _explicit(timeout: datetime.timedelta) -> bool:
@@ -199,7 +196,7 @@ def abort_on_uncaught_exception(ctx: Context, rank: int) -> None:
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
         c = ref()
-        if c is not None and not c.closed and not c._aborted and not _host.raised_everywhere(exc):
+        if c is not None and not c.closed and not c._aborted and not _runtime.raised_everywhere(exc):
             try:
                 c.abort(f"rank {rank}: {exc_type.__name__}: {exc}"[:1000])
             except Exception:  # never hide the user's error behind ours

@@ -57,8 +57,8 @@ from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 from torch.distributed import ReduceOp
 
 from .. import _names
-from .._api import F
-from .._host import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY
+from .._capi import F
+from .._runtime import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY
 from ..context import Context
 from ..errors import status_code
 from . import errors as _errors

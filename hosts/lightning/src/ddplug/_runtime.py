@@ -1,20 +1,20 @@
-"""What the Lightning Trainer strategy and the Fabric strategy share: opening the
-run's context with the world Lightning decided, tensor collectives in Lightning's
-conventions, and the gradient sync configured from the config.
+"""What the strategies (Lightning Trainer, Fabric) and the torch.distributed
+backend need from the run: opening it with the world the framework decided and
+the plugin its device calls for, tensor collectives in Lightning's conventions,
+the gradient sync configured from the config, and which errors every rank
+raised by itself.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
-import os
 from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
 from . import _names
-from .config import ConfigSource, load
+from .config import Config, ConfigSource, load
 from .context import Context, set_current
 from .gradsync import GradientSync
 
@@ -24,31 +24,11 @@ CAP_HOST_MEMORY = 1 << 0
 CAP_DEVICE_MEMORY = 1 << 1
 
 
-def config_names_plugin(source: ConfigSource) -> bool:
-    """Whether the user's config explicitly names a plugin (then a CUDA run does
-    not switch to "nccl" by itself)."""
-    if source is None:
-        source = os.environ.get("DDPLUG_CONFIG") or None
-        if source is None:
-            return False
-    if isinstance(source, dict):
-        return "plugin" in source
-    text: Optional[str] = None
-    if isinstance(source, str) and source.lstrip().startswith("{"):
-        text = source
-    elif isinstance(source, (str, os.PathLike)):
-        try:
-            with open(source, encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
-            return False  # ddplug_config_load_file reports it
-    else:  # a Config
-        return True
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return False  # the library reports the syntax error with line and column
-    return isinstance(data, dict) and "plugin" in data
+def plugin_for(cfg: Config, device: Optional[torch.device]) -> Optional[str]:
+    """The plugin a process on ``device`` runs: "nccl" for a CUDA device unless the
+    config chooses one, else None (the config's)."""
+    cuda = device is not None and device.type == "cuda"
+    return "nccl" if cuda and not cfg.is_set("plugin") else None
 
 
 def open_context(
@@ -65,49 +45,24 @@ def open_context(
     framework: str,
     timeout_s: Optional[float] = None,
 ) -> Context:
-    """Join the run with the world Lightning's cluster environment decided, passed
-    to ddplug explicitly (config "world"), so both agree on every rank."""
+    """Join the run with the world the framework's cluster environment decided,
+    handed to libddplug as it is (ddplug_open_options.world), so both agree on
+    every rank. The rendezvous address and port serve where the config names
+    none; under torchrun's agent store libddplug recognises MASTER_PORT as the
+    agent's and finds its own port (run/torchrun.c)."""
+    world = {"rank": rank, "world_size": world_size, "local_rank": local_rank,
+             "local_world_size": local_world_size, "node_rank": node_rank}
+    if world_size > 1:
+        world.update(master_addr=main_address or "", master_port=int(main_port or 0))
     cfg = load(source)
     try:
-        overrides: dict = {
-            "world": {
-                "rank": rank,
-                "world_size": world_size,
-                "local_rank": local_rank,
-                "local_world_size": local_world_size,
-                "node_rank": node_rank,
-            }
-        }
-        host_id = cfg.get("world.host_id")
-        if host_id:
-            overrides["world"]["host_id"] = host_id
-        if world_size > 1:
-            if cfg.get("rendezvous.addr") is None and main_address:
-                overrides["rendezvous.addr"] = main_address
-            if cfg.get("rendezvous.port") is None and main_port and not _torchrun_agent_store(main_port):
-                overrides["rendezvous.port"] = int(main_port)
-        merged = cfg.with_overrides(overrides)
+        ctx = Context(cfg, plugin=plugin_for(cfg, device), framework=framework, timeout_s=timeout_s,
+                      world=world)
     finally:
         cfg.close()
-    plugin = None
-    if device.type == "cuda" and not config_names_plugin(source):
-        plugin = "nccl"
-    try:
-        ctx = Context(merged, plugin=plugin, framework=framework, timeout_s=timeout_s)
-    finally:
-        merged.close()
     set_current(ctx)
     atexit.register(_close_at_exit, ctx)
     return ctx
-
-
-def _torchrun_agent_store(port: Any) -> bool:
-    """Whether ``port`` is torchrun's own store (torch >= 2.4 serves its agent's
-    TCPStore on MASTER_PORT and says so with TORCHELASTIC_USE_AGENT_STORE). Then
-    the port is left to libddplug, whose rank 0 serves on a free port and
-    publishes it in torchrun's store (abi/src/rendezvous.c)."""
-    flag = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "")
-    return flag in ("True", "true", "1") and str(port) == os.environ.get("MASTER_PORT")
 
 
 def _close_at_exit(ctx: Context) -> None:

@@ -20,7 +20,7 @@
  *            ddplug_allreduce(ctx, buf, buf, count, float32, sum, stream)
  *            vs  ncclAllReduce(...) [+ settle] + cudaStreamSynchronize(stream)
  *   async  iters calls issued back to back, then one wait for all:
- *            ddplug_iallreduce x iters, ddplug_wait x iters
+ *            ddplug_iallreduce x iters, ddplug_request_wait x iters
  *            vs  ncclAllReduce [+ settle] x iters, cudaStreamSynchronize
  *
  * and prints (rank 0, nccl-tests style) the device name and NCCL version,
@@ -198,7 +198,7 @@ static void time_size(ddplug_context *ctx, ncclComm_t b, ncclComm_t nb,
       DDP(ddplug_iallreduce(ctx, buf, buf, count, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
                             s, &reqs[i]));
     for (int i = 0; i < o->iters; i++) {
-      DDP(ddplug_wait(reqs[i], 60000));
+      DDP(ddplug_request_wait(reqs[i], 60000));
       ddplug_request_free(reqs[i]);
     }
     t->ddplug_async = min_d(t->ddplug_async, (now_us() - t0) / o->iters);

@@ -60,14 +60,14 @@ static void inflight(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead)
   }
   int started = k;
   if (!s && started == INFLIGHT) {
-    s = ddplug_wait(req[INFLIGHT - 1], 30000);
+    s = ddplug_request_wait(req[INFLIGHT - 1], 30000);
     if (s)
       snprintf(why, sizeof why, "waiting for the last request: %s: %s", ddplug_status_name(s),
                cf_error(ctx));
   }
   if (!s && started == INFLIGHT) {
     int done = 0;
-    s = ddplug_test(req[0], &done);
+    s = ddplug_request_test(req[0], &done);
     if (!s && !done) {
       snprintf(why, sizeof why,
                "the last request completed but request_test says the first is still pending: "
@@ -77,7 +77,7 @@ static void inflight(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead)
   }
   for (k = 0; k < started; k++) {
     if (!s && !bad) {
-      s = ddplug_wait(req[k], 30000);
+      s = ddplug_request_wait(req[k], 30000);
       if (s)
         snprintf(why, sizeof why, "request #%d: %s: %s", k, ddplug_status_name(s), cf_error(ctx));
       else if (verify(dt, op, r->world, buf[k], (uint64_t)k * 7, why, sizeof why))
@@ -105,7 +105,7 @@ static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) 
   } else if (r->rank == 0) {
     int done = 0, calls = 0;
     double slowest = 0, t0 = cf_now();
-    s = ddplug_test(req, &done);
+    s = ddplug_request_test(req, &done);
     slowest = cf_now() - t0;
     if (!s && done) {
       snprintf(why, sizeof why,
@@ -114,7 +114,7 @@ static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) 
     }
     while (!s && !done && !bad && cf_now() - t0 < 30) {
       double a = cf_now();
-      s = ddplug_test(req, &done);
+      s = ddplug_request_test(req, &done);
       double took = cf_now() - a;
       slowest = took > slowest ? took : slowest;
       calls++;
@@ -133,7 +133,7 @@ static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) 
     else
       bad = 1;
   } else {
-    s = ddplug_wait(req, 30000);
+    s = ddplug_request_wait(req, 30000);
     if (s)
       snprintf(why, sizeof why, "wait: %s: %s", ddplug_status_name(s), cf_error(ctx));
     else
@@ -156,7 +156,7 @@ static void short_wait(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dea
   int s = ddplug_iallreduce(ctx, buf, buf, COUNT, dt, op, NULL, &req);
   if (!s && r->rank == 0) {
     double t0 = cf_now();
-    int w = ddplug_wait(req, 50);
+    int w = ddplug_request_wait(req, 50);
     double took = cf_now() - t0;
     if (w != DDPLUG_E_TIMEOUT) {
       snprintf(why, sizeof why, "request_wait(50 ms) while the others were late returned %s, "
@@ -169,7 +169,7 @@ static void short_wait(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dea
     }
   }
   if (!s && !bad) {
-    s = ddplug_wait(req, 30000);
+    s = ddplug_request_wait(req, 30000);
     if (s)
       snprintf(why, sizeof why, "waiting again: %s: %s", ddplug_status_name(s), cf_error(ctx));
     else

@@ -145,9 +145,9 @@ static void async_rank(int rank, int world, void *arg) {
   }
   sink = x;
   int done = 0;
-  CHECK_OK(ddplug_test(req[0], &done));
+  CHECK_OK(ddplug_request_test(req[0], &done));
   for (int b = 0; b < B; b++) {
-    CHECK_OK(ddplug_wait(req[b], 30000));
+    CHECK_OK(ddplug_request_wait(req[b], 30000));
     ddplug_request_free(req[b]);
     CHECK(hdata_check(g[b], ref, DDPLUG_FLOAT32, n, 0) < 0);
     free(g[b]);
@@ -176,7 +176,7 @@ static void killed_rank(int rank, int world, void *arg) {
   if (rank == 2) {
     ddplug_request *req = NULL;
     CHECK_OK(ddplug_iallreduce(ctx, buf, buf, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL, &req));
-    ddplug_wait(req, 2); /* inside it, then gone */
+    ddplug_request_wait(req, 2); /* inside it, then gone */
     raise(SIGKILL);
   }
   double t0 = now_s();
@@ -249,12 +249,12 @@ static void late_rank(int rank, int world, void *arg) {
   ddplug_request *req = NULL;
   CHECK_OK(ddplug_iallreduce(ctx, &x, &y, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL, &req));
   if (rank != 1) {
-    CHECK_STATUS(ddplug_wait(req, 300), DDPLUG_E_TIMEOUT);
+    CHECK_STATUS(ddplug_request_wait(req, 300), DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(ddplug_last_error(), "collective #1");
     CHECK_CONTAINS(ddplug_last_error(), "rank 1 has not arrived");
     if (rank == 0) dt_note("%s", ddplug_last_error());
   }
-  CHECK_OK(ddplug_wait(req, 20000));
+  CHECK_OK(ddplug_request_wait(req, 20000));
   ddplug_request_free(req);
   CHECK(y == 3.0f);
   CHECK_OK(ddplug_close(ctx));

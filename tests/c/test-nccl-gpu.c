@@ -240,7 +240,7 @@ static void async_requests(ddplug_context *ctx, int rank, int world) {
     CHECK_OK(ddplug_iallreduce(ctx, d[k], d[k], N, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
                                NULL, &req[k]));
   for (int k = 0; k < K; k++) {
-    CHECK_OK(ddplug_wait(req[k], 60000));
+    CHECK_OK(ddplug_request_wait(req[k], 60000));
     ddplug_request_free(req[k]);
     CUDA_OK(cudaMemcpy(host, d[k], N * sizeof(float), cudaMemcpyDeviceToHost));
     float want = (float)(world * (world - 1) / 2 + world * k);
@@ -251,8 +251,8 @@ static void async_requests(ddplug_context *ctx, int rank, int world) {
   int done = 0;
   ddplug_request *b = NULL;
   CHECK_OK(ddplug_ibarrier(ctx, &b));
-  CHECK_OK(ddplug_wait(b, 60000));
-  CHECK_OK(ddplug_test(b, &done));
+  CHECK_OK(ddplug_request_wait(b, 60000));
+  CHECK_OK(ddplug_request_test(b, &done));
   CHECK_EQ_INT(done, 1);
   ddplug_request_free(b);
 }
@@ -426,7 +426,7 @@ static void abort_rank(int rank, int world, void *arg) {
     const char *where = "iallreduce";
     if (st == DDPLUG_OK) {
       where = "wait";
-      st = ddplug_wait(req, 60000);
+      st = ddplug_request_wait(req, 60000);
     }
     dt_note("rank 0: %s returned %s after %.2f s: %s", where,
             ddplug_status_name(st), now_s() - t0, ddplug_last_error());

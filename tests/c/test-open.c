@@ -68,7 +68,7 @@ static void rank_agree(int rank, int world, void *arg) {
   uint8_t flags = (uint8_t)(1u << rank), ored;
   CHECK_OK(ddplug_iallreduce(ctx, &flags, &ored, 1, DDPLUG_UINT8, DDPLUG_OP_BOR, NULL, &req));
   CHECK(ddplug_request_seq(req) > 0);
-  CHECK_OK(ddplug_wait(req, DDPLUG_TIMEOUT_DEFAULT));
+  CHECK_OK(ddplug_request_wait(req, DDPLUG_TIMEOUT_DEFAULT));
   ddplug_request_free(req);
   CHECK_EQ_INT(ored, (1 << world) - 1);
   CHECK_OK(ddplug_barrier(ctx, 10000));
@@ -568,10 +568,10 @@ TEST(a_request_outlives_its_closed_context_safely) {
   ddplug_request *req = NULL;
   CHECK_OK(ddplug_iallreduce(ctx, &x, &x, 1, DDPLUG_INT32, DDPLUG_OP_SUM, NULL, &req));
   CHECK_OK(ddplug_close(ctx));
-  CHECK_STATUS(ddplug_wait(req, 1000), DDPLUG_E_ABORTED);
+  CHECK_STATUS(ddplug_request_wait(req, 1000), DDPLUG_E_ABORTED);
   CHECK_CONTAINS(ddplug_last_error(), "the request's context was closed");
   int done = 0;
-  CHECK_STATUS(ddplug_test(req, &done), DDPLUG_E_ABORTED);
+  CHECK_STATUS(ddplug_request_test(req, &done), DDPLUG_E_ABORTED);
   CHECK_EQ_INT(done, 1);
   ddplug_request_free(req); /* only the wrapper: ASan/valgrind check it */
 }

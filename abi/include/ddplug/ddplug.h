@@ -42,7 +42,7 @@ extern "C" {
 
 /* Timeouts: the contract. Every wait ends within its own timeout plus a
  * small constant, whatever another process or the network does:
- *  - A collective (a blocking form, or ddplug_wait) that cannot complete
+ *  - A collective (a blocking form, or ddplug_request_wait) that cannot complete
  *    fails within its timeout (config timeouts.collective_s, a barrier's
  *    timeout_ms) plus at most 1 s: the failure is published to the other
  *    ranks through the store with a deadline of its own (0.5 s), and a rank
@@ -387,12 +387,16 @@ DDPLUG_API const char *ddplug_context_error(const ddplug_context *ctx);
  * Since 1.0. */
 DDPLUG_API int ddplug_context_world(const ddplug_context *ctx,
                                     ddplug_world *out);
-/* Number of nodes (distinct host ids). */
+/* Number of nodes (distinct host ids) of the run; 0 for NULL. Never
+ * blocks; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_context_num_nodes(const ddplug_context *ctx);
-/* The loaded plugin. */
+/* The loaded plugin, into *info (initialised with DDPLUG_PLUGIN_INFO_INIT;
+ * fields past its struct_size are left alone). INVALID_ARGUMENT for NULL
+ * arguments. Never blocks; thread-safe. Since 1.0. */
 DDPLUG_API int ddplug_context_plugin(const ddplug_context *ctx,
                                      ddplug_plugin_info *info);
-/* The context's config (borrowed, lives as long as ctx). */
+/* The context's config (borrowed, lives as long as ctx; NULL for NULL).
+ * Never blocks; thread-safe. Since 1.0. */
 DDPLUG_API const ddplug_config *ddplug_context_config(const ddplug_context *ctx);
 
 /* ========================================================================
@@ -410,23 +414,42 @@ DDPLUG_API const ddplug_config *ddplug_context_config(const ddplug_context *ctx)
  * one thread (ddplug_abort and ddplug_context_error excepted).
  * ======================================================================== */
 
-/* recv[i] = op over ranks of send[i]; send == recv is in-place. */
+/* recv[i] = op over every rank's send[i], count elements of dtype on every
+ * rank; send == recv is in place. Blocks until done, at most the collective
+ * timeout (see above). Errors: INVALID_ARGUMENT (NULL ctx or buffers with
+ * count > 0, a dtype/op outside ddplug's or the plugin's masks, bitwise ops
+ * on floating point, sizes that overflow: nothing started, the run goes on),
+ * UNSUPPORTED, MISMATCH (the run goes on), TIMEOUT, PEER_LOST, ABORTED (the
+ * run is over: later calls fail the same way). Since 1.0. */
 DDPLUG_API int ddplug_allreduce(ddplug_context *ctx, const void *send,
                                 void *recv, uint64_t count, int dtype, int op,
                                 void *stream);
-/* root's send → every rank's recv. */
+/* root's send (count elements) into every rank's recv; send == recv
+ * allowed; the others' send is ignored (may be NULL). Blocking and errors as
+ * ddplug_allreduce, plus INVALID_ARGUMENT for a root outside the world.
+ * Since 1.0. */
 DDPLUG_API int ddplug_broadcast(ddplug_context *ctx, const void *send,
                                 void *recv, uint64_t count, int dtype,
                                 int root, void *stream);
-/* recv[r*count .. (r+1)*count) = rank r's send. */
+/* recv[r*count .. (r+1)*count) = rank r's send, for every rank r; send may
+ * be recv + rank*count (in place). Blocking and errors as
+ * ddplug_allreduce. Since 1.0. */
 DDPLUG_API int ddplug_allgather(ddplug_context *ctx, const void *send,
                                 void *recv, uint64_t count, int dtype,
                                 void *stream);
+/* Returns once every rank reached it, at most timeout_ms (> 0, or
+ * DDPLUG_TIMEOUT_DEFAULT: the collective timeout); errors as
+ * ddplug_allreduce, the TIMEOUT naming the ranks that had not arrived.
+ * Since 1.0. */
 DDPLUG_API int ddplug_barrier(ddplug_context *ctx, int64_t timeout_ms);
 
-/* Asynchronous forms: start and return a request in *req (buffers must
- * stay valid until it completes). Collectives on one context complete in
- * the order they were started. */
+/* Asynchronous forms: start the collective and return a request in *req
+ * (released with ddplug_request_free, also after a failure) without waiting
+ * for the peers where the plugin is asynchronous (DDPLUG_CAP_ASYNC); the
+ * buffers must stay valid until it completes. Collectives on one context
+ * complete in the order they were started. On failure *req is untouched and
+ * nothing was started; errors as the blocking forms. Same thread rule.
+ * Since 1.0. */
 DDPLUG_API int ddplug_iallreduce(ddplug_context *ctx, const void *send,
                                  void *recv, uint64_t count, int dtype, int op,
                                  void *stream, ddplug_request **req);
@@ -438,18 +461,25 @@ DDPLUG_API int ddplug_iallgather(ddplug_context *ctx, const void *send,
                                  void *stream, ddplug_request **req);
 DDPLUG_API int ddplug_ibarrier(ddplug_context *ctx, ddplug_request **req);
 
-/* Wait at most timeout_ms: OK when done; TIMEOUT if not yet (req stays
- * pending; the last-error names its sequence number and, where the plugin
- * knows, the ranks that had not arrived); otherwise the failure, final. */
-DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms);
-/* Never blocks: *done = 1 when complete. */
-DDPLUG_API int ddplug_test(ddplug_request *req, int *done);
-/* The request's sequence number on its context (1, 2, ...). */
+/* Wait for req at most timeout_ms (0 polls once; DDPLUG_TIMEOUT_DEFAULT:
+ * the collective timeout). OK when done; TIMEOUT when not yet (req stays
+ * pending and may be waited again; the last error names its sequence
+ * number and, where the plugin knows, the ranks that had not arrived);
+ * otherwise the collective's failure, final for req (PEER_LOST naming the
+ * rank, ABORTED, MISMATCH, ...). Blocks at most timeout_ms plus a small
+ * constant. Not concurrently with another call on req's context.
+ * Since 1.0. */
+DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms);
+/* Never blocks: *done = 1 and OK when req completed, *done = 0 and OK while
+ * it is pending, the failure status when it failed. Since 1.0. */
+DDPLUG_API int ddplug_request_test(ddplug_request *req, int *done);
+/* The request's sequence number on its context (1, 2, ...; 0 for NULL).
+ * Never blocks; thread-safe. Since 1.0. */
 DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req);
 /* Release req. Freeing a pending request aborts the run (the collective
  * cannot be completed safely) — unless the plugin has no group_abort, then
  * it first waits (at most the collective timeout) for it to finish. A request
- * whose context was closed is just released. NULL is a no-op. */
+ * whose context was closed is just released. NULL is a no-op. Since 1.0. */
 DDPLUG_API void ddplug_request_free(ddplug_request *req);
 
 /* ========================================================================

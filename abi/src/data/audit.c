@@ -170,7 +170,7 @@ static int run_coll(ddplug_context *ctx, int kind, const void *send, void *recv,
                ? ddplug_iallgather(ctx, send, recv, count, DDPLUG_INT64, NULL, &req)
                : ddplug_iallreduce(ctx, send, recv, count, DDPLUG_INT64, op, NULL, &req);
   if (st) return st;
-  st = ddplug_wait(req, timeout_ms);
+  st = ddplug_request_wait(req, timeout_ms);
   ddplug_request_free(req);
   return st;
 }

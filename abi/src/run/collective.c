@@ -210,10 +210,10 @@ static int finish_failed(ddplug_request *req, int s, int can_block, const char *
   return s;
 }
 
-DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
-  if (!req) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_wait: req is NULL");
+DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
+  if (!req) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_request_wait: req is NULL");
   ddplug_context *ctx = req->ctx;
-  if (!ctx) return orphaned("ddplug_wait");
+  if (!ctx) return orphaned("ddplug_request_wait");
   if (req->finished) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
@@ -223,7 +223,7 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
   if (timeout_ms < 0)
     return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                                             "ddplug_wait: timeout %lld ms is negative",
+                                             "ddplug_request_wait: timeout %lld ms is negative",
                                              (long long)timeout_ms));
   /* The plugin's explanation is not cleared here: a plugin may have set it
    * while starting the request (a synchronous plugin does all its work in
@@ -243,13 +243,13 @@ DDPLUG_API int ddplug_wait(ddplug_request *req, int64_t timeout_ms) {
   return ddplug__ctx_fail(ctx, finish_failed(req, s, 1, "request_wait"));
 }
 
-DDPLUG_API int ddplug_test(ddplug_request *req, int *done) {
+DDPLUG_API int ddplug_request_test(ddplug_request *req, int *done) {
   if (!req || !done)
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_test: req and done are required");
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_request_test: req and done are required");
   ddplug_context *ctx = req->ctx;
   if (!ctx) {
     *done = 1;
-    return orphaned("ddplug_test");
+    return orphaned("ddplug_request_test");
   }
   if (req->finished) {
     *done = 1;
@@ -312,12 +312,12 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
                                              "%s: timeout %lld ms: a blocking collective "
                                              "needs a positive timeout or "
                                              "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
-                                             "and ddplug_test)",
+                                             "and ddplug_request_test)",
                                              fn, (long long)timeout_ms));
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
-  s = ddplug_wait(req, timeout_ms);
+  s = ddplug_request_wait(req, timeout_ms);
   end_run_if_broken(ctx, s);
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);

@@ -414,8 +414,8 @@ PROTOTYPES: dict = {
     "ddplug_ibroadcast": (c_int, [P, P, P, c_uint64, c_int, c_int, P, PP]),
     "ddplug_iallgather": (c_int, [P, P, P, c_uint64, c_int, P, PP]),
     "ddplug_ibarrier": (c_int, [P, PP]),
-    "ddplug_wait": (c_int, [P, c_int64]),
-    "ddplug_test": (c_int, [P, IP]),
+    "ddplug_request_wait": (c_int, [P, c_int64]),
+    "ddplug_request_test": (c_int, [P, IP]),
     "ddplug_request_seq": (c_uint64, [P]),
     "ddplug_request_free": (None, [P]),
     # samplers

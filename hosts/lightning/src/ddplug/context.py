@@ -60,7 +60,7 @@ class Request:
             return True
         done = ctypes.c_int(0)
         with self._ctx.lock:
-            self._ctx._check(F.ddplug_test(self._h, ctypes.byref(done)), "test")
+            self._ctx._check(F.ddplug_request_test(self._h, ctypes.byref(done)), "test")
             if done.value:
                 self._finish()
         return bool(done.value)
@@ -71,7 +71,7 @@ class Request:
             return
         ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
         with self._ctx.lock:
-            st = F.ddplug_wait(self._h, ms)
+            st = F.ddplug_request_wait(self._h, ms)
             if st == 0:
                 self._finish()
                 return

@@ -73,8 +73,8 @@ _broadcast = F.ddplug_broadcast
 _iallgather = F.ddplug_iallgather
 _ibarrier = F.ddplug_ibarrier
 _barrier = F.ddplug_barrier
-_wait = F.ddplug_wait
-_test = F.ddplug_test
+_wait = F.ddplug_request_wait
+_test = F.ddplug_request_test
 _free = F.ddplug_request_free
 
 _TIMEOUT = status_code("TIMEOUT")

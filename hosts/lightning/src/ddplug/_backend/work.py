@@ -13,7 +13,7 @@ Why a thread: torch's own callers — DDP's reducer, ``fut.then(...)`` — wait 
 the ``torch.futures.Future`` from C++ and never call back into the backend, so
 something must notice that the request finished and complete the future. The
 thread exists only once a future was asked for; it polls the oldest such work
-with ``ddplug_test`` (never blocks), backing off from 20 µs to 1 ms between
+with ``ddplug_request_test`` (never blocks), backing off from 20 µs to 1 ms between
 polls, and sleeps when no future is pending. It takes the group's lock for
 each poll only, because libddplug allows one thread at a time in a context's
 collectives (ddplug.h): a wait that held it across a blocking call would keep
@@ -38,8 +38,8 @@ from torch.futures import Future
 
 from .._capi import F
 
-_wait = F.ddplug_wait
-_test = F.ddplug_test
+_wait = F.ddplug_request_wait
+_test = F.ddplug_request_test
 _free = F.ddplug_request_free
 
 _POLL_MIN_S = 20e-6

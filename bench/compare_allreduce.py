@@ -19,7 +19,7 @@ best time, since a shared machine is noisy):
 then prints one table: time and busbw of each, and the memory-traffic bound.
 The bound: an allreduce of S bytes over n ranks in one node must read every
 input and write every output, 2·n·S bytes, so time >= 2·n·S / BW, i.e.
-algbw <= BW / (2n) and busbw <= BW / (2n) · 2(n-1)/n. The goals of issue 3
+algbw <= BW / (2n) and busbw <= BW / (2n) · 2(n-1)/n. The goals
 are checked at the end (reported, not asserted).
 """
 import argparse
@@ -151,8 +151,8 @@ def main():
     print(f"# gloo shared-memory allreduce: {'used' if shm_used else 'not used'}; "
           f"{'present' if shm_in_build else 'ABSENT'} in this torch build "
           f"(switch: LOCAL_WORLD_SIZE == world size, as torchrun sets it{marks})")
-    # goals of issue 3
-    print("# goals (issue 3, 2 ranks):")
+    # the goals
+    print("# goals (2 ranks):")
     d64 = tables["ddplug"].get(64 << 20)
     g64 = tables["gloo_tcp"].get(64 << 20)
     s64 = tables["gloo_shm"].get(64 << 20)

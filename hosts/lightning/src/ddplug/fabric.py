@@ -10,7 +10,7 @@ libddplug, and one split owner per DataLoader set up with
 ``fabric.setup_dataloaders`` (claimed, agreed, audited per epoch).
 
 Fabric injects its DistributedSampler only when the strategy has
-``distributed_sampler_kwargs`` (lightning/fabric/fabric.py:1169-1174); this strategy
+``distributed_sampler_kwargs`` (lightning/fabric/fabric.py); this strategy
 returns None there so ddplug is the only layer that decides — ranks for a user's
 own rank-aware sampler are in :attr:`DdplugStrategy.rank_kwargs`.
 
@@ -142,7 +142,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._assign_world_ranks()
         if self._ctx is None or self._ctx.closed:
             ctx = self._open_context(f"lightning.fabric {lf.__version__}")
-            # Fabric's loader calls set_epoch(number of its iterations) (wrappers.py:316-321)
+            # Fabric's loader calls set_epoch(number of its iterations) (wrappers.py)
             self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report,
                                    epochs_count_iterations=True, resume_shortens_len=True,
                                    loader_state_dict=True)

@@ -21,12 +21,12 @@ What it does that DDPStrategy does not:
   claimed through the runtime and agreed by all ranks; Lightning's own
   DistributedSampler injection is turned off for the run
   (``_DataConnector._requires_distributed_sampler`` reads
-  ``use_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py:169-175);
+  ``use_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py);
 * the split is audited per epoch from what each rank consumed, reported on rank 0's
   stdout and to the loggers; a failed audit stops the run;
 * ``prepare_data`` runs once per node (or globally) while the others wait through
   the store (Lightning's ``_InfiniteBarrier`` is a no-op without torch.distributed,
-  lightning/fabric/utilities/distributed.py:404-430);
+  lightning/fabric/utilities/distributed.py);
 * ``Trainer(sync_batchnorm=True)`` synchronizes batch norm through ddplug
   (:class:`ddplug.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
   silently normalize per rank), and so do ``torch.nn.SyncBatchNorm`` layers a model
@@ -156,8 +156,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @property
     def is_distributed(self) -> bool:
         """True: Lightning then syncs ``self.log(..., sync_dist=True)`` through
-        :meth:`reduce` (lightning/pytorch/core/module.py:543 reads it through the
-        accelerator connector, accelerator_connector.py:554-567)."""
+        :meth:`reduce` (lightning/pytorch/core/module.py reads it through the
+        accelerator connector, accelerator_connector.py)."""
         return True
 
     # ------------------------------------------------------------------ lifecycle
@@ -224,7 +224,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """Resolve, claim and install the split owner of one loader (Lightning calls
         this for every train/val/test/predict loader right after its own — here
-        disabled — sampler injection, data_connector.py:493-497)."""
+        disabled — sampler injection, data_connector.py)."""
         trainer = self._trainer
         if trainer is None or self._data is None:
             return dataloader
@@ -236,7 +236,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         rewrap = None
         if stage == RunningStage.PREDICTING:
             # Predict re-creates the loader even with injection off, wrapping its batch
-            # sampler to track indices (pytorch/utilities/data.py:324-325); keep that.
+            # sampler to track indices (pytorch/utilities/data.py); keep that.
             from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
 
             rewrap = _IndexBatchSamplerWrapper
@@ -278,7 +278,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @override
     def block_backward_sync(self) -> Generator:
         """No gradient communication inside (gradient accumulation: Lightning
-        blocks every micro-batch but the last, loops/optimization/automatic.py:184)."""
+        blocks every micro-batch but the last, loops/optimization/automatic.py)."""
         if self._grad_sync is None:
             yield None
             return
@@ -359,13 +359,13 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self._grad_sync.detach()
             self._grad_sync = None
         # The loaders stay usable until the next run or close(): Lightning's loops
-        # still ask their length after the strategy's teardown (trainer.py:1099-1106).
+        # still ask their length after the strategy's teardown (trainer.py).
         self._restore_sampler_injection()
         self._unpatch_prepare_data()
         self._unguard_dataloader_hooks()
         if self._bn_converted and self.model is not None:
             # the model leaves with the layer classes it came with (DDPStrategy.teardown
-            # reverts its layer sync too, ddp.py:433-442)
+            # reverts its layer sync too, ddp.py)
             self.model = _syncbn.revert_sync_batchnorm(self.model)
             self._bn_converted = False
         aborted = self._ctx is not None and self._ctx._aborted
@@ -503,7 +503,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         ctx = self._ctx
 
         def prepare_data() -> None:
-            # Lightning's rule (data_connector.py:80-101), with the barrier made real.
+            # Lightning's rule (data_connector.py), with the barrier made real.
             from lightning.pytorch.trainer import call
             from lightning.pytorch.utilities.model_helpers import is_overridden
 

@@ -27,6 +27,24 @@
  *   addr             the address other nodes connect to, an IPv4 literal.
  *                    Default: the first non-loopback IPv4 address of an
  *                    interface that is up (127.0.0.1 if none).
+ *   registered_bytes registered memory (mem_alloc) per local rank: the
+ *                    size of its arena in the node segment, which costs
+ *                    address space only until allocated. "auto" (default):
+ *                    the size of /dev/shm; an integer, a multiple of 4096
+ *                    up to 2^46; 0: mem_alloc hands out ordinary memory.
+ *   cma              true (default): allreduces of unregistered buffers may
+ *                    copy straight between the ranks' address spaces
+ *                    (process_vm_readv/writev) where the system allows it
+ *                    (group_create finds out); false: never.
+ *   cma_min_bytes    unregistered allreduces of at least this many bytes
+ *                    per rank take that single copy; smaller ones the
+ *                    pipeline (default 65536; 0 .. 2^40).
+ *   progress_thread  "auto" (default), "on" or "off": whether the group's
+ *                    progress thread runs collectives nobody waits for yet
+ *                    (a trainer's gradient buckets during backward) or
+ *                    leaves them to the caller's wait. "auto" decides by
+ *                    the node's ranks and this process's CPUs (README.md,
+ *                    "Overlap"). The thread watches peers either way.
  *
  * Unknown keys, wrong types and out-of-range values are DDPLUG_E_CONFIG
  * naming plugin_options.<key>.
@@ -42,8 +60,8 @@
 #include "cpu.h"
 
 const char cp_option_keys[] =
-    "addr, chunk_bytes, nt_store_bytes, slots, small_msg_bytes, spin_us, "
-    "tcp_chunk_bytes";
+    "addr, chunk_bytes, cma, cma_min_bytes, nt_store_bytes, progress_thread, "
+    "registered_bytes, slots, small_msg_bytes, spin_us, tcp_chunk_bytes";
 
 typedef struct int_knob {
   const char *key;
@@ -59,6 +77,8 @@ static const int_knob knobs[] = {
     {"slots", 2, 16, 1, offsetof(cp_options, slots), 4},
     {"tcp_chunk_bytes", 4096, 64 << 20, 64, offsetof(cp_options, tcp_chunk_bytes), 8},
     {"nt_store_bytes", 0, INT64_MAX, 1, offsetof(cp_options, nt_bytes), 8},
+    {"registered_bytes", 0, 1ll << 46, 4096, offsetof(cp_options, registered_bytes), 8},
+    {"cma_min_bytes", 0, 1ll << 40, 1, offsetof(cp_options, cma_min_bytes), 8},
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -104,6 +124,10 @@ int cp_options_parse(const char *options_json, cp_options *out) {
   out->slots = 8;
   out->tcp_chunk_bytes = 256 << 10;
   out->nt_bytes = 8 << 20;
+  out->registered_bytes = -1;
+  out->cma = 1;
+  out->cma_min_bytes = 64 << 10;
+  out->progress_thread = CP_PROGRESS_AUTO;
   if (!options_json || !*options_json) return DDPLUG_OK;
 
   json_error_t jerr;
@@ -124,8 +148,17 @@ int cp_options_parse(const char *options_json, cp_options *out) {
     const int_knob *k = NULL;
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
       if (strcmp(key, knobs[i].key) == 0) k = &knobs[i];
-    if (k) {
+    if (k && k->offset == offsetof(cp_options, registered_bytes) && json_is_string(v) &&
+        strcmp(json_string_value(v), "auto") == 0) {
+      out->registered_bytes = -1;
+    } else if (k) {
       int64_t x = 0;
+      if (k->offset == offsetof(cp_options, registered_bytes) && !json_is_integer(v)) {
+        st = cp_err(DDPLUG_E_CONFIG,
+                    "plugin_options.registered_bytes: expected \"auto\" or an "
+                    "integer, got %s", json_type_name(v));
+        goto done;
+      }
       if ((st = read_int(v, k, &x)) != DDPLUG_OK) goto done;
       if (k->offset == offsetof(cp_options, slots) && (x & (x - 1))) {
         st = cp_err(DDPLUG_E_CONFIG,
@@ -156,6 +189,29 @@ int cp_options_parse(const char *options_json, cp_options *out) {
         goto done;
       }
       snprintf(out->addr, sizeof out->addr, "%s", s);
+    } else if (strcmp(key, "cma") == 0) {
+      if (!json_is_boolean(v)) {
+        st = cp_err(DDPLUG_E_CONFIG, "plugin_options.cma: expected true or false, got %s",
+                    json_type_name(v));
+        goto done;
+      }
+      out->cma = json_is_true(v);
+    } else if (strcmp(key, "progress_thread") == 0) {
+      const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+      if (s && strcmp(s, "auto") == 0) out->progress_thread = CP_PROGRESS_AUTO;
+      else if (s && strcmp(s, "on") == 0) out->progress_thread = CP_PROGRESS_ON;
+      else if (s && strcmp(s, "off") == 0) out->progress_thread = CP_PROGRESS_OFF;
+      else {
+        if (s)
+          st = cp_err(DDPLUG_E_CONFIG,
+                      "plugin_options.progress_thread: '%s' is not one of \"auto\", "
+                      "\"on\", \"off\"", s);
+        else
+          st = cp_err(DDPLUG_E_CONFIG,
+                      "plugin_options.progress_thread: expected \"auto\", \"on\" or "
+                      "\"off\", got %s", json_type_name(v));
+        goto done;
+      }
     } else {
       st = cp_err(DDPLUG_E_CONFIG,
                   "plugin_options.%s: unknown key for plugin cpu (known: %s)",

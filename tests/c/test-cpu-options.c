@@ -21,6 +21,10 @@ TEST(defaults) {
   CHECK_EQ_INT(o.tcp_chunk_bytes, 256 << 10);
   CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");
+  CHECK_EQ_INT(o.registered_bytes, -1);
+  CHECK_EQ_INT(o.cma, 1);
+  CHECK_EQ_INT(o.cma_min_bytes, 64 << 10);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
   CHECK_OK(cp_options_parse(NULL, &o));
   CHECK_OK(cp_options_parse("", &o));
 }
@@ -38,14 +42,44 @@ TEST(every_knob) {
   CHECK_EQ_INT(o.tcp_chunk_bytes, 4096);
   CHECK_EQ_STR(o.addr, "10.1.2.3");
   CHECK_EQ_INT(o.nt_bytes, 0);
+  CHECK_OK(cp_options_parse("{\"registered_bytes\": 8192, \"cma\": false, "
+                            "\"cma_min_bytes\": 0, \"progress_thread\": \"off\"}", &o));
+  CHECK_EQ_INT(o.registered_bytes, 8192);
+  CHECK_EQ_INT(o.cma, 0);
+  CHECK_EQ_INT(o.cma_min_bytes, 0);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_OFF);
+  CHECK_OK(cp_options_parse("{\"registered_bytes\": \"auto\", \"progress_thread\": \"on\"}",
+                            &o));
+  CHECK_EQ_INT(o.registered_bytes, -1);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_ON);
+  CHECK_OK(cp_options_parse("{\"registered_bytes\": 0, \"progress_thread\": \"auto\"}", &o));
+  CHECK_EQ_INT(o.registered_bytes, 0);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
 }
 
 static const struct bad {
   const char *json, *error;
 } bad[] = {
     {"{\"chunk_byte\": 4096}",
-     "plugin_options.chunk_byte: unknown key for plugin cpu (known: addr, chunk_bytes, "
-     "nt_store_bytes, slots, small_msg_bytes, spin_us, tcp_chunk_bytes)"},
+     "plugin_options.chunk_byte: unknown key for plugin cpu (known: addr, chunk_bytes, cma, "
+     "cma_min_bytes, nt_store_bytes, progress_thread, registered_bytes, slots, "
+     "small_msg_bytes, spin_us, tcp_chunk_bytes)"},
+    {"{\"registered_bytes\": 5000}",
+     "plugin_options.registered_bytes: 5000 is not a multiple of 4096"},
+    {"{\"registered_bytes\": -4096}",
+     "plugin_options.registered_bytes: -4096 is out of range [0, 70368744177664]"},
+    {"{\"registered_bytes\": \"lots\"}",
+     "plugin_options.registered_bytes: expected \"auto\" or an integer, got a string"},
+    {"{\"registered_bytes\": 1.5}",
+     "plugin_options.registered_bytes: expected \"auto\" or an integer, got a number with a "
+     "fraction"},
+    {"{\"cma\": 1}", "plugin_options.cma: expected true or false, got an integer"},
+    {"{\"cma_min_bytes\": -1}",
+     "plugin_options.cma_min_bytes: -1 is out of range [0, 1099511627776]"},
+    {"{\"progress_thread\": \"sometimes\"}",
+     "plugin_options.progress_thread: 'sometimes' is not one of \"auto\", \"on\", \"off\""},
+    {"{\"progress_thread\": true}",
+     "plugin_options.progress_thread: expected \"auto\", \"on\" or \"off\", got a boolean"},
     {"{\"nt_store_bytes\": -5}",
      "plugin_options.nt_store_bytes: -5 is out of range [0, 9223372036854775807]"},
     {"{\"chunk_bytes\": \"big\"}", "plugin_options.chunk_bytes: expected an integer, got a string"},

@@ -26,8 +26,8 @@ echo '{"plugin": "example"}' >"$tmp/example.json"
 echo 'not a shared object, just text; long enough for the ELF reader to say so' >"$tmp/fake.so"
 
 expect info-name 0 '^plugin +example$' -- "$DDPLUG" info example
-expect info-abi 0 '^ABI version +1\.2 ' -- "$DDPLUG" info example
-expect info-json 0 '"name": "example".*"abi_version": "1\.2"' -- "$DDPLUG" info --json example
+expect info-abi 0 '^ABI version +1\.3 ' -- "$DDPLUG" info example
+expect info-json 0 '"name": "example".*"abi_version": "1\.3"' -- "$DDPLUG" info --json example
 expect info-old-table 0 '^ABI version +1\.0 ' -- "$DDPLUG" info "$BUILD/lib/test-plugins/libddplug-oldtable.so"
 expect info-not-found 1 "plugin 'nosuch' not found; searched: .*libddplug-nosuch.so \(no such file\)" -- "$DDPLUG" info nosuch
 expect info-not-a-plugin 1 'is not a ddplug plugin: it does not export ddplug_plugin_entry_v1' -- "$DDPLUG" info "$BUILD/lib/test-plugins/libddplug-nosymbol.so"

@@ -11,6 +11,7 @@
  *   watcher.c     the thread that adopts another rank's failure
  *   services.c    the host services table plugins get (store, log, clock)
  *   collective.c  argument checks, sequence numbers, requests, waits
+ *   memory.c      registered memory through the plugin's mem slots
  *   loader.c      plugin search, dlopen, version negotiation, table lifting
  *   world.c       world discovery from the config and the environment
  *   runonce.c     run-once: one rank does the work, the others wait for it

@@ -4,6 +4,7 @@
 invocation, with the same model, data and seeds.
 
     .venv/bin/python bench/lightning_step.py [--steps 30] [--warmup 5] [--json FILE]
+                                             [--overlap] [--before TREE]
 
 Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   mlp        1024 -> 6 x (2048 x 2048) -> 10, batch 8 per rank: forward and
@@ -25,6 +26,17 @@ Configurations:
   no communication (1 rank)    the same step in one process (devices=1): the floor
                                no strategy can beat; what is left above it is
                                the cost of the gradient exchange
+  bare allreduce, registered   two ranks (ddplug.Context, no Lightning) allreduce
+                               (avg) the model's gradient bytes as one float32
+                               tensor in registered memory, once per "step": what
+                               the exchange costs with nothing around it
+  bare allreduce, ordinary     the same with an ordinary tensor
+With --overlap also "ddplug (cpu), progress thread on" and "... off" (the cpu
+plugin's plugin_options.progress_thread: whether a helper thread reduces buckets
+during backward, or the caller at the end of it); with --before TREE also
+"ddplug (cpu), before": the same step with the ddplug package and build of
+another source tree (TREE/hosts/lightning/src, TREE/build), e.g. the commit
+before a change, for before/after rows from one run.
 "gloo at its best" is the fastest ddp row. The table gives the median and mean step
 time and the ratio to the default ddp row. The machine's other load shows up as
 noise: compare rows of one invocation, re-run for confirmation.
@@ -50,11 +62,56 @@ CONFIGS = [
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
     ("ddplug (cpu)", "ddplug", {}),
     ("no communication (1 rank)", "single", {}),
+    ("bare allreduce, registered", "bare", {"registered": True}),
+    ("bare allreduce, ordinary", "bare", {"registered": False}),
 ]
+OVERLAP = [
+    ("ddplug (cpu), progress thread on", "ddplug", {"config": {"plugin_options": {"progress_thread": "on"}}}),
+    ("ddplug (cpu), progress thread off", "ddplug", {"config": {"plugin_options": {"progress_thread": "off"}}}),
+]
+BEFORE = ("ddplug (cpu), before", "ddplug-before", {})
+
+
+def model_params(args: argparse.Namespace) -> int:
+    """Parameters of the benchmark's model (as Net builds it)."""
+    if args.model == "mlp":
+        return (args.inputs * args.hidden + args.hidden + args.layers * (args.hidden * args.hidden + args.hidden)
+                + args.hidden * 10 + 10)
+    return args.vocab * 256 + 256 * 10 + 10
+
+
+def bare_worker(args: argparse.Namespace) -> None:
+    """One rank of the bare allreduce: the gradient bytes as one float32 tensor."""
+    import torch
+
+    import ddplug
+    from ddplug import _names, registered
+
+    torch.set_num_threads(1)
+    kwargs = json.loads(args.kwargs)
+    n = model_params(args)
+    with ddplug.Context(framework="lightning_step bare") as ctx:
+        t = registered.empty(ctx, n, torch.float32) if kwargs.get("registered") else torch.zeros(n)
+        op = "avg" if ctx.plugin["op_mask"] & (1 << _names.ops()["avg"]) else "sum"
+        times = []
+        for i in range(args.steps + args.warmup):
+            t.fill_(1.0)  # the gradients are written again every step
+            ctx.barrier()
+            t0 = time.perf_counter()
+            ctx.allreduce(t, op)
+            times.append(time.perf_counter() - t0)
+        memory = registered.reach(ctx, t)
+        if ctx.rank == 0:
+            with open(args.out, "w") as f:
+                json.dump({"times": times[args.warmup:], "params": n, "memory": memory}, f)
+        del t
 
 
 def worker(args: argparse.Namespace) -> None:
     """One Lightning job (rank 0 and, through the launcher, rank 1)."""
+    if args.strategy == "bare":
+        bare_worker(args)
+        return
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -102,7 +159,7 @@ def worker(args: argparse.Namespace) -> None:
         inputs = torch.randint(0, args.vocab, (n, 32), generator=g)
     data = TensorDataset(inputs, torch.randint(0, 10, (n,), generator=g))
     if args.strategy == "ddplug":
-        sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+        sys.path.insert(0, os.environ.get("DDPLUG_BENCH_SRC", str(ROOT / "hosts" / "lightning" / "src")))
         import ddplug.lightning
 
         strategy = ddplug.lightning.DdplugStrategy(**kwargs)
@@ -139,6 +196,8 @@ def main() -> None:
     p.add_argument("--models", default="embedding,mlp", help="comma-separated: embedding, mlp")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
+    p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
+    p.add_argument("--before", default=None, help="another source tree whose ddplug runs as 'before'")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
@@ -155,7 +214,11 @@ def main() -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env["CUDA_VISIBLE_DEVICES"] = ""
-    configs = CONFIGS
+    configs = list(CONFIGS)
+    if args.overlap:
+        configs[4:4] = OVERLAP
+    if args.before:
+        configs.insert(4, BEFORE)
     if args.only:
         keys = args.only.split(";")
         configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
@@ -172,6 +235,14 @@ def main() -> None:
 
 
 def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strategy: str, kwargs: dict) -> dict:
+    env = dict(env)
+    if strategy == "ddplug-before":  # the same step with another tree's package and build
+        tree = Path(args.before).resolve()
+        env["DDPLUG_BENCH_SRC"] = str(tree / "hosts" / "lightning" / "src")
+        env["DDPLUG_BUILD_DIR"] = str(tree / "build")
+        env["PYTHONPATH"] = os.pathsep.join([env["DDPLUG_BENCH_SRC"], env.get("PYTHONPATH", "")])
+        env.pop("DDPLUG_PLUGIN_PATH", None)
+        strategy = "ddplug"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
@@ -179,16 +250,37 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
                "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
                "--layers", str(args.layers), "--vocab", str(args.vocab)]
         print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if strategy == "bare":  # two ranks, torchrun-style, no Lightning
+            procs = []
+            port = _free_port()
+            for r in range(2):
+                e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True))
+            outs = [p.communicate(timeout=1800)[0] for p in procs]
+            proc = subprocess.CompletedProcess(cmd, max(p.returncode for p in procs), "".join(outs), "")
+        else:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not os.path.exists(out):
             print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{model}: {name}: failed (exit {proc.returncode})")
         with open(out) as f:
             data = json.load(f)
     t = data["times"]
-    return {"config": name, "strategy": strategy, "kwargs": kwargs, "params": data["params"], "steps": len(t),
+    return {"config": name, "strategy": "bare" if strategy == "bare" else
+            ("ddplug-before" if "DDPLUG_BENCH_SRC" in env else strategy),
+            "kwargs": kwargs, "params": data["params"], "steps": len(t),
             "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
-            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)}
+            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "memory": data.get("memory")}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
@@ -210,6 +302,20 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
         print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
               f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
     floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
+    mine = next((r["median_ms"] for r in rows if r["config"] == "ddplug (cpu)"), None)
+    bare = next((r["median_ms"] for r in rows if r["config"] == "bare allreduce, registered"), None)
+    before = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug-before"), None)
+    if floor is not None and mine is not None:
+        ex = mine - floor
+        line = f"\nddplug's exchange cost above the 1-rank floor: {ex:.1f} ms"
+        if bare:
+            line += f" = {ex / bare:.2f}x the bare registered allreduce of the gradient bytes ({bare:.1f} ms;" \
+                    f" goal <= 1.5x)"
+        if before is not None:
+            line += f"; before: {before - floor:.1f} ms"
+        if base:
+            line += f"; ddplug step = {mine / base:.2f}x the ddp default (goal for mlp <= 0.5x)"
+        print(line, flush=True)
     mine = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug"), None)
     if floor is not None and base is not None and mine is not None:
         # What each strategy adds to the step beyond its computation.

@@ -84,7 +84,7 @@ typedef struct cp_options {
   uint64_t nt_bytes;        /* outputs this large use streaming stores    */
   char addr[64];            /* address advertised to other nodes ("" = auto) */
   int64_t registered_bytes; /* registered memory per local rank; -1 = auto */
-  int cma;                  /* 1: single copy through the kernel allowed   */
+  int cma;                  /* CP_CMA_AUTO, CP_CMA_ON, CP_CMA_OFF          */
   uint64_t cma_min_bytes;   /* unregistered allreduces this large use it    */
   int progress_thread;      /* CP_PROGRESS_*              */
 } cp_options;
@@ -92,6 +92,11 @@ typedef struct cp_options {
 /* Values of cp_options.progress_thread: whether the progress thread runs
  * collectives nobody waits for (it always watches liveness). */
 enum { CP_PROGRESS_AUTO = -1, CP_PROGRESS_OFF = 0, CP_PROGRESS_ON = 1 };
+/* Values of cp_options.cma. */
+enum { CP_CMA_AUTO = -1, CP_CMA_OFF = 0, CP_CMA_ON = 1 };
+/* cma "auto" takes the kernel's copy when it moves at least this share of
+ * memcpy's bytes per second (measured at group_create, direct.c). */
+#define CP_CMA_MIN_SPEED 0.6
 
 /* The list of known keys, for messages. */
 extern const char cp_option_keys[];
@@ -210,13 +215,13 @@ typedef struct cp_proc {
   _Atomic int64_t pid;
   _Atomic uint64_t start_time; /* /proc/<pid>/stat starttime (clock ticks) */
   _Atomic uint32_t departed;   /* 1: left through group_destroy            */
-  _Atomic uint32_t cma;        /* CP_CMA_*: can this rank read and write
+  _Atomic uint32_t cma;        /* CP_SC_*: can this rank read and write
                                   every local peer's memory (direct.c)    */
   uint64_t probe_addr;         /* address of a word peers probe with
                                   process_vm_readv/writev                  */
 } cp_proc;
 
-enum { CP_CMA_UNKNOWN = 0, CP_CMA_NO = 1, CP_CMA_YES = 2 };
+enum { CP_SC_UNKNOWN = 0, CP_SC_NO = 1, CP_SC_YES = 2 };
 
 /* One collective as a rank saw it: compared across ranks at every
  * collective's handshake (mismatch detection). */
@@ -699,7 +704,7 @@ struct ddplug_plugin_group {
 
   /* single copy (direct.c) */
   _Atomic uint64_t probe_word; /* peers read and write it back (probe)   */
-  int cma_all;                 /* every local rank's verdict is CP_CMA_YES */
+  int cma_all;                 /* every local rank's verdict is CP_SC_YES */
   unsigned char *dscratch;     /* executor only: blocks read from peers   */
   uint64_t dblock;             /* bytes per block of the single copy      */
 

@@ -321,26 +321,59 @@ static int probe_peer(cp_group *g, int j, const char **which) {
   return 0;
 }
 
+/* The kernel's copy between address spaces against memcpy, on this
+ * process (process_vm_readv of itself takes the same path as of a peer):
+ * bytes per second of the first over the second, best of a few rounds of
+ * 1 MiB each (a few milliseconds). */
+#define SPEED_BYTES (1u << 20)
+static double kernel_copy_share(void) {
+  unsigned char *a = NULL, *b = NULL;
+  if (posix_memalign((void **)&a, PAGE, SPEED_BYTES) != 0) return 0;
+  if (posix_memalign((void **)&b, PAGE, SPEED_BYTES) != 0) {
+    free(a);
+    return 0;
+  }
+  memset(a, 1, SPEED_BYTES);
+  memset(b, 2, SPEED_BYTES);
+  uint64_t best_k = UINT64_MAX, best_m = UINT64_MAX;
+  for (int round = 0; round < 5; round++) {
+    struct iovec l = {b, SPEED_BYTES}, rm = {a, SPEED_BYTES};
+    uint64_t t0 = cp_now_ns();
+    ssize_t n = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
+    uint64_t t1 = cp_now_ns();
+    memcpy(b, a, SPEED_BYTES);
+    __asm__ volatile("" : : "r"(b) : "memory");
+    uint64_t t2 = cp_now_ns();
+    if (n != (ssize_t)SPEED_BYTES) break;
+    best_k = CP_MIN(best_k, t1 - t0);
+    best_m = CP_MIN(best_m, t2 - t1);
+  }
+  free(a);
+  free(b);
+  if (best_k == UINT64_MAX || best_k == 0) return 0;
+  return (double)best_m / (double)best_k;
+}
+
 /* See cpu.h. group_create only (after every local rank attached and the
  * liveness watch is open). */
 int cp_direct_probe(cp_group *g, uint64_t deadline) {
   if (!g->has_shm) return DDPLUG_OK;
   const int n = g->local_world;
   char why[CP_MSG_MAX] = "";
-  int verdict = CP_CMA_YES;
+  int verdict = CP_SC_YES;
   if (g->num_nodes > 1) {
-    verdict = CP_CMA_NO;
+    verdict = CP_SC_NO;
     snprintf(why, sizeof why, "the group spans %d nodes", g->num_nodes);
-  } else if (!g->opt.cma) {
-    verdict = CP_CMA_NO;
+  } else if (g->opt.cma == CP_CMA_OFF) {
+    verdict = CP_SC_NO;
     snprintf(why, sizeof why, "plugin_options.cma is false");
   } else {
-    for (int j = 0; j < n && verdict == CP_CMA_YES; j++) {
+    for (int j = 0; j < n && verdict == CP_SC_YES; j++) {
       if (j == g->local_rank) continue;
       const char *which = "";
       int e = probe_peer(g, j, &which);
       if (e == 0) continue;
-      verdict = CP_CMA_NO;
+      verdict = CP_SC_NO;
       snprintf(why, sizeof why, "%s of rank %d (pid %lld) from rank %d: %s%s", which,
                g->local_ranks[j], (long long)g->pid_of[g->local_ranks[j]], g->rank,
                e == EPROTO ? "read an unexpected value" : strerror(e),
@@ -350,14 +383,24 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
                      "security profile)"
                    : "");
     }
-    if (verdict == CP_CMA_YES) {
+    if (verdict == CP_SC_YES && g->opt.cma == CP_CMA_AUTO) {
+      double share = kernel_copy_share();
+      if (share < CP_CMA_MIN_SPEED) {
+        verdict = CP_SC_NO;
+        snprintf(why, sizeof why, "allowed, but on rank %d the kernel's copy moves %.0f%% of "
+                 "memcpy's bytes per second, less than the %.0f%% that make it pay "
+                 "(plugin_options.cma true forces it)", g->rank, 100.0 * share,
+                 100.0 * CP_CMA_MIN_SPEED);
+      }
+    }
+    if (verdict == CP_SC_YES) {
       /* a block per peer plus the output block, each with a page of room
        * to match the remote page offset */
       uint64_t block = CMA_SCRATCH_BUDGET / (uint64_t)n;
       block = CP_MAX(CMA_BLOCK_MIN, CP_MIN(block, g->opt.chunk_bytes)) / PAGE * PAGE;
       void *p = NULL;
       if (posix_memalign(&p, PAGE, (size_t)((uint64_t)n * (block + PAGE))) != 0) {
-        verdict = CP_CMA_NO;
+        verdict = CP_SC_NO;
         snprintf(why, sizeof why, "rank %d could not allocate its %llu-byte scratch",
                  g->rank, (unsigned long long)((uint64_t)n * (block + PAGE)));
       } else {
@@ -383,7 +426,7 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
   g->cma_all = 1;
   int refused = -1;
   for (int j = 0; j < n; j++)
-    if (atomic_load(&g->shm.procs[j].cma) != CP_CMA_YES) {
+    if (atomic_load(&g->shm.procs[j].cma) != CP_SC_YES) {
       g->cma_all = 0;
       if (refused < 0) refused = j;
     }

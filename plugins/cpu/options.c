@@ -32,10 +32,13 @@
  *                    address space only until allocated. "auto" (default):
  *                    the size of /dev/shm; an integer, a multiple of 4096
  *                    up to 2^46; 0: mem_alloc hands out ordinary memory.
- *   cma              true (default): allreduces of unregistered buffers may
- *                    copy straight between the ranks' address spaces
- *                    (process_vm_readv/writev) where the system allows it
- *                    (group_create finds out); false: never.
+ *   cma              whether allreduces of unregistered buffers copy straight
+ *                    between the ranks' address spaces (process_vm_readv/
+ *                    writev). "auto" (default): where the system allows it
+ *                    and the kernel's copy is at least CP_CMA_MIN_SPEED of
+ *                    memcpy's speed (group_create measures both; on some
+ *                    virtual machines it is a third, and the pipeline wins);
+ *                    true: wherever the system allows it; false: never.
  *   cma_min_bytes    unregistered allreduces of at least this many bytes
  *                    per rank take that single copy; smaller ones the
  *                    pipeline (default 65536; 0 .. 2^40).
@@ -125,7 +128,7 @@ int cp_options_parse(const char *options_json, cp_options *out) {
   out->tcp_chunk_bytes = 256 << 10;
   out->nt_bytes = 8 << 20;
   out->registered_bytes = -1;
-  out->cma = 1;
+  out->cma = CP_CMA_AUTO;
   out->cma_min_bytes = 64 << 10;
   out->progress_thread = CP_PROGRESS_AUTO;
   if (!options_json || !*options_json) return DDPLUG_OK;
@@ -190,12 +193,17 @@ int cp_options_parse(const char *options_json, cp_options *out) {
       }
       snprintf(out->addr, sizeof out->addr, "%s", s);
     } else if (strcmp(key, "cma") == 0) {
-      if (!json_is_boolean(v)) {
-        st = cp_err(DDPLUG_E_CONFIG, "plugin_options.cma: expected true or false, got %s",
-                    json_type_name(v));
+      if (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) {
+        out->cma = CP_CMA_AUTO;
+      } else if (json_is_boolean(v)) {
+        out->cma = json_is_true(v) ? CP_CMA_ON : CP_CMA_OFF;
+      } else {
+        st = cp_err(DDPLUG_E_CONFIG,
+                    "plugin_options.cma: expected \"auto\", true or false, got %s%s%s%s",
+                    json_type_name(v), json_is_string(v) ? " '" : "",
+                    json_is_string(v) ? json_string_value(v) : "", json_is_string(v) ? "'" : "");
         goto done;
       }
-      out->cma = json_is_true(v);
     } else if (strcmp(key, "progress_thread") == 0) {
       const char *s = json_is_string(v) ? json_string_value(v) : NULL;
       if (s && strcmp(s, "auto") == 0) out->progress_thread = CP_PROGRESS_AUTO;

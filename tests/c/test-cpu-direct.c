@@ -254,7 +254,7 @@ static void same_bits(hd_rank *r, void *arg) {
  * chunks make the single copy work in many blocks (70001 float64 are 9).
  * Counts are primes: int8's 20011 bytes pass the one-shot path's 16 KiB. */
 static const char *const worlds_opts[] = {
-    "{\"cma_min_bytes\": 0, \"chunk_bytes\": 65536}",
+    "{\"cma\": true, \"cma_min_bytes\": 0, \"chunk_bytes\": 65536}",
     "{\"cma\": false, \"chunk_bytes\": 65536}",
 };
 
@@ -321,7 +321,7 @@ static void refused(int rank, int world, void *arg) {
 
 TEST_T(refused_single_copy_falls_back_silently, 60) {
   hd_world w;
-  hd_world_init(&w, 2, NULL, "{\"cma_min_bytes\": 0}");
+  hd_world_init(&w, 2, NULL, "{\"cma\": true, \"cma_min_bytes\": 0}");
   w.log_level = DDPLUG_LOG_DEBUG;
   CHECK_EQ_INT(dt_run_ranks(2, refused, &w, NULL, 60, NULL), 0);
   CHECK_EQ_INT(hd_world_shm_left(&w), 0);
@@ -345,9 +345,27 @@ static void allowed(hd_rank *r, void *arg) {
 
 TEST(single_copy_available_is_said_once_at_debug_level) {
   hd_world w;
-  hd_world_init(&w, 2, NULL, NULL);
+  hd_world_init(&w, 2, NULL, "{\"cma\": true}");
   w.log_level = DDPLUG_LOG_DEBUG;
   CHECK_EQ_INT(hd_run(&w, allowed, NULL, 60, NULL), 0);
+  hd_world_cleanup(&w);
+}
+
+/* cma "auto" (the default) measures the kernel's copy against memcpy and says
+ * what it chose, once. */
+static void auto_says(hd_rank *r, void *arg) {
+  (void)arg;
+  CHECK_EQ_INT(count_of(r->log, "single copy through the kernel"), 1);
+  if (!strstr(r->log, ": available"))
+    CHECK_MSG(strstr(r->log, "of memcpy's bytes per second") || strstr(r->log, "not permitted"),
+              "rank %d: %s", r->rank, r->log);
+}
+
+TEST(single_copy_auto_measures_the_kernel_copy) {
+  hd_world w;
+  hd_world_init(&w, 2, NULL, NULL);
+  w.log_level = DDPLUG_LOG_DEBUG;
+  CHECK_EQ_INT(hd_run(&w, auto_says, NULL, 60, NULL), 0);
   hd_world_cleanup(&w);
 }
 

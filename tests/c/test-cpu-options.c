@@ -22,7 +22,7 @@ TEST(defaults) {
   CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");
   CHECK_EQ_INT(o.registered_bytes, -1);
-  CHECK_EQ_INT(o.cma, 1);
+  CHECK_EQ_INT(o.cma, CP_CMA_AUTO);
   CHECK_EQ_INT(o.cma_min_bytes, 64 << 10);
   CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
   CHECK_OK(cp_options_parse(NULL, &o));
@@ -45,12 +45,13 @@ TEST(every_knob) {
   CHECK_OK(cp_options_parse("{\"registered_bytes\": 8192, \"cma\": false, "
                             "\"cma_min_bytes\": 0, \"progress_thread\": \"off\"}", &o));
   CHECK_EQ_INT(o.registered_bytes, 8192);
-  CHECK_EQ_INT(o.cma, 0);
+  CHECK_EQ_INT(o.cma, CP_CMA_OFF);
   CHECK_EQ_INT(o.cma_min_bytes, 0);
   CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_OFF);
-  CHECK_OK(cp_options_parse("{\"registered_bytes\": \"auto\", \"progress_thread\": \"on\"}",
-                            &o));
+  CHECK_OK(cp_options_parse("{\"registered_bytes\": \"auto\", \"progress_thread\": \"on\", "
+                            "\"cma\": true}", &o));
   CHECK_EQ_INT(o.registered_bytes, -1);
+  CHECK_EQ_INT(o.cma, CP_CMA_ON);
   CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_ON);
   CHECK_OK(cp_options_parse("{\"registered_bytes\": 0, \"progress_thread\": \"auto\"}", &o));
   CHECK_EQ_INT(o.registered_bytes, 0);
@@ -73,7 +74,9 @@ static const struct bad {
     {"{\"registered_bytes\": 1.5}",
      "plugin_options.registered_bytes: expected \"auto\" or an integer, got a number with a "
      "fraction"},
-    {"{\"cma\": 1}", "plugin_options.cma: expected true or false, got an integer"},
+    {"{\"cma\": 1}", "plugin_options.cma: expected \"auto\", true or false, got an integer"},
+    {"{\"cma\": \"yes\"}",
+     "plugin_options.cma: expected \"auto\", true or false, got a string 'yes'"},
     {"{\"cma_min_bytes\": -1}",
      "plugin_options.cma_min_bytes: -1 is out of range [0, 1099511627776]"},
     {"{\"progress_thread\": \"sometimes\"}",

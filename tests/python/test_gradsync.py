@@ -151,7 +151,7 @@ def test_detach_gives_gradients_their_own_memory(ctx: ddplug.Context) -> None:
     assert all(b.flat is None for b in gs.buckets)
 
 
-@pytest.mark.parametrize("options", [{}, {"cma": False}], ids=["default", "no-single-copy"])
+@pytest.mark.parametrize("options", [{"cma": True}, {"cma": False}], ids=["single-copy", "no-single-copy"])
 def test_bucket_views_train_like_the_copy_path(out: Path, options: dict) -> None:
     """Two ranks train one model per case twice — gradients as views of registered
     buckets, and the copy path into ordinary buckets — and end with the same

@@ -4,7 +4,7 @@
 invocation, with the same model, data and seeds.
 
     .venv/bin/python bench/lightning_step.py [--steps 30] [--warmup 5] [--json FILE]
-                                             [--overlap] [--before TREE]
+                                             [--overlap] [--before TREE] [--rounds N]
 
 Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   mlp        1024 -> 6 x (2048 x 2048) -> 10, batch 8 per rank: forward and
@@ -12,8 +12,7 @@ Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   embedding  a 106,496 x 256 embedding table (dense gradients) + a linear head,
              batch 8 sequences of 32 tokens: almost no compute, the step is the
              gradient allreduce (large-vocabulary / recommendation models).
-Each
-configuration runs as its own Lightning job (devices=2, accelerator="cpu",
+Each configuration runs as its own Lightning job (devices=2, accelerator="cpu",
 Lightning's subprocess launcher, one torch thread per rank); rank 0 times every
 training step (on_train_batch_start -> on_train_batch_end: forward, backward with
 the gradient allreduce, optimizer step), the first --warmup steps are dropped.
@@ -38,8 +37,10 @@ during backward, or the caller at the end of it); with --before TREE also
 another source tree (TREE/hosts/lightning/src, TREE/build), e.g. the commit
 before a change, for before/after rows from one run.
 "gloo at its best" is the fastest ddp row. The table gives the median and mean step
-time and the ratio to the default ddp row. The machine's other load shows up as
-noise: compare rows of one invocation, re-run for confirmation.
+time and the ratio to the default ddp row, and "cpu ms": rank 0's CPU time per step
+(every thread of the process), less sensitive to other load than the wall time. The
+machine's other load shows up as noise: compare rows of one invocation; --rounds N
+runs every configuration N times, interleaved, and shows each one's best round.
 """
 
 from __future__ import annotations
@@ -93,17 +94,18 @@ def bare_worker(args: argparse.Namespace) -> None:
     with ddplug.Context(framework="lightning_step bare") as ctx:
         t = registered.empty(ctx, n, torch.float32) if kwargs.get("registered") else torch.zeros(n)
         op = "avg" if ctx.plugin["op_mask"] & (1 << _names.ops()["avg"]) else "sum"
-        times = []
+        times, cpu = [], []
         for i in range(args.steps + args.warmup):
             t.fill_(1.0)  # the gradients are written again every step
             ctx.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             ctx.allreduce(t, op)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         memory = registered.reach(ctx, t)
         if ctx.rank == 0:
             with open(args.out, "w") as f:
-                json.dump({"times": times[args.warmup:], "params": n, "memory": memory}, f)
+                json.dump({"times": times[args.warmup:], "cpu": cpu[args.warmup:], "params": n, "memory": memory}, f)
         del t
 
 
@@ -143,12 +145,14 @@ def worker(args: argparse.Namespace) -> None:
     class Timer(pl.Callback):
         def __init__(self) -> None:
             self.times: list = []
+            self.cpu: list = []
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             self.times.append(time.perf_counter() - self.t0)
+            self.cpu.append(time.process_time() - self.c0)
 
     pl.seed_everything(0)
     g = torch.Generator().manual_seed(0)
@@ -179,7 +183,7 @@ def worker(args: argparse.Namespace) -> None:
     if trainer.global_rank == 0:
         params = sum(p.numel() for p in model.parameters())
         with open(args.out, "w") as f:
-            json.dump({"times": timer.times[args.warmup:], "params": params}, f)
+            json.dump({"times": timer.times[args.warmup:], "cpu": timer.cpu[args.warmup:], "params": params}, f)
     if hasattr(trainer.strategy, "close"):
         trainer.strategy.close()
 
@@ -198,6 +202,8 @@ def main() -> None:
     p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
     p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
     p.add_argument("--before", default=None, help="another source tree whose ddplug runs as 'before'")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, interleaved; report each one's best round")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
@@ -224,9 +230,15 @@ def main() -> None:
         configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
     report: dict = {"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "models": {}}
     for model in args.models.split(","):
+        runs: dict = {}
+        for _ in range(args.rounds):  # interleaved: a busy moment hits every configuration alike
+            for name, strategy, kwargs in configs:
+                runs.setdefault(name, []).append(run_config(args, env, model, name, strategy, kwargs))
         rows = []
-        for name, strategy, kwargs in configs:
-            rows.append(run_config(args, env, model, name, strategy, kwargs))
+        for name, _, _ in configs:
+            best = min(runs[name], key=lambda r: r["median_ms"])
+            best["rounds_median_ms"] = [r["median_ms"] for r in runs[name]]
+            rows.append(best)
         report["models"][model] = rows
         print_table(args, model, rows)
     if args.json:
@@ -268,7 +280,8 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
         with open(out) as f:
             data = json.load(f)
     t = data["times"]
-    return {"config": name, "strategy": "bare" if strategy == "bare" else
+    c = data.get("cpu") or [0.0]
+    return {"cpu_ms": 1e3 * statistics.median(c), "config": name, "strategy": "bare" if strategy == "bare" else
             ("ddplug-before" if "DDPLUG_BENCH_SRC" in env else strategy),
             "kwargs": kwargs, "params": data["params"], "steps": len(t),
             "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
@@ -292,15 +305,16 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
     params = rows[0]["params"] if rows else 0
     print(f"\nLightning training step, 2 CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
-          f" {args.steps} timed steps after {args.warmup} warm-up\n")
-    print(f"| {'configuration':<30} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
-          f" {'vs ddp default':>14} | {'vs gloo best':>12} |")
-    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 14}|")
+          f" {args.steps} timed steps after {args.warmup} warm-up"
+          + (f"; best of {args.rounds} interleaved rounds (by median)" if args.rounds > 1 else "") + "\n")
+    print(f"| {'configuration':<34} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
+          f" {'cpu ms':>6} | {'vs ddp default':>14} | {'vs gloo best':>12} |")
+    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 16}|{'-' * 14}|")
     for r in rows:
         vd = f"{r['vs_ddp_default']:.2f}x" if r["vs_ddp_default"] else "-"
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
-        print(f"| {r['config']:<30} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
-              f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
+        print(f"| {r['config']:<34} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
+              f" {r['max_ms']:7.1f} | {r['cpu_ms']:6.1f} | {vd:>14} | {vb:>12} |", flush=True)
     floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
     mine = next((r["median_ms"] for r in rows if r["config"] == "ddplug (cpu)"), None)
     bare = next((r["median_ms"] for r in rows if r["config"] == "bare allreduce, registered"), None)

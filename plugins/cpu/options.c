@@ -45,9 +45,9 @@
  *   progress_thread  "auto" (default), "on" or "off": whether the group's
  *                    progress thread runs collectives nobody waits for yet
  *                    (a trainer's gradient buckets during backward) or
- *                    leaves them to the caller's wait. "auto" decides by
- *                    the node's ranks and this process's CPUs (README.md,
- *                    "Overlap"). The thread watches peers either way.
+ *                    leaves them to the caller's wait. "auto" is on, by
+ *                    measurement (README.md, "Overlap"). The thread
+ *                    watches peers either way.
  *
  * Unknown keys, wrong types and out-of-range values are DDPLUG_E_CONFIG
  * naming plugin_options.<key>.

@@ -26,12 +26,11 @@
  * hands execution to the progress thread, which finishes it in the
  * background; a later wait finds it done.
  *
- * With plugin_options.progress_thread off (or "auto" deciding so: more
- * ranks than CPUs to run them, where a second executing thread only takes
- * CPU time from the computation it would overlap — README.md, "Overlap"),
- * the thread never claims requests nobody waits for: they run inside the
- * caller's wait or test. It still finishes what a timed-out wait handed
- * over, and it still watches the peers.
+ * With plugin_options.progress_thread "off" the thread never claims
+ * requests nobody waits for: they run inside the caller's wait or test. It
+ * still finishes what a timed-out wait handed over, and it still watches
+ * the peers. ("auto", the default, is on: README.md, "Overlap", has the
+ * measurements.)
  *
  * The idle progress thread also watches liveness (same-node pidfds, ring
  * sockets) so a peer's death is noticed, and forwarded to other nodes, even

@@ -54,8 +54,7 @@ static void background(hd_rank *r, void *arg) {
   free(recv);
 }
 
-/* progress_thread "on": the thread runs what nobody waits for ("auto"
- * turns it off on a machine with fewer CPUs than ranks, as here). */
+/* progress_thread "on" (as "auto"): the thread runs what nobody waits for. */
 #define THREAD_ON "{\"progress_thread\": \"on\"}"
 
 TEST_T(progresses_without_the_caller, 60) {

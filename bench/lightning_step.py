@@ -12,7 +12,7 @@ Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   embedding  a 106,496 x 256 embedding table (dense gradients) + a linear head,
              batch 8 sequences of 32 tokens: almost no compute, the step is the
              gradient allreduce (large-vocabulary / recommendation models).
-Each configuration runs as its own Lightning job (devices=2, accelerator="cpu",
+Each configuration runs as its own Lightning job (devices=2 or --devices, accelerator="cpu",
 Lightning's subprocess launcher, one torch thread per rank); rank 0 times every
 training step (on_train_batch_start -> on_train_batch_end: forward, backward with
 the gradient allreduce, optimizer step), the first --warmup steps are dropped.
@@ -156,7 +156,7 @@ def worker(args: argparse.Namespace) -> None:
 
     pl.seed_everything(0)
     g = torch.Generator().manual_seed(0)
-    n = args.batch * 2 * (args.steps + args.warmup)
+    n = args.batch * args.devices * (args.steps + args.warmup)
     if args.model == "mlp":
         inputs = torch.randn(n, args.inputs, generator=g)
     else:
@@ -171,7 +171,7 @@ def worker(args: argparse.Namespace) -> None:
         from lightning.pytorch.strategies import DDPStrategy
 
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
-    devices = 2
+    devices = args.devices
     if args.strategy == "single":  # the floor: the same step without any gradient exchange
         strategy, devices = "auto", 1
     timer = Timer()
@@ -202,6 +202,7 @@ def main() -> None:
     p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
     p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
     p.add_argument("--before", default=None, help="another source tree whose ddplug runs as 'before'")
+    p.add_argument("--devices", type=int, default=2, help="ranks (processes) of the multi-rank configurations")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, interleaved; report each one's best round")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -260,13 +261,14 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
         cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
                "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", model,
                "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
-               "--layers", str(args.layers), "--vocab", str(args.vocab)]
+               "--layers", str(args.layers), "--vocab", str(args.vocab), "--devices", str(args.devices)]
         print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
         if strategy == "bare":  # two ranks, torchrun-style, no Lightning
             procs = []
             port = _free_port()
-            for r in range(2):
-                e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+            for r in range(args.devices):
+                e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.devices),
+                         LOCAL_WORLD_SIZE=str(args.devices),
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               text=True))
@@ -303,7 +305,7 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
         r["vs_ddp_default"] = r["median_ms"] / base if base else None
         r["vs_gloo_best"] = r["median_ms"] / best if best else None
     params = rows[0]["params"] if rows else 0
-    print(f"\nLightning training step, 2 CPU ranks, {model}: {params / 1e6:.1f} M parameters"
+    print(f"\nLightning training step, {args.devices} CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
           f" {args.steps} timed steps after {args.warmup} warm-up"
           + (f"; best of {args.rounds} interleaved rounds (by median)" if args.rounds > 1 else "") + "\n")

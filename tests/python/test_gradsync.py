@@ -173,3 +173,35 @@ def test_bucket_views_train_like_the_copy_path(out: Path, options: dict) -> None
                 assert v["views"] == v["flat_params"], (case, v)
         assert res["replace"]["view"]["copy_slots"] >= 2
         assert res["replace"]["view"]["still_assigned"] == 8
+
+
+def test_a_second_backward_finishes_the_round_before_accumulating(ctx: ddplug.Context) -> None:
+    """Two backward passes before finish(): the first round is reduced before
+    the second accumulates into the same buckets, and the result is the sum."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    gs = GradientSync(ctx, model.parameters())
+    gs.attach()
+    x1, x2 = torch.randn(3, 8), torch.randn(3, 8)
+    model(x1).sum().backward()
+    first = [p.grad.clone() for p in model.parameters()]
+    seen: list = []
+    finish = gs.finish
+
+    def spy() -> None:
+        seen.append([p.grad.clone() for p in model.parameters()])
+        finish()
+
+    gs.finish = spy
+    model(x2).sum().backward()
+    assert gs.syncs == 1 and len(seen) == 1
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], first)), \
+        "the first round finished before the second backward accumulated"
+    gs.finish = finish
+    gs.finish()
+    ref = torch.nn.Linear(8, 4)
+    ref.load_state_dict(model.state_dict())
+    ref(x2).sum().backward()
+    for p, f, r in zip(model.parameters(), first, ref.parameters()):
+        assert torch.allclose(p.grad, f + r.grad)
+    gs.detach()

@@ -319,13 +319,18 @@ class GradientSync:
 
     def _before_grad(self, param: torch.Tensor) -> Callable:
         """A hook that runs before a gradient is accumulated into ``param.grad``
-        (also inside no_sync): at the first backward after a round, it sees whether
-        someone replaced the view that round left in ``.grad`` (None is fine:
-        zero_grad(set_to_none=True))."""
+        (also inside no_sync). A second backward into a parameter whose bucket is
+        already being reduced finishes that round first (else the accumulation
+        would write into a bucket in flight). At the first backward after a
+        round, it sees whether someone replaced the view that round left in
+        ``.grad`` (None is fine: zero_grad(set_to_none=True))."""
         pid = id(param)
 
         def hook(grad: torch.Tensor) -> None:
             slot = self._slots.get(pid)
+            if slot is not None and slot.ready and self.enabled:
+                self.finish()
+                slot = self._slots.get(pid)
             if slot is None or not slot.check:
                 return None
             slot.check = False

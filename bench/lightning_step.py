@@ -228,7 +228,7 @@ def main() -> None:
         configs.insert(4, BEFORE)
     if args.only:
         keys = args.only.split(";")
-        configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
+        configs = [c for c in configs if any(k in c[0] for k in keys)]
     report: dict = {"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "models": {}}
     for model in args.models.split(","):
         runs: dict = {}

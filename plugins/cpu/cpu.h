@@ -699,6 +699,11 @@ struct ddplug_plugin_group {
   uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
   int progress_runs;           /* the progress thread runs collectives
                                   nobody waits for (progress_thread)     */
+  int spare_cpu;               /* the node's ranks leave a CPU of this
+                                  process's affinity mask free           */
+  int exec_by_thread;          /* executor only: the progress thread is it */
+  _Atomic int callers_waiting; /* callers asleep in request_wait while
+                                  another thread executes                */
   _Atomic int handoff;         /* a timed-out wait left requests for the
                                   progress thread to finish              */
 

@@ -307,6 +307,7 @@ static int host_group_create(const ddplug_group_init *init,
   int64_t spin_us = g->opt.spin_us >= 0 ? g->opt.spin_us
                     : (ncpu > 0 && g->local_world <= ncpu) ? 50 : 2;
   g->spin_ns = (uint64_t)spin_us * 1000ull;
+  g->spare_cpu = ncpu > 0 && g->local_world < ncpu;
   /* "auto" is on: a helper thread reducing buckets during backward was
    * faster than leaving them to the caller in every configuration measured,
    * also with as many or more ranks than CPUs (README.md, "Overlap") */

@@ -123,6 +123,7 @@ static void complete(cp_group *g, cp_req *r, int st) {
 /* Execute pending requests in order until `until` completes (NULL: until
  * none is left) or the deadline passes (CP_AGAIN). Caller holds exec. */
 static int run_queue(cp_group *g, cp_req *until, uint64_t deadline, int by_thread) {
+  g->exec_by_thread = by_thread;
   for (;;) {
     cp_req *r = head(g);
     if (!r) return DDPLUG_OK;
@@ -211,7 +212,9 @@ int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
     uint64_t now = cp_now_ns();
     if (now >= deadline) break;
     /* another thread executes: sleep until it completes something or lets go */
+    atomic_fetch_add(&g->callers_waiting, 1);
     cp_ctr_sleep(&g->ev, seen, CP_MIN(deadline - now, 50ull * 1000 * 1000), 1);
+    atomic_fetch_sub(&g->callers_waiting, 1);
   }
   if (atomic_load_explicit(&r->done, memory_order_acquire)) return report(r);
   char why[CP_MSG_MAX], d[160];
@@ -301,6 +304,7 @@ static void *thread_main(void *arg) {
     uint64_t now = cp_now_ns();
     int lazy = atomic_load(&g->lazy);
     int stranded = pending && now > since && now - since >= STRANDED_NS;
+    if (!pending) atomic_store(&g->handoff, 0); /* what was handed over is done */
     int handoff = atomic_load(&g->handoff);
     if (pending && ((g->progress_runs && (!lazy || stranded)) || handoff ||
                     cp_fail_status(g))) {

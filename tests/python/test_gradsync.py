@@ -170,7 +170,11 @@ def test_bucket_views_train_like_the_copy_path(out: Path, options: dict) -> None
             assert v["rebuilt"] and v["grads_own_memory"]
             assert v["memory"][0] == "registered", v["memory"]
             if case != "replace":
-                assert v["views"] == v["flat_params"], (case, v)
+                assert v["views"] >= v["flat_params"], (case, v)  # every bucketed gradient views its bucket
+        # a gradient with a bucket of its own is reduced where it lies while it is a
+        # new tensor every step, and moves once into registered memory when it persists
+        assert "registered" not in res["set_to_none"]["view"]["memory"][1:], res["set_to_none"]["view"]
+        assert "registered" in res["zero"]["view"]["memory"][1:], res["zero"]["view"]
         assert res["replace"]["view"]["copy_slots"] >= 2
         assert res["replace"]["view"]["still_assigned"] == 8
 

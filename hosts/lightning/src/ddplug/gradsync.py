@@ -16,11 +16,13 @@ gradients living in their buckets (DDP's ``gradient_as_bucket_view``).
   direction. A gradient that arrives as a new tensor (the first step, after
   ``zero_grad(set_to_none=True)``) is copied into its slot once, and the view
   replaces it.
-* A parameter at least as large as the bucket it would join gets a bucket of its
-  own. Its gradient is reduced where it lies when the plugin reaches that memory
-  without staging (registered, or the kernel's single copy: no copy at all);
-  otherwise it is copied into a registered bucket of its own, which then holds
-  its gradient from step to step.
+* A parameter of at least 1 MiB (``SOLO_BYTES``), or at least as large as the
+  bucket it would join, gets a bucket of its own: its gradient is reduced where
+  it lies, no copy at all. Only when its gradient persists from step to step
+  (``zero_grad(set_to_none=False)``, accumulation across steps) and the plugin
+  would stage it is it copied once into a registered bucket of its own, which
+  holds it from then on. A new tensor every step (``set_to_none=True``) is
+  better reduced in place than copied first (measured: see ``SOLO_BYTES``).
 * An optimizer or user code that *replaces* ``param.grad`` (assigns another
   tensor while a view is installed) is noticed when the next gradient arrives;
   that parameter then takes the copy path for good: copied into its slot,
@@ -60,9 +62,12 @@ from .context import Context, Request
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-# A gradient with a bucket of its own that the plugin would stage is copied into
-# registered memory from this size on; below it every path costs about the same.
-SOLO_REGISTER_BYTES = 1 * MIB
+# A parameter of at least this many bytes gets a bucket of its own (its allreduce
+# then costs far more than starting one). A gradient that arrives as a new tensor
+# is reduced where it lies: copying it into a registered bucket first costs more
+# than the plugin saves by reaching it directly (bench/lightning_step.py, embedding:
+# 31.8 ms above the floor against 21.0 ms in place, on the project's CI machine).
+SOLO_BYTES = 1 * MIB
 
 
 @dataclass
@@ -77,6 +82,7 @@ class _Slot:
     warned: bool = False
     installed: bool = False  # .grad was its bucket view when the last round finished
     check: bool = False  # the next backward looks whether .grad was replaced since
+    persists: bool = False  # .grad was still there when the next backward began
 
 
 @dataclass
@@ -217,6 +223,7 @@ class GradientSync:
         self.registered = bool(registered)
         self._first_bytes = int(first_bucket_mb * MIB)
         self._bytes = int(bucket_mb * MIB)
+        self._solo_bytes = SOLO_BYTES
         unique: list = []
         seen = set()
         for p in params:
@@ -264,7 +271,7 @@ class GradientSync:
 
     def _plan(self, order: list) -> None:
         """Buckets for parameters in the order their gradients are expected."""
-        self.buckets = _make_buckets(order, self._first_bytes, self._bytes)
+        self.buckets = _make_buckets(order, self._first_bytes, self._bytes, self._solo_bytes)
         for b in self.buckets:
             if not b.solo:
                 b.flat = self._alloc(b.numel, b.slots[0].param)
@@ -334,6 +341,7 @@ class GradientSync:
             if slot is None or not slot.check:
                 return None
             slot.check = False
+            slot.persists = param.grad is not None
             if not slot.installed or slot.copy or not self.bucket_view:
                 return None
             g, b = param.grad, slot.bucket
@@ -379,17 +387,17 @@ class GradientSync:
             self._start_ready()
 
     def _solo_ready(self, slot: _Slot, grad: torch.Tensor) -> None:
-        """A parameter with a bucket of its own: reduce its gradient where it lies
-        unless that would be staged and registered memory can take it instead."""
+        """A parameter with a bucket of its own: reduce its gradient where it lies,
+        unless it persists from step to step and would be staged: then it moves
+        once into registered memory of its own."""
         bucket, param = slot.bucket, slot.param
         if bucket.flat is not None and _is_view(grad, bucket.view(slot)):
             bucket.work = bucket.flat
             return
         if not grad.is_contiguous():
             param.grad = grad = grad.contiguous()
-        if (self.bucket_view and not slot.copy and self.registered and grad.device.type == "cpu"
-                and grad.numel() * grad.element_size() >= SOLO_REGISTER_BYTES
-                and _registered.reach(self.ctx, grad) == "staged"):
+        if (slot.persists and self.bucket_view and not slot.copy and self.registered
+                and grad.device.type == "cpu" and _registered.reach(self.ctx, grad) == "staged"):
             if bucket.flat is None:
                 bucket.flat = self._alloc(slot.numel, param)
             if _registered.reach(self.ctx, bucket.flat) == "registered":
@@ -523,11 +531,11 @@ class GradientSync:
         self._reset()
 
 
-def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
+def _make_buckets(params: list, first_bytes: int, bytes_: int, solo_bytes: int) -> list:
     """Buckets per (device, dtype) for parameters in the order their gradients are
-    expected. A parameter at least as large as the bucket being filled gets a
-    bucket of its own; what was collected before it becomes a bucket first, so
-    order is kept."""
+    expected. A parameter of at least solo_bytes, or at least as large as the
+    bucket being filled, gets a bucket of its own; what was collected before it
+    becomes a bucket first, so order is kept."""
     open_: dict = {}
     closed: list = []
     cap = max(1, first_bytes)
@@ -540,7 +548,7 @@ def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
     for p in params:
         key = (p.device, p.dtype)
         size = p.numel() * p.element_size()
-        if size >= cap:
+        if size >= min(cap, solo_bytes):
             if key in open_:
                 close(key)
             open_[key] = ([p], [size])

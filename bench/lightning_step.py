@@ -25,12 +25,18 @@ Configurations:
   no communication (1 rank)    the same step in one process (devices=1): the floor
                                no strategy can beat; what is left above it is
                                the cost of the gradient exchange
+  no communication, 2 at once  that single-process job started twice at the same
+                               time (as many as --devices), timed in the first:
+                               what the ranks' computations cost each other on
+                               shared cores, caches and memory, before any
+                               exchange (the 2-rank floor)
   bare allreduce, registered   two ranks (ddplug.Context, no Lightning) allreduce
                                (avg) the model's gradient bytes as one float32
                                tensor in registered memory, once per "step": what
                                the exchange costs with nothing around it
   bare allreduce, ordinary     the same with an ordinary tensor
-With --overlap also "ddplug (cpu), progress thread on" and "... off" (the cpu
+With --keep-grads the model's optimizer_zero_grad keeps the gradients
+(zero_grad(set_to_none=False); Lightning's default sets them to None). With --overlap also "ddplug (cpu), progress thread on" and "... off" (the cpu
 plugin's plugin_options.progress_thread: whether a helper thread reduces buckets
 during backward, or the caller at the end of it); with --before TREE also
 "ddplug (cpu), before": the same step with the ddplug package and build of
@@ -63,6 +69,7 @@ CONFIGS = [
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
     ("ddplug (cpu)", "ddplug", {}),
     ("no communication (1 rank)", "single", {}),
+    ("no communication, 2 at once", "single", {"concurrent": True}),
     ("bare allreduce, registered", "bare", {"registered": True}),
     ("bare allreduce, ordinary", "bare", {"registered": False}),
 ]
@@ -70,7 +77,7 @@ OVERLAP = [
     ("ddplug (cpu), progress thread on", "ddplug", {"config": {"plugin_options": {"progress_thread": "on"}}}),
     ("ddplug (cpu), progress thread off", "ddplug", {"config": {"plugin_options": {"progress_thread": "off"}}}),
 ]
-BEFORE = ("ddplug (cpu), before", "ddplug-before", {})
+BEFORE = ("ddplug (cpu), before", "ddplug-before", {})  # one row per --before tree
 
 
 def model_params(args: argparse.Namespace) -> int:
@@ -142,10 +149,21 @@ def worker(args: argparse.Namespace) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            optimizer.zero_grad(set_to_none=not args.keep_grads)
+
     class Timer(pl.Callback):
         def __init__(self) -> None:
             self.times: list = []
             self.cpu: list = []
+
+        def on_train_start(self, trainer, module):
+            sync = os.environ.get("BENCH_SYNC_DIR")  # concurrent single jobs start training together
+            if sync:
+                open(os.path.join(sync, f"ready{os.getpid()}"), "w").close()
+                deadline = time.time() + 300
+                while len(os.listdir(sync)) < int(os.environ["BENCH_SYNC_N"]) and time.time() < deadline:
+                    time.sleep(0.005)
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             self.t0, self.c0 = time.perf_counter(), time.process_time()
@@ -162,7 +180,10 @@ def worker(args: argparse.Namespace) -> None:
     else:
         inputs = torch.randint(0, args.vocab, (n, 32), generator=g)
     data = TensorDataset(inputs, torch.randint(0, 10, (n,), generator=g))
-    if args.strategy == "ddplug":
+    devices = args.devices
+    if args.strategy == "single":  # the floor: the same step without any gradient exchange
+        strategy, devices = "auto", 1
+    elif args.strategy == "ddplug":
         sys.path.insert(0, os.environ.get("DDPLUG_BENCH_SRC", str(ROOT / "hosts" / "lightning" / "src")))
         import ddplug.lightning
 
@@ -171,9 +192,6 @@ def worker(args: argparse.Namespace) -> None:
         from lightning.pytorch.strategies import DDPStrategy
 
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
-    devices = args.devices
-    if args.strategy == "single":  # the floor: the same step without any gradient exchange
-        strategy, devices = "auto", 1
     timer = Timer()
     model = Net()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps + args.warmup,
@@ -201,8 +219,11 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
     p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
-    p.add_argument("--before", default=None, help="another source tree whose ddplug runs as 'before'")
+    p.add_argument("--before", default=None,
+                   help="other source trees (comma-separated) whose ddplug runs as 'before' rows")
     p.add_argument("--devices", type=int, default=2, help="ranks (processes) of the multi-rank configurations")
+    p.add_argument("--keep-grads", action="store_true",
+                   help="zero_grad(set_to_none=False): gradients persist from step to step")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, interleaved; report each one's best round")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -225,7 +246,10 @@ def main() -> None:
     if args.overlap:
         configs[4:4] = OVERLAP
     if args.before:
-        configs.insert(4, BEFORE)
+        trees = args.before.split(",")
+        for i, tree in enumerate(reversed(trees)):
+            name = BEFORE[0] if len(trees) == 1 else f"{BEFORE[0]} ({Path(tree).name})"
+            configs.insert(4, (name, BEFORE[1], {"tree": tree}))
     if args.only:
         keys = args.only.split(";")
         configs = [c for c in configs if any(k in c[0] for k in keys)]
@@ -250,7 +274,8 @@ def main() -> None:
 def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strategy: str, kwargs: dict) -> dict:
     env = dict(env)
     if strategy == "ddplug-before":  # the same step with another tree's package and build
-        tree = Path(args.before).resolve()
+        kwargs = dict(kwargs)
+        tree = Path(kwargs.pop("tree")).resolve()
         env["DDPLUG_BENCH_SRC"] = str(tree / "hosts" / "lightning" / "src")
         env["DDPLUG_BUILD_DIR"] = str(tree / "build")
         env["PYTHONPATH"] = os.pathsep.join([env["DDPLUG_BENCH_SRC"], env.get("PYTHONPATH", "")])
@@ -262,8 +287,22 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
                "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", model,
                "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
                "--layers", str(args.layers), "--vocab", str(args.vocab), "--devices", str(args.devices)]
+        if args.keep_grads:
+            cmd.append("--keep-grads")
         print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
-        if strategy == "bare":  # two ranks, torchrun-style, no Lightning
+        if strategy == "single" and kwargs.get("concurrent"):  # the floor, --devices jobs at once
+            procs = []
+            sync = os.path.join(tmp, "sync")
+            os.mkdir(sync)
+            for r in range(args.devices):
+                c = list(cmd)
+                c[c.index("--out") + 1] = out if r == 0 else os.path.join(tmp, f"times{r}.json")
+                e = dict(env, BENCH_SYNC_DIR=sync, BENCH_SYNC_N=str(args.devices))
+                procs.append(subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True))
+            outs = [p.communicate(timeout=1800)[0] for p in procs]
+            proc = subprocess.CompletedProcess(cmd, max(p.returncode for p in procs), "".join(outs), "")
+        elif strategy == "bare":  # two ranks, torchrun-style, no Lightning
             procs = []
             port = _free_port()
             for r in range(args.devices):
@@ -308,6 +347,7 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
     print(f"\nLightning training step, {args.devices} CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
           f" {args.steps} timed steps after {args.warmup} warm-up"
+          + (", zero_grad(set_to_none=False)" if args.keep_grads else "")
           + (f"; best of {args.rounds} interleaved rounds (by median)" if args.rounds > 1 else "") + "\n")
     print(f"| {'configuration':<34} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
           f" {'cpu ms':>6} | {'vs ddp default':>14} | {'vs gloo best':>12} |")
@@ -317,7 +357,8 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
         print(f"| {r['config']:<34} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
               f" {r['max_ms']:7.1f} | {r['cpu_ms']:6.1f} | {vd:>14} | {vb:>12} |", flush=True)
-    floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
+    floor = next((r["median_ms"] for r in rows if r["config"] == "no communication (1 rank)"), None)
+    floor2 = next((r["median_ms"] for r in rows if r["config"] == "no communication, 2 at once"), None)
     mine = next((r["median_ms"] for r in rows if r["config"] == "ddplug (cpu)"), None)
     bare = next((r["median_ms"] for r in rows if r["config"] == "bare allreduce, registered"), None)
     before = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug-before"), None)
@@ -329,6 +370,10 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
                     f" goal <= 1.5x)"
         if before is not None:
             line += f"; before: {before - floor:.1f} ms"
+        if floor2 is not None:
+            line += (f"\nabove the floor of {args.devices} jobs at once ({floor2:.1f} ms): {mine - floor2:.1f} ms"
+                     + (f" = {(mine - floor2) / bare:.2f}x the bare registered allreduce" if bare else "")
+                     + (f"; before: {before - floor2:.1f} ms" if before is not None else ""))
         if base:
             line += f"; ddplug step = {mine / base:.2f}x the ddp default (goal for mlp <= 0.5x)"
         print(line, flush=True)

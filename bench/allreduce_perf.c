@@ -18,6 +18,8 @@
  *   -i N           timed iterations per size; 0 = automatic (at least 20,
  *                  and enough for about 0.1 s per size)              [0]
  *   -I             in place (send == recv)
+ *   -R             registered buffers: send and recv from ddplug_mem_alloc
+ *                  (the plugin's registered memory) instead of malloc
  *   -c 0|1         check results (one extra, verified run per size)  [1]
  *   --plugin NAME  plugin to load                                     [cpu]
  *                  nccl: runs ddplug-nccl-overhead (beside this program)
@@ -61,7 +63,7 @@
 typedef struct opts {
   uint64_t min_bytes, max_bytes;
   double factor;
-  int ranks, nodes, dtype, op, warmup, iters, inplace, check, copy_bw;
+  int ranks, nodes, dtype, op, warmup, iters, inplace, check, copy_bw, registered;
   const char *plugin, *options, *json;
   /* What the command line set, as given: forwarded for --plugin nccl. */
   const char *given[8][2];
@@ -77,13 +79,14 @@ static int lookup(const char *name, const char *(*fn)(int), int max) {
 static void usage(void) {
   fprintf(stderr,
           "usage: ddplug-allreduce-perf [-b MIN] [-e MAX] [-f FACTOR] [-n RANKS] [-N NODES] [-d DTYPE]\n"
-          "                             [-o OP] [-w WARMUP] [-i ITERS] [-I] [-c 0|1]\n"
+          "                             [-o OP] [-w WARMUP] [-i ITERS] [-I] [-R] [-c 0|1]\n"
           "                             [--plugin NAME] [--options JSON] [--json FILE] [--copy-bw]\n"
           "  -b/-e/-f  sizes in bytes (K, M, G): MIN to MAX, times FACTOR [8 .. 64M, x2]\n"
           "  -n/-N     RANKS local processes, simulating NODES nodes    [env / 1]\n"
           "  -d/-o     dtype (float32 ... int64) and op (sum ... band)  [float32 sum]\n"
           "  -w/-i     warm-up and timed iterations per size (-i 0: ~0.1 s per size)\n"
           "  -I        in place (send == recv)\n"
+          "  -R        registered buffers (ddplug_mem_alloc) instead of malloc'd ones\n"
           "  -c 0|1    check results: one extra run per size whose result is verified\n"
           "            against the expected values (a wrong result fails the run)  [1];\n"
           "            it checks allreduce only: `ddplug conformance` checks a plugin\n"
@@ -99,6 +102,7 @@ static int parse(int argc, char **argv, opts *o) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int used = 1;
     if (!strcmp(a, "-I")) { o->inplace = 1; used = 0; }
+    else if (!strcmp(a, "-R")) { o->registered = 1; used = 0; }
     else if (!strcmp(a, "--copy-bw")) { o->copy_bw = 1; used = 0; }
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
     else if (!v) { fprintf(stderr, "%s needs a value\n", a); return -1; }
@@ -298,7 +302,17 @@ static int run_rank(const opts *o) {
   int W = w.world_size, dt = o->dtype, op = o->op;
   uint32_t es = ddplug_dtype_size(dt);
   uint64_t max_count = o->max_bytes / es;
-  char *send = malloc(max_count * es + es), *recv = malloc(max_count * es + es);
+  char *send = NULL, *recv = NULL;
+  if (o->registered) {
+    void *sp = NULL, *rp = NULL;
+    CHECKED(ddplug_mem_alloc(ctx, max_count * es + es, &sp));
+    CHECKED(ddplug_mem_alloc(ctx, max_count * es + es, &rp));
+    send = sp;
+    recv = rp;
+  } else {
+    send = malloc(max_count * es + es);
+    recv = malloc(max_count * es + es);
+  }
   char *table = malloc((size_t)PERIOD * es);
   if (!send || !recv || !table) {
     fprintf(stderr, "rank %d: out of memory\n", rank);
@@ -309,17 +323,18 @@ static int run_rank(const opts *o) {
   expected(table, dt, op, W);
   FILE *js = NULL;
   if (rank == 0) {
-    printf("# ddplug-allreduce-perf: plugin %s, %d ranks (%d nodes), %s %s, %s, warmup %d, "
-           "iters %s\n#\n", o->plugin, W, ddplug_context_num_nodes(ctx), ddplug_dtype_name(dt),
-           ddplug_op_name(op), o->inplace ? "in place" : "out of place", o->warmup,
-           o->iters ? "fixed" : "auto");
+    printf("# ddplug-allreduce-perf: plugin %s, %d ranks (%d nodes), %s %s, %s, %s buffers, "
+           "warmup %d, iters %s\n#\n", o->plugin, W, ddplug_context_num_nodes(ctx),
+           ddplug_dtype_name(dt), ddplug_op_name(op), o->inplace ? "in place" : "out of place",
+           o->registered ? "registered" : "malloc'd", o->warmup, o->iters ? "fixed" : "auto");
     printf("# %12s %12s %9s %6s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop",
            "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     fflush(stdout);
     if (o->json && (js = fopen(o->json, "w")) != NULL)
       fprintf(js, "{\"tool\": \"ddplug-allreduce-perf\", \"plugin\": \"%s\", \"ranks\": %d, "
-                  "\"dtype\": \"%s\", \"op\": \"%s\", \"inplace\": %d, \"rows\": [",
-              o->plugin, W, ddplug_dtype_name(dt), ddplug_op_name(op), o->inplace);
+                  "\"dtype\": \"%s\", \"op\": \"%s\", \"inplace\": %d, \"registered\": %d, "
+                  "\"rows\": [",
+              o->plugin, W, ddplug_dtype_name(dt), ddplug_op_name(op), o->inplace, o->registered);
   }
   uint64_t total_wrong = 0;
   int first_row = 1;
@@ -378,8 +393,13 @@ static int run_rank(const opts *o) {
   }
   if (rank == 0) printf("# total wrong elements: %llu\n", (unsigned long long)total_wrong);
   fflush(stdout);
-  free(send);
-  free(recv);
+  if (o->registered) {
+    CHECKED(ddplug_mem_free(ctx, send));
+    CHECKED(ddplug_mem_free(ctx, recv));
+  } else {
+    free(send);
+    free(recv);
+  }
   free(table);
   int s = ddplug_close(ctx);
   if (s != DDPLUG_OK) fprintf(stderr, "rank %d: ddplug_close: %s\n", rank, ddplug_last_error());

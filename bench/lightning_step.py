@@ -4,6 +4,7 @@
 invocation, with the same model, data and seeds.
 
     .venv/bin/python bench/lightning_step.py [--steps 30] [--warmup 5] [--json FILE]
+                                             [--overlap] [--before TREE] [--rounds N]
 
 Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   mlp        1024 -> 6 x (2048 x 2048) -> 10, batch 8 per rank: forward and
@@ -11,8 +12,7 @@ Two models, both ~27 M parameters (~104 MiB of fp32 gradients per step):
   embedding  a 106,496 x 256 embedding table (dense gradients) + a linear head,
              batch 8 sequences of 32 tokens: almost no compute, the step is the
              gradient allreduce (large-vocabulary / recommendation models).
-Each
-configuration runs as its own Lightning job (devices=2, accelerator="cpu",
+Each configuration runs as its own Lightning job (devices=2 or --devices, accelerator="cpu",
 Lightning's subprocess launcher, one torch thread per rank); rank 0 times every
 training step (on_train_batch_start -> on_train_batch_end: forward, backward with
 the gradient allreduce, optimizer step), the first --warmup steps are dropped.
@@ -28,13 +28,32 @@ Configurations:
   ddplug (cpu)                strategy=DdplugStrategy() with the default config
                                (which initialises torch.distributed on its run:
                                Lightning then broadcasts a SIGTERM flag every step)
-  ddplug (cpu), torch.dist... the same with torch_distributed=False
+  ddplug (cpu), torch.dist...  the same with torch_distributed=False
   no communication (1 rank)    the same step in one process (devices=1): the floor
                                no strategy can beat; what is left above it is
                                the cost of the gradient exchange
-"gloo at its best" is the fastest ddp row on gloo. The table gives the median and mean step
-time and the ratio to the default ddp row. The machine's other load shows up as
-noise: compare rows of one invocation, re-run for confirmation.
+  no communication, 2 at once  that single-process job started twice at the same
+                               time (as many as --devices), timed in the first:
+                               what the ranks' computations cost each other on
+                               shared cores, caches and memory, before any
+                               exchange (the 2-rank floor)
+  bare allreduce, registered   two ranks (ddplug.Context, no Lightning) allreduce
+                               (avg) the model's gradient bytes as one float32
+                               tensor in registered memory, once per "step": what
+                               the exchange costs with nothing around it
+  bare allreduce, ordinary     the same with an ordinary tensor
+With --keep-grads the model's optimizer_zero_grad keeps the gradients
+(zero_grad(set_to_none=False); Lightning's default sets them to None). With --overlap also "ddplug (cpu), progress thread on" and "... off" (the cpu
+plugin's plugin_options.progress_thread: whether a helper thread reduces buckets
+during backward, or the caller at the end of it); with --before TREE also
+"ddplug (cpu), before": the same step with the ddplug package and build of
+another source tree (TREE/hosts/lightning/src, TREE/build), e.g. the commit
+before a change, for before/after rows from one run.
+"gloo at its best" is the fastest ddp row. The table gives the median and mean step
+time and the ratio to the default ddp row, and "cpu ms": rank 0's CPU time per step
+(every thread of the process), less sensitive to other load than the wall time. The
+machine's other load shows up as noise: compare rows of one invocation; --rounds N
+runs every configuration N times, interleaved, and shows each one's best round.
 """
 
 from __future__ import annotations
@@ -60,11 +79,58 @@ CONFIGS = [
     ("ddplug (cpu)", "ddplug", {}),
     ("ddplug (cpu), torch.distributed off", "ddplug", {"torch_distributed": False}),
     ("no communication (1 rank)", "single", {}),
+    ("no communication, 2 at once", "single", {"concurrent": True}),
+    ("bare allreduce, registered", "bare", {"registered": True}),
+    ("bare allreduce, ordinary", "bare", {"registered": False}),
 ]
+OVERLAP = [
+    ("ddplug (cpu), progress thread on", "ddplug", {"config": {"plugin_options": {"progress_thread": "on"}}}),
+    ("ddplug (cpu), progress thread off", "ddplug", {"config": {"plugin_options": {"progress_thread": "off"}}}),
+]
+BEFORE = ("ddplug (cpu), before", "ddplug-before", {})  # one row per --before tree
+
+
+def model_params(args: argparse.Namespace) -> int:
+    """Parameters of the benchmark's model (as Net builds it)."""
+    if args.model == "mlp":
+        return (args.inputs * args.hidden + args.hidden + args.layers * (args.hidden * args.hidden + args.hidden)
+                + args.hidden * 10 + 10)
+    return args.vocab * 256 + 256 * 10 + 10
+
+
+def bare_worker(args: argparse.Namespace) -> None:
+    """One rank of the bare allreduce: the gradient bytes as one float32 tensor."""
+    import torch
+
+    import ddplug
+    from ddplug import _names, registered
+
+    torch.set_num_threads(1)
+    kwargs = json.loads(args.kwargs)
+    n = model_params(args)
+    with ddplug.Context(framework="lightning_step bare") as ctx:
+        t = registered.empty(ctx, n, torch.float32) if kwargs.get("registered") else torch.zeros(n)
+        op = "avg" if ctx.plugin["op_mask"] & (1 << _names.ops()["avg"]) else "sum"
+        times, cpu = [], []
+        for i in range(args.steps + args.warmup):
+            t.fill_(1.0)  # the gradients are written again every step
+            ctx.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            ctx.allreduce(t, op)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        memory = registered.reach(ctx, t)
+        if ctx.rank == 0:
+            with open(args.out, "w") as f:
+                json.dump({"times": times[args.warmup:], "cpu": cpu[args.warmup:], "params": n, "memory": memory}, f)
+        del t
 
 
 def worker(args: argparse.Namespace) -> None:
     """One Lightning job (rank 0 and, through the launcher, rank 1)."""
+    if args.strategy == "bare":
+        bare_worker(args)
+        return
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -93,26 +159,42 @@ def worker(args: argparse.Namespace) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            optimizer.zero_grad(set_to_none=not args.keep_grads)
+
     class Timer(pl.Callback):
         def __init__(self) -> None:
             self.times: list = []
+            self.cpu: list = []
+
+        def on_train_start(self, trainer, module):
+            sync = os.environ.get("BENCH_SYNC_DIR")  # concurrent single jobs start training together
+            if sync:
+                open(os.path.join(sync, f"ready{os.getpid()}"), "w").close()
+                deadline = time.time() + 300
+                while len(os.listdir(sync)) < int(os.environ["BENCH_SYNC_N"]) and time.time() < deadline:
+                    time.sleep(0.005)
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             self.times.append(time.perf_counter() - self.t0)
+            self.cpu.append(time.process_time() - self.c0)
 
     pl.seed_everything(0)
     g = torch.Generator().manual_seed(0)
-    n = args.batch * 2 * (args.steps + args.warmup)
+    n = args.batch * args.devices * (args.steps + args.warmup)
     if args.model == "mlp":
         inputs = torch.randn(n, args.inputs, generator=g)
     else:
         inputs = torch.randint(0, args.vocab, (n, 32), generator=g)
     data = TensorDataset(inputs, torch.randint(0, 10, (n,), generator=g))
-    if args.strategy == "ddplug":
-        sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+    devices = args.devices
+    if args.strategy == "single":  # the floor: the same step without any gradient exchange
+        strategy, devices = "auto", 1
+    elif args.strategy == "ddplug":
+        sys.path.insert(0, os.environ.get("DDPLUG_BENCH_SRC", str(ROOT / "hosts" / "lightning" / "src")))
         import ddplug.lightning
 
         strategy = ddplug.lightning.DdplugStrategy(**kwargs)
@@ -123,9 +205,6 @@ def worker(args: argparse.Namespace) -> None:
             sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
             import ddplug  # noqa: F401  (registers torch.distributed's backend "ddplug")
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
-    devices = 2
-    if args.strategy == "single":  # the floor: the same step without any gradient exchange
-        strategy, devices = "auto", 1
     timer = Timer()
     model = Net()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps + args.warmup,
@@ -135,7 +214,7 @@ def worker(args: argparse.Namespace) -> None:
     if trainer.global_rank == 0:
         params = sum(p.numel() for p in model.parameters())
         with open(args.out, "w") as f:
-            json.dump({"times": timer.times[args.warmup:], "params": params}, f)
+            json.dump({"times": timer.times[args.warmup:], "cpu": timer.cpu[args.warmup:], "params": params}, f)
     if hasattr(trainer.strategy, "close"):
         trainer.strategy.close()
 
@@ -152,6 +231,14 @@ def main() -> None:
     p.add_argument("--models", default="embedding,mlp", help="comma-separated: embedding, mlp")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--only", default=None, help="';'-separated substrings of configuration names")
+    p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
+    p.add_argument("--before", default=None,
+                   help="other source trees (comma-separated) whose ddplug runs as 'before' rows")
+    p.add_argument("--devices", type=int, default=2, help="ranks (processes) of the multi-rank configurations")
+    p.add_argument("--keep-grads", action="store_true",
+                   help="zero_grad(set_to_none=False): gradients persist from step to step")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, interleaved; report each one's best round")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
@@ -168,15 +255,28 @@ def main() -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env["CUDA_VISIBLE_DEVICES"] = ""
-    configs = CONFIGS
+    configs = list(CONFIGS)
+    if args.overlap:
+        configs[4:4] = OVERLAP
+    if args.before:
+        trees = args.before.split(",")
+        for i, tree in enumerate(reversed(trees)):
+            name = BEFORE[0] if len(trees) == 1 else f"{BEFORE[0]} ({Path(tree).name})"
+            configs.insert(4, (name, BEFORE[1], {"tree": tree}))
     if args.only:
         keys = args.only.split(";")
-        configs = [c for c in CONFIGS if any(k in c[0] for k in keys)]
+        configs = [c for c in configs if any(k in c[0] for k in keys)]
     report: dict = {"batch": args.batch, "steps": args.steps, "warmup": args.warmup, "models": {}}
     for model in args.models.split(","):
+        runs: dict = {}
+        for _ in range(args.rounds):  # interleaved: a busy moment hits every configuration alike
+            for name, strategy, kwargs in configs:
+                runs.setdefault(name, []).append(run_config(args, env, model, name, strategy, kwargs))
         rows = []
-        for name, strategy, kwargs in configs:
-            rows.append(run_config(args, env, model, name, strategy, kwargs))
+        for name, _, _ in configs:
+            best = min(runs[name], key=lambda r: r["median_ms"])
+            best["rounds_median_ms"] = [r["median_ms"] for r in runs[name]]
+            rows.append(best)
         report["models"][model] = rows
         print_table(args, model, rows)
     if args.json:
@@ -185,23 +285,69 @@ def main() -> None:
 
 
 def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strategy: str, kwargs: dict) -> dict:
+    env = dict(env)
+    if strategy == "ddplug-before":  # the same step with another tree's package and build
+        kwargs = dict(kwargs)
+        tree = Path(kwargs.pop("tree")).resolve()
+        env["DDPLUG_BENCH_SRC"] = str(tree / "hosts" / "lightning" / "src")
+        env["DDPLUG_BUILD_DIR"] = str(tree / "build")
+        env["PYTHONPATH"] = os.pathsep.join([env["DDPLUG_BENCH_SRC"], env.get("PYTHONPATH", "")])
+        env.pop("DDPLUG_PLUGIN_PATH", None)
+        strategy = "ddplug"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--kwargs", json.dumps(kwargs),
                "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", model,
                "--batch", str(args.batch), "--inputs", str(args.inputs), "--hidden", str(args.hidden),
-               "--layers", str(args.layers), "--vocab", str(args.vocab)]
+               "--layers", str(args.layers), "--vocab", str(args.vocab), "--devices", str(args.devices)]
+        if args.keep_grads:
+            cmd.append("--keep-grads")
         print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if strategy == "single" and kwargs.get("concurrent"):  # the floor, --devices jobs at once
+            procs = []
+            sync = os.path.join(tmp, "sync")
+            os.mkdir(sync)
+            for r in range(args.devices):
+                c = list(cmd)
+                c[c.index("--out") + 1] = out if r == 0 else os.path.join(tmp, f"times{r}.json")
+                e = dict(env, BENCH_SYNC_DIR=sync, BENCH_SYNC_N=str(args.devices))
+                procs.append(subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True))
+            outs = [p.communicate(timeout=1800)[0] for p in procs]
+            proc = subprocess.CompletedProcess(cmd, max(p.returncode for p in procs), "".join(outs), "")
+        elif strategy == "bare":  # two ranks, torchrun-style, no Lightning
+            procs = []
+            port = _free_port()
+            for r in range(args.devices):
+                e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.devices),
+                         LOCAL_WORLD_SIZE=str(args.devices),
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True))
+            outs = [p.communicate(timeout=1800)[0] for p in procs]
+            proc = subprocess.CompletedProcess(cmd, max(p.returncode for p in procs), "".join(outs), "")
+        else:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not os.path.exists(out):
             print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{model}: {name}: failed (exit {proc.returncode})")
         with open(out) as f:
             data = json.load(f)
     t = data["times"]
-    return {"config": name, "strategy": strategy, "kwargs": kwargs, "params": data["params"], "steps": len(t),
+    c = data.get("cpu") or [0.0]
+    return {"cpu_ms": 1e3 * statistics.median(c), "config": name, "strategy": "bare" if strategy == "bare" else
+            ("ddplug-before" if "DDPLUG_BENCH_SRC" in env else strategy),
+            "kwargs": kwargs, "params": data["params"], "steps": len(t),
             "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
-            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)}
+            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "memory": data.get("memory")}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
@@ -212,19 +358,40 @@ def print_table(args: argparse.Namespace, model: str, rows: list) -> None:
         r["vs_ddp_default"] = r["median_ms"] / base if base else None
         r["vs_gloo_best"] = r["median_ms"] / best if best else None
     params = rows[0]["params"] if rows else 0
-    print(f"\nLightning training step, 2 CPU ranks, {model}: {params / 1e6:.1f} M parameters"
+    print(f"\nLightning training step, {args.devices} CPU ranks, {model}: {params / 1e6:.1f} M parameters"
           f" ({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch} per rank,"
-          f" {args.steps} timed steps after {args.warmup} warm-up\n")
+          f" {args.steps} timed steps after {args.warmup} warm-up"
+          + (", zero_grad(set_to_none=False)" if args.keep_grads else "")
+          + (f"; best of {args.rounds} interleaved rounds (by median)" if args.rounds > 1 else "") + "\n")
     print(f"| {'configuration':<38} | {'median ms':>9} | {'mean ms':>8} | {'min ms':>7} | {'max ms':>7} |"
-          f" {'vs ddp default':>14} | {'vs gloo best':>12} |")
-    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 14}|")
+          f" {'cpu ms':>6} | {'vs ddp default':>14} | {'vs gloo best':>12} |")
+    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 16}|{'-' * 14}|")
     for r in rows:
         vd = f"{r['vs_ddp_default']:.2f}x" if r["vs_ddp_default"] else "-"
         vb = f"{r['vs_gloo_best']:.2f}x" if r["vs_gloo_best"] else "-"
         print(f"| {r['config']:<38} | {r['median_ms']:9.1f} | {r['mean_ms']:8.1f} | {r['min_ms']:7.1f} |"
-              f" {r['max_ms']:7.1f} | {vd:>14} | {vb:>12} |", flush=True)
-    floor = next((r["median_ms"] for r in rows if r["strategy"] == "single"), None)
-    mine = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug" and not r["kwargs"]), None)
+              f" {r['max_ms']:7.1f} | {r['cpu_ms']:6.1f} | {vd:>14} | {vb:>12} |", flush=True)
+    floor = next((r["median_ms"] for r in rows if r["config"] == "no communication (1 rank)"), None)
+    floor2 = next((r["median_ms"] for r in rows if r["config"] == "no communication, 2 at once"), None)
+    mine = next((r["median_ms"] for r in rows if r["config"] == "ddplug (cpu)"), None)
+    bare = next((r["median_ms"] for r in rows if r["config"] == "bare allreduce, registered"), None)
+    before = next((r["median_ms"] for r in rows if r["strategy"] == "ddplug-before"), None)
+    if floor is not None and mine is not None:
+        ex = mine - floor
+        line = f"\nddplug's exchange cost above the 1-rank floor: {ex:.1f} ms"
+        if bare:
+            line += f" = {ex / bare:.2f}x the bare registered allreduce of the gradient bytes ({bare:.1f} ms;" \
+                    f" goal <= 1.5x)"
+        if before is not None:
+            line += f"; before: {before - floor:.1f} ms"
+        if floor2 is not None:
+            line += (f"\nabove the floor of {args.devices} jobs at once ({floor2:.1f} ms): {mine - floor2:.1f} ms"
+                     + (f" = {(mine - floor2) / bare:.2f}x the bare registered allreduce" if bare else "")
+                     + (f"; before: {before - floor2:.1f} ms" if before is not None else ""))
+        if base:
+            line += f"; ddplug step = {mine / base:.2f}x the ddp default (goal for mlp <= 0.5x)"
+        print(line, flush=True)
+    mine = next((r["median_ms"] for r in rows if r["config"] == "ddplug (cpu)"), None)
     if floor is not None and base is not None and mine is not None:
         # What each strategy adds to the step beyond its computation.
         over = {"ddp default": base - floor, "gloo best": best - floor, "ddplug": mine - floor}

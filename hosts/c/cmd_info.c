@@ -18,6 +18,7 @@ static const struct {
     {DDPLUG_CAP_ASYNC, "async"},               {DDPLUG_CAP_MULTI_NODE, "multi-node"},
     {DDPLUG_CAP_MISMATCH_CHECK, "mismatch-check"}, {DDPLUG_CAP_ABORT, "abort"},
     {DDPLUG_CAP_STREAMS, "streams"},           {DDPLUG_CAP_SAMPLER, "sampler"},
+    {DDPLUG_CAP_REGISTERED_MEMORY, "registered-memory"},
 };
 
 static void list_caps(char *buf, size_t cap, uint64_t caps, const char *quote) {

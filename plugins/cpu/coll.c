@@ -7,8 +7,10 @@
  * publish the verdict to their node (the other ranks wait for it), so a
  * mismatch anywhere is MISMATCH everywhere and nobody moves data for it.
  * Then, by kind:
- *   one node     small: one-shot finish; large: the chunked pipeline
- *                (allreduce, broadcast from the root, allgather)
+ *   one node     small: one-shot finish; large allreduce: the single-copy
+ *                path when every rank's buffers can be reached directly
+ *                (direct.c), else the chunked pipeline; large broadcast
+ *                and allgather: the pipeline
  *   many nodes   allreduce  reduce to the leader (pipeline), ring allreduce
  *                           among leaders, broadcast from the leader;
  *                           float16/bfloat16 sum/avg/prod keep float32
@@ -161,9 +163,15 @@ static void plan_one_node(cp_group *g, cp_req *r) {
     return;
   }
   if (a->kind == DDPLUG_COLL_ALLREDUCE) {
-    cp_pipe *p = add_pipe(r, CP_PIPE_ALLREDUCE, a->dtype, a->send, a->recv, a->count);
-    p->op = a->op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : a->op;
-    p->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
+    /* decided after the handshake, when every rank's buffers are known */
+    cp_direct *d = &add(r, CP_PH_DIRECT)->u.direct;
+    d->send = a->send;
+    d->recv = a->recv;
+    d->count = a->count;
+    d->dtype = a->dtype;
+    d->op = a->op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : a->op;
+    d->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
+    r->direct = 1;
   } else if (a->kind == DDPLUG_COLL_BROADCAST) {
     if (a->root == g->rank) add_copy(r, a->send, a->recv, bytes);
     cp_pipe *p = add_pipe(r, CP_PIPE_BCAST, a->dtype, a->send, a->recv, a->count);
@@ -266,6 +274,7 @@ static void handshake_enter(cp_group *g, cp_req *r) {
   cp_rank_ctl *me = &g->shm.ctl[g->local_rank];
   me->desc[r->k & 1] = my_desc(g, r);
   if (r->small) cp_small_put(g, r);
+  if (r->direct) cp_direct_publish(g, r);
   cp_ctr_post(&me->arrive, (uint32_t)r->k);
 }
 
@@ -377,6 +386,7 @@ static int phase_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt) 
       case CP_PH_HANDSHAKE: handshake_enter(g, r); break;
       case CP_PH_VERDICT: verdict_enter(g, r, ph); break;
       case CP_PH_PIPE: cp_pipe_init(g, &ph->u.pipe); break;
+      case CP_PH_DIRECT: cp_direct_enter(g, r, ph); break; /* may become PIPE */
       case CP_PH_RING:
         ph->u.ring.esize = cp_dtype_size(ph->u.ring.dtype);
         cp_ring_init(g, &ph->u.ring);
@@ -389,6 +399,7 @@ static int phase_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt) 
     case CP_PH_VERDICT: return verdict_step(g, r, ph, wt);
     case CP_PH_SMALL: cp_small_finish(g, r); return CP_DONE;
     case CP_PH_PIPE: return cp_pipe_step(g, &ph->u.pipe, wt);
+    case CP_PH_DIRECT: return cp_direct_step(g, r, ph, wt);
     case CP_PH_RING: return cp_ring_step(g, &ph->u.ring, wt);
     case CP_PH_COPY:
       memmove(ph->u.copy.dst, ph->u.copy.src, ph->u.copy.bytes);
@@ -403,8 +414,7 @@ static int phase_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt) 
   }
 }
 
-/* See cpu.h. Executor only. */
-int cp_coll_advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
+static int advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
   g->exec_deadline = deadline_ns;
   if (!r->planned) {
     plan(g, r);
@@ -452,4 +462,13 @@ int cp_coll_advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
     }
     return st;
   }
+}
+
+/* See cpu.h. Executor only. A collective that fails after this rank
+ * arrived at a direct phase hands its buffers back only once no peer
+ * writes into them any more. */
+int cp_coll_advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
+  int st = advance(g, r, deadline_ns);
+  if (st > 0 && r->direct && r->nph > 0 && r->ph[0].entered) cp_direct_withdraw(g, r);
+  return st;
 }

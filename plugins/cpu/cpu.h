@@ -17,6 +17,11 @@
  *   shm_coll.c  in-node algorithms: small-message path, chunked pipeline
  *   ring.c      inter-node ring (reduce-scatter/allgather, chain broadcast)
  *   coll.c      plans a collective as phases and drives them
+ *   direct.c    the single-copy allreduce inside a node: ranks reduce
+ *               straight from each other's buffers (registered memory or
+ *               the kernel's process_vm_readv/writev), no staging
+ *   mem.c       registered memory: per-rank arenas in the node segment,
+ *               mem_alloc/free/query
  *   progress.c  requests, the in-order queue, the progress thread,
  *               request wait/test/free
  *
@@ -78,7 +83,20 @@ typedef struct cp_options {
   uint64_t tcp_chunk_bytes; /* ring pipelining unit between nodes         */
   uint64_t nt_bytes;        /* outputs this large use streaming stores    */
   char addr[64];            /* address advertised to other nodes ("" = auto) */
+  int64_t registered_bytes; /* registered memory per local rank; -1 = auto */
+  int cma;                  /* CP_CMA_AUTO, CP_CMA_ON, CP_CMA_OFF          */
+  uint64_t cma_min_bytes;   /* unregistered allreduces this large use it    */
+  int progress_thread;      /* CP_PROGRESS_*              */
 } cp_options;
+
+/* Values of cp_options.progress_thread: whether the progress thread runs
+ * collectives nobody waits for (it always watches liveness). */
+enum { CP_PROGRESS_AUTO = -1, CP_PROGRESS_OFF = 0, CP_PROGRESS_ON = 1 };
+/* Values of cp_options.cma. */
+enum { CP_CMA_AUTO = -1, CP_CMA_OFF = 0, CP_CMA_ON = 1 };
+/* cma "auto" takes the kernel's copy when it moves at least this share of
+ * memcpy's bytes per second (measured at group_create, direct.c). */
+#define CP_CMA_MIN_SPEED 0.6
 
 /* The options the plugin declares (NULL-terminated), for its table. */
 extern const ddplug_option *const cp_option_decls[];
@@ -102,6 +120,13 @@ int cp_dtype_is_int(int dtype);
  * truncated toward zero. op AVG accumulates as SUM. dst may alias srcs[k]. */
 void cp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
                  int nsrc, uint64_t count, int divisor);
+/* The same, writing the result to every one of dsts[0..ndst) (block by
+ * block: each block is reduced once, in L1, then stored ndst times), with
+ * non-temporal stores when stream (call cp_copy_fence before publishing).
+ * No dst may alias a source other than at the same offset (in place). */
+void cp_reduce_bcast(int dtype, int op, void *const *dsts, int ndst,
+                     const void *const *srcs, int nsrc, uint64_t count,
+                     int divisor, int stream);
 /* dst[i] = dst[i] op src[i] (two-operand form, used by the TCP ring). */
 void cp_reduce_into(int dtype, int op, void *dst, const void *src,
                     uint64_t count);
@@ -182,7 +207,7 @@ uint64_t cp_deadline(int64_t timeout_ms);
 /* ---- shared memory segment (shm.c) -------------------------------------- */
 
 #define CP_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
-#define CP_SHM_VERSION 1u
+#define CP_SHM_VERSION 2u
 #define CP_SHM_PREFIX "ddplug-cpu-"
 
 /* A process that attached, for stale-segment cleanup and liveness. */
@@ -190,8 +215,13 @@ typedef struct cp_proc {
   _Atomic int64_t pid;
   _Atomic uint64_t start_time; /* /proc/<pid>/stat starttime (clock ticks) */
   _Atomic uint32_t departed;   /* 1: left through group_destroy            */
-  uint32_t pad;
+  _Atomic uint32_t cma;        /* CP_SC_*: can this rank read and write
+                                  every local peer's memory (direct.c)    */
+  uint64_t probe_addr;         /* address of a word peers probe with
+                                  process_vm_readv/writev                  */
 } cp_proc;
+
+enum { CP_SC_UNKNOWN = 0, CP_SC_NO = 1, CP_SC_YES = 2 };
 
 /* One collective as a rank saw it: compared across ranks at every
  * collective's handshake (mismatch detection). */
@@ -212,14 +242,28 @@ typedef struct cp_fail_rec {
   char msg[CP_MSG_MAX];
 } cp_fail_rec;
 
+/* Where a rank's buffers of one collective are (direct.c): addresses in
+ * its own process (for process_vm_readv/writev) and, when registered,
+ * offsets in the node segment (every local rank maps it). */
+typedef struct cp_bufref {
+  uint64_t send, recv;         /* addresses in the writer's process       */
+  int64_t send_off, recv_off;  /* node-segment offsets; -1: not registered */
+} cp_bufref;
+
 /* Per-rank control block: the rank's counters and its descriptors. */
 typedef struct cp_rank_ctl {
-  cp_ctr arrive; /* low 32 bits of the last collective it arrived at     */
+  _Alignas(64) cp_ctr arrive; /* low 32 bits of the last collective it arrived at */
   cp_ctr cin;    /* pipeline chunks copied in (absolute)                 */
   cp_ctr cred;   /* pipeline chunks reduced                              */
   cp_ctr cout;   /* pipeline chunks finished (slot may be reused)        */
-  cp_desc desc[2]; /* by parity of the collective index                  */
-  char pad[64 - (2 * sizeof(cp_desc)) % 64];
+  cp_ctr done;   /* direct path: low 32 bits of the last collective whose
+                    slice this rank wrote into every rank's output       */
+  cp_desc desc[2];  /* by parity of the collective index                 */
+  cp_bufref buf[2]; /* by parity: this rank's buffers (direct path)      */
+  _Atomic uint64_t writing;   /* collective index while this rank writes
+                                 into other ranks' outputs, else 0       */
+  _Atomic uint64_t withdrawn; /* collective index this rank abandoned
+                                 after a failure (writers skip it)       */
 } cp_rank_ctl;
 
 /* A node leader's running ring phase, for TIMEOUT messages on every rank
@@ -247,7 +291,12 @@ typedef struct cp_shm_hdr {
   _Atomic int64_t creator_pid;
   _Atomic uint64_t creator_start;
   uint64_t procs_off, ctl_off, arrived_off, small_off, stage_off;
+  uint64_t arena_off;   /* registered memory: local rank j's arena is at
+                           arena_off + j * arena_bytes (sparse: pages exist
+                           only once allocated)                          */
+  uint64_t arena_bytes;
   cp_ctr attached;      /* processes attached so far                    */
+  cp_ctr probed;        /* processes that published their cma verdict   */
   cp_ctr verdict;       /* multi-node: collective index of the verdict  */
   int32_t verdict_status;
   int32_t pad1;
@@ -261,11 +310,14 @@ typedef struct cp_shm_params {
   int32_t local_world, node, num_nodes;
   uint32_t slots;
   uint64_t chunk_bytes, small_bytes;
+  uint64_t arena_bytes;  /* registered memory per local rank (0: none)    */
 } cp_shm_params;
 
 typedef struct cp_shm {
   void *base;
   size_t size;
+  int fd;                  /* kept open: registered memory reserves and
+                              releases pages with fallocate             */
   char name[128];
   int creator;
   int unlinked;
@@ -275,6 +327,7 @@ typedef struct cp_shm {
   _Atomic uint64_t *arrived; /* [num_nodes] last collective index heard from */
   unsigned char *small;    /* [local_world][2][small_bytes]              */
   unsigned char *stage;    /* [slots][local_world][chunk_bytes]          */
+  unsigned char *arena;    /* [local_world][arena_bytes]                 */
 } cp_shm;
 
 /* Segment name for a run and node: "/ddplug-cpu-<run_id>-n<node>". */
@@ -288,7 +341,15 @@ int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p);
 void cp_shm_register(cp_shm *s, int local_index);
 /* Remove the name (mappings stay valid). Idempotent. */
 void cp_shm_unlink(cp_shm *s);
+/* Unmap the segment and close its descriptor. Idempotent. */
 void cp_shm_detach(cp_shm *s);
+/* Size of the segment for p up to its arenas (what is reserved at
+ * creation) and in total. */
+uint64_t cp_shm_fixed_bytes(const cp_shm_params *p);
+/* Registered memory per local rank when plugin_options.registered_bytes is
+ * automatic: the size of /dev/shm, within a budget of address space for
+ * local_world arenas; 0 if it cannot be learnt. */
+uint64_t cp_shm_arena_auto(int local_world);
 /* Remove /dev/shm/ddplug-cpu-* segments (of this user) whose every recorded
  * process is dead. Returns how many were removed. */
 int cp_shm_cleanup_stale(const cp_group *g);
@@ -464,8 +525,20 @@ enum {
   CP_PH_RING,          /* leader: TCP ring                               */
   CP_PH_COPY,          /* local copy (single rank on a node, world 1)    */
   CP_PH_WIDEN,         /* half type -> float32 scratch (leader)           */
-  CP_PH_NARROW         /* float32 scratch -> half type, rounded once      */
+  CP_PH_NARROW,        /* float32 scratch -> half type, rounded once      */
+  CP_PH_DIRECT         /* single-copy allreduce (direct.c); becomes
+                          CP_PH_PIPE when some rank's buffers cannot be
+                          reached directly                               */
 };
+
+/* State of a CP_PH_DIRECT phase. */
+typedef struct cp_direct {
+  const unsigned char *send;
+  unsigned char *recv;
+  uint64_t count;
+  int dtype, op, divisor;   /* op: AVG already turned into SUM + divisor */
+  int wrote;                /* this rank's slice is in every output       */
+} cp_direct;
 
 typedef struct cp_phase {
   int kind;
@@ -473,6 +546,7 @@ typedef struct cp_phase {
   union {
     cp_pipe pipe;
     cp_ring ring;
+    cp_direct direct;
     struct { const void *src; void *dst; uint64_t bytes; } copy;
     struct { const void *src; void *dst; uint64_t count; int dtype; } conv;
   } u;
@@ -497,6 +571,8 @@ struct ddplug_plugin_request {
   cp_hs_rec *recs;            /* leader: ring handshake records           */
   float *wide;                /* leader, multi-node half-type allreduce:
                                  float32 partial sums (freed at completion) */
+  int direct;                 /* planned with a CP_PH_DIRECT phase: after
+                                 arriving, peers may write into its output */
   struct ddplug_plugin_request *next, *prev; /* pending queue            */
   struct ddplug_plugin_request *anext, *aprev; /* all requests           */
 };
@@ -513,6 +589,39 @@ int cp_coll_validate(const cp_group *g, const ddplug_coll_args *a);
  * Allocated when the collective starts, so that running it cannot fail for
  * want of memory. */
 uint64_t cp_coll_scratch_bytes(const cp_group *g, const ddplug_coll_args *a);
+
+/* direct.c */
+/* At the handshake, before arriving: publish where this rank's buffers of
+ * r are (cp_bufref), for a collective planned with a direct phase. */
+void cp_direct_publish(cp_group *g, cp_req *r);
+/* Enter the direct phase after the handshake: every rank decides the same
+ * from everyone's cp_bufref and cma verdict, and a phase that cannot run
+ * directly turns into the shared-memory pipeline (CP_PH_PIPE, initialised). */
+void cp_direct_enter(cp_group *g, cp_req *r, cp_phase *ph);
+int cp_direct_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt);
+/* r failed after this rank arrived: make sure no peer still writes into its
+ * output before the caller gets the buffer back (waits for live writers). */
+void cp_direct_withdraw(cp_group *g, cp_req *r);
+/* group_create, once every local rank attached: find out whether this rank
+ * may read and write every local peer's memory through the kernel
+ * (process_vm_readv/writev; ptrace rules, containers), publish the verdict
+ * and wait until every local rank has (so every rank answers mem_query the
+ * same). Logs the outcome once, at debug level. */
+int cp_direct_probe(cp_group *g, uint64_t deadline);
+/* 1 when unregistered buffers of bytes per rank take the single copy. */
+int cp_direct_cma_for(cp_group *g, uint64_t bytes);
+
+/* mem.c */
+int cp_mem_alloc(cp_group *g, uint64_t bytes, void **ptr);
+int cp_mem_free(cp_group *g, void *ptr);
+int cp_mem_query(cp_group *g, const void *ptr, uint64_t bytes, int32_t *reach);
+/* Node-segment offset of [ptr, ptr + bytes) when it lies inside one live
+ * registered allocation of this rank, else -1. Thread-safe. */
+int64_t cp_mem_offset(cp_group *g, const void *ptr, uint64_t bytes);
+/* group_destroy: unmap the node segment, leaving at the addresses of
+ * allocations still live a private copy of their contents (so a view the
+ * host forgot does not fault), with a warning; free the bookkeeping. */
+void cp_mem_detach(cp_group *g);
 
 /* shm_coll.c */
 void cp_pipe_init(cp_group *g, cp_pipe *p);
@@ -606,6 +715,27 @@ struct ddplug_plugin_group {
   cp_hs_rec *recs;             /* executor only: [num_nodes]             */
   uint64_t exec_deadline;      /* executor only: the running call's deadline */
   uint64_t ring_broken_ns;     /* executor only: when a ring socket broke */
+  int progress_runs;           /* the progress thread runs collectives
+                                  nobody waits for (progress_thread)     */
+  int spare_cpu;               /* the node's ranks leave a CPU of this
+                                  process's affinity mask free           */
+  int exec_by_thread;          /* executor only: the progress thread is it */
+  _Atomic int callers_waiting; /* callers asleep in request_wait while
+                                  another thread executes                */
+  _Atomic int handoff;         /* a timed-out wait left requests for the
+                                  progress thread to finish              */
+
+  /* single copy (direct.c) */
+  _Atomic uint64_t probe_word; /* peers read and write it back (probe)   */
+  int cma_all;                 /* every local rank's verdict is CP_SC_YES */
+  unsigned char *dscratch;     /* executor only: blocks read from peers   */
+  uint64_t dblock;             /* bytes per block of the single copy      */
+
+  /* registered memory (mem.c) */
+  pthread_mutex_t mem_mu;
+  struct cp_alloc *allocs;     /* live allocations, by address           */
+  int nallocs, allocs_cap;
+  uint64_t mem_used;           /* bytes of this rank's arena in use      */
 };
 
 /* The node's ring watch: in shared memory when there is some, so that

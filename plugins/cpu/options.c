@@ -27,6 +27,28 @@
  *   addr             the address other nodes connect to, an IPv4 literal.
  *                    Default: the first non-loopback IPv4 address of an
  *                    interface that is up (127.0.0.1 if none).
+ *   registered_bytes registered memory (mem_alloc) per local rank: the
+ *                    size of its arena in the node segment, which costs
+ *                    address space only until allocated. Left out
+ *                    (default): the size of /dev/shm; an integer, a
+ *                    multiple of 4096 up to 2^46; 0: mem_alloc hands out
+ *                    ordinary memory.
+ *   cma              whether allreduces of unregistered buffers copy straight
+ *                    between the ranks' address spaces (process_vm_readv/
+ *                    writev). "auto" (default): where the system allows it
+ *                    and the kernel's copy is at least CP_CMA_MIN_SPEED of
+ *                    memcpy's speed (group_create measures both; on some
+ *                    virtual machines it is a third, and the pipeline wins);
+ *                    "on": wherever the system allows it; "off": never.
+ *   cma_min_bytes    unregistered allreduces of at least this many bytes
+ *                    per rank take that single copy; smaller ones the
+ *                    pipeline (default 65536; 0 .. 2^40).
+ *   progress_thread  "auto" (default), "on" or "off": whether the group's
+ *                    progress thread runs collectives nobody waits for yet
+ *                    (a trainer's gradient buckets during backward) or
+ *                    leaves them to the caller's wait. "auto" is on, by
+ *                    measurement (README.md, "Overlap"). The thread
+ *                    watches peers either way.
  *
  * The plugin declares these (cp_option_decls, plugin ABI 1.3): the runtime
  * checks the user's plugin_options against the declarations (unknown keys,
@@ -64,7 +86,26 @@ DECL(tcp_chunk_bytes, 4096, 64 << 20, 64, "262144",
 DECL(nt_store_bytes, 0, INT64_MAX, 0, "8388608",
      "Outputs of at least this many bytes per rank are written with streaming stores; 0 "
      "disables them.");
+DECL(registered_bytes, 0, 1ll << 46, 4096, NULL,
+     "Registered memory per local rank (its arena in the node segment); left out: the size of "
+     "/dev/shm; 0: mem_alloc hands out ordinary memory.");
+DECL(cma_min_bytes, 0, 1ll << 40, 0, "65536",
+     "Unregistered allreduces of at least this many bytes per rank take the kernel's single "
+     "copy (where cma allows it).");
 #undef DECL
+static const char *const k_auto_on_off[] = {"auto", "on", "off", NULL};
+static const ddplug_option opt_cma = {
+    .struct_size = sizeof(ddplug_option), .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "cma", .type = DDPLUG_OPTION_STRING, .choices = k_auto_on_off,
+    .default_json = "\"auto\"",
+    .description = "Whether allreduces of unregistered buffers copy straight between the "
+                   "ranks' address spaces: auto (where allowed and fast enough), on, off."};
+static const ddplug_option opt_progress_thread = {
+    .struct_size = sizeof(ddplug_option), .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "progress_thread", .type = DDPLUG_OPTION_STRING, .choices = k_auto_on_off,
+    .default_json = "\"auto\"",
+    .description = "Whether the progress thread runs collectives nobody waits for yet (auto: "
+                   "on, by measurement) or leaves them to the caller's wait."};
 static const ddplug_option opt_addr = {
     .struct_size = sizeof(ddplug_option), .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
     .name = "addr", .type = DDPLUG_OPTION_STRING,
@@ -72,8 +113,10 @@ static const ddplug_option opt_addr = {
                    "non-loopback IPv4 address of an interface that is up."};
 
 const ddplug_option *const cp_option_decls[] = {
-    &opt_chunk_bytes, &opt_small_msg_bytes, &opt_spin_us,    &opt_slots,
-    &opt_tcp_chunk_bytes, &opt_nt_store_bytes, &opt_addr, NULL,
+    &opt_chunk_bytes,      &opt_small_msg_bytes, &opt_spin_us,
+    &opt_slots,            &opt_tcp_chunk_bytes, &opt_nt_store_bytes,
+    &opt_addr,             &opt_registered_bytes, &opt_cma,
+    &opt_cma_min_bytes,    &opt_progress_thread, NULL,
 };
 
 /* See cpu.h. */
@@ -98,6 +141,20 @@ int cp_options_read(const ddplug_host_services *svc, cp_options *out) {
   out->tcp_chunk_bytes = (uint64_t)v;
   if ((st = svc->option_int(svc->host, "nt_store_bytes", &v)) != DDPLUG_OK) return st;
   out->nt_bytes = (uint64_t)v;
+  st = svc->option_int(svc->host, "registered_bytes", &v);
+  if (st != DDPLUG_OK && st != DDPLUG_E_NOT_FOUND) return st;
+  out->registered_bytes = st == DDPLUG_OK ? v : -1;
+  if ((st = svc->option_int(svc->host, "cma_min_bytes", &v)) != DDPLUG_OK) return st;
+  out->cma_min_bytes = (uint64_t)v;
+  char word[8];
+  uint64_t wlen = 0;
+  if ((st = svc->option_string(svc->host, "cma", word, sizeof word, &wlen)) != DDPLUG_OK) return st;
+  out->cma = !strcmp(word, "on") ? CP_CMA_ON : !strcmp(word, "off") ? CP_CMA_OFF : CP_CMA_AUTO;
+  if ((st = svc->option_string(svc->host, "progress_thread", word, sizeof word, &wlen)) != DDPLUG_OK)
+    return st;
+  out->progress_thread = !strcmp(word, "on")    ? CP_PROGRESS_ON
+                         : !strcmp(word, "off") ? CP_PROGRESS_OFF
+                                                : CP_PROGRESS_AUTO;
   uint64_t len = 0;
   char addr[256];
   st = svc->option_string(svc->host, "addr", addr, sizeof addr, &len);

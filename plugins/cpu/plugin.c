@@ -165,8 +165,10 @@ static int topology(cp_group *g, const ddplug_group_init *in) {
 /* Create or attach the node's segment; wait until every local rank is in,
  * then unlink its name. */
 static int setup_shm(cp_group *g, uint64_t deadline) {
+  uint64_t arena = g->opt.registered_bytes >= 0 ? (uint64_t)g->opt.registered_bytes
+                                                : cp_shm_arena_auto(g->local_world);
   cp_shm_params p = {g->run_id, g->local_world, g->node, g->num_nodes,
-                     g->opt.slots, g->opt.chunk_bytes, g->opt.small_msg_bytes};
+                     g->opt.slots, g->opt.chunk_bytes, g->opt.small_msg_bytes, arena};
   char key[32];
   snprintf(key, sizeof key, "shm/%d", g->node);
   int st;
@@ -192,6 +194,9 @@ static int setup_shm(cp_group *g, uint64_t deadline) {
     g->has_shm = 1;
   }
   cp_shm_register(&g->shm, g->local_rank);
+  /* the word peers probe the single copy with (direct.c) */
+  atomic_store(&g->probe_word, g->run_hash);
+  g->shm.procs[g->local_rank].probe_addr = (uint64_t)(uintptr_t)&g->probe_word;
   cp_ctr *att = &g->shm.hdr->attached;
   atomic_fetch_add(&att->val, 1);
   cp_ctr_wake(att);
@@ -247,10 +252,12 @@ static void teardown(cp_group *g) {
     /* a peer already waiting for this rank's arrival re-checks at once */
     cp_ctr_wake(&g->shm.ctl[g->local_rank].arrive);
     if (g->shm.creator) cp_shm_unlink(&g->shm);
+    cp_mem_detach(g); /* unmaps, keeping live registered buffers readable */
     cp_shm_detach(&g->shm);
     g->has_shm = 0;
-  } else if (g->shm.creator) {
-    cp_shm_unlink(&g->shm);
+  } else {
+    if (g->shm.creator) cp_shm_unlink(&g->shm);
+    cp_mem_detach(g);
   }
   cp_liveness_close(g);
   if (g->abort_fd >= 0) close(g->abort_fd);
@@ -258,6 +265,8 @@ static void teardown(cp_group *g) {
   cp_free_all_requests(g);
   pthread_mutex_destroy(&g->q_mu);
   pthread_mutex_destroy(&g->ctl_mu);
+  pthread_mutex_destroy(&g->mem_mu);
+  free(g->dscratch);
   if (g->node_ranks)
     for (int n = 0; n < g->num_nodes; n++) free(g->node_ranks[n]);
   free(g->node_ranks);
@@ -297,6 +306,8 @@ static int host_group_create(const ddplug_group_init *init,
   g->next_fd = g->prev_fd = g->abort_fd = g->wake_fd = -1;
   pthread_mutex_init(&g->q_mu, NULL);
   pthread_mutex_init(&g->ctl_mu, NULL);
+  pthread_mutex_init(&g->mem_mu, NULL);
+  g->shm.fd = -1;
   int st = cp_options_read(svc, &g->opt);
   if (st == DDPLUG_OK) st = topology(g, init);
   if (st != DDPLUG_OK) {
@@ -312,6 +323,11 @@ static int host_group_create(const ddplug_group_init *init,
   int64_t spin_us = g->opt.spin_us >= 0 ? g->opt.spin_us
                     : (ncpu > 0 && g->local_world <= ncpu) ? 50 : 2;
   g->spin_ns = (uint64_t)spin_us * 1000ull;
+  g->spare_cpu = ncpu > 0 && g->local_world < ncpu;
+  /* "auto" is on: a helper thread reducing buckets during backward was
+   * faster than leaving them to the caller in every configuration measured,
+   * also with as many or more ranks than CPUs (README.md, "Overlap") */
+  g->progress_runs = g->opt.progress_thread != CP_PROGRESS_OFF;
   g->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (g->abort_fd < 0 || g->wake_fd < 0) {
@@ -327,6 +343,7 @@ static int host_group_create(const ddplug_group_init *init,
   }
   if (g->local_world > 1 && (st = setup_shm(g, deadline)) != DDPLUG_OK) goto fail;
   if ((st = cp_liveness_open(g)) != DDPLUG_OK) goto fail;
+  if ((st = cp_direct_probe(g, deadline)) != DDPLUG_OK) goto fail;
   if (g->num_nodes > 1 && g->leader) {
     g->ring_tmp = malloc(g->opt.tcp_chunk_bytes);
     g->recs = calloc((size_t)g->num_nodes, sizeof *g->recs);
@@ -339,10 +356,14 @@ static int host_group_create(const ddplug_group_init *init,
   if ((st = cp_engine_start(g)) != DDPLUG_OK) goto fail;
   cp_log(g, DDPLUG_LOG_DEBUG,
          "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "
-         "chunk %llu B x %u slots, small <= %llu B, spin %lld us",
+         "chunk %llu B x %u slots, small <= %llu B, spin %lld us, registered "
+         "memory %llu B per rank, progress thread %s",
          g->rank, g->world, g->local_rank, g->local_world, g->node,
          g->num_nodes, (unsigned long long)g->opt.chunk_bytes, g->opt.slots,
-         (unsigned long long)g->opt.small_msg_bytes, (long long)spin_us);
+         (unsigned long long)g->opt.small_msg_bytes, (long long)spin_us,
+         (unsigned long long)(g->has_shm ? g->shm.hdr->arena_bytes : 0),
+         g->progress_runs ? "runs collectives nobody waits for"
+                          : "only watches peers (callers run collectives)");
   *out = g;
   return DDPLUG_OK;
 fail:
@@ -410,6 +431,23 @@ static void host_request_free(ddplug_plugin_group *g, ddplug_plugin_request *req
   if (g && req) cp_req_free(g, req);
 }
 
+/* Registered memory (see plugin.h and mem.c). Any thread. */
+static int host_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
+  if (!g || !ptr) return DDPLUG_E_INVALID_ARGUMENT;
+  return report(g->svc, cp_mem_alloc(g, bytes, ptr));
+}
+
+static int host_mem_free(ddplug_plugin_group *g, void *ptr) {
+  if (!g) return DDPLUG_E_INVALID_ARGUMENT;
+  return report(g->svc, cp_mem_free(g, ptr));
+}
+
+static int host_mem_query(ddplug_plugin_group *g, const void *ptr, uint64_t bytes,
+                          int32_t *reach) {
+  if (!g || !reach) return DDPLUG_E_INVALID_ARGUMENT;
+  return report(g->svc, cp_mem_query(g, ptr, bytes, reach));
+}
+
 static const ddplug_plugin host_table = {
     .struct_size = sizeof(ddplug_plugin),
     .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
@@ -419,7 +457,7 @@ static const ddplug_plugin host_table = {
                    "ring between nodes, async requests, failure and mismatch "
                    "detection",
     .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE |
-            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT,
+            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT | DDPLUG_CAP_REGISTERED_MEMORY,
     .dtype_mask = DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) |
                   DDPLUG_DTYPE_BIT(DDPLUG_FLOAT16) | DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16) |
                   DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |
@@ -437,6 +475,9 @@ static const ddplug_plugin host_table = {
     .request_free = host_request_free,
     /* sampler slots NULL: the runtime's default samplers serve */
     .options = cp_option_decls,
+    .mem_alloc = host_mem_alloc,
+    .mem_free = host_mem_free,
+    .mem_query = host_mem_query,
 };
 
 /* The plugin's only exported symbol. Returns the table for an ABI 1.x

@@ -26,6 +26,12 @@
  * hands execution to the progress thread, which finishes it in the
  * background; a later wait finds it done.
  *
+ * With plugin_options.progress_thread "off" the thread never claims
+ * requests nobody waits for: they run inside the caller's wait or test. It
+ * still finishes what a timed-out wait handed over, and it still watches
+ * the peers. ("auto", the default, is on: README.md, "Overlap", has the
+ * measurements.)
+ *
  * The idle progress thread also watches liveness (same-node pidfds, ring
  * sockets) so a peer's death is noticed, and forwarded to other nodes, even
  * while this rank computes.
@@ -117,6 +123,7 @@ static void complete(cp_group *g, cp_req *r, int st) {
 /* Execute pending requests in order until `until` completes (NULL: until
  * none is left) or the deadline passes (CP_AGAIN). Caller holds exec. */
 static int run_queue(cp_group *g, cp_req *until, uint64_t deadline, int by_thread) {
+  g->exec_by_thread = by_thread;
   for (;;) {
     cp_req *r = head(g);
     if (!r) return DDPLUG_OK;
@@ -167,7 +174,8 @@ int cp_submit(cp_group *g, const ddplug_coll_args *a, cp_req **out) {
   g->all = r;
   pthread_mutex_unlock(&g->q_mu);
   atomic_store(&g->last_submit_ns, r->submit_ns);
-  if (!atomic_load(&g->lazy) || atomic_load(&g->pt_mode) == CP_PT_DEEP)
+  if (g->progress_runs &&
+      (!atomic_load(&g->lazy) || atomic_load(&g->pt_mode) == CP_PT_DEEP))
     wake_thread(g);
   *out = r;
   return DDPLUG_OK;
@@ -193,7 +201,10 @@ int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
       int more = head(g) != NULL;
       release_exec(g);
       if (st == CP_AGAIN) {
-        if (more) wake_thread(g); /* finish in the background */
+        if (more) { /* finish in the background */
+          atomic_store(&g->handoff, 1);
+          wake_thread(g);
+        }
         break;
       }
       continue;
@@ -201,7 +212,9 @@ int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
     uint64_t now = cp_now_ns();
     if (now >= deadline) break;
     /* another thread executes: sleep until it completes something or lets go */
+    atomic_fetch_add(&g->callers_waiting, 1);
     cp_ctr_sleep(&g->ev, seen, CP_MIN(deadline - now, 50ull * 1000 * 1000), 1);
+    atomic_fetch_sub(&g->callers_waiting, 1);
   }
   if (atomic_load_explicit(&r->done, memory_order_acquire)) return report(r);
   char why[CP_MSG_MAX], d[160];
@@ -222,7 +235,7 @@ int cp_req_test(cp_group *g, cp_req *r, int32_t *done) {
     int st = run_queue(g, r, cp_now_ns(), 0);
     int more = head(g) != NULL;
     release_exec(g);
-    if (st == CP_AGAIN && more) wake_thread(g);
+    if (st == CP_AGAIN && more && g->progress_runs) wake_thread(g);
   }
   if (atomic_load_explicit(&r->done, memory_order_acquire)) {
     *done = 1;
@@ -291,10 +304,14 @@ static void *thread_main(void *arg) {
     uint64_t now = cp_now_ns();
     int lazy = atomic_load(&g->lazy);
     int stranded = pending && now > since && now - since >= STRANDED_NS;
-    if (pending && (!lazy || stranded || cp_fail_status(g))) {
+    if (!pending) atomic_store(&g->handoff, 0); /* what was handed over is done */
+    int handoff = atomic_load(&g->handoff);
+    if (pending && ((g->progress_runs && (!lazy || stranded)) || handoff ||
+                    cp_fail_status(g))) {
       if (try_exec(g)) {
-        if (lazy && stranded) atomic_store(&g->lazy, 0);
-        (void)run_queue(g, NULL, cp_deadline(THREAD_SLICE_MS), 1);
+        if (lazy && stranded && g->progress_runs) atomic_store(&g->lazy, 0);
+        int st = run_queue(g, NULL, cp_deadline(THREAD_SLICE_MS), 1);
+        if (st != CP_AGAIN) atomic_store(&g->handoff, 0); /* queue empty */
         release_exec(g);
       } else {
         sleep_on_ev(g, 10);
@@ -304,7 +321,7 @@ static void *thread_main(void *arg) {
     /* idle (or a fresh request its caller is about to run) */
     int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
     atomic_store(&g->pt_mode, light ? CP_PT_LIGHT : CP_PT_DEEP);
-    if (oldest_pending(g, &since) && !light) {
+    if (g->progress_runs && oldest_pending(g, &since) && !light) {
       atomic_store(&g->pt_mode, CP_PT_BUSY);
       continue;
     }
@@ -325,7 +342,7 @@ static void *thread_main(void *arg) {
           if (g->pidfd[j] >= 0 && !atomic_load(&g->pid_gone[j]))
             pfd[n++] = (struct pollfd){g->pidfd[j], POLLIN, 0};
     }
-    int timeout = light ? 1 : have ? THREAD_SLICE_MS : 10;
+    int timeout = light && g->progress_runs ? 1 : have ? THREAD_SLICE_MS : 10;
     int r = poll(pfd, (nfds_t)n, timeout);
     atomic_store(&g->pt_mode, CP_PT_BUSY);
     if (r == 0 && g->pid_poll && !light && try_exec(g)) {

@@ -218,10 +218,10 @@ void cp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
     }                                                                        \
   }
 
-/* Reduce nsrc sources of type T block by block into dst. */
+/* Reduce nsrc sources of type T block by block into each of dsts. */
 #define DEF_REDUCE(NAME, T, COMBINE)                                         \
-  static void NAME(int op, T *dst, const void *const *srcs, int n,           \
-                   uint64_t count, int divisor) {                            \
+  static void NAME(int op, void *const *dsts, int nd, const void *const *srcs, \
+                   int n, uint64_t count, int divisor, int stream) {         \
     T acc[CP_BLOCK];                                                         \
     for (uint64_t base = 0; base < count; base += CP_BLOCK) {                \
       size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);           \
@@ -229,7 +229,8 @@ void cp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
       for (int k = 1; k < n; k++) COMBINE(op, acc, (const T *)srcs[k] + base, m); \
       if (divisor > 0)                                                       \
         for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / divisor);        \
-      cp_copy(dst + base, acc, m * sizeof(T), 0);                            \
+      for (int d = 0; d < nd; d++)                                           \
+        cp_copy((T *)dsts[d] + base, acc, m * sizeof(T), stream);            \
     }                                                                        \
   }
 
@@ -248,10 +249,11 @@ DEF_REDUCE(reduce_i32, int32_t, combine_i32)
 DEF_REDUCE(reduce_i64, int64_t, combine_i64)
 
 /* float16 / bfloat16: widen each source, accumulate in float32, narrow once. */
-static void reduce_half(int dtype, int op, uint16_t *dst,
+static void reduce_half(int dtype, int op, void *const *dsts, int nd,
                         const void *const *srcs, int n, uint64_t count,
-                        int divisor) {
+                        int divisor, int stream) {
   float acc[CP_BLOCK], tmp[CP_BLOCK];
+  uint16_t out[CP_BLOCK];
   for (uint64_t base = 0; base < count; base += CP_BLOCK) {
     size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);
     widen(dtype, acc, (const uint16_t *)srcs[0] + base, m);
@@ -261,27 +263,41 @@ static void reduce_half(int dtype, int op, uint16_t *dst,
     }
     if (divisor > 0)
       for (size_t i = 0; i < m; i++) acc[i] = acc[i] / (float)divisor;
-    narrow(dtype, dst + base, acc, m);
+    if (nd == 1 && !stream) {
+      narrow(dtype, (uint16_t *)dsts[0] + base, acc, m);
+      continue;
+    }
+    narrow(dtype, out, acc, m);
+    for (int d = 0; d < nd; d++)
+      cp_copy((uint16_t *)dsts[d] + base, out, m * sizeof(uint16_t), stream);
   }
 }
 
 /* See cpu.h. Not thread-affine; pure function of its arguments. */
-void cp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
-                 int nsrc, uint64_t count, int divisor) {
-  if (count == 0 || nsrc <= 0) return;
+void cp_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
+                     const void *const *srcs, int nsrc, uint64_t count,
+                     int divisor, int stream) {
+  if (count == 0 || nsrc <= 0 || nd <= 0) return;
   switch (dtype) {
-    case DDPLUG_FLOAT32: reduce_f32(op, dst, srcs, nsrc, count, divisor); break;
-    case DDPLUG_FLOAT64: reduce_f64(op, dst, srcs, nsrc, count, divisor); break;
-    case DDPLUG_INT8: reduce_i8(op, dst, srcs, nsrc, count, divisor); break;
-    case DDPLUG_UINT8: reduce_u8(op, dst, srcs, nsrc, count, divisor); break;
-    case DDPLUG_INT32: reduce_i32(op, dst, srcs, nsrc, count, divisor); break;
-    case DDPLUG_INT64: reduce_i64(op, dst, srcs, nsrc, count, divisor); break;
+    case DDPLUG_FLOAT32: reduce_f32(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
+    case DDPLUG_FLOAT64: reduce_f64(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
+    case DDPLUG_INT8: reduce_i8(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
+    case DDPLUG_UINT8: reduce_u8(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
+    case DDPLUG_INT32: reduce_i32(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
+    case DDPLUG_INT64: reduce_i64(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
     case DDPLUG_FLOAT16:
     case DDPLUG_BFLOAT16:
-      reduce_half(dtype, op, dst, srcs, nsrc, count, divisor);
+      reduce_half(dtype, op, dsts, nd, srcs, nsrc, count, divisor, stream);
       break;
     default: break;
   }
+}
+
+/* See cpu.h. */
+void cp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
+                 int nsrc, uint64_t count, int divisor) {
+  void *dsts[1] = {dst};
+  cp_reduce_bcast(dtype, op, dsts, 1, srcs, nsrc, count, divisor, 0);
 }
 
 /* dst op= src (AVG combines as SUM; no division). */

@@ -5,7 +5,12 @@
  * One segment per node and run, named /ddplug-cpu-<run_id>-n<node>. The node's
  * first local rank creates it exclusively (O_EXCL), sizes it, writes the
  * header and publishes the header's magic last; the others attach and check
- * that the layout (ranks, chunk size, slots) matches theirs. Every process
+ * that the layout (ranks, chunk size, slots, arenas) matches theirs. The
+ * segment ends with one arena of registered memory per local rank (mem.c):
+ * the file is sized to hold them all, but only the fixed part before them is
+ * reserved (posix_fallocate) at creation; an arena's pages are reserved when
+ * they are allocated and released when freed, so the arenas cost address
+ * space, not memory. Every process
  * records its pid and start time in the segment. Once every local rank has
  * attached, the creator unlinks the name: the mappings stay valid and
  * nothing is left in /dev/shm even if the whole job is killed. A name can
@@ -25,12 +30,16 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cpu.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define ARENA_ALIGN (2ull << 20)
+/* Address space all of a node segment's arenas may take in one process. */
+#define ARENA_VA_BUDGET (32ull << 40)
 
 /* Layout of a segment for params p; offsets into the header, total size. */
 static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
@@ -45,7 +54,26 @@ static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
   off = ALIGN_UP(off + 2 * p->small_bytes * (uint64_t)p->local_world, 4096);
   h->stage_off = off;
   off += (uint64_t)p->slots * (uint64_t)p->local_world * p->chunk_bytes;
-  h->total_bytes = ALIGN_UP(off, 4096);
+  h->arena_off = ALIGN_UP(off, ARENA_ALIGN);
+  h->arena_bytes = p->arena_bytes;
+  h->total_bytes = h->arena_off + (uint64_t)p->local_world * p->arena_bytes;
+}
+
+uint64_t cp_shm_fixed_bytes(const cp_shm_params *p) {
+  cp_shm_hdr h;
+  memset(&h, 0, sizeof h);
+  layout(p, &h);
+  return h.arena_off;
+}
+
+/* See cpu.h. */
+uint64_t cp_shm_arena_auto(int local_world) {
+  struct statvfs v;
+  if (local_world < 1 || statvfs("/dev/shm", &v) != 0) return 0;
+  uint64_t total = (uint64_t)v.f_blocks * (uint64_t)(v.f_frsize ? v.f_frsize : v.f_bsize);
+  uint64_t budget = ARENA_VA_BUDGET / (uint64_t)local_world;
+  uint64_t a = total < budget ? total : budget;
+  return a / ARENA_ALIGN * ARENA_ALIGN;
 }
 
 static void bind_pointers(cp_shm *s) {
@@ -56,6 +84,7 @@ static void bind_pointers(cp_shm *s) {
   s->arrived = (_Atomic uint64_t *)(b + s->hdr->arrived_off);
   s->small = b + s->hdr->small_off;
   s->stage = b + s->hdr->stage_off;
+  s->arena = b + s->hdr->arena_off;
 }
 
 void cp_shm_name(char *out, size_t cap, const char *run_id, int node) {
@@ -95,6 +124,7 @@ int cp_proc_alive(int64_t pid, uint64_t start_time) {
  * left (the name is unlinked) and the sentence says why. */
 int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
   memset(s, 0, sizeof *s);
+  s->fd = -1;
   cp_shm_hdr proto;
   memset(&proto, 0, sizeof proto);
   layout(p, &proto);
@@ -106,11 +136,15 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
                         s->name,
                         errno == EEXIST ? " (a segment of the same run id "
                                           "exists and is in use)" : "");
-  /* Reserve the pages now: a /dev/shm too small for the segment is then an
-   * error here, not a SIGBUS in the middle of a collective. */
-  int e = posix_fallocate(fd, 0, (off_t)proto.total_bytes);
+  /* Reserve the pages of the fixed part now: a /dev/shm too small for it
+   * is then an error here, not a SIGBUS in the middle of a collective. The
+   * arenas after it stay sparse (mem.c reserves what it allocates). */
+  int e = posix_fallocate(fd, 0, (off_t)proto.arena_off);
   if (e == EINVAL || e == EOPNOTSUPP)
-    e = ftruncate(fd, (off_t)proto.total_bytes) == 0 ? 0 : errno;
+    e = ftruncate(fd, (off_t)proto.arena_off) == 0 ? 0 : errno;
+  if (e == 0 && proto.total_bytes > proto.arena_off &&
+      ftruncate(fd, (off_t)proto.total_bytes) != 0)
+    e = errno;
   if (e != 0) {
     close(fd);
     shm_unlink(s->name);
@@ -121,16 +155,17 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
                         s->name);
   }
   void *base = mmap(NULL, proto.total_bytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED, fd, 0);
+                    MAP_SHARED | MAP_NORESERVE, fd, 0);
   e = errno;
-  close(fd);
   if (base == MAP_FAILED) {
+    close(fd);
     shm_unlink(s->name);
     return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s (%llu bytes) failed",
                         s->name, (unsigned long long)proto.total_bytes);
   }
   s->base = base;
   s->size = proto.total_bytes;
+  s->fd = fd;
   s->creator = 1;
   cp_shm_hdr *h = base;
   /* a new segment is zero-filled: counters, flags and records start at 0 */
@@ -148,6 +183,8 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
   h->arrived_off = proto.arrived_off;
   h->small_off = proto.small_off;
   h->stage_off = proto.stage_off;
+  h->arena_off = proto.arena_off;
+  h->arena_bytes = proto.arena_bytes;
   atomic_store(&h->creator_pid, (int64_t)getpid());
   atomic_store(&h->creator_start, cp_proc_start_time(getpid()));
   atomic_store_explicit(&h->magic, CP_SHM_MAGIC, memory_order_release);
@@ -158,6 +195,7 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
 /* Attach to the segment named name and check its layout against p. */
 int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
   memset(s, 0, sizeof *s);
+  s->fd = -1;
   snprintf(s->name, sizeof s->name, "%s", name);
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
   if (fd < 0)
@@ -169,13 +207,15 @@ int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
     return cp_err(DDPLUG_E_INTERNAL, "shared memory %s is too small", name);
   }
   void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ | PROT_WRITE,
-                    MAP_SHARED, fd, 0);
+                    MAP_SHARED | MAP_NORESERVE, fd, 0);
   int e = errno;
-  close(fd);
-  if (base == MAP_FAILED)
+  if (base == MAP_FAILED) {
+    close(fd);
     return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s failed", name);
+  }
   s->base = base;
   s->size = (size_t)stt.st_size;
+  s->fd = fd;
   cp_shm_hdr *h = base;
   cp_shm_hdr want;
   memset(&want, 0, sizeof want);
@@ -190,17 +230,22 @@ int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
   if (h->local_world != p->local_world || h->slots != p->slots ||
       h->chunk_bytes != p->chunk_bytes || h->small_bytes != p->small_bytes ||
       h->num_nodes != p->num_nodes || h->total_bytes != want.total_bytes ||
-      s->size < want.total_bytes || strcmp(h->run_id, p->run_id) != 0) {
+      h->arena_bytes != want.arena_bytes || s->size < want.total_bytes ||
+      strcmp(h->run_id, p->run_id) != 0) {
     char msg[CP_MSG_MAX];
     snprintf(msg, sizeof msg,
              "the node's ranks disagree on the shared-memory layout of %s: "
              "creator has %d local ranks, chunk_bytes %llu, slots %u, "
-             "small_msg_bytes %llu; this rank has %d, %llu, %u, %llu "
-             "(plugin_options must be identical on every rank)",
+             "small_msg_bytes %llu, registered_bytes %llu; this rank has %d, "
+             "%llu, %u, %llu, %llu (plugin_options must be identical on every "
+             "rank, and an automatic registered_bytes follows the size of "
+             "/dev/shm, which must be the same file system for every rank)",
              name, h->local_world, (unsigned long long)h->chunk_bytes,
-             h->slots, (unsigned long long)h->small_bytes, p->local_world,
+             h->slots, (unsigned long long)h->small_bytes,
+             (unsigned long long)h->arena_bytes, p->local_world,
              (unsigned long long)p->chunk_bytes, p->slots,
-             (unsigned long long)p->small_bytes);
+             (unsigned long long)p->small_bytes,
+             (unsigned long long)p->arena_bytes);
     cp_shm_detach(s);
     return cp_err(DDPLUG_E_CONFIG, "%s", msg);
   }
@@ -225,6 +270,8 @@ void cp_shm_detach(cp_shm *s) {
   if (s->base) munmap(s->base, s->size);
   s->base = NULL;
   s->hdr = NULL;
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
 }
 
 /* Is the segment at path (already opened as fd) abandoned? 1 = every

@@ -98,7 +98,13 @@ static int wait_ctr(cp_group *g, cp_ctr *c, uint32_t until, int poster,
   if (cp_ctr_ge(c, until)) return 0;
   int arrival = poster >= 0 && g->has_shm;
   uint64_t start = cp_now_ns();
-  uint64_t spin_end = CP_MIN(start + g->spin_ns, deadline);
+  /* The progress thread spinning while this rank's caller computes (nobody
+   * waits for it) would take the CPU from that computation when the node's
+   * ranks have no CPU to spare: it sleeps at once instead. */
+  uint64_t spin = g->exec_by_thread && !g->spare_cpu &&
+                          atomic_load_explicit(&g->callers_waiting, memory_order_relaxed) == 0
+                      ? 0 : g->spin_ns;
+  uint64_t spin_end = CP_MIN(start + spin, deadline);
   unsigned iter = 0;
   while (cp_now_ns() < spin_end) {
     for (int i = 0; i < 64; i++) {

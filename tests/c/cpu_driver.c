@@ -160,9 +160,14 @@ static int svc_delete(void *host, const char *key) {
   return DDPLUG_OK;
 }
 
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static void svc_log(void *host, int32_t level, const char *message) {
   hd_rank *r = host;
-  fprintf(stderr, "  [host r%d L%d] %s\n", r->rank, level, message);
+  if (level <= DDPLUG_LOG_WARN) fprintf(stderr, "  [host r%d L%d] %s\n", r->rank, level, message);
+  pthread_mutex_lock(&log_mu);
+  size_t n = strlen(r->log);
+  if (n + 1 < sizeof r->log) snprintf(r->log + n, sizeof r->log - n, "%s\n", message);
+  pthread_mutex_unlock(&log_mu);
 }
 
 static uint64_t svc_clock(void *host) {
@@ -248,7 +253,7 @@ int hd_open(hd_rank *r, const hd_world *w, int rank) {
   in->run_id = w->run_id;
   in->options_json = w->options;
   in->timeout_ms = w->timeout_ms;
-  in->log_level = DDPLUG_LOG_WARN;
+  in->log_level = w->log_level ? w->log_level : DDPLUG_LOG_WARN;
   int s = r->p->group_create(in, &r->svc, &r->g);
   if (s != DDPLUG_OK) {
     dlclose(r->dl);

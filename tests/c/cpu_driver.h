@@ -23,6 +23,8 @@ typedef struct hd_world {
   int64_t timeout_ms;            /* group_create timeout                   */
   char dir[256];                 /* the file store                         */
   char run_id[40];
+  int log_level;                 /* the group's threshold (0: WARN); lines
+                                    at WARN or above also go to stderr    */
 } hd_world;
 
 typedef struct hd_rank {
@@ -37,6 +39,7 @@ typedef struct hd_rank {
   int64_t pid_of[HD_MAX_RANKS];
   uint64_t seq;
   char error[1024]; /* last set_error text */
+  char log[8192];   /* every line the plugin logged (as much as fits) */
 } hd_rank;
 
 /* In the test process, before forking: a world of `world` ranks, on nodes

@@ -7,7 +7,9 @@
  * the middle of an allreduce (every survivor: PEER_LOST naming it); a
  * mismatched collective (MISMATCH on every rank); ddplug_abort from one
  * rank; a wait timeout naming the sequence number and the late rank; bad
- * plugin_options refused by ddplug_open. */
+ * plugin_options refused by ddplug_open; registered memory
+ * (ddplug_mem_alloc/free/reach) with an allreduce on it, and UNSUPPORTED
+ * from a plugin without it. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +264,64 @@ static void late_rank(int rank, int world, void *arg) {
 
 TEST_T(api_wait_timeout_names_late_rank, 60) {
   CHECK_EQ_INT(dt_run_ranks(3, late_rank, NULL, NULL, 60, NULL), 0);
+}
+
+/* ---- registered memory ------------------------------------------------------ */
+
+static void registered_rank(int rank, int world, void *arg) {
+  (void)arg;
+  ddplug_context *ctx = open_host(rank, 1, NULL, 60);
+  uint64_t n = 3 * MIB + 7;
+  void *p = NULL;
+  CHECK_OK(ddplug_mem_alloc(ctx, n * 4, &p));
+  float *buf = p;
+  int reach = -1;
+  CHECK_OK(ddplug_mem_reach(ctx, buf, n * 4, &reach));
+  CHECK_EQ_INT(reach, DDPLUG_REACH_REGISTERED);
+  float ref[HDATA_PERIOD];
+  hdata_ref(ref, DDPLUG_FLOAT32, DDPLUG_OP_SUM, world);
+  for (int round = 0; round < 2; round++) {
+    hdata_fill(buf, DDPLUG_FLOAT32, DDPLUG_OP_SUM, rank, n);
+    CHECK_OK(ddplug_allreduce(ctx, buf, buf, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+    CHECK(hdata_check(buf, ref, DDPLUG_FLOAT32, n, 0) < 0);
+  }
+  void *q = (void *)0x1;
+  CHECK_STATUS(ddplug_mem_alloc(ctx, 0, &q), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK(q == (void *)0x1);
+  CHECK_CONTAINS(ddplug_last_error(), "bytes is 0");
+  CHECK_STATUS(ddplug_mem_free(ctx, buf + 1), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(), "is not a live allocation");
+  CHECK_OK(ddplug_mem_free(ctx, buf));
+  CHECK_OK(ddplug_mem_free(ctx, NULL));
+  CHECK_STATUS(ddplug_mem_reach(ctx, buf, 4, NULL), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(api_registered_memory, 60) {
+  CHECK_EQ_INT(dt_run_ranks(2, registered_rank, NULL, NULL, 60, NULL), 0);
+}
+
+static void no_registered_rank(int rank, int world, void *arg) {
+  (void)arg;
+  (void)rank;
+  (void)world;
+  setenv("DDPLUG_CONFIG", "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 30}}", 1);
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(NULL, NULL, &ctx));
+  void *p = NULL;
+  CHECK_STATUS(ddplug_mem_alloc(ctx, 4096, &p), DDPLUG_E_UNSUPPORTED);
+  CHECK(p == NULL);
+  CHECK_CONTAINS(ddplug_last_error(), "plugin example has no registered memory");
+  int reach = -1;
+  char local[64];
+  CHECK_OK(ddplug_mem_reach(ctx, local, sizeof local, &reach));
+  CHECK_EQ_INT(reach, DDPLUG_REACH_STAGED);
+  CHECK_OK(ddplug_barrier(ctx, 20000)); /* the run goes on */
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(api_plugin_without_registered_memory, 60) {
+  CHECK_EQ_INT(dt_run_ranks(2, no_registered_rank, NULL, NULL, 60, NULL), 0);
 }
 
 static void bad_options_rank(int rank, int world, void *arg) {

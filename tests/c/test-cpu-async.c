@@ -54,13 +54,50 @@ static void background(hd_rank *r, void *arg) {
   free(recv);
 }
 
+/* progress_thread "on" (as "auto"): the thread runs what nobody waits for. */
+#define THREAD_ON "{\"progress_thread\": \"on\"}"
+
 TEST_T(progresses_without_the_caller, 60) {
-  CHECK_EQ_INT(hd_run_world(3, NULL, NULL, background, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(3, NULL, THREAD_ON, background, NULL, 60, NULL), 0);
 }
 
 TEST_T(progresses_without_the_caller_two_nodes, 60) {
   const int layout[] = {0, 1, 1};
-  CHECK_EQ_INT(hd_run_world(3, layout, NULL, background, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(3, layout, THREAD_ON, background, NULL, 60, NULL), 0);
+}
+
+/* progress_thread "off": a started collective waits for its caller; a
+ * request_test (never blocking) or a wait runs it. */
+static void caller_runs(hd_rank *r, void *arg) {
+  (void)arg;
+  uint64_t n = 1 * MIB;
+  float *send = malloc(n * 4), *recv = malloc(n * 4);
+  hdata_fill(send, DDPLUG_FLOAT32, DDPLUG_OP_SUM, r->rank, n);
+  ddplug_plugin_request *req = NULL;
+  CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
+                    &req));
+  /* both threads had time to claim it, were they allowed to; rank 1
+   * only waits later, so rank 0's test (which runs its own part) cannot
+   * find it done unless rank 1's thread ran it */
+  usleep(300 * 1000);
+  if (r->rank == 0) {
+    int32_t done = 0;
+    CHECK_OK(r->p->request_test(r->g, req, &done));
+    CHECK_MSG(done == 0, "rank 1's progress thread ran a collective although "
+              "progress_thread is off");
+  } else {
+    usleep(300 * 1000);
+  }
+  CHECK_OK(hd_wait(r, req, 20000));
+  check_sum(r, recv, n, "allreduce run by its caller");
+  hd_free(r, req);
+  free(send);
+  free(recv);
+}
+
+TEST_T(progress_thread_off_leaves_collectives_to_their_caller, 60) {
+  CHECK_EQ_INT(hd_run_world(2, NULL, "{\"progress_thread\": \"off\"}", caller_runs, NULL, 60,
+                            NULL), 0);
 }
 
 /* Many in flight, waited in reverse order; mixed kinds. */

@@ -66,6 +66,10 @@ TEST(defaults) {
   CHECK_EQ_INT(o.tcp_chunk_bytes, 256 << 10);
   CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");
+  CHECK_EQ_INT(o.registered_bytes, -1);
+  CHECK_EQ_INT(o.cma, CP_CMA_AUTO);
+  CHECK_EQ_INT(o.cma_min_bytes, 64 << 10);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
 }
 
 TEST(every_knob) {
@@ -80,6 +84,19 @@ TEST(every_knob) {
   CHECK_EQ_INT(o.tcp_chunk_bytes, 4096);
   CHECK_EQ_STR(o.addr, "10.1.2.3");
   CHECK_EQ_INT(o.nt_bytes, 0);
+  o = read_through_driver("{\"registered_bytes\": 8192, \"cma\": \"off\", "
+                          "\"cma_min_bytes\": 0, \"progress_thread\": \"off\"}");
+  CHECK_EQ_INT(o.registered_bytes, 8192);
+  CHECK_EQ_INT(o.cma, CP_CMA_OFF);
+  CHECK_EQ_INT(o.cma_min_bytes, 0);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_OFF);
+  o = read_through_driver("{\"progress_thread\": \"on\", \"cma\": \"on\"}");
+  CHECK_EQ_INT(o.registered_bytes, -1); /* left out: the size of /dev/shm */
+  CHECK_EQ_INT(o.cma, CP_CMA_ON);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_ON);
+  o = read_through_driver("{\"registered_bytes\": 0, \"progress_thread\": \"auto\"}");
+  CHECK_EQ_INT(o.registered_bytes, 0);
+  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
 }
 
 /* What the runtime refuses from the declarations, with the exact sentence. */
@@ -89,7 +106,20 @@ static const struct bad {
     {"{\"chunk_byte\": 4096}",
      "plugin_options.chunk_byte: plugin cpu has no such option (did you mean 'chunk_bytes'? "
      "its options: chunk_bytes, small_msg_bytes, spin_us, slots, tcp_chunk_bytes, "
-     "nt_store_bytes, addr)"},
+     "nt_store_bytes, addr, registered_bytes, cma, cma_min_bytes, progress_thread)"},
+    {"{\"registered_bytes\": 5000}",
+     "plugin_options.registered_bytes: 5000 is not a multiple of 4096"},
+    {"{\"registered_bytes\": -4096}",
+     "plugin_options.registered_bytes: -4096 is out of range 0..70368744177664"},
+    {"{\"registered_bytes\": \"lots\"}",
+     "plugin_options.registered_bytes: expected an integer in 0..70368744177664, a multiple of "
+     "4096, got \"lots\""},
+    {"{\"cma\": true}", "plugin_options.cma: expected a string, got true"},
+    {"{\"cma\": \"yes\"}", "plugin_options.cma: \"yes\" is not one of \"auto\", \"on\", \"off\""},
+    {"{\"cma_min_bytes\": -1}", "plugin_options.cma_min_bytes: -1 is out of range 0..1099511627776"},
+    {"{\"progress_thread\": \"sometimes\"}",
+     "plugin_options.progress_thread: \"sometimes\" is not one of \"auto\", \"on\", \"off\""},
+    {"{\"progress_thread\": true}", "plugin_options.progress_thread: expected a string, got true"},
     {"{\"nt_store_bytes\": -5}",
      "plugin_options.nt_store_bytes: -5 is out of range 0..9223372036854775807"},
     {"{\"chunk_bytes\": \"big\"}",

@@ -27,7 +27,7 @@ static int shm_exists(const char *name) {
 }
 
 static cp_shm_params params(const char *run_id) {
-  cp_shm_params p = {run_id, 2, 0, 1, 4, 4096, 1024};
+  cp_shm_params p = {run_id, 2, 0, 1, 4, 4096, 1024, 1 << 20};
   return p;
 }
 

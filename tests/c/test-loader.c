@@ -2,7 +2,8 @@
  * against the older 1.0 table, wrong major, too new, too old, no entry
  * symbol, a shared object that is not a plugin, a file that is not a shared
  * object, a path that does not exist, a table too small, a missing
- * mandatory slot, partial sampler slots. */
+ * mandatory slot, partial sampler slots, partial registered-memory slots
+ * and the registered-memory capability without its slots. */
 #include <dlfcn.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -229,6 +230,18 @@ TEST(partial_sampler_slots) {
                  "sampler_next, sampler_seek, sampler_length, sampler_destroy");
 }
 
+TEST(partial_registered_memory_slots) {
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_STATUS(ddplug_plugin_inspect("partialmem", &info), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "fills the registered-memory slot(s) mem_alloc but not mem_free, "
+                 "mem_query: provide all three or none");
+  CHECK_STATUS(ddplug_plugin_inspect("memcap", &info), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "declares DDPLUG_CAP_REGISTERED_MEMORY but its mem_alloc, mem_free "
+                 "and mem_query slots are NULL");
+}
+
 TEST(entry_refuses) {
   ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
   CHECK_STATUS(ddplug_plugin_inspect("refuses", &info), DDPLUG_E_ABI_MISMATCH);
@@ -255,7 +268,8 @@ TEST(load_failures_do_not_leak) {
   /* Every failing kind, many times: the harness's fd check and valgrind/ASan
    * runs catch a dlopen handle or allocation kept on a failure path. */
   const char *names[] = {"toonew", "tooold", "wrongmajor", "toosmall",
-                         "missingslot", "partialsampler", "refuses", "nosuch"};
+                         "missingslot", "partialsampler", "refuses", "nosuch",
+                         "partialmem", "memcap"};
   for (int round = 0; round < 50; round++)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
       ddplug__plugin *p = NULL;

@@ -1,7 +1,8 @@
 # Smoke tests of the benchmark program ddplug-allreduce-perf
 # (bench/allreduce_perf.c) with the cpu plugin, so that a broken benchmark
 # is noticed by ctest: small sizes (8 B to 64 KiB), few iterations, ranks it
-# launches itself (one node, and two simulated nodes with a 16-bit type).
+# launches itself (one node, and two simulated nodes with a 16-bit type;
+# registered buffers, -R, in place, on one node).
 # Each must exit 0, print its table up to the largest size, and its own
 # result check (one verified allreduce per size) must find no wrong
 # element. Times are printed, never checked.
@@ -28,7 +29,8 @@ endif()
 if(TARGET ddplug-allreduce-perf AND TARGET ddplug-cpu)
   set(_bench_smoke_cases
     "cpu-bench-allreduce-perf-smoke|-b 8 -e 64K -f 2 -n 2 -w 1 -i 3"
-    "cpu-bench-allreduce-perf-smoke-two-nodes|-b 16 -e 64K -f 4 -n 4 -N 2 -d bfloat16 -o avg -w 1 -i 3")
+    "cpu-bench-allreduce-perf-smoke-two-nodes|-b 16 -e 64K -f 4 -n 4 -N 2 -d bfloat16 -o avg -w 1 -i 3"
+    "cpu-bench-allreduce-perf-smoke-registered|-b 16 -e 64K -f 4 -n 3 -R -I -w 1 -i 3")
   foreach(_case IN LISTS _bench_smoke_cases)
     string(REPLACE "|" ";" _parts "${_case}")
     list(GET _parts 0 _name)

@@ -48,13 +48,16 @@ def test_struct_layouts_match_the_headers(tmp_path: Path) -> None:
 
 
 def test_header_constants(tmp_path: Path) -> None:
-    from ddplug import _runtime, audit, runonce, samplers
+    from ddplug import _runtime, audit, registered, runonce, samplers
 
     c = _compile_and_run(tmp_path, """
   printf("OK %d\\n", DDPLUG_OK);
   printf("TIMEOUT_DEFAULT %lld\\n", (long long)DDPLUG_TIMEOUT_DEFAULT);
   printf("CAP_HOST %llu\\n", (unsigned long long)DDPLUG_CAP_HOST_MEMORY);
   printf("CAP_DEVICE %llu\\n", (unsigned long long)DDPLUG_CAP_DEVICE_MEMORY);
+  printf("CAP_REGISTERED %llu\\n", (unsigned long long)DDPLUG_CAP_REGISTERED_MEMORY);
+  printf("REACH_STAGED %d\\nREACH_SINGLE_COPY %d\\nREACH_REGISTERED %d\\n", DDPLUG_REACH_STAGED,
+         DDPLUG_REACH_SINGLE_COPY, DDPLUG_REACH_REGISTERED);
   printf("SAMPLER_DISTRIBUTED %d\\n", (int)DDPLUG_SAMPLER_DISTRIBUTED);
   printf("SAMPLER_BUCKET %d\\n", (int)DDPLUG_SAMPLER_BUCKET);
   printf("SCOPE_GLOBAL %d\\n", (int)DDPLUG_SCOPE_GLOBAL);
@@ -68,6 +71,9 @@ def test_header_constants(tmp_path: Path) -> None:
     assert c["TIMEOUT_DEFAULT"] == -1  # the Python layer passes -1 for "configured"
     assert c["CAP_HOST"] == _runtime.CAP_HOST_MEMORY
     assert c["CAP_DEVICE"] == _runtime.CAP_DEVICE_MEMORY
+    assert c["CAP_REGISTERED"] == registered.CAP_REGISTERED_MEMORY
+    assert (c["REACH_STAGED"], c["REACH_SINGLE_COPY"], c["REACH_REGISTERED"]) == (
+        registered.REACH_STAGED, registered.REACH_SINGLE_COPY, registered.REACH_REGISTERED)
     assert c["SAMPLER_DISTRIBUTED"] == samplers.KIND_DISTRIBUTED
     assert c["SAMPLER_BUCKET"] == samplers.KIND_BUCKET
     assert c["SCOPE_GLOBAL"] == runonce.SCOPE_GLOBAL

@@ -134,6 +134,7 @@ typedef enum ddplug_op {
 #define DDPLUG_CAP_ABORT           (1ull << 5) /* group_abort interrupts ops  */
 #define DDPLUG_CAP_STREAMS         (1ull << 6) /* honours the stream argument */
 #define DDPLUG_CAP_SAMPLER         (1ull << 7) /* supplies sampler slots      */
+#define DDPLUG_CAP_REGISTERED_MEMORY (1ull << 8) /* mem_alloc/free/query slots */
 
 /* ------------------------------------------------------------------------ */
 /* Memory kind of collective buffers (ddplug_coll_args.mem).                */

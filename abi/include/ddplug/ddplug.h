@@ -71,7 +71,7 @@ extern "C" {
 
 /* Host API ABI version (independent of the plugin ABI version). */
 #define DDPLUG_ABI_MAJOR 1
-#define DDPLUG_ABI_MINOR 0
+#define DDPLUG_ABI_MINOR 1
 #define DDPLUG_ABI_VERSION DDPLUG_MAKE_VERSION(DDPLUG_ABI_MAJOR, DDPLUG_ABI_MINOR)
 
 /* ========================================================================
@@ -481,6 +481,59 @@ DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req);
  * it first waits (at most the collective timeout) for it to finish. A request
  * whose context was closed is just released. NULL is a no-op. Since 1.0. */
 DDPLUG_API void ddplug_request_free(ddplug_request *req);
+
+/* ========================================================================
+ * Registered memory — host buffers the plugin's collectives reach from
+ * every rank of the node without staging them. With the cpu plugin they are
+ * pages of the node's shared memory: a peer reduces straight from such a
+ * buffer and writes its result straight into it, so an allreduce of
+ * registered buffers moves each byte once (see plugins/cpu/README.md).
+ * Every collective accepts any host buffer; registering only makes large
+ * allreduces cheaper. Which ranks register is each rank's own choice (the
+ * other ranks need not allocate). A plugin without registered memory
+ * (DDPLUG_CAP_REGISTERED_MEMORY unset: nccl, most custom backends) answers
+ * UNSUPPORTED to ddplug_mem_alloc and STAGED to ddplug_mem_reach.
+ * Threads: the three functions may be called from any thread, also while
+ * another thread runs a collective on the same context. None of them waits
+ * for another rank.
+ * ======================================================================== */
+
+/* Allocate bytes (> 0) of registered memory for ctx. *out receives a
+ * pointer aligned to at least 64 bytes (the cpu plugin: 4096), contents
+ * unspecified, valid until ddplug_mem_free(ctx, *out) or ddplug_close(ctx).
+ * Ownership: the caller releases it with ddplug_mem_free before closing
+ * ctx. What is still allocated at ddplug_close stays addressable (the cpu
+ * plugin leaves a private, no longer registered copy of the last contents
+ * there, so a forgotten view does not fault) and stays allocated until the
+ * process exits, with a warning naming how many buffers and bytes.
+ * Returns OK; INVALID_ARGUMENT (ctx or out NULL, bytes 0); UNSUPPORTED
+ * (the plugin has no registered memory: use ordinary memory);
+ * NO_MEMORY (the registered memory is exhausted: the last error says how
+ * much is in use and what limits it — for the cpu plugin the free space of
+ * /dev/shm or plugin_options.registered_bytes); the run's failure status
+ * (ABORTED, PEER_LOST, ...) once ctx was aborted. On failure *out is
+ * untouched and nothing is allocated. Local: does not block. Since 1.0. */
+DDPLUG_API int ddplug_mem_alloc(ddplug_context *ctx, uint64_t bytes, void **out);
+
+/* Release ptr, returned by ddplug_mem_alloc on ctx. NULL is a no-op (OK).
+ * A ptr that is not a live allocation of ctx is INVALID_ARGUMENT and
+ * nothing is released. Works also after the run failed or was aborted (so
+ * cleanup paths can release). A buffer that a pending collective still
+ * uses must not be released. Local: does not block. Since 1.0. */
+DDPLUG_API int ddplug_mem_free(ddplug_context *ctx, void *ptr);
+
+/* How ctx's collectives reach [ptr, ptr + bytes) of this rank, in *reach:
+ * DDPLUG_REACH_REGISTERED (inside one live ddplug_mem_alloc buffer),
+ * DDPLUG_REACH_SINGLE_COPY (not registered, but reduced in place without
+ * staging: the cpu plugin copies between the ranks' address spaces through
+ * the kernel where the system allows it, for buffers of at least
+ * plugin_options.cma_min_bytes), or DDPLUG_REACH_STAGED (copied through the
+ * plugin's staging area; also every answer of a plugin without registered
+ * memory). A hint for choosing buffers (plugin.h, mem_query); the answer
+ * for given arguments does not change during the run. Returns OK, or
+ * INVALID_ARGUMENT (ctx or reach NULL). Never blocks. Since 1.0. */
+DDPLUG_API int ddplug_mem_reach(ddplug_context *ctx, const void *ptr, uint64_t bytes,
+                                int *reach);
 
 /* ========================================================================
  * Data split ownership, samplers, audit.

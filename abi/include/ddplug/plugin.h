@@ -463,8 +463,55 @@ typedef struct ddplug_plugin {
    * means the plugin takes no options: any key is an error. */
   const ddplug_option *const *options;
 
+  /* --- registered memory (optional, ABI 1.3; all three or none) --------
+   * Host memory the plugin's collectives reach from every rank of the node
+   * without staging it (for the cpu plugin: pages of the node's shared
+   * memory, so a peer reduces straight from this rank's buffer and writes
+   * its result straight into it). Buffers that are not registered work as
+   * before; registering only makes them cheaper. A plugin with these slots
+   * sets DDPLUG_CAP_REGISTERED_MEMORY. Unlike the other slots, the three
+   * may be called from any thread, concurrently with each other and with a
+   * collective in progress on another thread; none of them waits for
+   * peers. */
+
+  /* Allocate bytes (> 0) of registered memory, aligned to at least 64
+   * bytes, contents unspecified. *ptr receives it, valid until mem_free or
+   * group_destroy (which releases what is left: the plugin decides what
+   * those addresses hold afterwards, and must not make them fault — the
+   * cpu plugin leaves a private copy of the data there). On failure *ptr
+   * is untouched, nothing is allocated, and set_error explains:
+   * DDPLUG_E_NO_MEMORY when the registered memory is exhausted (saying how
+   * much is in use and what limits it), INVALID_ARGUMENT for bytes == 0.
+   * Does not touch (fault in) more than the plugin needs to reserve the
+   * pages. */
+  int (*mem_alloc)(ddplug_plugin_group *group, uint64_t bytes, void **ptr);
+
+  /* Release ptr, returned by mem_alloc on this group. NULL is a no-op
+   * (DDPLUG_OK). A pointer that is not a live allocation of this group is
+   * DDPLUG_E_INVALID_ARGUMENT and nothing is released. The caller must not
+   * free a buffer a pending collective still uses. */
+  int (*mem_free)(ddplug_plugin_group *group, void *ptr);
+
+  /* How the collectives reach [ptr, ptr + bytes) of this rank, in
+   * *reach: DDPLUG_REACH_REGISTERED when the range lies inside one live
+   * allocation of mem_alloc, DDPLUG_REACH_SINGLE_COPY when it does not but
+   * the plugin still reduces it without staging (the cpu plugin: the
+   * kernel copies between the ranks' address spaces, for buffers of at
+   * least plugin_options.cma_min_bytes, where the system allows it),
+   * DDPLUG_REACH_STAGED otherwise. A hint for the host's choice of
+   * buffers; every answer stays valid for the group's life (the cpu
+   * plugin learns what the system allows in group_create). Never fails
+   * for valid arguments. */
+  int (*mem_query)(ddplug_plugin_group *group, const void *ptr, uint64_t bytes,
+                   int32_t *reach);
+
   /* ---- end of ABI 1.3 ---- */
 } ddplug_plugin;
+
+/* Values of mem_query's *reach (and ddplug_mem_reach's). */
+#define DDPLUG_REACH_STAGED 0      /* copied through the plugin's staging */
+#define DDPLUG_REACH_SINGLE_COPY 1 /* reduced in place, one kernel copy  */
+#define DDPLUG_REACH_REGISTERED 2  /* registered: peers reach it directly */
 
 /* Sizes of the table at the end of each minor version, for the loader. */
 #define DDPLUG_PLUGIN_SIZE_1_0 offsetof(ddplug_plugin, sampler_create)

@@ -14,6 +14,7 @@
  *   options.c     the options plugins declare: declarations, the user's
  *                 plugin_options checked against them, typed values
  *   collective.c  argument checks, sequence numbers, requests, waits
+ *   memory.c      registered memory through the plugin's mem slots
  *   loader.c      plugin search, dlopen, version negotiation, table lifting
  *   world.c       world discovery from the config and the environment
  *   runonce.c     run-once: one rank does the work, the others wait for it

@@ -265,6 +265,9 @@ static const slot_name sampler_slots[] = {
     SLOT(sampler_create), SLOT(sampler_set_epoch), SLOT(sampler_next),
     SLOT(sampler_seek),   SLOT(sampler_length),    SLOT(sampler_destroy),
 };
+static const slot_name mem_slots[] = {
+    SLOT(mem_alloc), SLOT(mem_free), SLOT(mem_query),
+};
 #undef SLOT
 
 static int slot_set(const ddplug_plugin *t, size_t offset) {
@@ -298,6 +301,30 @@ static int validate_table(const ddplug_plugin *t, const char *path) {
                        "%s: provide all of them or none",
                        t->name, path, missing);
   }
+  int n_mem = 0;
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(mem_slots); i++)
+    n_mem += slot_set(t, mem_slots[i].offset);
+  if (n_mem != 0 && n_mem != (int)DDPLUG__ARRAY_LEN(mem_slots)) {
+    char have[256] = "", lack[256] = "";
+    size_t lh = 0, ll = 0;
+    for (size_t i = 0; i < DDPLUG__ARRAY_LEN(mem_slots); i++) {
+      if (slot_set(t, mem_slots[i].offset))
+        lh += (size_t)snprintf(have + lh, sizeof have - lh, "%s%s", lh ? ", " : "",
+                               mem_slots[i].name);
+      else
+        ll += (size_t)snprintf(lack + ll, sizeof lack - ll, "%s%s", ll ? ", " : "",
+                               mem_slots[i].name);
+    }
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "plugin '%s' (%s) fills the registered-memory slot(s) %s "
+                       "but not %s: provide all three or none",
+                       t->name, path, have, lack);
+  }
+  if (n_mem == 0 && (t->caps & DDPLUG_CAP_REGISTERED_MEMORY))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "plugin '%s' (%s) declares DDPLUG_CAP_REGISTERED_MEMORY but "
+                       "its mem_alloc, mem_free and mem_query slots are NULL",
+                       t->name, path);
   return DDPLUG_OK;
 }
 

@@ -11,7 +11,9 @@
  *   FIX_TOOSMALL        struct_size smaller than ABI 1.0's table
  *   FIX_MISSINGSLOT     request_wait is NULL
  *   FIX_PARTIALSAMPLER  one sampler slot filled, the others NULL
- *   FIX_REFUSES         the entry point returns NULL */
+ *   FIX_REFUSES         the entry point returns NULL
+ *   FIX_PARTIALMEM      mem_alloc filled, mem_free and mem_query NULL
+ *   FIX_MEMCAP          DDPLUG_CAP_REGISTERED_MEMORY without the mem slots */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +28,8 @@
 #define FIX_MISSINGSLOT 7
 #define FIX_PARTIALSAMPLER 8
 #define FIX_REFUSES 9
+#define FIX_PARTIALMEM 10
+#define FIX_MEMCAP 11
 
 struct ddplug_plugin_group {
   int world_size;
@@ -105,13 +109,24 @@ static int fx_sampler_create(ddplug_plugin_group *g, const ddplug_sampler_desc *
 }
 #endif
 
+#if FIXTURE == FIX_PARTIALMEM
+static int fx_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
+  (void)g; (void)bytes; (void)ptr;
+  return 14;
+}
+#endif
+
 static ddplug_plugin fixture_table = {
     .struct_size = sizeof(ddplug_plugin),
     .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
     .name = FIXTURE_NAME,
     .version = "0.0.1",
     .description = "loader test fixture",
+#if FIXTURE == FIX_MEMCAP
+    .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_REGISTERED_MEMORY,
+#else
     .caps = DDPLUG_CAP_HOST_MEMORY,
+#endif
     .dtype_mask = 0x1feu, /* all eight dtypes */
     .op_mask = 0xfeu,     /* all seven ops */
     .group_create = fx_group_create,
@@ -124,6 +139,9 @@ static ddplug_plugin fixture_table = {
     .request_free = fx_request_free,
 #if FIXTURE == FIX_PARTIALSAMPLER
     .sampler_create = fx_sampler_create,
+#endif
+#if FIXTURE == FIX_PARTIALMEM
+    .mem_alloc = fx_mem_alloc,
 #endif
 };
 

@@ -150,6 +150,102 @@ def gradsync(ctx: ddplug.Context) -> dict:
     return res
 
 
+class _Replacing:
+    """An optimizer wrapper that replaces every .grad with a new tensor before
+    stepping (as some optimizers do), and keeps what it assigned."""
+
+    def __init__(self, opt) -> None:
+        self.opt = opt
+        self.assigned: dict = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for group in self.opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+                    self.assigned[id(p)] = p.grad
+        self.opt.step()
+
+
+def bucketviews(ctx: ddplug.Context) -> dict:
+    """Train the same model twice per case — gradients as bucket views (registered
+    buckets) and the copy path — and compare the final weights bit for bit."""
+    import torch
+
+    from ddplug.gradsync import GradientSync, broadcast_module
+
+    def make():
+        torch.manual_seed(7)
+        m = torch.nn.ModuleDict({
+            "big": torch.nn.Linear(64, 1024),   # 260 KiB of weights: a bucket of its own
+            "mid": torch.nn.Linear(1024, 48),
+            "aux": torch.nn.Linear(48, 48),     # not used on every step (rank 0, even steps)
+            "out": torch.nn.Linear(48, 5),
+        })
+        broadcast_module(ctx, m)
+        return m
+
+    def forward(m, x, step):
+        h = torch.relu(m["mid"](torch.tanh(m["big"](x))))
+        if ctx.rank == 0 and step % 2 == 0:
+            h = h + torch.sin(m["aux"](h))
+        return m["out"](h).pow(2).mean()
+
+    g = torch.Generator().manual_seed(3)
+    data = torch.randn(ctx.world_size * 12, 6, 64, generator=g)
+
+    def train(case: str, view: bool) -> tuple:
+        m = make()
+        params = list(m.parameters())
+        gs = GradientSync(ctx, params, bucket_mb=0.05, first_bucket_mb=0.01, average=True,
+                          gradient_as_bucket_view=view, registered=view)
+        gs.attach()
+        base = torch.optim.Adam(params, lr=1e-2) if case == "zero" else torch.optim.SGD(params, lr=0.05,
+                                                                                         momentum=0.9)
+        opt = _Replacing(base) if case == "replace" else base
+        info: dict = {}
+        for step in range(4):
+            batch = lambda i: data[(step * 2 + i) * ctx.world_size + ctx.rank]  # noqa: E731
+            opt.zero_grad(set_to_none=case not in ("zero", "replace"))
+            if case == "accumulate":
+                with gs.no_sync():
+                    forward(m, batch(0), step).backward()
+            forward(m, batch(1), step).backward()
+            gs.finish()
+            if case == "clip":
+                info.setdefault("norms", []).append(float(torch.nn.utils.clip_grad_norm_(params, 0.05)))
+            if view and step == 2:
+                info["memory"] = gs.bucket_memory()
+                info["views"] = sum(1 for b in gs.buckets if b.flat is not None for s in b.slots
+                                    if s.param.grad is not None and s.param.grad.data_ptr() == b.view(s).data_ptr())
+                info["flat_params"] = sum(len(b.slots) for b in gs.buckets if not b.solo)
+            opt.step()
+        if case == "replace":
+            info["copy_slots"] = sum(1 for s in gs._slots.values() if s.copy)
+            info["still_assigned"] = sum(1 for p in params if p.grad is not None and opt.assigned.get(id(p)) is p.grad)
+        info["rebuilt"] = gs.rebuilt
+        info["order"] = [[s.index for s in b.slots] for b in gs.buckets]
+        gs.detach()
+        info["grads_own_memory"] = all(p.grad is None or not any(
+            b.flat is not None for b in gs.buckets) for p in params)
+        return [p.detach().clone() for p in params], info
+
+    res: dict = {}
+    for case in ("set_to_none", "zero", "accumulate", "clip", "replace"):
+        wa, ia = train(case, True)
+        wb, ib = train(case, False)
+        res[case] = {
+            "equal": all(torch.equal(a, b) for a, b in zip(wa, wb)),
+            "max_diff": max(float((a - b).abs().max()) for a, b in zip(wa, wb)),
+            "view": ia, "copy": ib,
+            "moved": any(not torch.equal(a, b) for a, b in zip(wa, [p.detach() for p in make().parameters()])),
+        }
+    return res
+
+
 def syncbn(ctx: ddplug.Context) -> dict:
     """ddplug's SyncBatchNorm on this rank's share of a batch against plain
     BatchNorm on the whole batch in one process — torch.nn.SyncBatchNorm's
@@ -336,6 +432,8 @@ def main() -> None:
             res = gradsync(ctx)
         elif mode == "syncbn":
             res = syncbn(ctx)
+        elif mode == "bucketviews":
+            res = bucketviews(ctx)
         elif mode.startswith("runonce-"):
             _, scope, what = mode.split("-")
             res = runonce(ctx, scope, what == "fail")

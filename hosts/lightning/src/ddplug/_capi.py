@@ -418,6 +418,10 @@ PROTOTYPES: dict = {
     "ddplug_request_test": (c_int, [P, IP]),
     "ddplug_request_seq": (c_uint64, [P]),
     "ddplug_request_free": (None, [P]),
+    # registered memory
+    "ddplug_mem_alloc": (c_int, [P, c_uint64, PP]),
+    "ddplug_mem_free": (c_int, [P, P]),
+    "ddplug_mem_reach": (c_int, [P, P, c_uint64, IP]),
     # samplers
     "ddplug_sampler_new": (c_int, [POINTER(SamplerOptions), PP]),
     "ddplug_sampler_set_epoch": (c_int, [P, c_uint64]),

@@ -1,37 +1,73 @@
 """Gradient synchronization without torch.distributed: bucketed, asynchronous
-allreduce started during backward, the way DDP's reducer does it.
+allreduce started during backward, the way DDP's reducer does it — with the
+gradients living in their buckets (DDP's ``gradient_as_bucket_view``).
 
-* Parameters are grouped into flat buckets in reverse registration order (the
-  order in which backward usually produces their gradients), per device and
-  dtype: the first bucket holds ``first_bucket_mb`` (small, so communication
-  starts early), the others ``bucket_mb`` (config "gradients").
-* A post-accumulate-grad hook on every parameter copies its gradient into its
-  bucket slot and makes ``param.grad`` a view of that slot (later steps then
-  accumulate in place, no copy). A parameter at least as large as the bucket it
-  would join gets a bucket of its own and skips the copy: its own gradient is
-  reduced in place. When every gradient of a bucket is in, the bucket's allreduce starts
-  asynchronously (``ddplug_iallreduce``) while backward goes on. Buckets are
-  started strictly in order, so every rank issues the same collectives in the
-  same order.
-* :meth:`GradientSync.finish` — called after backward, before the optimizer
-  step — starts what is left (parameters that got no gradient contribute zeros),
-  waits for every bucket and averages when "gradients.average" is true (op "avg"
-  when the plugin has it, else sum then divide).
+* Parameters are grouped into flat buckets per device and dtype, in the order
+  backward produces their gradients: first in reverse registration order (the
+  usual order), and from the second step on in the order rank 0 observed in the
+  first backward (broadcast to every rank, so all ranks build the same buckets).
+  The first bucket holds ``first_bucket_mb`` (small, so communication starts
+  early), the others ``bucket_mb`` (config "gradients").
+* A bucket's memory is *registered* where the plugin has registered memory
+  (:mod:`ddplug.registered`; the cpu plugin's shared memory): its allreduce then
+  reduces straight from every rank's bucket into every rank's bucket, nothing is
+  staged. Each ``param.grad`` becomes a view of its bucket slot, so gradients
+  accumulate in the bucket and it is reduced in place, with no copy in either
+  direction. A gradient that arrives as a new tensor (the first step, after
+  ``zero_grad(set_to_none=True)``) is copied into its slot once, and the view
+  replaces it.
+* A parameter of at least 1 MiB (``SOLO_BYTES``), or at least as large as the
+  bucket it would join, gets a bucket of its own: its gradient is reduced where
+  it lies, no copy at all. Only when its gradient persists from step to step
+  (``zero_grad(set_to_none=False)``, accumulation across steps) and the plugin
+  would stage it is it copied once into a registered bucket of its own, which
+  holds it from then on. A new tensor every step (``set_to_none=True``) is
+  better reduced in place than copied first (measured: see ``SOLO_BYTES``).
+* An optimizer or user code that *replaces* ``param.grad`` (assigns another
+  tensor while a view is installed) is noticed when the next gradient arrives;
+  that parameter then takes the copy path for good: copied into its slot,
+  reduced, and copied back into whatever tensor ``.grad`` is, never rebound
+  (logged once at debug level). ``gradient_as_bucket_view=False`` makes every
+  parameter take that path.
+* When every gradient of a bucket is in, the bucket's allreduce starts
+  asynchronously (``ddplug_iallreduce``) while backward goes on; buckets start
+  strictly in order, so every rank issues the same collectives in the same order.
+  Whether a helper thread progresses them during backward or the caller does at
+  :meth:`GradientSync.finish` is the plugin's choice (the cpu plugin's
+  ``progress_thread``, decided by measurement: plugins/cpu/README.md).
+* :meth:`GradientSync.finish` — called after backward, before the optimizer step —
+  starts what is left (a parameter that got no gradient contributes what its
+  ``.grad`` holds, zeros when it is None), waits for every bucket and averages
+  when "gradients.average" is true (op "avg" when the plugin has it, else sum
+  then divide).
 * :meth:`GradientSync.no_sync` suspends all of it (gradient accumulation: only the
   last micro-batch synchronizes).
+* :meth:`GradientSync.detach` (the strategies' teardown) turns the gradients back
+  into ordinary tensors and releases the buckets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional
+from typing import Callable, Iterable, Iterator, List, Optional
 
 import torch
 
+from . import registered as _registered
 from .context import Context, Request
 
+log = logging.getLogger(__name__)
+
 MIB = 1 << 20
+# A parameter of at least this many bytes gets a bucket of its own (its allreduce
+# then costs far more than starting one). A gradient that arrives as a new tensor
+# is reduced where it lies: copying it into a registered bucket first costs more
+# than the plugin saves by reaching it directly (bench/lightning_step.py, embedding:
+# 31.8 ms above the floor against 21.0 ms in place, on the project's CI machine).
+SOLO_BYTES = 1 * MIB
 
 
 @dataclass
@@ -40,30 +76,41 @@ class _Slot:
     bucket: "_Bucket"
     offset: int
     numel: int
+    index: int  # the parameter's position in the GradientSync's parameter list
     ready: bool = False
+    copy: bool = False  # the copy path: its .grad was replaced (or views are off)
+    warned: bool = False
+    installed: bool = False  # .grad was its bucket view when the last round finished
+    check: bool = False  # the next backward looks whether .grad was replaced since
+    persists: bool = False  # .grad was still there when the next backward began
 
 
 @dataclass
 class _Bucket:
     index: int
-    flat: Optional[torch.Tensor]  # None for a single-parameter bucket (reduced in place)
+    solo: bool  # one parameter at least as large as the bucket: reduced in place when it can be
     slots: List[_Slot] = field(default_factory=list)
+    flat: Optional[torch.Tensor] = None  # the bucket's memory (a solo bucket's only once needed)
     pending: int = 0
     request: Optional[Request] = None
     work: Optional[torch.Tensor] = None  # what is being reduced this round
-
-    @property
-    def solo(self) -> bool:
-        return self.flat is None
 
     def view(self, slot: _Slot) -> torch.Tensor:
         assert self.flat is not None
         return self.flat[slot.offset: slot.offset + slot.numel].view(slot.param.shape)
 
     @property
+    def numel(self) -> int:
+        return sum(s.numel for s in self.slots)
+
+    @property
     def nbytes(self) -> int:
-        p = self.slots[0].param
-        return sum(s.numel for s in self.slots) * p.element_size()
+        return self.numel * self.slots[0].param.element_size()
+
+
+def _is_view(grad: Optional[torch.Tensor], view: torch.Tensor) -> bool:
+    return grad is not None and grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride() \
+        and grad.shape == view.shape
 
 
 def check_parameters_equal(ctx: Context, params: Iterable[torch.nn.Parameter], step: int,
@@ -147,6 +194,13 @@ class GradientSync:
         first_bucket_mb: size of the first bucket (gradients.first_bucket_mb).
         average: divide the summed gradients by the world size.
         use_avg_op: reduce with the plugin's "avg" op instead of sum + divide.
+        gradient_as_bucket_view: make each ``param.grad`` a view of its bucket
+            (default); False copies every gradient into its bucket and the result
+            back (the reference path).
+        registered: allocate buckets in the plugin's registered memory where it
+            has some (default).
+        follow_backward_order: rebuild the buckets once, after the first step, in
+            the order rank 0's first backward produced the gradients (default).
     """
 
     def __init__(
@@ -158,23 +212,39 @@ class GradientSync:
         first_bucket_mb: float = 1.0,
         average: bool = True,
         use_avg_op: bool = False,
+        gradient_as_bucket_view: bool = True,
+        registered: bool = True,
+        follow_backward_order: bool = True,
     ) -> None:
         self.ctx = ctx
         self.average = bool(average)
         self.op = "avg" if (average and use_avg_op) else "sum"
+        self.bucket_view = bool(gradient_as_bucket_view)
+        self.registered = bool(registered)
+        self._first_bytes = int(first_bucket_mb * MIB)
+        self._bytes = int(bucket_mb * MIB)
+        self._solo_bytes = SOLO_BYTES
         unique: list = []
         seen = set()
         for p in params:
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 unique.append(p)
-        self.buckets = _make_buckets(unique, int(first_bucket_mb * MIB), int(bucket_mb * MIB))
-        self._slots = {id(s.param): s for b in self.buckets for s in b.slots}
+        self.params = unique
+        self._index = {id(p): i for i, p in enumerate(unique)}
+        self.buckets: list = []
+        self._slots: dict = {}
+        self._plan(list(reversed(unique)))
+        self._order: Optional[list] = [] if follow_backward_order else None  # first backward's order
+        self.rebuilt = False
         self._hooks: list = []
         self._next = 0  # next bucket to start
         self._round = False  # a backward pass contributed since the last finish
+        self._abandoned: list = []  # requests of a round that will not finish (keep their buffers)
         self.enabled = True
         self.syncs = 0  # finished rounds (for tests and logs)
+        ref = weakref.ref(self)
+        ctx.on_close(lambda: (lambda gs: gs is not None and gs.release())(ref()))
 
     @property
     def num_params(self) -> int:
@@ -184,17 +254,66 @@ class GradientSync:
         """Bytes per bucket, in the order they are started."""
         return [b.nbytes for b in self.buckets]
 
+    def bucket_memory(self) -> list:
+        """How the collectives reach each bucket's memory now ("registered",
+        "single_copy", "staged"; "in place" for a solo bucket reduced where its
+        gradient lies), in the order buckets are started."""
+        out = []
+        for b in self.buckets:
+            out.append("in place" if b.flat is None else _registered.reach(self.ctx, b.flat))
+        return out
+
+    # ---- buckets -----------------------------------------------------------------
+    def _alloc(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        if self.registered:
+            return _registered.empty(self.ctx, numel, like.dtype, like.device)
+        return torch.zeros(numel, dtype=like.dtype, device=like.device)
+
+    def _plan(self, order: list) -> None:
+        """Buckets for parameters in the order their gradients are expected."""
+        self.buckets = _make_buckets(order, self._first_bytes, self._bytes, self._solo_bytes)
+        for b in self.buckets:
+            if not b.solo:
+                b.flat = self._alloc(b.numel, b.slots[0].param)
+            for s in b.slots:
+                s.index = self._index[id(s.param)]
+        old = self._slots
+        self._slots = {id(s.param): s for b in self.buckets for s in b.slots}
+        for key, s in self._slots.items():  # what was learnt about a parameter stays
+            if key in old:
+                s.copy, s.warned = old[key].copy, old[key].warned
+
     # ---- hooks -------------------------------------------------------------------
     def attach(self) -> None:
         if self._hooks:
             return
-        for slot in self._slots.values():
-            self._hooks.append(slot.param.register_post_accumulate_grad_hook(self._on_grad))
+        if not self.buckets or any(not b.solo and b.flat is None for b in self.buckets):
+            self._plan([s.param for b in self.buckets for s in b.slots] or list(reversed(self.params)))
+        for p in self.params:
+            self._hooks.append(p.register_hook(self._before_grad(p)))
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     def detach(self) -> None:
+        """Remove the hooks and release the buckets (the gradients become ordinary
+        tensors with the same values)."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self.release()
+
+    def release(self) -> None:
+        """Give every gradient that views a bucket its own memory, and drop the
+        buckets (registered memory is freed once nothing views it)."""
+        for b in self.buckets:
+            if b.flat is None:
+                continue
+            for s in b.slots:
+                g = s.param.grad
+                if g is not None and _registered.shares_memory(g, b.flat):
+                    s.param.grad = g.clone()
+                s.installed = False
+            b.flat = None
+            b.work = None
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -205,31 +324,89 @@ class GradientSync:
         finally:
             self.enabled = prev
 
+    def _before_grad(self, param: torch.Tensor) -> Callable:
+        """A hook that runs before a gradient is accumulated into ``param.grad``
+        (also inside no_sync). A second backward into a parameter whose bucket is
+        already being reduced finishes that round first (else the accumulation
+        would write into a bucket in flight). At the first backward after a
+        round, it sees whether someone replaced the view that round left in
+        ``.grad`` (None is fine: zero_grad(set_to_none=True))."""
+        pid = id(param)
+
+        def hook(grad: torch.Tensor) -> None:
+            slot = self._slots.get(pid)
+            if slot is not None and slot.ready and self.enabled:
+                self.finish()
+                slot = self._slots.get(pid)
+            if slot is None or not slot.check:
+                return None
+            slot.check = False
+            slot.persists = param.grad is not None
+            if not slot.installed or slot.copy or not self.bucket_view:
+                return None
+            g, b = param.grad, slot.bucket
+            if g is not None and (b.flat is None or not _is_view(g, b.view(slot))):
+                slot.copy = True  # an optimizer (or the user) assigned another tensor
+                if not slot.warned:
+                    slot.warned = True
+                    log.debug("ddplug: the gradient of parameter #%d %s was replaced outside the gradient"
+                              " sync (its .grad no longer views its bucket): from now on it is copied into"
+                              " its bucket and the reduced result back into its .grad", slot.index,
+                              tuple(param.shape))
+            return None
+
+        return hook
+
     def _on_grad(self, param: torch.Tensor) -> None:
         if not self.enabled:
             return
         slot = self._slots[id(param)]
         if slot.ready:  # a second backward before finish: close the first round
             self.finish()
+            slot = self._slots[id(param)]  # the buckets may have been rebuilt
         self._round = True
+        if self._order is not None and not self.rebuilt:
+            self._order.append(slot.index)
         grad = param.grad
         if grad is None:
             return
         if grad.is_sparse:
             raise RuntimeError("ddplug: sparse gradients are not supported by the gradient sync")
-        if slot.bucket.solo:
-            if not grad.is_contiguous():
-                param.grad = grad = grad.contiguous()
-            slot.bucket.work = grad
+        bucket = slot.bucket
+        if bucket.solo:
+            self._solo_ready(slot, grad)
         else:
-            view = slot.bucket.view(slot)
-            if grad.data_ptr() != view.data_ptr() or grad.stride() != view.stride():
+            view = bucket.view(slot)
+            if not _is_view(grad, view):
+                view.copy_(grad)
+                if self.bucket_view and not slot.copy:
+                    param.grad = view
+        slot.ready = True
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._start_ready()
+
+    def _solo_ready(self, slot: _Slot, grad: torch.Tensor) -> None:
+        """A parameter with a bucket of its own: reduce its gradient where it lies,
+        unless it persists from step to step and would be staged: then it moves
+        once into registered memory of its own."""
+        bucket, param = slot.bucket, slot.param
+        if bucket.flat is not None and _is_view(grad, bucket.view(slot)):
+            bucket.work = bucket.flat
+            return
+        if not grad.is_contiguous():
+            param.grad = grad = grad.contiguous()
+        if (slot.persists and self.bucket_view and not slot.copy and self.registered
+                and grad.device.type == "cpu" and _registered.reach(self.ctx, grad) == "staged"):
+            if bucket.flat is None:
+                bucket.flat = self._alloc(slot.numel, param)
+            if _registered.reach(self.ctx, bucket.flat) == "registered":
+                view = bucket.view(slot)
                 view.copy_(grad)
                 param.grad = view
-        slot.ready = True
-        slot.bucket.pending -= 1
-        if slot.bucket.pending == 0:
-            self._start_ready()
+                bucket.work = bucket.flat
+                return
+        bucket.work = grad  # in place, the user's tensor
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -238,9 +415,10 @@ class GradientSync:
 
     def _start(self, bucket: _Bucket) -> None:
         if bucket.solo:
-            if bucket.work is None:  # no gradient this round: contribute zeros
-                slot = bucket.slots[0]
-                bucket.work = torch.zeros_like(slot.param, memory_format=torch.contiguous_format)
+            if bucket.work is None:  # no gradient this round: contribute what .grad holds, or zeros
+                g = bucket.slots[0].param.grad
+                bucket.work = g.contiguous().clone() if g is not None else torch.zeros_like(
+                    bucket.slots[0].param, memory_format=torch.contiguous_format)
         else:
             bucket.work = bucket.flat
         bucket.request = self.ctx.iallreduce(bucket.work, self.op)
@@ -256,7 +434,11 @@ class GradientSync:
             for slot in bucket.slots:
                 if not slot.ready:
                     if not bucket.solo:
-                        bucket.view(slot).zero_()
+                        view, g = bucket.view(slot), slot.param.grad
+                        if g is None:
+                            view.zero_()
+                        elif not _is_view(g, view):
+                            view.copy_(g)
                     missing.append(slot)
             bucket.pending = 0
             self._start(bucket)
@@ -268,13 +450,66 @@ class GradientSync:
             if self.average and self.op == "sum" and bucket.work is not None:
                 bucket.work.div_(self.ctx.world_size)
         for slot in missing:
-            reduced = slot.bucket.work if slot.bucket.solo else slot.bucket.view(slot)
-            if slot.param.grad is None and bool(reduced.any()):
-                slot.param.grad = reduced  # another rank produced a gradient
-            elif slot.param.grad is not None and slot.param.grad.data_ptr() != reduced.data_ptr():
-                slot.param.grad.copy_(reduced)
+            b = slot.bucket
+            reduced = b.work if b.solo else b.view(slot)
+            g = slot.param.grad
+            if g is None:
+                if bool(reduced.any()):
+                    slot.param.grad = reduced  # another rank produced a gradient
+            elif not _is_view(g, reduced):
+                g.copy_(reduced)
+        handled = {id(s) for s in missing}
+        for b in self.buckets:  # the copy path: the result back into .grad
+            if b.solo:
+                continue
+            for slot in b.slots:
+                g = slot.param.grad
+                if g is not None and id(slot) not in handled and not _is_view(g, b.view(slot)):
+                    g.copy_(b.view(slot))
         self._reset()
         self.syncs += 1
+        if self._order is not None and not self.rebuilt:
+            self._follow_backward_order()
+        for b in self.buckets:
+            for slot in b.slots:
+                slot.installed = b.flat is not None and _is_view(slot.param.grad, b.view(slot))
+                slot.check = True
+
+    def _follow_backward_order(self) -> None:
+        """Collective, once: rebuild the buckets in the order rank 0's first
+        backward produced gradients (every rank uses rank 0's order)."""
+        import numpy as np
+
+        seen = dict.fromkeys(self._order or [])
+        order = list(seen) + [i for i in range(len(self.params) - 1, -1, -1) if i not in seen]
+        arr = np.asarray(order, dtype=np.int64)
+        if self.ctx.world_size > 1:
+            self.ctx.broadcast(arr, 0)
+        self.rebuilt = True
+        self._order = None
+        current = [s.index for b in self.buckets for s in b.slots]
+        if arr.tolist() == current:
+            return
+        old = self.buckets
+        grads = {}
+        for b in old:
+            for s in b.slots:
+                g = s.param.grad
+                if g is not None and b.flat is not None and _is_view(g, b.view(s)):
+                    grads[id(s.param)] = g  # installed views move to the new buckets
+        self._plan([self.params[i] for i in arr.tolist()])
+        for b in self.buckets:
+            for s in b.slots:
+                g = grads.get(id(s.param))
+                if g is None:
+                    continue
+                if b.flat is None:
+                    s.param.grad = g.clone()
+                else:
+                    view = b.view(s)
+                    view.copy_(g)
+                    s.param.grad = view
+        log.debug("ddplug: gradient buckets now follow the backward order (%d buckets)", len(self.buckets))
 
     def _reset(self) -> None:
         self._next = 0
@@ -288,16 +523,19 @@ class GradientSync:
 
     def abandon(self) -> None:
         """Forget a round that will not finish (an exception mid-step). Started
-        requests are left to the context's abort."""
+        requests are left to the context's abort; their buffers stay referenced."""
         for bucket in self.buckets:
+            if bucket.request is not None:
+                self._abandoned.append(bucket.request)
             bucket.request = None
         self._reset()
 
 
-def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
-    """Reverse-order buckets per (device, dtype). A parameter at least as large as
-    the bucket being filled gets a bucket of its own (reduced in place, no copy);
-    what was collected before it becomes a bucket first, so order is kept."""
+def _make_buckets(params: list, first_bytes: int, bytes_: int, solo_bytes: int) -> list:
+    """Buckets per (device, dtype) for parameters in the order their gradients are
+    expected. A parameter of at least solo_bytes, or at least as large as the
+    bucket being filled, gets a bucket of its own; what was collected before it
+    becomes a bucket first, so order is kept."""
     open_: dict = {}
     closed: list = []
     cap = max(1, first_bytes)
@@ -307,10 +545,10 @@ def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
         closed.append(open_.pop(key)[0])
         cap = max(1, bytes_)
 
-    for p in reversed(params):
+    for p in params:
         key = (p.device, p.dtype)
         size = p.numel() * p.element_size()
-        if size >= cap:
+        if size >= min(cap, solo_bytes):
             if key in open_:
                 close(key)
             open_[key] = ([p], [size])
@@ -324,15 +562,11 @@ def _make_buckets(params: list, first_bytes: int, bytes_: int) -> list:
     closed += [g[0] for g in open_.values()]
     buckets = []
     for i, members in enumerate(closed):
-        total = sum(p.numel() for p in members)
-        flat = None if len(members) == 1 else torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
-        bucket = _Bucket(i, flat)
+        bucket = _Bucket(i, solo=len(members) == 1)
         off = 0
         for p in members:
-            bucket.slots.append(_Slot(p, bucket, off, p.numel()))
+            bucket.slots.append(_Slot(p, bucket, off, p.numel(), -1))
             off += p.numel()
         bucket.pending = len(bucket.slots)
         buckets.append(bucket)
     return buckets
-
-

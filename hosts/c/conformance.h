@@ -43,7 +43,10 @@
   X(sampler_seek, 1, 0)             \
   X(sampler_length, 1, 0)           \
   X(sampler_destroy, 1, 0)          \
-  X(sampler_declared, 2, 0)
+  X(sampler_declared, 2, 0)         \
+  X(mem_alloc, 3, 0)                \
+  X(mem_free, 3, 0)                 \
+  X(mem_query, 3, 0)
 
 enum {
 #define CF__SLOT_ENUM(slot, minor, mandatory) CF_SLOT_##slot,

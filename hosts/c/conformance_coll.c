@@ -189,6 +189,68 @@ static void kind_rows(cf_rank *r, ddplug_context *ctx, int kind, int *dead, cons
   }
 }
 
+/* Registered memory (DDPLUG_CAP_REGISTERED_MEMORY): buffers from
+ * ddplug_mem_alloc are reported registered, an allreduce in and out of them
+ * gives the expected values, ordinary memory is not reported registered, and
+ * every buffer is released. */
+static void registered_rows(cf_rank *r, ddplug_context *ctx, int *dead) {
+  const char *id = "coll.registered", *title =
+      "registered memory: mem_alloc'd buffers are reached as registered, an allreduce in them is "
+      "right, mem_free releases them";
+  uint64_t slots = CF_BIT(mem_alloc) | CF_BIT(mem_free) | CF_BIT(mem_query) | CF_COLL_SLOTS;
+  if (!(r->plan->info.caps & DDPLUG_CAP_REGISTERED_MEMORY)) return;
+  const uint64_t n = 1031; /* not a multiple of anything */
+  float *a = NULL, *b = NULL, ordinary[4];
+  int reach = -1, st = ddplug_mem_alloc(ctx, n * sizeof(float), (void **)&a);
+  if (st == DDPLUG_OK) st = ddplug_mem_alloc(ctx, n * sizeof(float), (void **)&b);
+  if (st != DDPLUG_OK) {
+    cf_report(r, id, slots, CF_FAIL, title, "ddplug_mem_alloc: %s: %s", ddplug_status_name(st),
+              ddplug_last_error());
+    goto out;
+  }
+  if ((st = ddplug_mem_reach(ctx, a, n * sizeof(float), &reach)) != DDPLUG_OK ||
+      reach != DDPLUG_REACH_REGISTERED) {
+    cf_report(r, id, slots, CF_FAIL, title, "mem_reach of a mem_alloc'd buffer: %s, reach %d",
+              ddplug_status_name(st), reach);
+    goto out;
+  }
+  if ((st = ddplug_mem_reach(ctx, ordinary, sizeof ordinary, &reach)) != DDPLUG_OK ||
+      reach == DDPLUG_REACH_REGISTERED) {
+    cf_report(r, id, slots, CF_FAIL, title, "mem_reach of a stack buffer: %s, reach %d",
+              ddplug_status_name(st), reach);
+    goto out;
+  }
+  for (uint64_t i = 0; i < n; i++) a[i] = (float)(r->rank + 1) * (float)(i % 97);
+  st = ddplug_allreduce(ctx, a, b, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
+  if (st == DDPLUG_OK) st = ddplug_allreduce(ctx, a, a, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
+  if (st != DDPLUG_OK) {
+    *dead = 1;
+    cf_report(r, id, slots, CF_FAIL, title, "allreduce of registered buffers: %s: %s",
+              ddplug_status_name(st), ddplug_last_error());
+    goto out;
+  }
+  float ranks = (float)r->world * (float)(r->world + 1) / 2.0f;
+  for (uint64_t i = 0; i < n; i++)
+    if (a[i] != ranks * (float)(i % 97) || b[i] != a[i]) {
+      cf_report(r, id, slots, CF_FAIL, title, "element %llu is %g (out of place %g), expected %g",
+                (unsigned long long)i, (double)a[i], (double)b[i], (double)(ranks * (float)(i % 97)));
+      goto out;
+    }
+  st = ddplug_mem_free(ctx, a);
+  a = NULL;
+  if (st == DDPLUG_OK) st = ddplug_mem_free(ctx, b);
+  b = NULL;
+  if (st != DDPLUG_OK) {
+    cf_report(r, id, slots, CF_FAIL, title, "ddplug_mem_free: %s: %s", ddplug_status_name(st),
+              ddplug_last_error());
+    goto out;
+  }
+  cf_report(r, id, slots, CF_PASS, title, "%llu floats in place and out of place", (unsigned long long)n);
+out:
+  if (a) ddplug_mem_free(ctx, a);
+  if (b) ddplug_mem_free(ctx, b);
+}
+
 static void run_all_kinds(cf_rank *r, const char *host) {
   const ddplug_plugin_info *in = &r->plan->info;
   const char *id = host ? "nodes.open" : "coll.open";
@@ -221,6 +283,7 @@ static void run_all_kinds(cf_rank *r, const char *host) {
   kind_rows(r, ctx, DDPLUG_COLL_ALLREDUCE, &dead, host, dtypes);
   kind_rows(r, ctx, DDPLUG_COLL_BROADCAST, &dead, host, dtypes);
   kind_rows(r, ctx, DDPLUG_COLL_ALLGATHER, &dead, host, dtypes);
+  if (!host && !dead) registered_rows(r, ctx, &dead);
   ddplug_close(ctx);
 }
 

@@ -15,7 +15,7 @@
 #define CF_KNOWN_CAPS                                                                  \
   (DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY | DDPLUG_CAP_ASYNC |              \
    DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT |              \
-   DDPLUG_CAP_STREAMS | DDPLUG_CAP_SAMPLER)
+   DDPLUG_CAP_STREAMS | DDPLUG_CAP_SAMPLER | DDPLUG_CAP_REGISTERED_MEMORY)
 
 static int slot_filled(const void *table, uint32_t size, int slot) {
   size_t off = cf_slots[slot].offset;
@@ -147,6 +147,8 @@ void cf_table_rank(cf_rank *r) {
 
   const char *T_CAPS = "capabilities: known bits, consistent with the slots";
   uint64_t caps = t->caps;
+  int mem_filled = slot_filled(t, size, CF_SLOT_mem_alloc) + slot_filled(t, size, CF_SLOT_mem_free) +
+                   slot_filled(t, size, CF_SLOT_mem_query);
   if (caps & ~(uint64_t)CF_KNOWN_CAPS)
     cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS, "unknown capability bits 0x%llx",
               (unsigned long long)(caps & ~(uint64_t)CF_KNOWN_CAPS));
@@ -160,6 +162,12 @@ void cf_table_rank(cf_rank *r) {
   else if ((caps & DDPLUG_CAP_ABORT) && !slot_filled(t, size, CF_SLOT_group_abort))
     cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
               "DDPLUG_CAP_ABORT is set but group_abort is NULL");
+  else if (mem_filled % 3 != 0 || !!(caps & DDPLUG_CAP_REGISTERED_MEMORY) != (mem_filled == 3))
+    cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
+              "DDPLUG_CAP_REGISTERED_MEMORY is %s but mem_alloc, mem_free and mem_query are "
+              "not all %s",
+              caps & DDPLUG_CAP_REGISTERED_MEMORY ? "set" : "not set",
+              caps & DDPLUG_CAP_REGISTERED_MEMORY ? "filled" : "NULL");
   else
     cf_report(r, "table.caps", 0, CF_PASS, T_CAPS, "0x%llx", (unsigned long long)caps);
 

@@ -234,7 +234,7 @@ static int fake_opt_int(void *h, const char *name, int64_t *out) {
     const char *name;
     int64_t v;
   } d[] = {{"chunk_bytes", 262144}, {"small_msg_bytes", 16384}, {"slots", 8},
-           {"tcp_chunk_bytes", 262144}, {"nt_store_bytes", 8388608}};
+           {"tcp_chunk_bytes", 262144}, {"nt_store_bytes", 8388608}, {"cma_min_bytes", 65536}};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
     if (!strcmp(name, d[i].name)) {
       *out = d[i].v;
@@ -251,8 +251,11 @@ static int fake_opt_number(void *h, const char *n, double *o) {
   return DDPLUG_E_NOT_FOUND;
 }
 static int fake_opt_string(void *h, const char *n, char *b, uint64_t c, uint64_t *l) {
-  (void)h; (void)n; (void)b; (void)c; (void)l;
-  return DDPLUG_E_NOT_FOUND;
+  (void)h;
+  if (strcmp(n, "cma") != 0 && strcmp(n, "progress_thread") != 0) return DDPLUG_E_NOT_FOUND;
+  snprintf(b, c, "auto");
+  *l = 4;
+  return DDPLUG_OK;
 }
 static int fake_opt_int_list(void *h, const char *n, int64_t *o, uint64_t c, uint64_t *k) {
   (void)h; (void)n; (void)o; (void)c; (void)k;

@@ -313,6 +313,50 @@ def test_an_iterable_is_audited_by_id(ctx: ddplug.Context) -> None:
     assert "Repeated sample keys: a" in str(e.value)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # webdataset leaves its tar open when a pass stops
+def test_a_webdatasets_key_is_found_where_its_pipeline_puts_it(ctx: ddplug.Context, tmp_path) -> None:
+    """WebDataset: "__key__" in the sample dict, moved to a position by to_tuple,
+    dropped by a to_tuple (not audited, and the warning names the fix), and lost in
+    a map ddplug cannot see into (the audit stops with a warning instead of
+    failing the epoch); a declared key that is wrong is an error naming it."""
+    import warnings
+
+    import torch
+    import webdataset as wds
+    from ddplug.iterable import key_of, webdataset_key
+
+    tar = str(tmp_path / "s.tar")
+    with wds.TarWriter(tar) as sink:
+        for i in range(7):
+            sink.write({"__key__": f"k{i}", "x.pth": torch.tensor([float(i)])})
+
+    def pipe():
+        return wds.WebDataset([tar], shardshuffle=False, empty_check=False).decode()
+
+    assert key_of(pipe()) == "__key__"
+    assert key_of(pipe().to_tuple("x.pth", "__key__")) == 1
+    dropped = pipe().to_tuple("x.pth")
+    assert key_of(dropped) is None and "to_tuple('x.pth') drops \"__key__\"" in webdataset_key(dropped)[1]
+
+    s = DataSplit(ctx, "test", log=lambda line: None)
+    moved = s.prepare(DataLoader(pipe().to_tuple("x.pth", "__key__"), batch_size=3), "train")
+    assert sum(len(b[1]) for b in moved) == 7
+    assert [r.verdict for r in s.iterables["train"].reports] == ["PASS"]
+    assert s.iterables["train"].reports[0].covered == 7
+    with pytest.warns(UserWarning, match="drops \"__key__\": name it there"):
+        s.prepare(DataLoader(dropped, batch_size=3), "train.1")
+    lost = s.prepare(DataLoader(pipe().map(lambda d: d["x.pth"]), batch_size=3), "train.2")
+    with pytest.warns(UserWarning, match="stream 'train.2': not audited from here on"):
+        assert sum(len(b) for b in lost) == 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sum(len(b) for b in lost) == 7, "stopped: no audit, no second warning"
+    assert s.iterables["train.2"].reports == []
+    wrong = s.prepare(DataLoader(ddplug.declare(pipe(), key="path"), batch_size=3), "train.3")
+    with pytest.raises(ValueError, match="stream 'train.3': the declared key 'path' finds no ids in a batch"):
+        list(wrong)
+
+
 def test_sharded_datasets_map_to_their_root() -> None:
     """Subset chains and a Hugging Face dataset's indices mapping (what
     split_dataset_by_node and .shard() leave) map local indices to the root's."""

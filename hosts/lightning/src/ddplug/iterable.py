@@ -8,8 +8,9 @@ iterable — item ``k`` goes to the consumer ``k mod (world·workers)`` — and
 rank or across ranks and workers, from the ids the samples carry:
 
 * a field name of each (collated) batch, declared with ``ddplug.declare(dataset,
-  key="__key__")`` — a WebDataset pipeline's ``"__key__"`` is used without a
-  declaration;
+  key="__key__")``, or a position in a tuple batch (``key=0``) — a WebDataset
+  pipeline's ``"__key__"`` is found without a declaration, also where a
+  ``to_tuple("__key__", ...)`` moved it into a position;
 * or a function of the batch returning its ids: ``ddplug.declare(dataset,
   key=lambda batch: batch["path"])``.
 
@@ -38,7 +39,7 @@ KEY_FIELD = "__key__"  # WebDataset's per-sample key
 _KEY_ATTR = "__ddplug_key__"
 _KEYS_KEPT = 1 << 16  # keys remembered per pass, to name repeated ids in reports
 
-Key = Union[str, Callable[[Any], Any]]
+Key = Union[str, int, Callable[[Any], Any]]
 
 
 class shard(IterableDataset):
@@ -101,19 +102,47 @@ def set_key(dataset: Any, key: Key) -> Any:
 
 
 def key_of(dataset: Any) -> Optional[Key]:
-    """The declared key, else ``"__key__"`` for a WebDataset pipeline, else None."""
+    """The declared key, else where a WebDataset pipeline's ``"__key__"`` ends up
+    (see :func:`webdataset_key`), else None."""
     key = getattr(dataset, _KEY_ATTR, None)
     if key is not None:
         return key
-    if type(dataset).__module__.split(".")[0] == "webdataset":
-        return KEY_FIELD
+    if is_webdataset(dataset):
+        return webdataset_key(dataset)[0]
     return None
+
+
+def is_webdataset(dataset: Any) -> bool:
+    return type(dataset).__module__.split(".")[0] == "webdataset"
+
+
+def webdataset_key(dataset: Any) -> "tuple[Optional[Key], str]":
+    """Where a WebDataset pipeline's samples carry ``"__key__"`` at its end, and
+    why not when they do not: a field of the sample dict, or a position after a
+    ``to_tuple`` that names it. A ``to_tuple`` without it drops it (None). Stages
+    ddplug cannot see into (a ``map`` of a function) are assumed to keep it; if a
+    batch then lacks it, the audit says so and stops (:meth:`IdAudit.record`)."""
+    key: Optional[Key] = KEY_FIELD
+    for stage in getattr(dataset, "pipeline", None) or []:
+        f = getattr(stage, "f", None)
+        if getattr(f, "__name__", "") != "_to_tuple" or key != KEY_FIELD:
+            continue
+        fields = [str(a).split(";") for a in getattr(stage, "args", ())]
+        where = [i for i, names in enumerate(fields) if KEY_FIELD in names]
+        if not where:
+            args = ", ".join(repr(a) for a in stage.args)
+            return None, (f"its WebDataset pipeline's to_tuple({args}) drops \"{KEY_FIELD}\": name it there"
+                          f" (to_tuple(\"{KEY_FIELD}\", {args})) and the audit finds it")
+        key = where[0]
+    return key, ""
 
 
 def batch_ids(batch: Any, key: Key) -> list:
     """The ids in one (collated) batch."""
     if callable(key):
         ids = key(batch)
+    elif isinstance(key, int):
+        ids = batch[key]
     elif isinstance(batch, dict):
         ids = batch[key]
     else:
@@ -132,9 +161,13 @@ class IdAudit:
 
     def __init__(self, ctx: Context, stream: str, key: Key, expected: int, *,
                  evaluation: bool, should_audit: Callable[[], bool],
-                 on_report: Callable[[Report], None], explain: Callable[[BaseException], BaseException]) -> None:
+                 on_report: Callable[[Report], None], explain: Callable[[BaseException], BaseException],
+                 declared: bool = True, warn: Optional[Callable[[str], None]] = None) -> None:
         self.ctx, self.stream, self.key, self.expected = ctx, stream, key, int(expected)
         self.evaluation = evaluation
+        self.declared = declared  # False: found by ddplug (WebDataset), may be wrong
+        self.stopped = False
+        self._warn = warn
         self._should_audit = should_audit
         self._on_report = on_report
         self._explain = explain
@@ -162,19 +195,40 @@ class IdAudit:
             self._audit.free()  # the previous pass ended early: not audited
         self._audit = None
         self._keys: dict = {}
-        if self._should_audit():
+        if not self.stopped and self._should_audit():
             self._audit = Audit(self.ctx, self.stream, self.expected, self.epoch, by_id=True,
                                 evaluation=self.evaluation)
         self.epoch += 1
 
     def record(self, batch: Any) -> None:
         if self._audit is not None:
-            keys = batch_ids(batch, self.key)
+            try:
+                keys = batch_ids(batch, self.key)
+            except (KeyError, IndexError, AttributeError, TypeError) as exc:
+                self._no_ids(batch, exc)
+                return
             self._audit.record_ids(keys)
             for k in keys:
                 if len(self._keys) >= _KEYS_KEPT:
                     break
                 self._keys.setdefault(sample_id(k), k)
+
+    def _no_ids(self, batch: Any, exc: BaseException) -> None:
+        where = (f"key {self.key!r}" if not callable(self.key) else "the key function") + \
+            f" finds no ids in a batch ({type(batch).__name__}: {type(exc).__name__}: {exc})"
+        if self.declared:
+            raise ValueError(f"ddplug: stream '{self.stream}': the declared {where}; declare where each batch"
+                             " carries its sample ids (ddplug.declare(dataset, key=<field, position or"
+                             " function of a batch>))") from None
+        # Found by ddplug, not declared: a pipeline stage it cannot see into moved
+        # the key. Every rank runs the same pipeline, so every rank stops here.
+        self.stopped = True
+        self._audit.free()
+        self._audit = None
+        if self._warn is not None:
+            self._warn(f"stream '{self.stream}': not audited from here on: WebDataset's {where}; keep"
+                       f" \"{KEY_FIELD}\" in the samples or declare where the ids are"
+                       " (ddplug.declare(dataset, key=<field, position or function of a batch>))")
 
     def _name_examples(self, report: Report) -> None:
         """The keys behind the example ids this rank delivered itself."""

@@ -19,7 +19,7 @@ import logging
 import weakref
 from typing import Any, Optional
 
-from ._api import F
+from ._capi import F
 from ._buffers import torch_dtype_name
 from .errors import status_code
 

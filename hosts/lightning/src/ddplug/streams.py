@@ -757,11 +757,16 @@ class DataSplit:
             )
         ownership.claim(self.ctx, decision, self._claimant())
         key = _iterable.key_of(loader.dataset)
+        declared = getattr(loader.dataset, _iterable._KEY_ATTR, None) is not None
         if key is None:
+            why = "its samples carry no id"
+            if _iterable.is_webdataset(loader.dataset):
+                why = _iterable.webdataset_key(loader.dataset)[1]
             self.warn(
-                f"{decision.line} — not audited: its samples carry no id. Declare one"
-                f" (ddplug.declare(dataset, key=\"<field>\") or key=<function of a batch>; WebDataset's"
-                f" \"{_iterable.KEY_FIELD}\" is found by itself) to have each epoch checked for repeated samples"
+                f"{decision.line} — not audited: {why}. Or declare where the ids are"
+                f" (ddplug.declare(dataset, key=\"<field>\"), a position in a tuple batch, or a function of a"
+                f" batch; WebDataset's \"{_iterable.KEY_FIELD}\" is found by itself) to have each epoch checked"
+                " for repeated samples"
             )
             return loader
         expected = 0  # the whole stream's distinct samples, where known
@@ -774,7 +779,8 @@ class DataSplit:
             self.ctx, stream, key, expected, evaluation=evaluation,
             should_audit=lambda: self.should_audit(_IterableStream(stream), -1),
             on_report=lambda r: self.on_report(_IterableStream(stream, decision, ids), r),
-            explain=lambda exc: self.explain(_IterableStream(stream, decision, ids), exc))
+            explain=lambda exc: self.explain(_IterableStream(stream, decision, ids), exc),
+            declared=declared, warn=self.warn)
         ids.attach(loader)
         self.iterables[stream] = ids
         what = f"{expected} ids expected" if expected else "repeats only: how many samples the stream has is unknown"

@@ -33,7 +33,7 @@
 
 #define EX_MAX_CHUNK (512u * 1024u) /* bytes per store value */
 #ifndef EXAMPLE_VERSION
-#define EXAMPLE_VERSION "0.1.0"
+#define EXAMPLE_VERSION "0.2.0"
 #endif
 
 struct ddplug_plugin_group {

@@ -19,7 +19,7 @@
 
 #include "cpu.h"
 
-#define HOST_PLUGIN_VERSION "0.1.0"
+#define HOST_PLUGIN_VERSION "0.2.0"
 #define DEFAULT_CREATE_TIMEOUT_MS 300000
 
 static int report(const ddplug_host_services *svc, int status) {

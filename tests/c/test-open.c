@@ -281,7 +281,7 @@ static void rank_plugin_version_differs(int rank, int world, void *arg) {
 
 TEST(a_different_plugin_version_fails_on_every_rank) {
   expect e = {DDPLUG_E_MISMATCH,
-              {"the plugin version differs across ranks", "ranks 0-2: 0.1.0",
+              {"the plugin version differs across ranks", "ranks 0-2: 0.2.0",
                "rank 3: 0.0.9-test"}};
   CHECK_EQ_INT(dt_run_ranks(4, rank_plugin_version_differs, &e, NULL, 60, NULL), 0);
 }

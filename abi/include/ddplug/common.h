@@ -45,9 +45,9 @@ extern "C" {
 
 /* The library's own release version (not an ABI version). */
 #define DDPLUG_LIB_VERSION_MAJOR 0
-#define DDPLUG_LIB_VERSION_MINOR 1
+#define DDPLUG_LIB_VERSION_MINOR 2
 #define DDPLUG_LIB_VERSION_PATCH 0
-#define DDPLUG_LIB_VERSION_STRING "0.1.0"
+#define DDPLUG_LIB_VERSION_STRING "0.2.0"
 
 /* ------------------------------------------------------------------------ */
 /* Status codes. Every call of the host API and of the plugin ABI returns one

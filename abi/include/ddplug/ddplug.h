@@ -78,7 +78,7 @@ extern "C" {
  * Library, errors, memory
  * ======================================================================== */
 
-/* The library's release version string, e.g. "0.1.0". Static. Since 1.0. */
+/* The library's release version string, e.g. "0.2.0". Static. Since 1.0. */
 DDPLUG_API const char *ddplug_version_string(void);
 
 /* DDPLUG_ABI_VERSION of the loaded library. A host checks that its major

@@ -19,7 +19,7 @@ after its status (``ddplug.Timeout``, ``ddplug.PeerLost``, ``ddplug.Aborted``,
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .config import Config  # noqa: E402
 from .context import Context  # noqa: E402
@@ -71,7 +71,7 @@ def __getattr__(name: str):
 
 
 def library_version() -> str:
-    """The loaded libddplug's release version ("0.1.0")."""
+    """The loaded libddplug's release version ("0.2.0")."""
     from ._capi import F
 
     return F.ddplug_version_string().decode()

@@ -4,8 +4,10 @@
    sampler alone and of the sampler with the audit (recording + the collective
    finish), and the audit's memory;
 2. its share of the ``make demo`` epoch: a real run of examples/demo.sh (the
-   Trainer's epoch, validation included) prints the time rank 0 spent in the
-   audit calls (begin, the collective finish, the report, from Python); the
+   Trainer's epoch, validation included) prints the time spent in the audit
+   calls (begin, the collective finish, the report, from Python) on the rank
+   that spent least: a rank that reaches the collective finish early also
+   waits there for the others, which is skew, not the audit's cost; the
    recording inside ddplug's sampler is measured here with the demo's streams
    (4096 training samples through the bucket sampler, 1024 validation samples
    split exactly, 2 ranks) and added; the sum is divided by the epoch time.

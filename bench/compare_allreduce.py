@@ -112,7 +112,9 @@ def main():
             j = os.path.join(a.out, f"before.{i}.json")
             benv = dict(env, DDPLUG_PLUGIN_PATH=os.path.abspath(os.path.join(a.before, "lib")))
             bperf = os.path.join(a.before, "bin", "ddplug-allreduce-perf")
-            if run([bperf] + sizes + ["--plugin", "cpu", "--json", j], benv) == 0:
+            # Builds before 0.2.0 called the cpu plugin "host" (libddplug-host.so).
+            bname = "cpu" if os.path.exists(os.path.join(a.before, "lib", "libddplug-cpu.so")) else "host"
+            if run([bperf] + sizes + ["--plugin", bname, "--json", j], benv) == 0:
                 runs["before"].append(load(j)["rows"])
         for mode in ("tcp", "shm"):
             j = os.path.join(a.out, f"gloo_{mode}.{i}.json")

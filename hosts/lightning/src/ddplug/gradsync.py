@@ -509,6 +509,11 @@ class GradientSync:
                     view = b.view(s)
                     view.copy_(g)
                     s.param.grad = view
+        # The old buckets and their slots refer to each other: only the cyclic
+        # collector would free them, and with them the old buckets' registered
+        # memory (still allocated when the context closes, the plugin warns).
+        for b in old:
+            b.flat = b.work = b.request = None
         log.debug("ddplug: gradient buckets now follow the backward order (%d buckets)", len(self.buckets))
 
     def _reset(self) -> None:

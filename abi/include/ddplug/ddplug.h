@@ -71,7 +71,7 @@ extern "C" {
 
 /* Host API ABI version (independent of the plugin ABI version). */
 #define DDPLUG_ABI_MAJOR 1
-#define DDPLUG_ABI_MINOR 1
+#define DDPLUG_ABI_MINOR 0
 #define DDPLUG_ABI_VERSION DDPLUG_MAKE_VERSION(DDPLUG_ABI_MAJOR, DDPLUG_ABI_MINOR)
 
 /* ========================================================================

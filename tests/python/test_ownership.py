@@ -15,7 +15,7 @@ from ddplug import errors, ownership
 from ddplug.declarations import allowance, declare
 from ddplug.streams import DataSplit, StreamBatchSampler
 
-from conftest import TEST_PLUGIN
+from conftest import TEST_PLUGIN, config, run_ranks
 
 
 class Items(Dataset):
@@ -355,6 +355,24 @@ def test_a_webdatasets_key_is_found_where_its_pipeline_puts_it(ctx: ddplug.Conte
     wrong = s.prepare(DataLoader(ddplug.declare(pipe(), key="path"), batch_size=3), "train.3")
     with pytest.raises(ValueError, match="stream 'train.3': the declared key 'path' finds no ids in a batch"):
         list(wrong)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_stops_auditing_when_one_finds_no_key(tmp_path, world: int) -> None:
+    """A key ddplug found itself (WebDataset's) goes missing on rank 0 only (a map
+    it cannot see into), and the last rank gets no batch, so it cannot notice:
+    every rank still stops auditing at the same pass end, with a warning, instead
+    of the last rank waiting alone in the audit's collective finish until the
+    collective timeout."""
+    cfg = config(timeouts={"collective_s": 10})
+    codes, outs = run_ranks("ctx_worker.py", world, "iterable-stop", cfg, out_dir=tmp_path)
+    assert codes == [0] * world, "\n".join(outs)[-6000:]
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for r, rank in enumerate(res):
+        assert rank["stopped"] and rank["reports"] == 0, rank
+        assert len(rank["warnings"]) == 1 and "not audited from here on" in rank["warnings"][0], rank
+        assert rank["seen"] == ([6, 6] if r == 0 else [0, 0] if r == world - 1 else [2, 2]), rank
+    assert "another rank's batches carry no" in res[world - 1]["warnings"][0]
 
 
 def test_sharded_datasets_map_to_their_root() -> None:

@@ -418,6 +418,32 @@ def runner_dies(ctx: ddplug.Context) -> dict:
         return {"outcome": e.name, "message": str(e), "waited": time.monotonic() - t0}
 
 
+def iterable_stop(ctx: ddplug.Context) -> dict:
+    """An audited iterable stream whose key ddplug found itself (WebDataset's
+    "__key__"): rank 0's batches lost it in a map, the last rank gets no batch at
+    all, two passes. Every rank must stop auditing together."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from ddplug.iterable import IdAudit
+
+    class Items(IterableDataset):
+        def __iter__(self):
+            n = 6 if ctx.rank == 0 else 0 if ctx.rank == ctx.world_size - 1 else 2
+            return iter([torch.tensor([float(i)]) for i in range(n)])
+
+    warned: list = []
+    audit = IdAudit(ctx, "train", "__key__", 6, evaluation=False, should_audit=lambda: True,
+                    on_report=lambda report: None, explain=lambda exc: exc, declared=False,
+                    warn=warned.append)
+    loader = DataLoader(Items(), batch_size=2)
+    audit.attach(loader)
+    t0 = time.monotonic()
+    seen = [sum(len(b) for b in loader) for _ in range(2)]
+    return {"seen": seen, "stopped": audit.stopped, "warnings": warned, "reports": len(audit.reports),
+            "seconds": time.monotonic() - t0}
+
+
 def main() -> None:
     mode = sys.argv[1]
     config = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].startswith("{") else None
@@ -439,6 +465,8 @@ def main() -> None:
             res = runonce(ctx, scope, what == "fail")
         elif mode == "runner-dies":
             res = runner_dies(ctx)
+        elif mode == "iterable-stop":
+            res = iterable_stop(ctx)
         else:
             raise SystemExit(f"unknown mode {mode}")
         res.update({"rank": ctx.rank, "world_size": ctx.world_size, "plugin": ctx.plugin["name"]})

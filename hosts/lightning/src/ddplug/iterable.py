@@ -167,6 +167,10 @@ class IdAudit:
         self.evaluation = evaluation
         self.declared = declared  # False: found by ddplug (WebDataset), may be wrong
         self.stopped = False
+        # This pass's audit was begun on every rank with a key ddplug found itself:
+        # its finish first agrees whether any rank stopped (a rank that never got a
+        # batch cannot see the missing key, and would wait alone in the finish).
+        self._agree = False
         self._warn = warn
         self._should_audit = should_audit
         self._on_report = on_report
@@ -195,9 +199,11 @@ class IdAudit:
             self._audit.free()  # the previous pass ended early: not audited
         self._audit = None
         self._keys: dict = {}
+        self._agree = False
         if not self.stopped and self._should_audit():
             self._audit = Audit(self.ctx, self.stream, self.expected, self.epoch, by_id=True,
                                 evaluation=self.evaluation)
+            self._agree = not self.declared and self.ctx.world_size > 1
         self.epoch += 1
 
     def record(self, batch: Any) -> None:
@@ -234,7 +240,28 @@ class IdAudit:
         """The keys behind the example ids this rank delivered itself."""
         report.repeated_keys = [self._keys.get(i & 0xFFFFFFFFFFFFFFFF) for i in report.repeated_examples]
 
+    def _someone_stopped(self) -> bool:
+        """Collective (every rank that began this pass's audit): whether any rank
+        found no ids. Ranks that saw ids then drop their audit as well."""
+        import numpy as np
+
+        flag = np.array([1 if self.stopped else 0], dtype=np.int32)
+        self.ctx.allreduce(flag, op="max")
+        if int(flag[0]) and not self.stopped:
+            self.stopped = True
+            if self._audit is not None:
+                self._audit.free()
+                self._audit = None
+            if self._warn is not None:
+                self._warn(f"stream '{self.stream}': not audited from here on: another rank's batches"
+                           f" carry no \"{KEY_FIELD}\" (its warning names the stage); keep it in the"
+                           " samples or declare where the ids are (ddplug.declare(dataset, key=...))")
+        return bool(flag[0])
+
     def finish(self) -> None:
+        agree, self._agree = self._agree, False
+        if agree and self._someone_stopped():
+            return
         audit, self._audit = self._audit, None
         if audit is None:
             return

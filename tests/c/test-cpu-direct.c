@@ -373,6 +373,7 @@ TEST(single_copy_auto_measures_the_kernel_copy) {
 
 typedef struct kill_arg {
   int victim;
+  int cma; /* ordinary malloc'd buffers, reached with process_vm_readv/writev */
 } kill_arg;
 
 static void *die_soon(void *arg) {
@@ -385,8 +386,14 @@ static void *die_soon(void *arg) {
 static void kill_inside(hd_rank *r, void *arg) {
   kill_arg *ka = arg;
   uint64_t n = 16 * MIB; /* float32: 64 MiB, tens of ms per allreduce */
-  float *buf = reg_alloc(r, n * 4);
+  float *buf = ka->cma ? malloc(n * 4) : reg_alloc(r, n * 4);
+  CHECK(buf != NULL);
   memset(buf, 0, n * 4);
+  if (ka->cma && reach_of(r, buf, n * 4) != DDPLUG_REACH_SINGLE_COPY) {
+    dt_note("rank %d: this system refuses the single copy: nothing to kill inside", r->rank);
+    free(buf);
+    return;
+  }
   CHECK_OK(hd_coll(r, DDPLUG_COLL_ALLREDUCE, buf, buf, 1000, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                    20000));
   ddplug_plugin_request *req = NULL;
@@ -407,13 +414,29 @@ static void kill_inside(hd_rank *r, void *arg) {
             ddplug_status_name(s), r->error);
   CHECK_CONTAINS(r->error, needle);
   dt_note("rank %d: %s", r->rank, r->error);
-  CHECK_OK(r->p->mem_free(r->g, buf));
+  if (ka->cma)
+    free(buf);
+  else
+    CHECK_OK(r->p->mem_free(r->g, buf));
 }
 
 TEST_T(kill_inside_registered_allreduce_is_peer_lost, 60) {
-  kill_arg ka = {1};
+  kill_arg ka = {1, 0};
   int st[HD_MAX_RANKS];
   CHECK_EQ_INT(hd_run_world(3, NULL, NULL, kill_inside, &ka, 60, st), 1);
+  CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
+}
+
+/* The same inside a single-copy allreduce of malloc'd buffers: the survivors'
+ * process_vm_readv/writev into the dead rank fail (ESRCH) or its slice never
+ * comes; either way PEER_LOST naming it. */
+TEST_T(kill_inside_single_copy_allreduce_is_peer_lost, 60) {
+  kill_arg ka = {1, 1};
+  int st[HD_MAX_RANKS];
+  int failed = hd_run_world(3, NULL, "{\"cma\": \"on\", \"cma_min_bytes\": 0}", kill_inside,
+                            &ka, 60, st);
+  if (failed == 0) return; /* refused here: every rank said so */
+  CHECK_EQ_INT(failed, 1);
   CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
 }
 

@@ -335,24 +335,17 @@ def main() -> int:
     only = set(a.only.split(","))
     res: dict = {"machine": m, "note": a.note}
     plots = []
-    if "allreduce" in only:
-        res["allreduce"] = bench_allreduce(a, env, out)
-        if res["allreduce"]:
-            plot_allreduce(plt, res["allreduce"], out / "allreduce_busbw.png", m)
-            plots.append("allreduce_busbw.png")
-            (out / "allreduce.json").write_text(json.dumps(res["allreduce"], indent=1))
-    if "sampler" in only:
-        res["sampler"] = bench_sampler(a, env, out)
-        if res["sampler"]:
-            plot_sampler(plt, res["sampler"], out / "sampler.png", m)
-            plots.append("sampler.png")
-            (out / "sampler.json").write_text(json.dumps(res["sampler"], indent=1))
-    if "lightning" in only:
-        res["lightning"] = bench_lightning(a, env, out)
-        if res["lightning"]:
-            plot_lightning(plt, res["lightning"], out / "lightning_step.png", m)
-            plots.append("lightning_step.png")
-            (out / "lightning_step.json").write_text(json.dumps(res["lightning"], indent=1))
+    for name, run, plot, png, js in (
+            ("allreduce", bench_allreduce, plot_allreduce, "allreduce_busbw.png", "allreduce.json"),
+            ("sampler", bench_sampler, plot_sampler, "sampler.png", "sampler.json"),
+            ("lightning", bench_lightning, plot_lightning, "lightning_step.png", "lightning_step.json")):
+        if name not in only:
+            continue
+        res[name] = run(a, env, out)
+        if res[name]:
+            plot(plt, res[name], out / png, m)
+            plots.append(png)
+            (out / js).write_text(json.dumps(res[name], indent=1))
     if "nccl" in only:
         res["nccl"] = bench_nccl(a, env, out)
         (out / "nccl_overhead.json").write_text(json.dumps(res["nccl"], indent=1))

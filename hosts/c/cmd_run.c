@@ -93,19 +93,24 @@ static int parse_int(int c, const char *v, int min, int max, int *out) {
   return 0;
 }
 
-static int free_port(void) {
+/* See commands.h. */
+int ddplug_cmd_free_port(int loopback, int *keep_fd) {
+  if (keep_fd) *keep_fd = -1;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
   socklen_t len = sizeof a;
   int port = -1;
   if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
       getsockname(fd, (struct sockaddr *)&a, &len) == 0)
     port = ntohs(a.sin_port);
-  close(fd);
+  if (keep_fd)
+    *keep_fd = fd;
+  else
+    close(fd);
   return port;
 }
 
@@ -249,7 +254,7 @@ int ddplug_cmd_run(int argc, char **argv) {
     }
     setenv(SECRET_ENV, secret, 1); /* the ranks inherit it */
   }
-  if (l.port == 0 && (l.port = free_port()) < 0) {
+  if (l.port == 0 && (l.port = ddplug_cmd_free_port(0, NULL)) < 0) {
     fprintf(stderr, "ddplug run: cannot find a free port: %s\n", strerror(errno));
     return 1;
   }

@@ -13,4 +13,10 @@ int ddplug_cmd_info(int argc, char **argv);
 int ddplug_cmd_run(int argc, char **argv);
 int ddplug_cmd_conformance(int argc, char **argv);
 
+/* A TCP port that was free a moment ago, on 127.0.0.1 (loopback != 0) or on
+ * every interface; -1 if none. keep_fd (may be NULL): the socket stays bound
+ * there until the caller closes it, so that two calls give two ports.
+ * Defined in cmd_run.c. */
+int ddplug_cmd_free_port(int loopback, int *keep_fd);
+
 #endif

@@ -2,20 +2,18 @@
  * collect their rows through one pipe per rank, enforce the deadline, merge
  * the rows (a row fails if it failed on any rank), and report a rank that
  * crashed, hung or exited with an error. */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "conformance.h"
 
 const cf_slot_info cf_slots[CF_SLOT_COUNT] = {
@@ -114,24 +112,6 @@ int cf_open(cf_rank *r, const char *plugin, int collective_s, const char *host_i
   s = ddplug_open(cfg, &o, out);
   ddplug_config_free(cfg);
   return s;
-}
-
-/* A free port on the loopback; keep_fd holds it bound until the caller
- * closes it (so that two calls give two ports). */
-static int free_port(int *keep_fd) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  *keep_fd = fd;
-  return port;
 }
 
 static const cf_plan *g_log_plan;
@@ -236,7 +216,7 @@ static void describe_status(int st, char *buf, size_t cap) {
 void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res) {
   int n = sc->single ? 1 : plan->world;
   int hold1 = -1, hold2 = -1;
-  int port = free_port(&hold1), port2 = free_port(&hold2);
+  int port = ddplug_cmd_free_port(1, &hold1), port2 = ddplug_cmd_free_port(1, &hold2);
   if (hold1 >= 0) close(hold1);
   if (hold2 >= 0) close(hold2);
   char id[96], why[512];

@@ -53,6 +53,11 @@ static const char *const k_duplicate_gpu[] = {"error", "warn", "allow", NULL};
   {.path = p, .type = DDPLUG__CFG_NUMBER, .presence = DDPLUG__CFG_DEFAULT, \
    .nmin = lo, .nmin_exclusive = 1, .nmax = hi, .def_num = def,           \
    .description = d}
+/* A bucket sampler's boundaries: 1..1024 strictly ascending lengths >= 1. */
+#define BOUNDARIES(p, d)                                                  \
+  {.path = p, .type = DDPLUG__CFG_INT_ARRAY, .presence = DDPLUG__CFG_OPTIONAL, \
+   .imin = 1, .imax = DDPLUG__CFG_NO_MAX, .min_len = 1, .max_len = 1024,  \
+   .ascending = 1, .description = d}
 #define STRING(p, pres, lo, hi, def, d)                                    \
   {.path = p, .type = DDPLUG__CFG_STRING, .presence = pres, .min_len = lo, \
    .max_len = hi, .def_str = def, .description = d}
@@ -166,16 +171,8 @@ static const ddplug__cfg_key k_keys[] = {
              "Drop this stream's tail instead of padding it."),
     OBJECT("data_split.streams.*.sampler.bucket", DDPLUG__CFG_OPTIONAL,
            "This stream's bucket sampler settings (see sampler.bucket)."),
-    {.path = "data_split.streams.*.sampler.bucket.boundaries",
-     .type = DDPLUG__CFG_INT_ARRAY,
-     .presence = DDPLUG__CFG_OPTIONAL,
-     .imin = 1,
-     .imax = DDPLUG__CFG_NO_MAX,
-     .min_len = 1,
-     .max_len = 1024,
-     .ascending = 1,
-     .description = "Upper length bounds of the buckets, strictly "
-                    "ascending."},
+    BOUNDARIES("data_split.streams.*.sampler.bucket.boundaries",
+               "Upper length bounds of the buckets, strictly ascending."),
     INT("data_split.streams.*.sampler.bucket.num_buckets", DDPLUG__CFG_OPTIONAL,
         1, 1024, 0, "Number of quantile buckets when boundaries are absent."),
     INT("data_split.streams.*.sampler.bucket.batch_size", DDPLUG__CFG_OPTIONAL,
@@ -208,16 +205,9 @@ static const ddplug__cfg_key k_keys[] = {
          "repeating samples)."),
     OBJECT("sampler.bucket", DDPLUG__CFG_DEFAULT,
            "Settings of the bucket sampler."),
-    {.path = "sampler.bucket.boundaries",
-     .type = DDPLUG__CFG_INT_ARRAY,
-     .presence = DDPLUG__CFG_OPTIONAL,
-     .imin = 1,
-     .imax = DDPLUG__CFG_NO_MAX,
-     .min_len = 1,
-     .max_len = 1024,
-     .ascending = 1,
-     .description = "Upper length bounds of the buckets, strictly "
-                    "ascending (absent: num_buckets quantile buckets)."},
+    BOUNDARIES("sampler.bucket.boundaries",
+               "Upper length bounds of the buckets, strictly ascending (absent: "
+               "num_buckets quantile buckets)."),
     INT("sampler.bucket.num_buckets", DDPLUG__CFG_DEFAULT, 1, 1024, 8,
         "Number of quantile buckets when boundaries are absent."),
     INT("sampler.bucket.batch_size", DDPLUG__CFG_DEFAULT, 1, 1048576, 8,

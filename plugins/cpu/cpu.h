@@ -343,9 +343,6 @@ void cp_shm_register(cp_shm *s, int local_index);
 void cp_shm_unlink(cp_shm *s);
 /* Unmap the segment and close its descriptor. Idempotent. */
 void cp_shm_detach(cp_shm *s);
-/* Size of the segment for p up to its arenas (what is reserved at
- * creation) and in total. */
-uint64_t cp_shm_fixed_bytes(const cp_shm_params *p);
 /* Registered memory per local rank when plugin_options.registered_bytes is
  * automatic: the size of /dev/shm, within a budget of address space for
  * local_world arenas; 0 if it cannot be learnt. */

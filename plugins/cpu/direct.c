@@ -366,7 +366,7 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
     snprintf(why, sizeof why, "the group spans %d nodes", g->num_nodes);
   } else if (g->opt.cma == CP_CMA_OFF) {
     verdict = CP_SC_NO;
-    snprintf(why, sizeof why, "plugin_options.cma is false");
+    snprintf(why, sizeof why, "plugin_options.cma is \"off\"");
   } else {
     for (int j = 0; j < n && verdict == CP_SC_YES; j++) {
       if (j == g->local_rank) continue;
@@ -389,7 +389,7 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
         verdict = CP_SC_NO;
         snprintf(why, sizeof why, "allowed, but on rank %d the kernel's copy moves %.0f%% of "
                  "memcpy's bytes per second, less than the %.0f%% that make it pay "
-                 "(plugin_options.cma true forces it)", g->rank, 100.0 * share,
+                 "(plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
                  100.0 * CP_CMA_MIN_SPEED);
       }
     }

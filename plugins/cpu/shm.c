@@ -59,13 +59,6 @@ static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
   h->total_bytes = h->arena_off + (uint64_t)p->local_world * p->arena_bytes;
 }
 
-uint64_t cp_shm_fixed_bytes(const cp_shm_params *p) {
-  cp_shm_hdr h;
-  memset(&h, 0, sizeof h);
-  layout(p, &h);
-  return h.arena_off;
-}
-
 /* See cpu.h. */
 uint64_t cp_shm_arena_auto(int local_world) {
   struct statvfs v;

@@ -306,10 +306,7 @@ static void merge_local_examples(const ddplug__audit_stats *all, int world,
                                  ddplug__audit_coverage *cov) {
   for (int r = 0; r < world; r++)
     for (int64_t k = 0; k < all[r].nlocal_examples && k < DDPLUG__AUDIT_EXAMPLES; k++) {
-      int64_t v = all[r].local_examples[k];
-      int dup = 0;
-      for (int i = 0; i < cov->nrepeat_ex; i++) dup |= cov->repeat_ex[i] == v;
-      if (!dup && cov->nrepeat_ex < DDPLUG__AUDIT_EXAMPLES) cov->repeat_ex[cov->nrepeat_ex++] = v;
+      ddplug__audit_add_example(cov, all[r].local_examples[k]);
     }
   qsort(cov->repeat_ex, (size_t)cov->nrepeat_ex, sizeof cov->repeat_ex[0], cmp_i64);
 }
@@ -360,11 +357,8 @@ static int id_coverage(ddplug_audit *a, const ddplug__audit_stats *all, int worl
     const int64_t *x = &recs[(size_t)r * REC];
     total += (uint64_t)x[0];
     cov->id_duplicates += (uint64_t)x[1];
-    for (int64_t k = 0; k < x[2] && k < DDPLUG__AUDIT_EXAMPLES; k++) {
-      int dup = 0;
-      for (int i = 0; i < cov->nrepeat_ex; i++) dup |= cov->repeat_ex[i] == x[3 + k];
-      if (!dup && cov->nrepeat_ex < DDPLUG__AUDIT_EXAMPLES) cov->repeat_ex[cov->nrepeat_ex++] = x[3 + k];
-    }
+    for (int64_t k = 0; k < x[2] && k < DDPLUG__AUDIT_EXAMPLES; k++)
+      ddplug__audit_add_example(cov, x[3 + k]);
   }
   uint64_t rounds = total * 8 / ROUND_BYTES + 1;
   for (uint64_t k = 0; st == DDPLUG_OK && k < rounds; k++) {

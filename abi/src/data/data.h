@@ -278,6 +278,17 @@ typedef struct ddplug__audit_coverage {
   uint64_t id_distinct;    /* by id: distinct kept ids                     */
 } ddplug__audit_coverage;
 
+/* The order fingerprint takes one more delivered value (by index or by id:
+ * every rank's fingerprint must be computed the same way). */
+static inline uint64_t ddplug__fp_step(uint64_t fp, uint64_t v) {
+  fp = (fp ^ v) * 0x100000001b3ull;
+  return fp ^ (fp >> 29);
+}
+
+/* Add a repeated-sample example unless it is listed already (at most
+ * DDPLUG__AUDIT_EXAMPLES). */
+void ddplug__audit_add_example(ddplug__audit_coverage *cov, int64_t id);
+
 struct ddplug_audit {
   ddplug_context *ctx;          /* NULL in unit tests                      */
   ddplug__data_state *state;    /* the context's data state (or a test's)  */

@@ -288,6 +288,7 @@ void ddplug__audit_diagnose(const char *stream,
 
   /* tracked quantities and their scale */
   uint64_t tracked, covered = 0, common = 0, holes = 0, repeats_t = 0, cross_t = 0;
+  uint64_t dropped_set = 0; /* the declared index sets' samples, in all-samples units */
   double scale = 1.0;
   int exact;
   if (by_id) {
@@ -310,7 +311,8 @@ void ddplug__audit_diagnose(const char *stream,
       holes = cov->holes;
       repeats_t = tracked_deliveries > covered ? tracked_deliveries - covered : 0;
       cross_t = distinct_sum > covered ? distinct_sum - covered : 0;
-      v.allowed_missing += round_u64((double)s0->dropped_count * scale);
+      dropped_set = round_u64((double)s0->dropped_count * scale);
+      v.allowed_missing += dropped_set;
     }
   }
   v.exact = coverage ? exact : -1;
@@ -336,8 +338,7 @@ void ddplug__audit_diagnose(const char *stream,
                    raise_violation(&v, d, DDPLUG_AUDIT_OUT_OF_RANGE));
     if (coverage) {
       /* declared dropping that is not an index set, in tracked units */
-      double count_missing = (double)(v.allowed_missing -
-                                      (by_id ? 0 : round_u64((double)s0->dropped_count * scale)));
+      double count_missing = (double)(v.allowed_missing - (by_id ? 0 : dropped_set));
       double miss_ok = slack(count_missing / scale, exact);
       double pad_ok = slack((double)v.allowed_padding / scale, exact);
       if (by_id && !exact && v.num_samples)

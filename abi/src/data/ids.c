@@ -73,8 +73,7 @@ int ddplug__audit_add_ids(ddplug_audit *a, const uint64_t *ids, uint64_t n,
   a->deliveries += n;
   uint64_t fp = a->fingerprint;
   for (uint64_t k = 0; k < n; k++) {
-    fp = (fp ^ ids[k]) * 0x100000001b3ull;
-    fp ^= fp >> 29;
+    fp = ddplug__fp_step(fp, ids[k]);
     if (a->scope != DDPLUG__SCOPE_FULL) continue;
     uint64_t m = mix(ids[k]);
     if (!in_level(m, a->level)) continue;
@@ -114,7 +113,8 @@ void ddplug__audit_ids_sort(ddplug_audit *a) {
   a->nids = k;
 }
 
-static void add_example(ddplug__audit_coverage *cov, int64_t id) {
+/* See data.h. */
+void ddplug__audit_add_example(ddplug__audit_coverage *cov, int64_t id) {
   for (int i = 0; i < cov->nrepeat_ex; i++)
     if (cov->repeat_ex[i] == id) return;
   if (cov->nrepeat_ex < DDPLUG__AUDIT_EXAMPLES) cov->repeat_ex[cov->nrepeat_ex++] = id;
@@ -145,7 +145,7 @@ void ddplug__audit_ids_merge(const uint64_t *const *parts,
     cov->id_distinct++;
     if (holders > 1) {
       cov->id_duplicates += (uint64_t)(holders - 1);
-      add_example(cov, (int64_t)unmix(best));
+      ddplug__audit_add_example(cov, (int64_t)unmix(best));
     }
   }
   ddplug__free(pos);

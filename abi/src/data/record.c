@@ -55,12 +55,6 @@ int ddplug__audit_alloc(const char *stream, uint64_t n, uint64_t epoch,
   return DDPLUG_OK;
 }
 
-/* The order fingerprint takes one more delivered value. */
-static inline uint64_t fp_step(uint64_t fp, uint64_t v) {
-  fp = (fp ^ v) * 0x100000001b3ull;
-  return fp ^ (fp >> 29);
-}
-
 void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
                        uint64_t steps) {
   a->steps += steps;
@@ -68,7 +62,7 @@ void ddplug__audit_add(ddplug_audit *a, const int64_t *idx, uint64_t n,
   uint64_t fp = a->fingerprint;
   for (uint64_t k = 0; k < n; k++) {
     uint64_t v = (uint64_t)idx[k];
-    fp = fp_step(fp, v);
+    fp = ddplug__fp_step(fp, v);
     if (idx[k] < 0 || v >= a->n) {
       a->out_of_range++;
       continue;
@@ -139,7 +133,7 @@ void ddplug__audit_local_stats(const ddplug_audit *a, ddplug__audit_stats *s) {
     for (uint64_t w = 0; w < a->words; w++) {
       if (!a->dropped[w]) continue;
       dropped += (uint64_t)__builtin_popcountll(a->dropped[w]);
-      dhash = fp_step(dhash ^ w, a->dropped[w]);
+      dhash = ddplug__fp_step(dhash ^ w, a->dropped[w]);
     }
   }
   s->distinct = (int64_t)distinct;

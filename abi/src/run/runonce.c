@@ -310,9 +310,10 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
     void *bv = NULL;
     uint64_t blen = 0;
     if (ddplug_store_get(ctx->store, bkey, 0, &bv, &blen) == DDPLUG_OK) {
-      int64_t beat = strtoll(bv, NULL, 10);
+      int64_t beat = 0;
+      int parsed = ddplug__parse_i64(bv, &beat) == 0;
       ddplug_free(bv);
-      if (beat != last_beat) {
+      if (parsed && beat != last_beat) {
         last_beat = beat;
         last_change = now;
       }

@@ -8,7 +8,7 @@ raised by itself.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -54,6 +54,16 @@ def open_context(
              "local_world_size": local_world_size, "node_rank": node_rank}
     if world_size > 1:
         world.update(master_addr=main_address or "", master_port=int(main_port or 0))
+    return open_run(source, device=device, framework=framework, timeout_s=timeout_s, world=world)
+
+
+def open_run(source: ConfigSource, *, device: Optional[torch.device], framework: str,
+             timeout_s: Optional[float] = None, world: Optional[dict] = None,
+             at_exit: Optional[Callable[[Context], None]] = None) -> Context:
+    """Join the run (the world given, or discovered by libddplug when None) on
+    the plugin for ``device``; the process's current context from now on,
+    closed at interpreter exit unless closed before (``at_exit(ctx)`` instead,
+    when given)."""
     cfg = load(source)
     try:
         ctx = Context(cfg, plugin=plugin_for(cfg, device), framework=framework, timeout_s=timeout_s,
@@ -61,7 +71,7 @@ def open_context(
     finally:
         cfg.close()
     set_current(ctx)
-    atexit.register(_close_at_exit, ctx)
+    atexit.register(at_exit or _close_at_exit, ctx)
     return ctx
 
 
@@ -82,6 +92,14 @@ def raised_everywhere(exc: BaseException) -> bool:
 
     return isinstance(exc, (AuditFailed, ParametersDiffer, SplitConflict, RunOnceFailed,
                             TorchDistributedNotInitialized))
+
+
+def abort_for(ctx: Optional[Context], rank: int, exc: BaseException) -> None:
+    """Abort the run everywhere with this rank's error, so the other ranks fail
+    now instead of waiting for a collective timeout; not when the run is closed
+    or aborted already, nor for errors every rank raises by itself."""
+    if ctx is not None and not ctx.closed and not ctx._aborted and not raised_everywhere(exc):
+        ctx.abort(f"rank {rank}: {type(exc).__name__}: {exc}"[:1000])
 
 
 def _op_name(reduce_op: Any) -> str:

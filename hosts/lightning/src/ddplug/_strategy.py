@@ -170,9 +170,7 @@ class DdplugParallel:
         """Abort the run everywhere so the other ranks fail now, with this rank's
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
-        ctx = self._ctx
-        if ctx is not None and not ctx.closed and not ctx._aborted and not _runtime.raised_everywhere(exception):
-            ctx.abort(f"rank {self.global_rank}: {type(exception).__name__}: {exception}"[:1000])
+        _runtime.abort_for(self._ctx, self.global_rank, exception)
 
     def _live(self) -> Optional[Context]:
         ctx = self._ctx

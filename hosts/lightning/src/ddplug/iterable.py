@@ -213,11 +213,12 @@ class IdAudit:
             except (KeyError, IndexError, AttributeError, TypeError) as exc:
                 self._no_ids(batch, exc)
                 return
-            self._audit.record_ids(keys)
-            for k in keys:
+            ids = [sample_id(k) for k in keys]  # hashed once: record_ids keeps ints as they are
+            self._audit.record_ids(ids)
+            for i, k in zip(ids, keys):
                 if len(self._keys) >= _KEYS_KEPT:
                     break
-                self._keys.setdefault(sample_id(k), k)
+                self._keys.setdefault(i, k)
 
     def _no_ids(self, batch: Any, exc: BaseException) -> None:
         where = (f"key {self.key!r}" if not callable(self.key) else "the key function") + \

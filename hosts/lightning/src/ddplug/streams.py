@@ -391,10 +391,6 @@ def _declare_target(stream: Any) -> Any:
     return None
 
 
-def json_value(v: Any) -> str:
-    return json.dumps(v)
-
-
 class _IterableStream:
     """What the strategies' hooks need of a stream read from an iterable dataset."""
 
@@ -606,7 +602,7 @@ class DataSplit:
             if own.get(key) == bad:
                 raise ValueError(
                     f"ddplug: stream '{stream}' is an evaluation stream, split exactly (every sample once,"
-                    f" uneven counts per rank); data_split.streams.{stream}.sampler.{key} = {json_value(bad)}"
+                    f" uneven counts per rank); data_split.streams.{stream}.sampler.{key} = {json.dumps(bad)}"
                     f" in {self.origin} would pad or drop it: remove that setting"
                 )
         return {"kind": "distributed", "shuffle": bool(own.get("shuffle", False)),
@@ -786,12 +782,6 @@ class DataSplit:
         what = f"{expected} ids expected" if expected else "repeats only: how many samples the stream has is unknown"
         self.log(f"{decision.line}; audited by sample id ({what})")
         return loader
-
-    def _sum_ranks(self, value: int) -> int:
-        """The sum over ranks of a per-rank number (collective)."""
-        every = np.empty(self.ctx.world_size, dtype=np.int64)
-        self.ctx.allgather(np.asarray([value], dtype=np.int64), every)
-        return int(every.sum())
 
     def _claimant(self) -> str:
         return f"{self.framework} adapter (rank {self.ctx.rank})"

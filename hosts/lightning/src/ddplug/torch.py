@@ -48,7 +48,6 @@ What each piece does:
 
 from __future__ import annotations
 
-import atexit
 import sys
 from typing import Any, Optional
 
@@ -56,7 +55,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import context as _context
-from .config import ConfigSource, load
+from .config import ConfigSource
 from .context import Context
 from .runonce import RunOnceFailed, once, run_once
 from .streams import DataSplit
@@ -117,14 +116,8 @@ def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Cont
     dev = torch.device(device) if device is not None else None
     if dev is None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
         dev = torch.device("cuda")
-    cfg = load(config)
-    try:
-        ctx = Context(cfg, plugin=_runtime.plugin_for(cfg, dev), framework=f"pytorch {torch.__version__}",
-                      timeout_s=timeout_s)
-    finally:
-        cfg.close()
-    _context.set_current(ctx)
-    atexit.register(_close_at_exit, ctx)
+    ctx = _runtime.open_run(config, device=dev, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s,
+                            at_exit=_close_at_exit)
     abort_on_uncaught_exception(ctx, ctx.rank)
     if ctx.rank == 0:
         p = ctx.plugin

@@ -195,12 +195,10 @@ def abort_on_uncaught_exception(ctx: Context, rank: int) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        c = ref()
-        if c is not None and not c.closed and not c._aborted and not _runtime.raised_everywhere(exc):
-            try:
-                c.abort(f"rank {rank}: {exc_type.__name__}: {exc}"[:1000])
-            except Exception:  # never hide the user's error behind ours
-                pass
+        try:
+            _runtime.abort_for(ref(), rank, exc)
+        except Exception:  # never hide the user's error behind ours
+            pass
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

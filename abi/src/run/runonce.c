@@ -407,6 +407,14 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
       return ddplug__err_prefix(st, "%s: registering the runner", desc);
     }
     if ((st = beat_start(o))) {
+      /* This process will not run it: tell the waiters now (they would wait
+       * for an outcome or this process's exit), then report the failure. */
+      char why[DDPLUG__ERRMSG_MAX];
+      ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
+      char *failed = encode_outcome(st, w.rank, why, &vlen);
+      if (failed) (void)ddplug_store_set(store, key, failed, vlen);
+      ddplug__free(failed);
+      ddplug__set_last_error(why);
       ddplug__free(o);
       return ddplug__err_prefix(st, "%s", desc);
     }

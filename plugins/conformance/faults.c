@@ -1,4 +1,4 @@
-/* conformance_faults.c — what must happen when things go wrong:
+/* faults.c — what must happen when things go wrong:
  *   abort from another thread ends a blocked collective, and reaches the
  *     other ranks with its reason;
  *   a rank killed (SIGKILL) while the others wait in a collective, or while

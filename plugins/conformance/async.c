@@ -1,4 +1,4 @@
-/* conformance_async.c — requests: several in flight complete in the order
+/* async.c — requests: several in flight complete in the order
  * they were started with the right data; with DDPLUG_CAP_ASYNC, a request
  * whose peers are late is reported pending by request_test without
  * blocking, and request_wait with a short timeout returns TIMEOUT and

@@ -1,4 +1,4 @@
-/* conformance_coll.c — the group's life cycle and the collectives: every
+/* coll.c — the group's life cycle and the collectives: every
  * dtype the plugin advertises, with every op it advertises (allreduce),
  * from the first and the last rank (broadcast), in place and out of place,
  * at 1, 1031 and 65543 elements (odd sizes cross any chunking); the send

@@ -1,4 +1,4 @@
-/* conformance_sampler.c — the plugin's own sampler slots, through the
+/* sampler.c — the plugin's own sampler slots, through the
  * context-bound sampler (ddplug_context_sampler_new): every rank's share of
  * an epoch has the same length; together they cover the data with exactly
  * the padding and dropping the sampler declares; the order is the same when

@@ -1,4 +1,4 @@
-/* conformance_table.c — the plugin's table, read the way the runtime reads
+/* table.c — the plugin's table, read the way the runtime reads
  * it but checked more strictly: the entry point, the table's size and
  * version, identity (the name must match the file name), capabilities
  * against the slots filled, masks, and which slots are declared (reported

@@ -1,10 +1,12 @@
 /* cmd_conformance.c — `ddplug conformance [-n RANKS] [-o JSON] [-v] NAME|PATH`:
- * the suite a backend author runs against a plugin (conformance.h lists its
- * files and what each checks). Prints one row per check (PASS, FAIL with the
- * rank and the reason, SKIP with the reason), then one row per slot of the
- * plugin's table (declared, and exercised by which checks), then
- * "conformance: P passed, F failed, S skipped". Exit 0 when nothing failed,
- * 1 otherwise, 2 on usage. */
+ * runs the suite a backend author runs against a plugin (the suite is
+ * plugins/conformance/; its conformance.h lists its files and what each
+ * checks). This file reads the arguments, makes the plan, runs the
+ * scenarios and prints one row per check (PASS, FAIL with the rank and the
+ * reason, SKIP with the reason), then one row per slot of the plugin's
+ * table (declared, and exercised by which checks), then "conformance: P
+ * passed, F failed, S skipped". Exit 0 when nothing failed, 1 otherwise, 2
+ * on usage. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -60,59 +62,6 @@ static void find_shim(char *out, size_t cap) {
   free(real);
 }
 
-static const cf_scenario k_scenarios[] = {
-    {"table", cf_table_rank, 1, 0, 30, 0},
-    {"lifecycle", cf_lifecycle_rank, 0, 0, 150, 0},
-    {"coll", cf_coll_rank, 0, 1, 300, 0},
-    {"nodes", cf_nodes_rank, 0, 1, 150, 0},
-    {"async", cf_async_rank, 0, 1, 120, 0},
-    {"abort", cf_abort_rank, 0, 1, 90, 0},
-    {"peer-waiting", cf_killed_waiting_rank, 0, 1, 90, 1},
-    {"peer-inside", cf_killed_inside_rank, 0, 1, 90, 1},
-    {"mismatch", cf_mismatch_rank, 0, 1, 120, 0},
-    {"create-fails", cf_create_fails_rank, 0, 1, 90, 0},
-    {"create-dies", cf_create_dies_rank, 0, 1, 90, 1},
-    {"sampler", cf_sampler_rank, 0, 1, 120, 0},
-};
-
-/* One row per slot: declared or not, and what the checks that exercised
- * it found. A declared slot that no check exercised fails: the suite must
- * grow a check when plugin.h grows a slot. */
-static void slot_rows(cf_results *res, const char *no_group) {
-  for (int s = 0; s < CF_SLOT_COUNT; s++) {
-    int pass = 0, fail = 0, skip = 0;
-    for (int i = 0; i < res->n; i++) {
-      const cf_row *row = &res->rows[i];
-      if (!(row->slots & (1ull << s)) || !strncmp(row->id, "slot.", 5)) continue;
-      if (row->verdict == CF_PASS) pass++;
-      else if (row->verdict == CF_FAIL) fail++;
-      else skip++;
-    }
-    char id[64], title[160], detail[256];
-    snprintf(id, sizeof id, "slot.%s", cf_slots[s].name);
-    snprintf(title, sizeof title, "slot %s (ABI 1.%d, %s)", cf_slots[s].name, cf_slots[s].minor,
-             cf_slots[s].mandatory ? "mandatory" : "optional");
-    if (!res->have_declared) continue;
-    if (!(res->declared & (1ull << s))) {
-      if (cf_slots[s].mandatory) {
-        cf_add_row(res, id, 0, CF_FAIL, title, "not declared, but mandatory", -1);
-      }
-      continue; /* an optional slot left NULL: nothing to check */
-    }
-    int verdict = fail ? CF_FAIL : pass ? CF_PASS : skip ? CF_SKIP : no_group ? CF_SKIP : CF_FAIL;
-    if (!pass && !fail && !skip && no_group)
-      snprintf(detail, sizeof detail, "declared; not exercised: %.200s", no_group);
-    else if (!pass && !fail && !skip)
-      snprintf(detail, sizeof detail,
-               "declared, but no check of this suite exercised it (hosts/c/conformance_*.c "
-               "needs one)");
-    else
-      snprintf(detail, sizeof detail, "declared; exercised by %d check(s): %d passed, %d failed, "
-               "%d skipped", pass + fail + skip, pass, fail, skip);
-    cf_add_row(res, id, 0, verdict, title, detail, -1);
-  }
-}
-
 static void print_row(const cf_row *row) {
   const char *v = row->verdict == CF_PASS ? "PASS" : row->verdict == CF_SKIP ? "SKIP" : "FAIL";
   printf("  %s  %s\n", v, row->title);
@@ -125,6 +74,7 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   plan->world = 2;
   plan->options = "{}";
   plan->fault_timeout_s = 40;
+  plan->free_port = ddplug_cmd_free_port;
   const char *what = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -218,8 +168,8 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   cf_results res = {0};
   int group_ok = 1;
   char group_why[1200] = "";
-  for (size_t i = 0; i < sizeof k_scenarios / sizeof k_scenarios[0]; i++) {
-    const cf_scenario *sc = &k_scenarios[i];
+  for (int i = 0; i < cf_scenario_count; i++) {
+    const cf_scenario *sc = &cf_scenarios[i];
     if (!loaded && !sc->single) continue;
     if (sc->needs_group && !group_ok) {
       char id[64];
@@ -275,7 +225,7 @@ int ddplug_cmd_conformance(int argc, char **argv) {
     print_row(&res.rows[res.n - 1]);
   }
   int before_slots = res.n;
-  slot_rows(&res, group_ok ? NULL : "no group could be created here");
+  cf_slot_rows(&res, group_ok ? NULL : "no group could be created here");
   if (res.n > before_slots) printf("\nslots (this suite knows plugin ABI %d.%d):\n",
                                    DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR);
   for (int k = before_slots; k < res.n; k++) print_row(&res.rows[k]);

@@ -1,5 +1,5 @@
 /* fault_plugin.c — libddplug-conformance-fault.so, used only by `ddplug
- * conformance` (hosts/c/conformance_faults.c) to make one rank's
+ * conformance` (plugins/conformance/faults.c) to make one rank's
  * group_create fail, or the rank die there, on purpose.
  *
  * It impersonates the plugin it wraps: its entry point loads the file named

@@ -11,8 +11,6 @@
  * not a survivor's reaction to it. */
 #include <errno.h>
 #include <getopt.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,7 +18,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -91,27 +88,6 @@ static int parse_int(int c, const char *v, int min, int max, int *out) {
   }
   *out = (int)x;
   return 0;
-}
-
-/* See commands.h. */
-int ddplug_cmd_free_port(int loopback, int *keep_fd) {
-  if (keep_fd) *keep_fd = -1;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (keep_fd)
-    *keep_fd = fd;
-  else
-    close(fd);
-  return port;
 }
 
 /* 32 random bytes as 64 hex digits. */

@@ -1,4 +1,4 @@
-/* conformance_values.c — the values `ddplug conformance` sends and the
+/* values.c — the values `ddplug conformance` sends and the
  * results it expects. Inputs are small integers (exact in every dtype,
  * float16 and bfloat16 included), chosen per op so that no result
  * overflows int8 for up to 24 ranks and every op's result differs from

@@ -1,4 +1,4 @@
-/* conformance_run.c — one scenario of `ddplug conformance`: fork its ranks,
+/* run.c — one scenario of `ddplug conformance`: fork its ranks,
  * collect their rows through one pipe per rank, enforce the deadline, merge
  * the rows (a row fails if it failed on any rank), and report a rank that
  * crashed, hung or exited with an error. */
@@ -13,7 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commands.h"
 #include "conformance.h"
 
 const cf_slot_info cf_slots[CF_SLOT_COUNT] = {
@@ -216,7 +215,7 @@ static void describe_status(int st, char *buf, size_t cap) {
 void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res) {
   int n = sc->single ? 1 : plan->world;
   int hold1 = -1, hold2 = -1;
-  int port = ddplug_cmd_free_port(1, &hold1), port2 = ddplug_cmd_free_port(1, &hold2);
+  int port = plan->free_port(1, &hold1), port2 = plan->free_port(1, &hold2);
   if (hold1 >= 0) close(hold1);
   if (hold2 >= 0) close(hold2);
   char id[96], why[512];

@@ -1,25 +1,28 @@
-/* conformance.h — `ddplug conformance`: the suite a backend author runs
- * against a plugin. Its files:
- *   cmd_conformance.c       the command: arguments, the plan, the report
- *   conformance_run.c       runs a scenario: forks its ranks, collects their
- *                           result rows through pipes, enforces deadlines
- *   conformance_table.c     the plugin's table read directly: entry point,
- *                           identity, capabilities, masks, declared slots
- *   conformance_values.c    test values per dtype and op, and their results
- *   conformance_coll.c      collectives: every dtype x op, in and out of
- *                           place; ranks on simulated nodes
- *   conformance_async.c     async requests, request_test, request_wait
- *   conformance_faults.c    abort from another thread, a killed rank,
- *                           mismatched collectives, failure in group_create
- *   conformance_sampler.c   the plugin's sampler slots
- *   conformance-fault/      the wrapper plugin that makes one rank's
- *                           group_create fail (or die) on purpose
+/* conformance.h — the conformance suite every plugin must pass, run by
+ * `ddplug conformance` (hosts/cli/cmd_conformance.c: the arguments, the
+ * plan, the printed report). This folder is built into a static archive
+ * that the command links; nothing here depends on the command. Its files:
+ *   suite.c     the scenarios in the order they run, and the per-slot rows
+ *               that judge the plugin's table
+ *   run.c       runs a scenario: forks its ranks, collects their result
+ *               rows through pipes, enforces deadlines
+ *   table.c     the plugin's table read directly: entry point, identity,
+ *               capabilities, masks, declared slots
+ *   values.c    test values per dtype and op, and their results
+ *   coll.c      collectives: every dtype x op, in and out of place; ranks
+ *               on simulated nodes
+ *   async.c     async requests, request_test, request_wait
+ *   faults.c    abort from another thread, a killed rank, mismatched
+ *               collectives, failure in group_create
+ *   sampler.c   the plugin's sampler slots
+ *   fault/      the wrapper plugin that makes one rank's group_create fail
+ *               (or die) on purpose
  * A scenario runs in fresh rank processes (each opens its own context with
  * an explicit world and a fresh port), so one crash or hang fails that
  * scenario only. Every rank reports rows (check id, verdict, the slots it
  * exercised, a sentence); the command merges them over the ranks. */
-#ifndef DDPLUG_HOSTS_C_CONFORMANCE_H
-#define DDPLUG_HOSTS_C_CONFORMANCE_H
+#ifndef DDPLUG_CONFORMANCE_H
+#define DDPLUG_CONFORMANCE_H
 
 #include <stdint.h>
 
@@ -82,6 +85,11 @@ typedef struct cf_plan {
   int shared_gpu;         /* checks.duplicate_gpu = "warn" (--shared-gpu) */
   int fault_timeout_s;    /* collective timeout of the fault scenarios;
                              "promptly" means within a third of it (-t)  */
+  /* A TCP port that was free a moment ago, on 127.0.0.1 (loopback != 0),
+   * or -1; keep_fd (may be NULL) keeps the socket bound until the caller
+   * closes it, so that two calls give two ports. The command hands its own
+   * (hosts/cli/port.c), so the suite needs nothing from the command. */
+  int (*free_port)(int loopback, int *keep_fd);
 } cf_plan;
 
 /* One rank of a running scenario. */
@@ -149,21 +157,31 @@ void cf_add_row(cf_results *res, const char *id, uint64_t slots, int verdict, co
                 const char *detail, int rank);
 const cf_row *cf_find_row(const cf_results *res, const char *id);
 
+/* ---- suite.c ----------------------------------------------------------- */
 /* The scenarios, in the order they run. */
-void cf_table_rank(cf_rank *r);        /* conformance_table.c  (single)  */
-void cf_lifecycle_rank(cf_rank *r);    /* conformance_coll.c             */
+extern const cf_scenario cf_scenarios[];
+extern const int cf_scenario_count;
+/* One row per slot of ddplug_plugin: declared or not, and what the checks
+ * that exercised it found. A declared slot that no check exercised fails:
+ * the suite must grow a check when plugin.h grows a slot. no_group (NULL
+ * when a group was created) says why the group's checks did not run. */
+void cf_slot_rows(cf_results *res, const char *no_group);
+
+/* The scenarios' rank functions. */
+void cf_table_rank(cf_rank *r);        /* table.c (single)  */
+void cf_lifecycle_rank(cf_rank *r);    /* coll.c            */
 void cf_coll_rank(cf_rank *r);
 void cf_nodes_rank(cf_rank *r);
-void cf_async_rank(cf_rank *r);        /* conformance_async.c            */
-void cf_abort_rank(cf_rank *r);        /* conformance_faults.c           */
+void cf_async_rank(cf_rank *r);        /* async.c           */
+void cf_abort_rank(cf_rank *r);        /* faults.c          */
 void cf_killed_waiting_rank(cf_rank *r);
 void cf_killed_inside_rank(cf_rank *r);
 void cf_mismatch_rank(cf_rank *r);
 void cf_create_fails_rank(cf_rank *r);
 void cf_create_dies_rank(cf_rank *r);
-void cf_sampler_rank(cf_rank *r);      /* conformance_sampler.c          */
+void cf_sampler_rank(cf_rank *r);      /* sampler.c         */
 
-/* ---- conformance_values.c --------------------------------------------- */
+/* ---- values.c ------------------------------------------------------------ */
 /* Element i of rank r's input for op (0 = broadcast/allgather data). */
 double cf_input(int dtype, int op, int rank, uint64_t i);
 /* The exact result of op over ranks 0..world-1 of element i. */

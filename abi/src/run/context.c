@@ -1,6 +1,6 @@
-/* context.c — the context: its failure state (the run's first failure,
- * adopted by every rank; the waits that watch for it), ddplug_open /
- * ddplug_close / ddplug_abort, and the context's queries. The order of
+/* context.c — the context's life cycle: ddplug_open / ddplug_close /
+ * ddplug_abort (the failure state it reports to is failure.c; the
+ * context's queries are query.c). The order of
  * ddplug_open: config → world → store (serve/connect, join.c) → plugin
  * loaded → join (startup checks, locality) → failure watcher → plugin group
  * → everyone ready. Any failure after the store is reached is published as
@@ -20,119 +20,6 @@
  * say goodbye. */
 #define LEAVE_GRACE_FAIL_MS 3000
 #define LEAVE_GRACE_CLOSE_MS 10000
-
-/* ---- the failure state ---------------------------------------------------
- * The run's first failure is published as ddplug/abort = "<STATUS>|<sentence>"
- * (by a rank that aborts, or by the store server when a rank's connection
- * drops without a clean close); every rank adopts it (watcher.c, or a wait
- * below), and every later call fails with it. */
-
-/* The abort state is written once: status and reason are stored before the
- * state flips (release), so readers that see the flip (acquire) read them
- * without a lock — a thread blocked in a plugin slot can always check. */
-/* See context.h. */
-int ddplug__ctx_check(ddplug_context *ctx) {
-  if (atomic_load_explicit(&ctx->state, memory_order_acquire) == DDPLUG__CTX_OPEN)
-    return DDPLUG_OK;
-  return ddplug__err(ctx->abort_status, "%s", ctx->abort_reason);
-}
-
-/* See context.h. */
-void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int flags) {
-  pthread_mutex_lock(&ctx->mu);
-  int first = atomic_load(&ctx->state) == DDPLUG__CTX_OPEN;
-  if (first) {
-    ctx->abort_status = status;
-    ddplug__strlcpy(ctx->abort_reason, reason ? reason : "aborted", sizeof ctx->abort_reason);
-    atomic_store_explicit(&ctx->state, DDPLUG__CTX_ABORTED, memory_order_release);
-  }
-  /* Tell the plugin once, outside the lock (its group_abort may take its own
-   * locks, which its slots may hold while calling our host services). The
-   * in-progress count keeps destroy_group from freeing the group meanwhile. */
-  ddplug_plugin_group *g = NULL;
-  if ((flags & DDPLUG__ABORT_NOTIFY) && !ctx->plugin_notified && ctx->group &&
-      ctx->plugin->table.group_abort) {
-    ctx->plugin_notified = 1;
-    g = ctx->group;
-    ctx->aborting++;
-  }
-  pthread_mutex_unlock(&ctx->mu);
-  if (g) {
-    ctx->plugin->table.group_abort(g, ctx->abort_reason);
-    pthread_mutex_lock(&ctx->mu);
-    if (--ctx->aborting == 0) pthread_cond_broadcast(&ctx->abort_cv);
-    pthread_mutex_unlock(&ctx->mu);
-  }
-  if (!first) return;
-  DDPLUG__ERROR("%s", reason ? reason : "aborted");
-  /* From now on every store call is on a failure path: none may wait for
-   * the rendezvous timeout on a store that may not answer. */
-  ddplug_store *handles[3] = {ctx->store, ctx->watch_store, ctx->plugin_store};
-  for (int i = 0; i < 3; i++)
-    if (handles[i]) ddplug__store_set_default_timeout(handles[i], DDPLUG__FAIL_PATH_MS);
-  if ((flags & DDPLUG__ABORT_PUBLISH) && ctx->store) {
-    char value[DDPLUG__ERRMSG_MAX + 32];
-    int n = snprintf(value, sizeof value, "%s|%s", ddplug_status_name(status),
-                     reason ? reason : "aborted");
-    if (n > (int)sizeof value - 1) n = (int)sizeof value - 1;
-    int swapped = 0;
-    /* First failure of the run wins; ours may come second. */
-    char keep[DDPLUG__ERRMSG_MAX];
-    ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
-    if (ddplug__store_compare_set_within(ctx->store, "ddplug/abort", NULL, 0, value,
-                                         (uint64_t)n, &swapped,
-                                         DDPLUG__FAIL_PATH_MS) != DDPLUG_OK)
-      DDPLUG__WARN("could not tell the other ranks through the rendezvous store "
-                   "(they learn of it by their own timeouts): %s", ddplug_last_error());
-    ddplug__set_last_error(keep);
-  }
-}
-
-/* See context.h. */
-void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags) {
-  const char *bar = strchr(text, '|');
-  int status = DDPLUG_E_ABORTED;
-  for (int c = 1; bar && c < DDPLUG_STATUS_COUNT_; c++) {
-    const char *name = ddplug_status_name(c);
-    if ((size_t)(bar - text) == strlen(name) && !strncmp(text, name, strlen(name)))
-      status = c;
-  }
-  ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, flags);
-}
-
-int ddplug__ctx_fail(ddplug_context *ctx, int status) {
-  if (ctx) ddplug__errslot_capture(&ctx->err);
-  return status;
-}
-
-/* See context.h. */
-int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
-                      const char *const *keys, uint32_t nkeys,
-                      uint64_t deadline_ns, const char *what, int in_plugin) {
-  for (;;) {
-    int s = ddplug__ctx_check(ctx);
-    if (s != DDPLUG_OK) return s;
-    int64_t left = ddplug__remaining_ms(deadline_ns);
-    int64_t slice = DDPLUG__MIN(left, (int64_t)DDPLUG__WAIT_SLICE_MS);
-    s = ddplug_store_wait(st, keys, nkeys, slice);
-    if (s == DDPLUG_OK) return DDPLUG_OK;
-    if (s != DDPLUG_E_TIMEOUT) return s;
-    char missing[DDPLUG__ERRMSG_MAX]; /* the store names the missing keys */
-    ddplug__strlcpy(missing, ddplug_last_error(), sizeof missing);
-    /* Someone may have aborted the run while we waited: read the key
-     * directly (the watcher may not run yet during startup). Inside a plugin
-     * slot, only record it: the watcher tells the plugin. */
-    void *val = NULL;
-    uint64_t len = 0;
-    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &len) ==
-        DDPLUG_OK) {
-      ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
-      ddplug_free(val);
-      return ddplug__ctx_check(ctx);
-    }
-    if (left <= slice) return ddplug__err(DDPLUG_E_TIMEOUT, "%s: %s", what, missing);
-  }
-}
 
 /* ---- open and close -------------------------------------------------------- */
 
@@ -478,40 +365,4 @@ DDPLUG_API int ddplug_abort(ddplug_context *ctx, const char *reason) {
            reason && *reason ? reason : "(no reason given)");
   ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
   return DDPLUG_OK;
-}
-
-DDPLUG_API const char *ddplug_context_error(const ddplug_context *ctx) {
-  return ctx ? ddplug__errslot_get(&ctx->err) : "";
-}
-
-DDPLUG_API int ddplug_context_world(const ddplug_context *ctx, ddplug_world *out) {
-  if (!ctx || !out || out->struct_size < 2 * sizeof(uint32_t))
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "ddplug_context_world: ctx and out (initialised with "
-                       "DDPLUG_WORLD_INIT) are required");
-  uint32_t keep = out->struct_size;
-  memcpy(out, &ctx->world, DDPLUG__MIN((size_t)keep, sizeof ctx->world));
-  out->struct_size = keep;
-  return DDPLUG_OK;
-}
-
-DDPLUG_API int ddplug_context_num_nodes(const ddplug_context *ctx) {
-  return ctx ? ctx->num_nodes : 0;
-}
-
-DDPLUG_API int ddplug_context_plugin(const ddplug_context *ctx, ddplug_plugin_info *info) {
-  if (!ctx || !info || info->struct_size < offsetof(ddplug_plugin_info, caps))
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "ddplug_context_plugin: ctx and info (initialised with "
-                       "DDPLUG_PLUGIN_INFO_INIT) are required");
-  ddplug__plugin_fill_info(ctx->plugin, info);
-  return DDPLUG_OK;
-}
-
-DDPLUG_API const ddplug_config *ddplug_context_config(const ddplug_context *ctx) {
-  return ctx ? ctx->cfg : NULL;
-}
-
-DDPLUG_API ddplug_store *ddplug_context_store(ddplug_context *ctx) {
-  return ctx ? ctx->store : NULL;
 }

@@ -1,9 +1,14 @@
 /*
  * context.h — the run layer's header: the context (one process's membership
  * in a run) and the functions its files share, grouped by file. Depends on
- * base/, config/ and store/.
+ * base/, config/, store/ and plugin/.
  * The module map of abi/src/run/:
- *   context.c     the context: failure state, waits, open/close/abort, queries
+ *   context.c     the context's life cycle: ddplug_open, ddplug_close,
+ *                 ddplug_abort
+ *   failure.c     the failure state every file reports to: the run's first
+ *                 failure, the context's last error, waits that watch for
+ *                 an abort
+ *   query.c       the context's queries (world, plugin, config, store, ...)
  *   join.c        serve or reach the store, claim the rank, the join record,
  *                 read the verdict (run id, locality)
  *   checks.c      rank 0's startup checks, one function each, and the verdict
@@ -11,13 +16,12 @@
  *   watcher.c     the thread that adopts another rank's failure
  *   services.c    the host services table plugins get (store, log, clock,
  *                 typed options)
- *   options.c     the options plugins declare: declarations, the user's
- *                 plugin_options checked against them, typed values
  *   collective.c  argument checks, sequence numbers, requests, waits
  *   memory.c      registered memory through the plugin's mem slots
- *   loader.c      plugin search, dlopen, version negotiation, table lifting
  *   world.c       world discovery from the config and the environment
  *   runonce.c     run-once: one rank does the work, the others wait for it
+ * The plugin loader and the options plugins declare are the plugin layer
+ * (plugin/plugin.h): they need no context.
  *
  * Store key layout (all under the run's store; a store serves one run):
  *   ddplug/join/<rank>     rank's join record (JSON)
@@ -44,6 +48,7 @@
 
 #include "base/base.h"
 #include "ddplug/store.h"
+#include "plugin/plugin.h"
 
 /* ---- world.c ------------------------------------------------------------ */
 
@@ -61,27 +66,6 @@ int ddplug__world_from_caller(const ddplug_config *cfg, ddplug__env_fn env, void
                               int32_t rdzv_port, ddplug_world *out);
 int ddplug__world_given(const ddplug_config *cfg, const ddplug_world *given,
                         const char *rdzv_addr, int32_t rdzv_port, ddplug_world *out);
-
-/* ---- loader.c ----------------------------------------------------------- */
-
-typedef struct ddplug__plugin {
-  void *dl;                 /* dlopen handle                              */
-  ddplug_plugin table;      /* the plugin's table lifted to the latest ABI:
-                               slots it did not know are NULL             */
-  uint32_t built_abi;       /* abi_version the plugin was built against   */
-  uint32_t built_size;      /* its struct_size                            */
-  char path[4096];          /* the file loaded                            */
-} ddplug__plugin;
-
-/* Find, load and validate a plugin (see ddplug_plugin_inspect). On failure
- * *out is untouched and nothing stays loaded. */
-int ddplug__plugin_load(const char *name_or_path, ddplug__plugin **out);
-void ddplug__plugin_unload(ddplug__plugin *p);
-/* The <name> of a file path's libddplug-<name>.so (1), or 0 when the file
- * name does not have that form (or name's cap is too small). */
-int ddplug__plugin_file_name(const char *path, char *name, size_t cap);
-/* Fill a public info struct (honouring its struct_size) from a plugin. */
-void ddplug__plugin_fill_info(const ddplug__plugin *p, ddplug_plugin_info *info);
 
 /* Granularity of store waits that also watch for an abort of the run. */
 #define DDPLUG__WAIT_SLICE_MS 100
@@ -161,7 +145,7 @@ static inline uint64_t ddplug__open_grace_ns(const ddplug_context *ctx) {
   return (uint64_t)ms * 1000000ull;
 }
 
-/* ---- context.c: the failure state ---------------------------------------- */
+/* ---- failure.c: the failure state ---------------------------------------- */
 
 /* Record the run's first failure locally (first wins). Flags:
  *   DDPLUG__ABORT_PUBLISH  publish it through the store for the other ranks;
@@ -222,23 +206,6 @@ void ddplug__torchrun_port_key(char *buf, size_t cap);
 /* Rank 0 publishes *port (> 0) under key; the others read it into *port.
  * Bounded by ddplug_open's deadline. */
 int ddplug__torchrun_exchange_port(ddplug_context *ctx, const char *key, int *port);
-
-/* ---- options.c ---------------------------------------------------------- */
-
-/* Refuse a table whose option declarations the runtime cannot use, naming
- * the option (INVALID_ARGUMENT). */
-int ddplug__options_validate_decls(const ddplug_plugin *t, const char *path);
-/* Check plugin_options (JSON object text) against t's declarations: CONFIG
- * naming plugin_options.<key> on the first problem. On success *out is a
- * new object of every given or defaulted option (NULL when t declares no
- * options: the plugin reads options_json itself). */
-int ddplug__options_check(const ddplug_plugin *t, const char *options_json,
-                          struct json_t **out);
-/* The value of declared option name of type in values (borrowed):
- * NOT_FOUND if undeclared or unset without default, INVALID_ARGUMENT for
- * another declared type. */
-int ddplug__option_value(const ddplug_plugin *t, const struct json_t *values,
-                         const char *name, int32_t type, const struct json_t **out);
 
 /* ---- watcher.c ---------------------------------------------------------- */
 

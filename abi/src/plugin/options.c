@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "config/config.h"
-#include "run/context.h"
+#include "plugin/plugin.h"
 
 #define NAME_MAX_LEN 63
 
@@ -290,23 +290,13 @@ static json_t *decl_json(const ddplug_option *o) {
   return j;
 }
 
-DDPLUG_API int ddplug_plugin_options(const char *name_or_path, char **out) {
-  if (!out) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_plugin_options: out is NULL");
-  *out = NULL;
-  ddplug__plugin *p;
-  int s = ddplug__plugin_load(name_or_path, &p);
-  if (s != DDPLUG_OK) return s;
-  json_t *list = p->table.options ? json_array() : json_null();
-  for (size_t i = 0; list && p->table.options && p->table.options[i]; i++)
-    if (json_array_append_new(list, decl_json(p->table.options[i])) != 0) {
+/* See plugin.h. */
+json_t *ddplug__options_json(const ddplug_plugin *t) {
+  json_t *list = t->options ? json_array() : json_null();
+  for (size_t i = 0; list && t->options && t->options[i]; i++)
+    if (json_array_append_new(list, decl_json(t->options[i])) != 0) {
       json_decref(list);
       list = NULL;
     }
-  char *text = list ? json_dumps(list, JSON_ENCODE_ANY | JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(list);
-  ddplug__plugin_unload(p);
-  if (text) *out = ddplug__strdup(text);
-  free(text);
-  if (!*out) return ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory describing plugin options");
-  return DDPLUG_OK;
+  return list;
 }

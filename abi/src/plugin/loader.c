@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
-#include "run/context.h"
+#include "plugin/plugin.h"
 
 #ifndef DDPLUG_PLUGIN_INSTALL_DIR
 #define DDPLUG_PLUGIN_INSTALL_DIR ""
@@ -462,18 +462,4 @@ void ddplug__plugin_fill_info(const ddplug__plugin *p,
   uint32_t keep = info->struct_size;
   memcpy(info, &v, DDPLUG__MIN((size_t)keep, sizeof v));
   info->struct_size = keep;
-}
-
-DDPLUG_API int ddplug_plugin_inspect(const char *name_or_path,
-                                     ddplug_plugin_info *info) {
-  if (!info || info->struct_size < offsetof(ddplug_plugin_info, caps))
-    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "ddplug_plugin_inspect: info must be initialised with "
-                       "DDPLUG_PLUGIN_INFO_INIT");
-  ddplug__plugin *p;
-  int s = ddplug__plugin_load(name_or_path, &p);
-  if (s != DDPLUG_OK) return s;
-  ddplug__plugin_fill_info(p, info);
-  ddplug__plugin_unload(p);
-  return DDPLUG_OK;
 }

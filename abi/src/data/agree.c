@@ -40,9 +40,9 @@ static int check_args(ddplug_context *ctx, const char *stream, const char *what)
 DDPLUG_API int ddplug_split_claim(ddplug_context *ctx, const char *stream,
                                   int owner, const char *claimant) {
   int st = check_args(ctx, stream, "ddplug_split_claim");
-  if (st) return ctx ? ddplug__ctx_fail(ctx, st) : st;
+  if (st) return ctx ? ddplug__ctx_capture_error(ctx, st) : st;
   if (owner < DDPLUG_OWNER_PLUGIN || owner > DDPLUG_OWNER_USER || !claimant || !*claimant)
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
         "ddplug_split_claim: stream '%s': owner %d must be DDPLUG_OWNER_PLUGIN, "
         "_FRAMEWORK or _USER and the claimant a non-empty description",
         stream, owner));
@@ -52,19 +52,19 @@ DDPLUG_API int ddplug_split_claim(ddplug_context *ctx, const char *stream,
   if (st == DDPLUG_OK)
     DDPLUG__INFO("stream '%s' is split by %s (claimed by '%s')", stream,
                  ddplug_owner_name(owner), claimant);
-  return st ? ddplug__ctx_fail(ctx, st) : DDPLUG_OK;
+  return st ? ddplug__ctx_capture_error(ctx, st) : DDPLUG_OK;
 }
 
 DDPLUG_API int ddplug_split_owner(ddplug_context *ctx, const char *stream,
                                   int *owner, char *claimant, uint64_t cap) {
   int st = check_args(ctx, stream, "ddplug_split_owner");
-  if (st) return ctx ? ddplug__ctx_fail(ctx, st) : st;
+  if (st) return ctx ? ddplug__ctx_capture_error(ctx, st) : st;
   if (!owner || (claimant && cap == 0))
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
         "ddplug_split_owner: owner must not be NULL (and cap > 0 with a claimant buffer)"));
   ddplug__data_state *data;
   st = ddplug__ctx_data(ctx, &data);
-  if (st) return ddplug__ctx_fail(ctx, st);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
   ddplug__split_resolve(data, stream, owner, claimant, claimant ? (size_t)cap : 0);
   return DDPLUG_OK;
 }
@@ -72,10 +72,10 @@ DDPLUG_API int ddplug_split_owner(ddplug_context *ctx, const char *stream,
 DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
                                   int64_t timeout_ms) {
   int st = check_args(ctx, stream, "ddplug_split_agree");
-  if (st) return ctx ? ddplug__ctx_fail(ctx, st) : st;
-  if ((st = ddplug__ctx_check(ctx))) return ddplug__ctx_fail(ctx, st);
+  if (st) return ctx ? ddplug__ctx_capture_error(ctx, st) : st;
+  if ((st = ddplug__ctx_check(ctx))) return ddplug__ctx_capture_error(ctx, st);
   ddplug__data_state *data;
-  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_fail(ctx, st);
+  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_capture_error(ctx, st);
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
   int owner;
   char claimant[DDPLUG__CLAIMANT_MAX];
@@ -84,13 +84,13 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
   ddplug__stream *s = ddplug__data_stream(data, stream);
   uint64_t call = s ? ++s->agree_calls : 0;
   ddplug__data_unlock(data);
-  if (!s) return ddplug__ctx_fail(ctx, DDPLUG_E_NO_MEMORY);
+  if (!s) return ddplug__ctx_capture_error(ctx, DDPLUG_E_NO_MEMORY);
   int world = ctx->world.world_size, rank = ctx->world.rank;
   char key[DDPLUG__STREAM_MAX + 96], value[DDPLUG__CLAIMANT_MAX + 16];
   snprintf(key, sizeof key, "ddplug/split/%s/%llu/%d", stream, (unsigned long long)call, rank);
   int vlen = snprintf(value, sizeof value, "%d|%s", owner, claimant);
   if ((st = ddplug_store_set(ctx->store, key, value, (uint64_t)vlen)))
-    return ddplug__ctx_fail(ctx, ddplug__err_prefix(st, "ddplug_split_agree"));
+    return ddplug__ctx_capture_error(ctx, ddplug__err_prefix(st, "ddplug_split_agree"));
   char **keys = ddplug__calloc((size_t)world, sizeof *keys);
   int *owners = ddplug__calloc((size_t)world, sizeof *owners);
   char **claimants = ddplug__calloc((size_t)world, sizeof *claimants);
@@ -144,5 +144,5 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
   ddplug__free(keys);
   ddplug__free(owners);
   ddplug__free(claimants);
-  return st ? ddplug__ctx_fail(ctx, st) : DDPLUG_OK;
+  return st ? ddplug__ctx_capture_error(ctx, st) : DDPLUG_OK;
 }

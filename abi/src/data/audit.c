@@ -43,21 +43,21 @@ DDPLUG_API int ddplug_audit_begin(ddplug_context *ctx, const char *stream,
   if (!ctx || !stream || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx, stream and out must not be NULL", what);
   int st = ddplug__stream_name_check(stream, what);
-  if (st) return ddplug__ctx_fail(ctx, st);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
   ddplug_audit_options o;
   memset(&o, 0, sizeof o);
   if (opts) {
     if (opts->struct_size < offsetof(ddplug_audit_options, allowed_padding))
-      return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+      return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
           "%s: opts struct_size %u is too small (fill it with DDPLUG_AUDIT_OPTIONS_INIT)",
           what, opts->struct_size));
     memcpy(&o, opts, DDPLUG__MIN((size_t)opts->struct_size, sizeof o));
   }
   if (o.by_id && o.steps_only)
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
         "%s: stream '%s': by_id and steps_only exclude each other", what, stream));
   ddplug__data_state *data;
-  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_fail(ctx, st);
+  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_capture_error(ctx, st);
   ddplug__data_lock(data);
   ddplug__stream *s = ddplug__data_stream(data, stream);
   ddplug_audit *a = NULL;
@@ -84,7 +84,7 @@ DDPLUG_API int ddplug_audit_begin(ddplug_context *ctx, const char *stream,
     }
   }
   ddplug__data_unlock(data);
-  if (st) return ddplug__ctx_fail(ctx, st);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
   *out = a;
   return DDPLUG_OK;
 }
@@ -449,7 +449,8 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   local.coverage_ok = local.coverage_ok && plugin_can_cover(ctx, a->opts.by_id);
   if (a->scope == DDPLUG__SCOPE_SKIP) {
     a->all = ddplug__malloc(sizeof *a->all);
-    if (!a->all) return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "audit: out of memory"));
+    if (!a->all) return ddplug__ctx_capture_error(
+        ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "audit: out of memory"));
     *a->all = local;
     a->nall = 1;
     ddplug__audit_diagnose(a->stream, &local, 1, NULL, &a->report, &a->text);
@@ -459,7 +460,8 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   }
   int world = a->world;
   ddplug__audit_stats *all = ddplug__calloc((size_t)world, sizeof *all);
-  if (!all) return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "audit: out of memory"));
+  if (!all) return ddplug__ctx_capture_error(
+      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "audit: out of memory"));
   int st = run_coll(ctx, DDPLUG_COLL_ALLGATHER, &local, all, DDPLUG__AUDIT_NSTATS, 0, timeout_ms);
   if (st == DDPLUG_OK) st = check_same(a, all, world);
   int cover = a->scope == DDPLUG__SCOPE_FULL;
@@ -479,7 +481,7 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   }
   if (st != DDPLUG_OK) {
     ddplug__free(all);
-    return ddplug__ctx_fail(ctx, ddplug__err_prefix(st, "audit of stream '%s' epoch %llu",
+    return ddplug__ctx_capture_error(ctx, ddplug__err_prefix(st, "audit of stream '%s' epoch %llu",
                                                     a->stream, (unsigned long long)a->epoch));
   }
   a->all = all;
@@ -496,7 +498,8 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
     DDPLUG__WARN("%s (data_split.on_violation = warn)", a->report.summary);
     return DDPLUG_OK;
   }
-  return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_AUDIT_FAILED, "%s", a->report.summary));
+  return ddplug__ctx_capture_error(
+      ctx, ddplug__err(DDPLUG_E_AUDIT_FAILED, "%s", a->report.summary));
 }
 
 DDPLUG_API int ddplug_audit_rank_counts(const ddplug_audit *a, int32_t rank,

@@ -55,14 +55,14 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
   if (!ctx || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx and out must not be NULL", what);
   int st = ddplug__ctx_check(ctx);
-  if (st) return ddplug__ctx_fail(ctx, st);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
   ddplug_sampler_desc d;
   int exact = 0;
   ddplug_sampler_options in;
   if (opts && opts->struct_size >= offsetof(ddplug_sampler_options, batch_size)) {
     if ((opts->world_size != 0 && opts->world_size != ctx->world.world_size) ||
         (opts->world_size != 0 && opts->rank != ctx->world.rank))
-      return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+      return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
           "%s: the options say rank %d of %d but this context is rank %d of %d: "
           "leave rank and world_size 0 (the context's are used)",
           what, opts->rank, opts->world_size, ctx->world.rank, ctx->world.world_size));
@@ -73,20 +73,20 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
     opts = &in;
   }
   if ((st = ddplug__sampler_options_to_desc(opts, &d, &exact, what)))
-    return ddplug__ctx_fail(ctx, st);
+    return ddplug__ctx_capture_error(ctx, st);
   ddplug__data_state *data;
-  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_fail(ctx, st);
+  if ((st = ddplug__ctx_data(ctx, &data))) return ddplug__ctx_capture_error(ctx, st);
   int owner;
   char claimant[DDPLUG__CLAIMANT_MAX];
   ddplug__split_resolve(data, d.stream, &owner, claimant, sizeof claimant);
   if (owner != DDPLUG_OWNER_UNSET && owner != DDPLUG_OWNER_PLUGIN)
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_SPLIT_CONFLICT,
         "stream '%s' is split by %s (%s): the plugin's sampler refuses to "
         "split a stream it does not own — use the %s's sampler for it, or "
         "make the plugin its owner",
         d.stream, ddplug_owner_name(owner), claimant, ddplug_owner_name(owner)));
   ddplug_sampler *s;
-  if ((st = ddplug__sampler_alloc(&d, exact, &s))) return ddplug__ctx_fail(ctx, st);
+  if ((st = ddplug__sampler_alloc(&d, exact, &s))) return ddplug__ctx_capture_error(ctx, st);
   /* an exact (evaluation) sampler is always ddplug's: the slots' contract
    * is equal lengths on every rank */
   if (!exact && plugin_has_sampler(&ctx->plugin->table))
@@ -99,7 +99,7 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
     st = ddplug__split_claim(data, d.stream, DDPLUG_OWNER_PLUGIN, "ddplug sampler");
   if (st) {
     ddplug_sampler_free(s);
-    return ddplug__ctx_fail(ctx, st);
+    return ddplug__ctx_capture_error(ctx, st);
   }
   s->ctx = ctx;
   *out = s;

@@ -108,14 +108,15 @@ static void end_run_if_broken(ddplug_context *ctx, int s) {
 static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                  ddplug_request **out) {
   if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
-  if (!out) return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+  if (!out) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                                      "%s: req must not be NULL", fn));
   int s = ddplug__ctx_check(ctx);
-  if (s != DDPLUG_OK) return ddplug__ctx_fail(ctx, s);
+  if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
   s = validate(ctx, a, fn);
-  if (s != DDPLUG_OK) return ddplug__ctx_fail(ctx, s);
+  if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
   ddplug_request *req = ddplug__calloc(1, sizeof *req);
-  if (!req) return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  if (!req) return ddplug__ctx_capture_error(
+      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->seq = ctx->seq + 1;
@@ -135,10 +136,10 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   if (s != DDPLUG_OK) {
     ddplug__free(req);
     int run = ddplug__ctx_check(ctx);
-    if (run != DDPLUG_OK) return ddplug__ctx_fail(ctx, run);
+    if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
     ddplug__plugin_err_take(ctx, s, "collective_start");
     end_run_if_broken(ctx, s);
-    return ddplug__ctx_fail(ctx, s);
+    return ddplug__ctx_capture_error(ctx, s);
   }
   ctx->seq = a->seq;
   pthread_mutex_lock(&ctx->mu);
@@ -218,11 +219,11 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
     if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", req->what);
-    return ddplug__ctx_fail(ctx, run != DDPLUG_OK ? run : req->status);
+    return ddplug__ctx_capture_error(ctx, run != DDPLUG_OK ? run : req->status);
   }
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
   if (timeout_ms < 0)
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                              "ddplug_request_wait: timeout %lld ms is negative",
                                              (long long)timeout_ms));
   /* The plugin's explanation is not cleared here: a plugin may have set it
@@ -238,9 +239,9 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
     ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", req->what,
                        (double)timeout_ms / 1000.0, ctx->world.rank);
-    return ddplug__ctx_fail(ctx, s);
+    return ddplug__ctx_capture_error(ctx, s);
   }
-  return ddplug__ctx_fail(ctx, finish_failed(req, s, 1, "request_wait"));
+  return ddplug__ctx_capture_error(ctx, finish_failed(req, s, 1, "request_wait"));
 }
 
 DDPLUG_API int ddplug_request_test(ddplug_request *req, int *done) {
@@ -259,7 +260,7 @@ DDPLUG_API int ddplug_request_test(ddplug_request *req, int *done) {
   int s = ctx->plugin->table.request_test(ctx->group, req->preq, &d);
   if (s != DDPLUG_OK) {
     *done = 1;
-    return ddplug__ctx_fail(ctx, finish_failed(req, s, 0, "request_test"));
+    return ddplug__ctx_capture_error(ctx, finish_failed(req, s, 0, "request_test"));
   }
   if (d) {
     req->finished = 1;
@@ -308,7 +309,7 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
 static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                         int64_t timeout_ms) {
   if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT && timeout_ms <= 0)
-    return ddplug__ctx_fail(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                              "%s: timeout %lld ms: a blocking collective "
                                              "needs a positive timeout or "
                                              "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
@@ -324,7 +325,7 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
   ddplug_request_free(req);
   if (s != DDPLUG_OK) {
     ddplug__set_last_error(keep);
-    ddplug__ctx_fail(ctx, s);
+    ddplug__ctx_capture_error(ctx, s);
   }
   return s;
 }

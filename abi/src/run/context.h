@@ -168,8 +168,11 @@ static inline int ddplug__own_timeout(ddplug_context *ctx, int s) {
   return s == DDPLUG_E_TIMEOUT &&
          atomic_load_explicit(&ctx->state, memory_order_acquire) == DDPLUG__CTX_OPEN;
 }
-/* Record the thread's last error into ctx's slot and return status. */
-int ddplug__ctx_fail(ddplug_context *ctx, int status);
+/* Copy this thread's last error into ctx's last-error slot (what
+ * ddplug_context_error returns) and return status unchanged, so a public
+ * call can end with `return ddplug__ctx_capture_error(ctx, ddplug__err(...))`.
+ * Records only: it aborts nothing and fails nothing. ctx may be NULL. */
+int ddplug__ctx_capture_error(ddplug_context *ctx, int status);
 /* Wait until every key exists, in slices, failing early when the run is
  * aborted. what names the wait in a TIMEOUT message. in_plugin: called from
  * a plugin slot (host services), so the plugin is not told of an abort

@@ -86,7 +86,8 @@ void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags) {
   ddplug__ctx_abort(ctx, status, bar ? bar + 1 : text, flags);
 }
 
-int ddplug__ctx_fail(ddplug_context *ctx, int status) {
+/* See context.h. */
+int ddplug__ctx_capture_error(ddplug_context *ctx, int status) {
   if (ctx) ddplug__errslot_capture(&ctx->err);
   return status;
 }

@@ -1,35 +1,13 @@
-/* agree.c — the data-split state of a context (ctx->data), created from
- * its config on first use, and ddplug_split_claim / _owner / _agree.
+/* agree.c — ddplug_split_claim / _owner / _agree.
  * Agreement goes through the store: rank r publishes
  * "ddplug/split/<stream>/<call>/<r>" = "<owner>|<claimant>", then reads all.
  * SPDX-License-Identifier: Apache-2.0 */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "run/context.h"
 #include "data/data.h"
-
-static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
-
-int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out) {
-  pthread_mutex_lock(&g_init_mu);
-  int st = DDPLUG_OK;
-  if (!ctx->data) {
-    ddplug__data_policy p;
-    st = ddplug__data_policy_read(ctx->cfg, &p);
-    ddplug__data_state *state = NULL;
-    if (st == DDPLUG_OK) st = ddplug__data_state_new(&p, &state);
-    if (st == DDPLUG_OK) {
-      ctx->data = state;
-      ctx->data_free = ddplug__data_state_free;
-    }
-  }
-  *out = ctx->data;
-  pthread_mutex_unlock(&g_init_mu);
-  return st;
-}
 
 static int check_args(ddplug_context *ctx, const char *stream, const char *what) {
   if (!ctx || !stream)

@@ -8,7 +8,8 @@
  *   sampler.c       ddplug_sampler_*: options, dispatch to the defaults or
  *                   a plugin's sampler slots, what a sampler declares
  *   sampler_bind.c  ddplug_context_sampler_new: a sampler bound to a context
- *   owner.c         stream names, the config's forced owners, per-stream
+ *   owner.c         stream names, the config's forced owners, a context's
+ *                   data-split state (created on first use), per-stream
  *                   split ownership (claims)
  *   agree.c         ddplug_split_*: claims agreed across ranks via the store
  *   record.c        the audit's per-rank recording (exact set or sample)
@@ -227,7 +228,7 @@ void ddplug__split_resolve(ddplug__data_state *st, const char *stream,
                            int *owner, char *claimant, size_t cap);
 
 /* The context's data state, created from its config on first use
- * (agree.c). */
+ * (owner.c). */
 int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out);
 
 /* The agreement check on gathered owners: owners[r] and claimants[r] of

@@ -1,6 +1,7 @@
 /* owner.c — who splits each data stream: the stream-name rule, the owners
- * the config forces, the per-stream registry of the data-split state, the
- * claim rules, and the check that all ranks resolved the same owner.
+ * the config forces, the data-split state of a context (ctx->data, created
+ * from its config on first use) with its per-stream registry, the claim
+ * rules, and the check that all ranks resolved the same owner.
  *
  * Rules (ddplug_split_claim): the first claim of a stream wins; the same
  * owner again is fine (the first claimant is kept); a different owner is
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "run/context.h"
 #include "data/data.h"
 
 /* ---- stream names ---------------------------------------------------------- */
@@ -212,6 +214,29 @@ void ddplug__data_state_free(void *state) {
   ddplug__free(st->policy.streams);
   ddplug__free(st->streams);
   ddplug__free(st);
+}
+
+/* One context's state is created once, by whichever thread first needs
+ * it. */
+static pthread_mutex_t g_ctx_data_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* See data.h. */
+int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out) {
+  pthread_mutex_lock(&g_ctx_data_mu);
+  int st = DDPLUG_OK;
+  if (!ctx->data) {
+    ddplug__data_policy p;
+    st = ddplug__data_policy_read(ctx->cfg, &p);
+    ddplug__data_state *state = NULL;
+    if (st == DDPLUG_OK) st = ddplug__data_state_new(&p, &state);
+    if (st == DDPLUG_OK) {
+      ctx->data = state;
+      ctx->data_free = ddplug__data_state_free;
+    }
+  }
+  *out = ctx->data;
+  pthread_mutex_unlock(&g_ctx_data_mu);
+  return st;
 }
 
 void ddplug__data_lock(ddplug__data_state *st) { pthread_mutex_lock(st->mutex); }

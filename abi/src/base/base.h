@@ -6,6 +6,7 @@
  *   error.c    status table, thread-local last-error, error formatting
  *   log.c      log threshold, rank prefix, callback
  *   util.c     clock, hashing, string helpers, safe allocation, rank lists
+ *   suggest.c  "did you mean": edit distance, the closest candidate
  *   version.c  the library's and the ABIs' version numbers
  *
  * SPDX-License-Identifier: Apache-2.0
@@ -101,10 +102,24 @@ char *ddplug__asprintf(const char *fmt, ...) DDPLUG__PRINTF(1, 2);
 size_t ddplug__strlcpy(char *dst, const char *src, size_t cap);
 /* Parse a whole decimal integer; 0 on success, -1 on junk/overflow. */
 int ddplug__parse_i64(const char *s, int64_t *out);
-/* Edit distance, capped at cap+1 (for "did you mean"). */
-int ddplug__edit_distance(const char *a, const char *b, int cap);
 /* The ranks r < n with flag[r] set, as "0, 1, 3" or "0-5, 7" in buf[cap]
  * ("..." when cut); returns how many are set. */
 int ddplug__rank_list(const int *flag, int n, char *buf, size_t cap);
+
+/* ---- "did you mean" (suggest.c) ------------------------------------------ */
+
+/* Edit distance (Levenshtein), capped at cap+1. */
+int ddplug__edit_distance(const char *a, const char *b, int cap);
+/* "Did you mean": offer candidates one by one; best holds the closest one
+ * that is close enough to word to be worth suggesting (NULL if none). */
+typedef struct ddplug__suggest {
+  const char *word;
+  char best[128];
+  int best_dist;
+} ddplug__suggest;
+void ddplug__suggest_init(ddplug__suggest *s, const char *word);
+void ddplug__suggest_offer(ddplug__suggest *s, const char *cand, size_t len);
+/* The suggestion, or NULL. */
+const char *ddplug__suggest_best(const ddplug__suggest *s);
 
 #endif /* DDPLUG_BASE_H */

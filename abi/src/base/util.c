@@ -134,29 +134,6 @@ int ddplug__parse_i64(const char *s, int64_t *out) {
   return 0;
 }
 
-int ddplug__edit_distance(const char *a, const char *b, int cap) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 64 || lb > 64) return cap + 1;
-  int row[65];
-  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    int prev = row[0];
-    row[0] = (int)i;
-    int best = row[0];
-    for (size_t j = 1; j <= lb; j++) {
-      int cur = row[j];
-      int sub = prev + (a[i - 1] != b[j - 1]);
-      int del = row[j] + 1;
-      int ins = row[j - 1] + 1;
-      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-      prev = cur;
-      if (row[j] < best) best = row[j];
-    }
-    if (best > cap) return cap + 1;
-  }
-  return row[lb] > cap ? cap + 1 : row[lb];
-}
-
 int ddplug__rank_list(const int *flag, int n, char *buf, size_t cap) {
   size_t len = 0;
   int count = 0;

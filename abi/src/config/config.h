@@ -106,18 +106,6 @@ const char *ddplug__config_key_name(const ddplug__cfg_key *k);
 int ddplug__config_pattern_match(const char *pattern, const char *text,
                                  size_t len);
 
-/* "Did you mean": offer candidates one by one; best holds the closest one
- * that is close enough to word to be worth suggesting (NULL if none). */
-typedef struct ddplug__suggest {
-  const char *word;
-  char best[128];
-  int best_dist;
-} ddplug__suggest;
-void ddplug__suggest_init(ddplug__suggest *s, const char *word);
-void ddplug__suggest_offer(ddplug__suggest *s, const char *cand, size_t len);
-/* The suggestion, or NULL. */
-const char *ddplug__suggest_best(const ddplug__suggest *s);
-
 /* Validate doc (parsed JSON) against the table and build the effective
  * config (defaults filled in, integral numbers as integers) into *out (a new
  * reference). On failure nothing is allocated, and the last error is

@@ -1,11 +1,10 @@
 /* keys.c — the one table of configuration keys (name, type, range, enum
  * values, default, description) that drives the parser, the defaults, the
  * getters, the messages and the JSON Schema (schema.c). Also: matching the
- * table's name patterns (POSIX regcomp), and "did you mean" suggestions.
+ * table's name patterns (POSIX regcomp).
  * SPDX-License-Identifier: Apache-2.0 */
 #include <regex.h>
 #include <string.h>
-#include <strings.h>
 
 #include "config/config.h"
 
@@ -299,31 +298,4 @@ int ddplug__config_pattern_match(const char *pattern, const char *text,
   regfree(&re);
   ddplug__free(copy);
   return rc == 0;
-}
-
-/* ---- did you mean -------------------------------------------------------- */
-
-void ddplug__suggest_init(ddplug__suggest *s, const char *word) {
-  s->word = word;
-  s->best[0] = '\0';
-  s->best_dist = -1;
-}
-
-/* Close enough: at most 2 edits, and fewer than half the longer word. */
-void ddplug__suggest_offer(ddplug__suggest *s, const char *cand, size_t len) {
-  char buf[sizeof s->best];
-  if (len >= sizeof buf || !s->word) return;
-  memcpy(buf, cand, len);
-  buf[len] = '\0';
-  int d = ddplug__edit_distance(s->word, buf, 2);
-  if (d > 1 && strcasecmp(s->word, buf) == 0) d = 1; /* "AUTO" → "auto" */
-  size_t longer = DDPLUG__MAX(strlen(s->word), len);
-  if (d > 2 || d == 0 || (size_t)(2 * d) >= longer) return;
-  if (s->best_dist >= 0 && d >= s->best_dist) return;
-  memcpy(s->best, buf, len + 1);
-  s->best_dist = d;
-}
-
-const char *ddplug__suggest_best(const ddplug__suggest *s) {
-  return s->best_dist >= 0 ? s->best : NULL;
 }

@@ -29,7 +29,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config/config.h"
 #include "plugin/plugin.h"
 
 #ifndef DDPLUG_PLUGIN_INSTALL_DIR

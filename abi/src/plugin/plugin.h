@@ -1,7 +1,7 @@
 /*
  * plugin.h — the plugin layer's header: finding and loading a plugin, and
  * the options it declares; nothing here needs a context (the run layer,
- * which does, uses these). Depends on base/ and config/.
+ * which does, uses these). Depends on base/ and config/ (options.c describes values as the config does).
  * The module map of abi/src/plugin/:
  *   loader.c   plugin search, dlopen, version negotiation, table lifting
  *   options.c  the options plugins declare: declarations, the user's

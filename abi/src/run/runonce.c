@@ -179,12 +179,18 @@ static int deliver(const char *value, const char *desc, char **message) {
                      first > 400 || nl ? " (full text in the message)" : "");
 }
 
+/* The store key of a run-once's heartbeat counter: "<key>/beat". */
+#define BEAT_KEY_MAX (RUNONCE_KEY_MAX + 8)
+static void beat_key(char out[BEAT_KEY_MAX], const char *key) {
+  snprintf(out, BEAT_KEY_MAX, "%s/beat", key);
+}
+
 /* The runner's heartbeat: add 1 to "<key>/beat" every BEAT_MS until told to
  * stop. A failing add is not an error here: waiters notice a silent runner. */
 static void *beat_main(void *arg) {
   open_once *o = arg;
-  char bkey[RUNONCE_KEY_MAX + 8];
-  snprintf(bkey, sizeof bkey, "%s/beat", o->key);
+  char bkey[BEAT_KEY_MAX];
+  beat_key(bkey, o->key);
   pthread_mutex_lock(&o->mu);
   while (!o->stop) {
     pthread_mutex_unlock(&o->mu);
@@ -207,8 +213,8 @@ static void *beat_main(void *arg) {
  * heartbeat thread (every signal blocked there: the host's handlers stay on
  * its own threads). */
 static int beat_start(open_once *o) {
-  char bkey[RUNONCE_KEY_MAX + 8];
-  snprintf(bkey, sizeof bkey, "%s/beat", o->key);
+  char bkey[BEAT_KEY_MAX];
+  beat_key(bkey, o->key);
   int st = ddplug_store_add(o->store, bkey, 1, NULL);
   if (st) return ddplug__err_prefix(st, "run-once: the runner's first heartbeat");
   pthread_mutex_init(&o->mu, NULL);
@@ -286,8 +292,8 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
                         const char *who, int64_t timeout_ms, const char *limit_by,
                         void **value) {
   const char *keys[1] = {key};
-  char bkey[RUNONCE_KEY_MAX + 8];
-  snprintf(bkey, sizeof bkey, "%s/beat", key);
+  char bkey[BEAT_KEY_MAX];
+  beat_key(bkey, key);
   uint64_t start = ddplug__now_ns();
   uint64_t deadline = timeout_ms >= 0 ? ddplug__deadline_ns(timeout_ms) : UINT64_MAX;
   int64_t last_beat = -1;

@@ -1,4 +1,4 @@
-/* copy_perf.c — ddplug-copy-perf: the cpu plugin's bulk copy (cp_copy,
+/* copy_perf.c — ddplug-copy-perf: the cpu plugin's bulk copy (ddcpu_copy,
  * plugins/cpu/copy.c) against glibc's memcpy, by size and by how far the
  * destination lies past the source modulo 4 KiB ("skew"). It shows why the
  * plugin does not always call memcpy: on CPUs whose `rep movsb` stalls when
@@ -8,7 +8,7 @@
  *
  *   build/bin/ddplug-copy-perf [--bytes-total 2G]
  *
- * Prints one table: size, skew, GB/s of memcpy and of cp_copy (each the best
+ * Prints one table: size, skew, GB/s of memcpy and of ddcpu_copy (each the best
  * of 3 rounds of copying about --bytes-total bytes), and their ratio.
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdio.h>
@@ -21,7 +21,7 @@
 typedef void (*copy_fn)(void *dst, const void *src, size_t n);
 
 static void with_memcpy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
-static void with_cp_copy(void *dst, const void *src, size_t n) { cp_copy(dst, src, n, 0); }
+static void with_ddcpu_copy(void *dst, const void *src, size_t n) { ddcpu_copy(dst, src, n, 0); }
 
 /* Best GB/s of 3 rounds, each copying about total bytes in n-byte copies. */
 static double rate(copy_fn f, unsigned char *dst, const unsigned char *src, size_t n,
@@ -63,14 +63,15 @@ int main(int argc, char **argv) {
   memset(dst, 2, cap);
   printf("# destination = page-aligned buffer + skew, source page-aligned; best of 3 rounds of %.1f GB\n",
          (double)total / 1e9);
-  printf("| %9s | %5s | %12s | %12s | %7s |\n", "size (B)", "skew", "memcpy GB/s", "cp_copy GB/s", "ratio");
-  printf("|-----------|-------|--------------|--------------|---------|\n");
+  printf("| %9s | %5s | %12s | %15s | %7s |\n", "size (B)", "skew", "memcpy GB/s",
+         "ddcpu_copy GB/s", "ratio");
+  printf("|-----------|-------|--------------|-----------------|---------|\n");
   for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
     for (size_t k = 0; k < sizeof skews / sizeof *skews; k++) {
       size_t n = sizes[si], at = skews[k];
       double m = rate(with_memcpy, dst + at, src, n, (double)total);
-      double h = rate(with_cp_copy, dst + at, src, n, (double)total);
-      printf("| %9zu | %5zu | %12.2f | %12.2f | %6.2fx |\n", n, at, m, h, h / m);
+      double h = rate(with_ddcpu_copy, dst + at, src, n, (double)total);
+      printf("| %9zu | %5zu | %12.2f | %15.2f | %6.2fx |\n", n, at, m, h, h / m);
     }
   free(src);
   free(dst);

@@ -27,7 +27,7 @@
  * where one is needed).
  *
  * Phases never block: a phase step does what it can and returns the thing
- * it waits for; cp_coll_advance waits for it (cp_wait) until the caller's
+ * it waits for; ddcpu_coll_advance waits for it (ddcpu_wait) until the caller's
  * deadline. The state lives in the request, so another thread (the progress
  * thread) can resume a collective that a caller's request_wait left at its
  * timeout.
@@ -40,48 +40,48 @@
 #include "cpu.h"
 
 /* See cpu.h. Pure function of g's fixed fields and a. */
-int cp_coll_validate(const cp_group *g, const ddplug_coll_args *a) {
-  const char *kind = cp_kind_name(a->kind);
+int ddcpu_coll_validate(const ddcpu_group *g, const ddplug_coll_args *a) {
+  const char *kind = ddcpu_kind_name(a->kind);
   if (a->kind < DDPLUG_COLL_ALLREDUCE || a->kind > DDPLUG_COLL_BARRIER)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "collective #%llu: unknown collective kind %d",
-                  (unsigned long long)a->seq, a->kind);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "collective #%llu: unknown collective kind %d",
+                     (unsigned long long)a->seq, a->kind);
   if (a->mem == DDPLUG_MEM_DEVICE)
-    return cp_err(DDPLUG_E_UNSUPPORTED,
-                  "collective #%llu (%s): plugin cpu works on host memory "
-                  "only; use a device plugin (nccl) for device buffers",
-                  (unsigned long long)a->seq, kind);
+    return ddcpu_err(DDPLUG_E_UNSUPPORTED,
+                     "collective #%llu (%s): plugin cpu works on host memory "
+                     "only; use a device plugin (nccl) for device buffers",
+                     (unsigned long long)a->seq, kind);
   if (a->kind == DDPLUG_COLL_BARRIER) return DDPLUG_OK;
-  uint32_t es = cp_dtype_size(a->dtype);
+  uint32_t es = ddcpu_dtype_size(a->dtype);
   if (es == 0)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT, "collective #%llu (%s): unknown dtype %d",
-                  (unsigned long long)a->seq, kind, a->dtype);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT, "collective #%llu (%s): unknown dtype %d",
+                     (unsigned long long)a->seq, kind, a->dtype);
   if (a->kind == DDPLUG_COLL_ALLREDUCE) {
     if (a->op < DDPLUG_OP_SUM || a->op > DDPLUG_OP_BAND)
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "collective #%llu (allreduce): unknown reduce op %d",
-                    (unsigned long long)a->seq, a->op);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "collective #%llu (allreduce): unknown reduce op %d",
+                       (unsigned long long)a->seq, a->op);
     if ((a->op == DDPLUG_OP_BOR || a->op == DDPLUG_OP_BAND) &&
-        !cp_dtype_is_int(a->dtype))
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "collective #%llu (allreduce): op %s is defined on integer "
-                    "dtypes only, not %s", (unsigned long long)a->seq,
-                    cp_op_name(a->op), cp_dtype_name(a->dtype));
+        !ddcpu_dtype_is_int(a->dtype))
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "collective #%llu (allreduce): op %s is defined on integer "
+                       "dtypes only, not %s", (unsigned long long)a->seq,
+                       ddcpu_op_name(a->op), ddcpu_dtype_name(a->dtype));
   }
   if (a->kind == DDPLUG_COLL_BROADCAST && (a->root < 0 || a->root >= g->world))
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "collective #%llu (broadcast): root %d is not a rank of this "
-                  "world of %d", (unsigned long long)a->seq, a->root, g->world);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "collective #%llu (broadcast): root %d is not a rank of this "
+                     "world of %d", (unsigned long long)a->seq, a->root, g->world);
   uint64_t lim = UINT64_MAX / es / (uint64_t)g->world;
   if (a->count > lim)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "collective #%llu (%s): count %llu overflows", (unsigned long long)a->seq,
-                  kind, (unsigned long long)a->count);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "collective #%llu (%s): count %llu overflows", (unsigned long long)a->seq,
+                     kind, (unsigned long long)a->count);
   if (a->count > 0 && (!a->recv || (!a->send && (a->kind != DDPLUG_COLL_BROADCAST ||
                                                   a->root == g->rank))))
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "collective #%llu (%s): NULL buffer with count %llu",
-                  (unsigned long long)a->seq, kind, (unsigned long long)a->count);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "collective #%llu (%s): NULL buffer with count %llu",
+                     (unsigned long long)a->seq, kind, (unsigned long long)a->count);
   return DDPLUG_OK;
 }
 
@@ -90,36 +90,36 @@ int cp_coll_validate(const cp_group *g, const ddplug_coll_args *a) {
 /* A multi-node allreduce of a half type whose partial results must stay
  * float32 between its steps (sum, avg, prod; min/max are exact in any
  * precision and stay 16-bit). */
-static int wide_sums(const cp_group *g, const ddplug_coll_args *a) {
+static int wide_sums(const ddcpu_group *g, const ddplug_coll_args *a) {
   return g->num_nodes > 1 && a->kind == DDPLUG_COLL_ALLREDUCE && a->count > 0 &&
-         cp_dtype_is_half(a->dtype) &&
+         ddcpu_dtype_is_half(a->dtype) &&
          (a->op == DDPLUG_OP_SUM || a->op == DDPLUG_OP_AVG || a->op == DDPLUG_OP_PROD);
 }
 
 /* See cpu.h. Pure function of g's fixed fields and a (validated). */
-uint64_t cp_coll_scratch_bytes(const cp_group *g, const ddplug_coll_args *a) {
+uint64_t ddcpu_coll_scratch_bytes(const ddcpu_group *g, const ddplug_coll_args *a) {
   return g->leader && wide_sums(g, a) ? a->count * (uint64_t)sizeof(float) : 0;
 }
 
-static cp_phase *add(cp_req *r, int kind) {
-  cp_phase *ph = &r->ph[r->nph++];
+static ddcpu_phase *add(ddcpu_req *r, int kind) {
+  ddcpu_phase *ph = &r->ph[r->nph++];
   memset(ph, 0, sizeof *ph);
   ph->kind = kind;
   return ph;
 }
 
-static void add_copy(cp_req *r, const void *src, void *dst, uint64_t bytes) {
+static void add_copy(ddcpu_req *r, const void *src, void *dst, uint64_t bytes) {
   if (bytes == 0 || src == dst) return;
-  cp_phase *ph = add(r, CP_PH_COPY);
+  ddcpu_phase *ph = add(r, DDCPU_PH_COPY);
   ph->u.copy.src = src;
   ph->u.copy.dst = dst;
   ph->u.copy.bytes = bytes;
 }
 
-static cp_pipe *add_pipe(cp_req *r, int mode, int dtype, const void *in,
-                         void *out, uint64_t elems) {
-  cp_phase *ph = add(r, CP_PH_PIPE);
-  cp_pipe *p = &ph->u.pipe;
+static ddcpu_pipe *add_pipe(ddcpu_req *r, int mode, int dtype, const void *in,
+                            void *out, uint64_t elems) {
+  ddcpu_phase *ph = add(r, DDCPU_PH_PIPE);
+  ddcpu_pipe *p = &ph->u.pipe;
   p->mode = mode;
   p->dtype = dtype;
   p->in = in;
@@ -128,27 +128,27 @@ static cp_pipe *add_pipe(cp_req *r, int mode, int dtype, const void *in,
   return p;
 }
 
-static void add_conv(cp_req *r, int kind, const void *src, void *dst,
+static void add_conv(ddcpu_req *r, int kind, const void *src, void *dst,
                      uint64_t count, int dtype) {
-  cp_phase *ph = add(r, kind);
+  ddcpu_phase *ph = add(r, kind);
   ph->u.conv.src = src;
   ph->u.conv.dst = dst;
   ph->u.conv.count = count;
   ph->u.conv.dtype = dtype;
 }
 
-static cp_ring *add_ring(cp_req *r, int op, int dtype, void *buf) {
-  cp_phase *ph = add(r, CP_PH_RING);
-  cp_ring *g = &ph->u.ring;
+static ddcpu_ring *add_ring(ddcpu_req *r, int op, int dtype, void *buf) {
+  ddcpu_phase *ph = add(r, DDCPU_PH_RING);
+  ddcpu_ring *g = &ph->u.ring;
   g->op = op;
   g->dtype = dtype;
   g->buf = buf;
   return g;
 }
 
-static void plan_one_node(cp_group *g, cp_req *r) {
+static void plan_one_node(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint32_t es = cp_dtype_size(a->dtype);
+  uint32_t es = ddcpu_dtype_size(a->dtype);
   uint64_t bytes = a->count * es;
   if (g->world == 1) {
     if (a->kind == DDPLUG_COLL_ALLREDUCE || a->kind == DDPLUG_COLL_ALLGATHER ||
@@ -156,15 +156,15 @@ static void plan_one_node(cp_group *g, cp_req *r) {
       add_copy(r, a->send, a->recv, bytes);
     return;
   }
-  add(r, CP_PH_HANDSHAKE);
+  add(r, DDCPU_PH_HANDSHAKE);
   if (a->kind == DDPLUG_COLL_BARRIER || a->count == 0) return;
   if (r->small) {
-    add(r, CP_PH_SMALL);
+    add(r, DDCPU_PH_SMALL);
     return;
   }
   if (a->kind == DDPLUG_COLL_ALLREDUCE) {
     /* decided after the handshake, when every rank's buffers are known */
-    cp_direct *d = &add(r, CP_PH_DIRECT)->u.direct;
+    ddcpu_direct *d = &add(r, DDCPU_PH_DIRECT)->u.direct;
     d->send = a->send;
     d->recv = a->recv;
     d->count = a->count;
@@ -174,20 +174,20 @@ static void plan_one_node(cp_group *g, cp_req *r) {
     r->direct = 1;
   } else if (a->kind == DDPLUG_COLL_BROADCAST) {
     if (a->root == g->rank) add_copy(r, a->send, a->recv, bytes);
-    cp_pipe *p = add_pipe(r, CP_PIPE_BCAST, a->dtype, a->send, a->recv, a->count);
+    ddcpu_pipe *p = add_pipe(r, DDCPU_PIPE_BCAST, a->dtype, a->send, a->recv, a->count);
     p->src = g->local_of[a->root];
   } else {
-    add_pipe(r, CP_PIPE_ALLGATHER, a->dtype, a->send, a->recv, a->count);
+    add_pipe(r, DDCPU_PIPE_ALLGATHER, a->dtype, a->send, a->recv, a->count);
   }
 }
 
-static void plan_many_nodes(cp_group *g, cp_req *r) {
+static void plan_many_nodes(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint32_t es = cp_dtype_size(a->dtype);
+  uint32_t es = ddcpu_dtype_size(a->dtype);
   uint64_t bytes = a->count * es;
   int multi = g->local_world > 1;
-  add(r, CP_PH_HANDSHAKE);
-  add(r, CP_PH_VERDICT);
+  add(r, DDCPU_PH_HANDSHAKE);
+  add(r, DDCPU_PH_VERDICT);
   if (a->kind == DDPLUG_COLL_BARRIER || a->count == 0) return;
   unsigned char *recv = a->recv;
   if (a->kind == DDPLUG_COLL_ALLREDUCE) {
@@ -198,59 +198,59 @@ static void plan_many_nodes(cp_group *g, cp_req *r) {
     int wdt = wide ? DDPLUG_FLOAT32 : a->dtype;
     unsigned char *acc = wide && g->leader ? (unsigned char *)r->wide : recv;
     if (multi) {
-      cp_pipe *p = add_pipe(r, CP_PIPE_REDUCE_LEADER, wdt, a->send, acc, a->count);
+      ddcpu_pipe *p = add_pipe(r, DDCPU_PIPE_REDUCE_LEADER, wdt, a->send, acc, a->count);
       p->op = op;
       if (wide) p->in_dtype = a->dtype;
     } else if (wide) {
-      add_conv(r, CP_PH_WIDEN, a->send, acc, a->count, a->dtype);
+      add_conv(r, DDCPU_PH_WIDEN, a->send, acc, a->count, a->dtype);
     } else {
       add_copy(r, a->send, recv, bytes);
     }
     if (g->leader) {
-      cp_ring *rg = add_ring(r, CP_RING_ALLREDUCE, wdt, acc);
+      ddcpu_ring *rg = add_ring(r, DDCPU_RING_ALLREDUCE, wdt, acc);
       rg->count = a->count;
       rg->redop = op;
       rg->divisor = a->op == DDPLUG_OP_AVG ? g->world : 0;
-      if (wide) add_conv(r, CP_PH_NARROW, acc, recv, a->count, a->dtype);
+      if (wide) add_conv(r, DDCPU_PH_NARROW, acc, recv, a->count, a->dtype);
     }
-    if (multi) add_pipe(r, CP_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
+    if (multi) add_pipe(r, DDCPU_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
   } else if (a->kind == DDPLUG_COLL_BROADCAST) {
     int rnode = g->node_of[a->root];
     if (g->node == rnode) {
       if (a->root == g->rank) add_copy(r, a->send, recv, bytes);
       if (multi)
-        add_pipe(r, CP_PIPE_BCAST, a->dtype, a->send, recv, a->count)->src =
+        add_pipe(r, DDCPU_PIPE_BCAST, a->dtype, a->send, recv, a->count)->src =
             g->local_of[a->root];
       if (g->leader) {
-        cp_ring *rg = add_ring(r, CP_RING_BCAST, a->dtype, recv);
+        ddcpu_ring *rg = add_ring(r, DDCPU_RING_BCAST, a->dtype, recv);
         rg->count = a->count;
         rg->root_node = rnode;
       }
     } else {
       if (g->leader) {
-        cp_ring *rg = add_ring(r, CP_RING_BCAST, a->dtype, recv);
+        ddcpu_ring *rg = add_ring(r, DDCPU_RING_BCAST, a->dtype, recv);
         rg->count = a->count;
         rg->root_node = rnode;
       }
-      if (multi) add_pipe(r, CP_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
+      if (multi) add_pipe(r, DDCPU_PIPE_BCAST, a->dtype, recv, recv, a->count)->src = 0;
     }
   } else { /* allgather */
     if (multi)
-      add_pipe(r, CP_PIPE_GATHER_LEADER, a->dtype, a->send, recv, a->count);
+      add_pipe(r, DDCPU_PIPE_GATHER_LEADER, a->dtype, a->send, recv, a->count);
     else
       add_copy(r, a->send, recv + (uint64_t)g->rank * bytes, bytes);
     if (g->leader) {
-      cp_ring *rg = add_ring(r, CP_RING_ALLGATHER, a->dtype, recv);
+      ddcpu_ring *rg = add_ring(r, DDCPU_RING_ALLGATHER, a->dtype, recv);
       rg->block_bytes = bytes;
     }
     if (multi)
-      add_pipe(r, CP_PIPE_BCAST, a->dtype, recv, recv, a->count * (uint64_t)g->world)->src = 0;
+      add_pipe(r, DDCPU_PIPE_BCAST, a->dtype, recv, recv, a->count * (uint64_t)g->world)->src = 0;
   }
 }
 
-static void plan(cp_group *g, cp_req *r) {
+static void plan(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint64_t bytes = a->kind == DDPLUG_COLL_BARRIER ? 0 : a->count * cp_dtype_size(a->dtype);
+  uint64_t bytes = a->kind == DDPLUG_COLL_BARRIER ? 0 : a->count * ddcpu_dtype_size(a->dtype);
   r->small = g->num_nodes == 1 && g->has_shm && a->kind != DDPLUG_COLL_BARRIER &&
              bytes <= g->opt.small_msg_bytes;
   r->nph = r->cur = 0;
@@ -262,159 +262,159 @@ static void plan(cp_group *g, cp_req *r) {
 
 /* ---- phases ------------------------------------------------------------------ */
 
-static cp_desc my_desc(cp_group *g, cp_req *r) {
-  cp_desc d;
-  cp_desc_fill(&d, &r->args, g->rank);
+static ddcpu_desc my_desc(ddcpu_group *g, ddcpu_req *r) {
+  ddcpu_desc d;
+  ddcpu_desc_fill(&d, &r->args, g->rank);
   d.small = r->small;
   return d;
 }
 
-static void handshake_enter(cp_group *g, cp_req *r) {
+static void handshake_enter(ddcpu_group *g, ddcpu_req *r) {
   if (!g->has_shm) return;
-  cp_rank_ctl *me = &g->shm.ctl[g->local_rank];
+  ddcpu_rank_ctl *me = &g->shm.ctl[g->local_rank];
   me->desc[r->k & 1] = my_desc(g, r);
-  if (r->small) cp_small_put(g, r);
-  if (r->direct) cp_direct_publish(g, r);
-  cp_ctr_post(&me->arrive, (uint32_t)r->k);
+  if (r->small) ddcpu_small_put(g, r);
+  if (r->direct) ddcpu_direct_publish(g, r);
+  ddcpu_ctr_post(&me->arrive, (uint32_t)r->k);
 }
 
 /* Local index j left through group_destroy (with nothing pending) before
  * arriving at r: it never will, and no collective of the group can
  * complete without it. The group fails with PEER_LOST naming it. */
-static int departed(cp_group *g, cp_req *r, int j) {
+static int departed(ddcpu_group *g, ddcpu_req *r, int j) {
   int peer = g->local_ranks[j];
   char d[160];
-  cp_desc desc;
-  cp_desc_fill(&desc, &r->args, g->rank);
-  cp_desc_str(&desc, d, sizeof d);
-  cp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
-              "rank %d (pid %lld, node %d) closed its group (group_destroy) "
-              "before collective #%llu %s: it has left, and no collective of "
-              "this group can complete without it; every rank must issue the "
-              "same collectives before destroying its group (noticed by rank %d)",
-              peer, (long long)g->pid_of[peer], g->node,
-              (unsigned long long)r->args.seq, d, g->rank);
-  return cp_fail_report(g);
+  ddcpu_desc desc;
+  ddcpu_desc_fill(&desc, &r->args, g->rank);
+  ddcpu_desc_str(&desc, d, sizeof d);
+  ddcpu_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
+                 "rank %d (pid %lld, node %d) closed its group (group_destroy) "
+                 "before collective #%llu %s: it has left, and no collective of "
+                 "this group can complete without it; every rank must issue the "
+                 "same collectives before destroying its group (noticed by rank %d)",
+                 peer, (long long)g->pid_of[peer], g->node,
+                 (unsigned long long)r->args.seq, d, g->rank);
+  return ddcpu_fail_report(g);
 }
 
-/* Wait for every local rank's arrival, then compare. Returns CP_DONE, or
- * MISMATCH (one node: final), or CP_BLOCKED. */
-static int handshake_step(cp_group *g, cp_req *r, cp_wait_target *wt) {
+/* Wait for every local rank's arrival, then compare. Returns DDCPU_DONE, or
+ * MISMATCH (one node: final), or DDCPU_BLOCKED. */
+static int handshake_step(ddcpu_group *g, ddcpu_req *r, ddcpu_wait_target *wt) {
   if (!g->has_shm) {
     r->status = DDPLUG_OK;
-    return CP_DONE;
+    return DDCPU_DONE;
   }
   int wait_for = -1;
   for (int j = 0; j < g->local_world; j++) {
-    cp_ctr *c = &g->shm.ctl[j].arrive;
-    if (cp_ctr_ge(c, (uint32_t)r->k)) continue;
+    ddcpu_ctr *c = &g->shm.ctl[j].arrive;
+    if (ddcpu_ctr_ge(c, (uint32_t)r->k)) continue;
     /* departed is set after the rank's last arrival: re-read the counter */
-    if (atomic_load(&g->shm.procs[j].departed) && !cp_ctr_ge(c, (uint32_t)r->k))
+    if (atomic_load(&g->shm.procs[j].departed) && !ddcpu_ctr_ge(c, (uint32_t)r->k))
       return departed(g, r, j);
     if (wait_for < 0) wait_for = j;
   }
   if (wait_for >= 0) {
-    wt->kind = CP_WAIT_CTR;
+    wt->kind = DDCPU_WAIT_CTR;
     wt->ctr = &g->shm.ctl[wait_for].arrive;
     wt->until = (uint32_t)r->k;
     wt->poster = wait_for;
-    return CP_BLOCKED;
+    return DDCPU_BLOCKED;
   }
-  cp_desc mine = my_desc(g, r);
-  int st = cp_hs_compare_local(g, r->k, &mine);
+  ddcpu_desc mine = my_desc(g, r);
+  int st = ddcpu_hs_compare_local(g, r->k, &mine);
   r->status = st;
   if (st != DDPLUG_OK) {
-    snprintf(r->msg, sizeof r->msg, "%s", cp_errmsg());
+    snprintf(r->msg, sizeof r->msg, "%s", ddcpu_errmsg());
     if (g->num_nodes == 1) return st;
   }
-  return CP_DONE;
+  return DDCPU_DONE;
 }
 
-static void verdict_enter(cp_group *g, cp_req *r, cp_phase *ph) {
+static void verdict_enter(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph) {
   if (!g->leader) return;
-  cp_hs_rec *own = &g->recs[g->node];
+  ddcpu_hs_rec *own = &g->recs[g->node];
   memset(own, 0, sizeof *own);
-  own->magic = CP_TCP_MAGIC;
+  own->magic = DDCPU_TCP_MAGIC;
   own->node = g->node;
   own->leader = g->rank;
   own->status = r->status;
   own->index = r->k;
   own->desc = my_desc(g, r);
   if (r->status != DDPLUG_OK) snprintf(own->detail, sizeof own->detail, "%s", r->msg);
-  cp_ring *rg = &ph->u.ring;
+  ddcpu_ring *rg = &ph->u.ring;
   memset(rg, 0, sizeof *rg);
-  rg->op = CP_RING_RECORDS;
+  rg->op = DDCPU_RING_RECORDS;
   rg->buf = (unsigned char *)g->recs;
-  rg->block_bytes = sizeof(cp_hs_rec);
+  rg->block_bytes = sizeof(ddcpu_hs_rec);
   rg->index = r->k;
   _Atomic uint64_t *arr = g->has_shm ? g->shm.arrived : g->arrived_local;
   atomic_store(&arr[g->node], r->k);
-  cp_ring_init(g, rg);
+  ddcpu_ring_init(g, rg);
 }
 
-static int verdict_step(cp_group *g, cp_req *r, cp_phase *ph,
-                        cp_wait_target *wt) {
+static int verdict_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph,
+                        ddcpu_wait_target *wt) {
   if (g->leader) {
-    int st = cp_ring_step(g, &ph->u.ring, wt);
-    if (st != CP_DONE) return st;
-    st = cp_hs_compare_nodes(g, g->recs, r->k);
+    int st = ddcpu_ring_step(g, &ph->u.ring, wt);
+    if (st != DDCPU_DONE) return st;
+    st = ddcpu_hs_compare_nodes(g, g->recs, r->k);
     if (g->has_shm) {
-      cp_shm_hdr *h = g->shm.hdr;
+      ddcpu_shm_hdr *h = g->shm.hdr;
       h->verdict_status = st;
       snprintf(h->verdict_msg, sizeof h->verdict_msg, "%s",
-               st == DDPLUG_OK ? "" : cp_errmsg());
-      cp_ctr_post(&h->verdict, (uint32_t)r->k);
+               st == DDPLUG_OK ? "" : ddcpu_errmsg());
+      ddcpu_ctr_post(&h->verdict, (uint32_t)r->k);
     }
-    return st == DDPLUG_OK ? CP_DONE : st;
+    return st == DDPLUG_OK ? DDCPU_DONE : st;
   }
-  cp_shm_hdr *h = g->shm.hdr;
-  if (!cp_ctr_ge(&h->verdict, (uint32_t)r->k)) {
-    wt->kind = CP_WAIT_CTR;
+  ddcpu_shm_hdr *h = g->shm.hdr;
+  if (!ddcpu_ctr_ge(&h->verdict, (uint32_t)r->k)) {
+    wt->kind = DDCPU_WAIT_CTR;
     wt->ctr = &h->verdict;
     wt->until = (uint32_t)r->k;
-    return CP_BLOCKED;
+    return DDCPU_BLOCKED;
   }
   if (h->verdict_status != DDPLUG_OK)
-    return cp_err(h->verdict_status, "%s", h->verdict_msg);
-  return CP_DONE;
+    return ddcpu_err(h->verdict_status, "%s", h->verdict_msg);
+  return DDCPU_DONE;
 }
 
-static int phase_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt) {
+static int phase_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_target *wt) {
   if (!ph->entered) {
     ph->entered = 1;
     switch (ph->kind) {
-      case CP_PH_HANDSHAKE: handshake_enter(g, r); break;
-      case CP_PH_VERDICT: verdict_enter(g, r, ph); break;
-      case CP_PH_PIPE: cp_pipe_init(g, &ph->u.pipe); break;
-      case CP_PH_DIRECT: cp_direct_enter(g, r, ph); break; /* may become PIPE */
-      case CP_PH_RING:
-        ph->u.ring.esize = cp_dtype_size(ph->u.ring.dtype);
-        cp_ring_init(g, &ph->u.ring);
+      case DDCPU_PH_HANDSHAKE: handshake_enter(g, r); break;
+      case DDCPU_PH_VERDICT: verdict_enter(g, r, ph); break;
+      case DDCPU_PH_PIPE: ddcpu_pipe_init(g, &ph->u.pipe); break;
+      case DDCPU_PH_DIRECT: ddcpu_direct_enter(g, r, ph); break; /* may become PIPE */
+      case DDCPU_PH_RING:
+        ph->u.ring.esize = ddcpu_dtype_size(ph->u.ring.dtype);
+        ddcpu_ring_init(g, &ph->u.ring);
         break;
       default: break;
     }
   }
   switch (ph->kind) {
-    case CP_PH_HANDSHAKE: return handshake_step(g, r, wt);
-    case CP_PH_VERDICT: return verdict_step(g, r, ph, wt);
-    case CP_PH_SMALL: cp_small_finish(g, r); return CP_DONE;
-    case CP_PH_PIPE: return cp_pipe_step(g, &ph->u.pipe, wt);
-    case CP_PH_DIRECT: return cp_direct_step(g, r, ph, wt);
-    case CP_PH_RING: return cp_ring_step(g, &ph->u.ring, wt);
-    case CP_PH_COPY:
+    case DDCPU_PH_HANDSHAKE: return handshake_step(g, r, wt);
+    case DDCPU_PH_VERDICT: return verdict_step(g, r, ph, wt);
+    case DDCPU_PH_SMALL: ddcpu_small_finish(g, r); return DDCPU_DONE;
+    case DDCPU_PH_PIPE: return ddcpu_pipe_step(g, &ph->u.pipe, wt);
+    case DDCPU_PH_DIRECT: return ddcpu_direct_step(g, r, ph, wt);
+    case DDCPU_PH_RING: return ddcpu_ring_step(g, &ph->u.ring, wt);
+    case DDCPU_PH_COPY:
       memmove(ph->u.copy.dst, ph->u.copy.src, ph->u.copy.bytes);
-      return CP_DONE;
-    case CP_PH_WIDEN:
-      cp_half_widen(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
-      return CP_DONE;
-    case CP_PH_NARROW:
-      cp_half_narrow(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
-      return CP_DONE;
-    default: return cp_err(DDPLUG_E_INTERNAL, "unknown phase %d", ph->kind);
+      return DDCPU_DONE;
+    case DDCPU_PH_WIDEN:
+      ddcpu_half_widen(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
+      return DDCPU_DONE;
+    case DDCPU_PH_NARROW:
+      ddcpu_half_narrow(ph->u.conv.dtype, ph->u.conv.dst, ph->u.conv.src, ph->u.conv.count);
+      return DDCPU_DONE;
+    default: return ddcpu_err(DDPLUG_E_INTERNAL, "unknown phase %d", ph->kind);
   }
 }
 
-static int advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
+static int advance(ddcpu_group *g, ddcpu_req *r, uint64_t deadline_ns) {
   g->exec_deadline = deadline_ns;
   if (!r->planned) {
     plan(g, r);
@@ -425,24 +425,24 @@ static int advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
    * long as it can progress (peers that arrived before an abort still
    * finish it), and reports the failure only when it has to wait. */
   if (r->cur == 0 && !r->ph[0].entered) {
-    int fs = cp_fail_report(g);
+    int fs = ddcpu_fail_report(g);
     if (fs) return fs;
   }
   for (;;) {
     if (r->cur >= r->nph) return DDPLUG_OK;
-    cp_phase *ph = &r->ph[r->cur];
-    cp_wait_target wt;
+    ddcpu_phase *ph = &r->ph[r->cur];
+    ddcpu_wait_target wt;
     memset(&wt, 0, sizeof wt);
     wt.poster = -1;
     int st = phase_step(g, r, ph, &wt);
-    if (st == CP_DONE) {
+    if (st == DDCPU_DONE) {
       r->cur++;
       continue;
     }
-    if (st == CP_BLOCKED) {
-      int w = cp_wait(g, &wt, deadline_ns);
-      if (w == CP_AGAIN) return CP_AGAIN;
-      if (w > 0) return cp_fail_status(g) ? cp_fail_settle(g, deadline_ns) : w;
+    if (st == DDCPU_BLOCKED) {
+      int w = ddcpu_wait(g, &wt, deadline_ns);
+      if (w == DDCPU_AGAIN) return DDCPU_AGAIN;
+      if (w > 0) return ddcpu_fail_status(g) ? ddcpu_fail_settle(g, deadline_ns) : w;
       continue;
     }
     if (st > 0 && st != DDPLUG_E_MISMATCH) {
@@ -450,15 +450,15 @@ static int advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
        * out of step would carry the next collective's data into the wrong
        * place): fail the group, so that this rank starts nothing more and
        * every other rank learns it (shared memory, the ring). */
-      if (!cp_fail_status(g)) {
-        char why[CP_MSG_MAX];
-        snprintf(why, sizeof why, "%s", cp_errmsg());
-        cp_fail_set(g, st, g->rank, g->rank,
-                    "rank %d stopped at collective #%llu: %s; the group cannot "
-                    "run further collectives: destroy it and create a new one",
-                    g->rank, (unsigned long long)r->args.seq, why);
+      if (!ddcpu_fail_status(g)) {
+        char why[DDCPU_MSG_MAX];
+        snprintf(why, sizeof why, "%s", ddcpu_errmsg());
+        ddcpu_fail_set(g, st, g->rank, g->rank,
+                       "rank %d stopped at collective #%llu: %s; the group cannot "
+                       "run further collectives: destroy it and create a new one",
+                       g->rank, (unsigned long long)r->args.seq, why);
       }
-      return cp_fail_report(g);
+      return ddcpu_fail_report(g);
     }
     return st;
   }
@@ -467,8 +467,8 @@ static int advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
 /* See cpu.h. Executor only. A collective that fails after this rank
  * arrived at a direct phase hands its buffers back only once no peer
  * writes into them any more. */
-int cp_coll_advance(cp_group *g, cp_req *r, uint64_t deadline_ns) {
+int ddcpu_coll_advance(ddcpu_group *g, ddcpu_req *r, uint64_t deadline_ns) {
   int st = advance(g, r, deadline_ns);
-  if (st > 0 && r->direct && r->nph > 0 && r->ph[0].entered) cp_direct_withdraw(g, r);
+  if (st > 0 && r->direct && r->nph > 0 && r->ph[0].entered) ddcpu_direct_withdraw(g, r);
   return st;
 }

@@ -11,7 +11,7 @@
  * to 4 MiB ran at a quarter of their speed. Those copies (skew 1..31)
  * go through a plain vector loop instead; every other copy is glibc's, which
  * is as fast or faster there (skews 32..63 included). Large outputs may use
- * streaming stores (see cp_copy in cpu.h). `build/bin/ddplug-copy-perf`
+ * streaming stores (see ddcpu_copy in cpu.h). `build/bin/ddplug-copy-perf`
  * prints both, by size and skew.
  *
  * SPDX-License-Identifier: Apache-2.0
@@ -57,7 +57,7 @@ static void vector_copy(unsigned char *d, const unsigned char *s, size_t n, int 
 }
 #endif
 
-void cp_copy(void *dst, const void *src, size_t n, int stream) {
+void ddcpu_copy(void *dst, const void *src, size_t n, int stream) {
 #if defined(__x86_64__)
   uintptr_t skew = ((uintptr_t)dst - (uintptr_t)src) & 4095;
   if (n >= 256 && (stream || (skew >= 1 && skew <= 31))) {
@@ -69,7 +69,7 @@ void cp_copy(void *dst, const void *src, size_t n, int stream) {
   memcpy(dst, src, n);
 }
 
-void cp_copy_fence(int stream) {
+void ddcpu_copy_fence(int stream) {
 #if defined(__x86_64__)
   if (stream) _mm_sfence();
 #endif

@@ -23,7 +23,7 @@
  *                it back) and every local rank publishes its verdict; the
  *                outcome is logged once at debug level.
  * Every rank decides the same way after the handshake, from every rank's
- * published buffers (cp_bufref) and verdicts: the direct path when each
+ * published buffers (ddcpu_bufref) and verdicts: the direct path when each
  * rank's buffers are registered, or reachable through the kernel and the
  * message has at least cma_min_bytes per rank; otherwise the phase turns
  * into the shared-memory pipeline (shm_coll.c).
@@ -62,73 +62,73 @@
  * its output (a writer never blocks while writing: this is only a bound). */
 #define WITHDRAW_WAIT_NS (10ull * 1000 * 1000 * 1000)
 
-static cp_bufref *bufref(cp_group *g, int j, uint64_t k) {
+static ddcpu_bufref *bufref(ddcpu_group *g, int j, uint64_t k) {
   return &g->shm.ctl[j].buf[k & 1];
 }
 
 /* See cpu.h. Executor only, before the arrival is posted. */
-void cp_direct_publish(cp_group *g, cp_req *r) {
+void ddcpu_direct_publish(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint64_t bytes = a->count * cp_dtype_size(a->dtype);
-  cp_bufref *b = bufref(g, g->local_rank, r->k);
+  uint64_t bytes = a->count * ddcpu_dtype_size(a->dtype);
+  ddcpu_bufref *b = bufref(g, g->local_rank, r->k);
   b->send = (uint64_t)(uintptr_t)a->send;
   b->recv = (uint64_t)(uintptr_t)a->recv;
-  b->send_off = cp_mem_offset(g, a->send, bytes);
-  b->recv_off = a->recv == a->send ? b->send_off : cp_mem_offset(g, a->recv, bytes);
+  b->send_off = ddcpu_mem_offset(g, a->send, bytes);
+  b->recv_off = a->recv == a->send ? b->send_off : ddcpu_mem_offset(g, a->recv, bytes);
 }
 
-static int registered(const cp_bufref *b) { return b->send_off >= 0 && b->recv_off >= 0; }
+static int registered(const ddcpu_bufref *b) { return b->send_off >= 0 && b->recv_off >= 0; }
 
 /* See cpu.h. */
-int cp_direct_cma_for(cp_group *g, uint64_t bytes) {
+int ddcpu_direct_cma_for(ddcpu_group *g, uint64_t bytes) {
   return g->num_nodes == 1 && g->has_shm && g->cma_all &&
          bytes >= g->opt.cma_min_bytes && bytes > g->opt.small_msg_bytes;
 }
 
 /* The same answer on every rank: it reads only what every rank published. */
-static int use_direct(cp_group *g, const cp_req *r, const cp_direct *d) {
+static int use_direct(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
   int all_registered = 1;
   for (int j = 0; j < g->local_world; j++)
     if (!registered(bufref(g, j, r->k))) all_registered = 0;
-  return all_registered || cp_direct_cma_for(g, d->count * cp_dtype_size(d->dtype));
+  return all_registered || ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype));
 }
 
 /* See cpu.h. Executor only, after the handshake. */
-void cp_direct_enter(cp_group *g, cp_req *r, cp_phase *ph) {
-  cp_direct d = ph->u.direct;
+void ddcpu_direct_enter(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph) {
+  ddcpu_direct d = ph->u.direct;
   if (use_direct(g, r, &d)) {
     ph->u.direct.wrote = 0;
     return;
   }
   memset(&ph->u, 0, sizeof ph->u);
-  ph->kind = CP_PH_PIPE;
-  cp_pipe *p = &ph->u.pipe;
-  p->mode = CP_PIPE_ALLREDUCE;
+  ph->kind = DDCPU_PH_PIPE;
+  ddcpu_pipe *p = &ph->u.pipe;
+  p->mode = DDCPU_PIPE_ALLREDUCE;
   p->dtype = d.dtype;
   p->in = d.send;
   p->out = d.recv;
   p->elems = d.count;
   p->op = d.op;
   p->divisor = d.divisor;
-  cp_pipe_init(g, p);
+  ddcpu_pipe_init(g, p);
 }
 
 /* Local index k's slice [*off, *off + *len) of count elements: a multiple
  * of 64 bytes, so no two ranks write the same cache line of an aligned
  * buffer. */
-static void slice_of(const cp_group *g, uint64_t count, uint32_t es, int k,
+static void slice_of(const ddcpu_group *g, uint64_t count, uint32_t es, int k,
                      uint64_t *off, uint64_t *len) {
   uint64_t unit = 64 / es;
   uint64_t per = (count + (uint64_t)g->local_world - 1) / (uint64_t)g->local_world;
   per = (per + unit - 1) / unit * unit;
-  uint64_t s = CP_MIN(count, per * (uint64_t)k);
+  uint64_t s = DDCPU_MIN(count, per * (uint64_t)k);
   *off = s;
-  *len = CP_MIN(count, s + per) - s;
+  *len = DDCPU_MIN(count, s + per) - s;
 }
 
 /* Move bytes between this process and local index j's, through the
  * kernel. write: local -> remote. */
-static int cma_xfer(cp_group *g, int j, int write, unsigned char *local,
+static int cma_xfer(ddcpu_group *g, int j, int write, unsigned char *local,
                     uint64_t remote, uint64_t bytes, const char *what) {
   int peer = g->local_ranks[j];
   pid_t pid = (pid_t)g->pid_of[peer];
@@ -146,21 +146,21 @@ static int cma_xfer(cp_group *g, int j, int write, unsigned char *local,
     int e = n < 0 ? errno : EFAULT; /* 0 bytes: the range ends there */
     if (e == EINTR) continue;
     if (e == ESRCH) {
-      cp_peer_exited(g, j);
-      int st = cp_fail_report(g);
+      ddcpu_peer_exited(g, j);
+      int st = ddcpu_fail_report(g);
       if (st) return st;
     }
     if (e == EFAULT)
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "rank %d: rank %d's %s buffer (pid %lld, address 0x%llx) "
-                    "cannot be %s for the next %llu bytes: is it shorter than "
-                    "the collective's count?", g->rank, peer, what,
-                    (long long)pid, (unsigned long long)remote,
-                    write ? "written" : "read", (unsigned long long)bytes);
-    return cp_err_errno(DDPLUG_E_SYSTEM, e,
-                        "rank %d: process_vm_%s of rank %d's %s buffer (pid %lld) "
-                        "failed although it worked at group_create", g->rank,
-                        write ? "writev" : "readv", peer, what, (long long)pid);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "rank %d: rank %d's %s buffer (pid %lld, address 0x%llx) "
+                       "cannot be %s for the next %llu bytes: is it shorter than "
+                       "the collective's count?", g->rank, peer, what,
+                       (long long)pid, (unsigned long long)remote,
+                       write ? "written" : "read", (unsigned long long)bytes);
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e,
+                           "rank %d: process_vm_%s of rank %d's %s buffer (pid %lld) "
+                           "failed although it worked at group_create", g->rank,
+                           write ? "writev" : "readv", peer, what, (long long)pid);
   }
   return DDPLUG_OK;
 }
@@ -168,18 +168,18 @@ static int cma_xfer(cp_group *g, int j, int write, unsigned char *local,
 /* Scratch block for local index j's input (slots for peers 0..n-2, then
  * the output block), placed at the same offset within a page as the
  * remote address: the kernel's page-by-page copy then has no skew. */
-static unsigned char *scratch(cp_group *g, int slot, uint64_t remote) {
+static unsigned char *scratch(ddcpu_group *g, int slot, uint64_t remote) {
   return g->dscratch + (uint64_t)slot * (g->dblock + PAGE) + (remote & (PAGE - 1));
 }
 
 /* Reduce this rank's slice and write it into every output. */
-static int move(cp_group *g, cp_req *r, const cp_direct *d, uint64_t off,
+static int move(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint64_t off,
                 uint64_t len, uint32_t es) {
   const int n = g->local_world, me = g->local_rank;
-  const unsigned char *in[CP_MAX_LOCAL];
-  unsigned char *out[CP_MAX_LOCAL];
-  const cp_bufref *ref[CP_MAX_LOCAL];
-  int cma[CP_MAX_LOCAL], ncma = 0, first_cma = -1;
+  const unsigned char *in[DDCPU_MAX_LOCAL];
+  unsigned char *out[DDCPU_MAX_LOCAL];
+  const ddcpu_bufref *ref[DDCPU_MAX_LOCAL];
+  int cma[DDCPU_MAX_LOCAL], ncma = 0, first_cma = -1;
   unsigned char *seg = g->shm.base;
   for (int j = 0; j < n; j++) {
     ref[j] = bufref(g, j, r->k);
@@ -201,9 +201,9 @@ static int move(cp_group *g, cp_req *r, const cp_direct *d, uint64_t off,
   const int stream = g->opt.nt_bytes > 0 && d->count * es >= g->opt.nt_bytes;
   const uint64_t block = ncma ? g->dblock / es : len;
   for (uint64_t b = off; b < off + len; b += block) {
-    uint64_t m = CP_MIN(block, off + len - b);
-    const void *srcs[CP_MAX_LOCAL];
-    void *dsts[CP_MAX_LOCAL + 1];
+    uint64_t m = DDCPU_MIN(block, off + len - b);
+    const void *srcs[DDCPU_MAX_LOCAL];
+    void *dsts[DDCPU_MAX_LOCAL + 1];
     int nd = 0, slot = 0;
     unsigned char *tmp_out = NULL;
     for (int j = 0; j < n; j++) {
@@ -223,33 +223,33 @@ static int move(cp_group *g, cp_req *r, const cp_direct *d, uint64_t off,
     }
     for (int j = 0; j < n; j++)
       if (!cma[j]) dsts[nd++] = out[j] + b * es;
-    cp_reduce_bcast(d->dtype, d->op, dsts, nd, srcs, n, m, d->divisor, stream);
+    ddcpu_reduce_bcast(d->dtype, d->op, dsts, nd, srcs, n, m, d->divisor, stream);
     for (int j = 0; j < n; j++) {
       if (!cma[j]) continue;
       int st = cma_xfer(g, j, 1, tmp_out, ref[j]->recv + b * es, m * es, "receive");
       if (st != DDPLUG_OK) return st;
     }
   }
-  cp_copy_fence(stream);
+  ddcpu_copy_fence(stream);
   return DDPLUG_OK;
 }
 
 /* Write this rank's slice into every output, unless a peer has withdrawn. */
-static int write_slice(cp_group *g, cp_req *r, const cp_direct *d) {
-  uint32_t es = cp_dtype_size(d->dtype);
+static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
+  uint32_t es = ddcpu_dtype_size(d->dtype);
   uint64_t off, len;
   slice_of(g, d->count, es, g->local_rank, &off, &len);
-  cp_rank_ctl *mine = &g->shm.ctl[g->local_rank];
+  ddcpu_rank_ctl *mine = &g->shm.ctl[g->local_rank];
   atomic_store_explicit(&mine->writing, r->k, memory_order_seq_cst);
   for (int j = 0; j < g->local_world; j++) {
     if (j == g->local_rank ||
         atomic_load_explicit(&g->shm.ctl[j].withdrawn, memory_order_seq_cst) != r->k)
       continue;
     atomic_store_explicit(&mine->writing, 0, memory_order_release);
-    int st = cp_fail_report(g);
-    return st ? st : cp_err(DDPLUG_E_INTERNAL,
-                            "rank %d abandoned collective #%llu after arriving",
-                            g->local_ranks[j], (unsigned long long)r->args.seq);
+    int st = ddcpu_fail_report(g);
+    return st ? st : ddcpu_err(DDPLUG_E_INTERNAL,
+                               "rank %d abandoned collective #%llu after arriving",
+                               g->local_ranks[j], (unsigned long long)r->args.seq);
   }
   int st = len ? move(g, r, d, off, len, es) : DDPLUG_OK;
   atomic_store_explicit(&mine->writing, 0, memory_order_release);
@@ -257,56 +257,56 @@ static int write_slice(cp_group *g, cp_req *r, const cp_direct *d) {
 }
 
 /* See cpu.h. Executor only. */
-int cp_direct_step(cp_group *g, cp_req *r, cp_phase *ph, cp_wait_target *wt) {
-  cp_direct *d = &ph->u.direct;
+int ddcpu_direct_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_target *wt) {
+  ddcpu_direct *d = &ph->u.direct;
   if (!d->wrote) {
     int st = write_slice(g, r, d);
     if (st != DDPLUG_OK) return st;
-    cp_ctr_post(&g->shm.ctl[g->local_rank].done, (uint32_t)r->k);
+    ddcpu_ctr_post(&g->shm.ctl[g->local_rank].done, (uint32_t)r->k);
     d->wrote = 1;
   }
   for (int j = 0; j < g->local_world; j++) {
-    cp_ctr *c = &g->shm.ctl[j].done;
-    if (cp_ctr_ge(c, (uint32_t)r->k)) continue;
-    wt->kind = CP_WAIT_CTR;
+    ddcpu_ctr *c = &g->shm.ctl[j].done;
+    if (ddcpu_ctr_ge(c, (uint32_t)r->k)) continue;
+    wt->kind = DDCPU_WAIT_CTR;
     wt->ctr = c;
     wt->until = (uint32_t)r->k;
-    return CP_BLOCKED;
+    return DDCPU_BLOCKED;
   }
-  return CP_DONE;
+  return DDCPU_DONE;
 }
 
 /* See cpu.h. Executor only; keeps the thread's error sentence. */
-void cp_direct_withdraw(cp_group *g, cp_req *r) {
+void ddcpu_direct_withdraw(ddcpu_group *g, ddcpu_req *r) {
   if (!g->has_shm) return;
-  char saved[CP_MSG_MAX];
-  snprintf(saved, sizeof saved, "%s", cp_errmsg());
+  char saved[DDCPU_MSG_MAX];
+  snprintf(saved, sizeof saved, "%s", ddcpu_errmsg());
   atomic_store_explicit(&g->shm.ctl[g->local_rank].withdrawn, r->k, memory_order_seq_cst);
-  uint64_t until = cp_now_ns() + WITHDRAW_WAIT_NS;
+  uint64_t until = ddcpu_now_ns() + WITHDRAW_WAIT_NS;
   for (int j = 0; j < g->local_world; j++) {
     if (j == g->local_rank) continue;
     while (atomic_load_explicit(&g->shm.ctl[j].writing, memory_order_seq_cst) == r->k) {
       if (atomic_load(&g->pid_gone[j]) ||
-          !cp_proc_alive(g->pid_of[g->local_ranks[j]],
-                         atomic_load(&g->shm.procs[j].start_time)))
+          !ddcpu_proc_alive(g->pid_of[g->local_ranks[j]],
+                            atomic_load(&g->shm.procs[j].start_time)))
         break;
-      if (cp_now_ns() >= until) {
-        cp_log(g, DDPLUG_LOG_ERROR,
-               "cpu plugin: rank %d gives up waiting for rank %d to finish "
-               "writing its result of collective #%llu (stopped?): that rank "
-               "may still write into the buffer this rank gets back",
-               g->rank, g->local_ranks[j], (unsigned long long)r->args.seq);
+      if (ddcpu_now_ns() >= until) {
+        ddcpu_log(g, DDPLUG_LOG_ERROR,
+                  "cpu plugin: rank %d gives up waiting for rank %d to finish "
+                  "writing its result of collective #%llu (stopped?): that rank "
+                  "may still write into the buffer this rank gets back",
+                  g->rank, g->local_ranks[j], (unsigned long long)r->args.seq);
         break;
       }
       usleep(100);
     }
   }
-  cp_errmsg_set(saved);
+  ddcpu_errmsg_set(saved);
 }
 
 /* Read local index j's probe word and write it back through the kernel.
  * Returns 0, or the errno that refused it (with the call in *which). */
-static int probe_peer(cp_group *g, int j, const char **which) {
+static int probe_peer(ddcpu_group *g, int j, const char **which) {
   pid_t pid = (pid_t)g->pid_of[g->local_ranks[j]];
   uint64_t word = 0;
   uint64_t at = g->shm.procs[j].probe_addr;
@@ -338,15 +338,15 @@ static double kernel_copy_share(void) {
   uint64_t best_k = UINT64_MAX, best_m = UINT64_MAX;
   for (int round = 0; round < 5; round++) {
     struct iovec l = {b, SPEED_BYTES}, rm = {a, SPEED_BYTES};
-    uint64_t t0 = cp_now_ns();
+    uint64_t t0 = ddcpu_now_ns();
     ssize_t n = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
-    uint64_t t1 = cp_now_ns();
+    uint64_t t1 = ddcpu_now_ns();
     memcpy(b, a, SPEED_BYTES);
     __asm__ volatile("" : : "r"(b) : "memory");
-    uint64_t t2 = cp_now_ns();
+    uint64_t t2 = ddcpu_now_ns();
     if (n != (ssize_t)SPEED_BYTES) break;
-    best_k = CP_MIN(best_k, t1 - t0);
-    best_m = CP_MIN(best_m, t2 - t1);
+    best_k = DDCPU_MIN(best_k, t1 - t0);
+    best_m = DDCPU_MIN(best_m, t2 - t1);
   }
   free(a);
   free(b);
@@ -356,24 +356,24 @@ static double kernel_copy_share(void) {
 
 /* See cpu.h. group_create only (after every local rank attached and the
  * liveness watch is open). */
-int cp_direct_probe(cp_group *g, uint64_t deadline) {
+int ddcpu_direct_probe(ddcpu_group *g, uint64_t deadline) {
   if (!g->has_shm) return DDPLUG_OK;
   const int n = g->local_world;
-  char why[CP_MSG_MAX] = "";
-  int verdict = CP_SC_YES;
+  char why[DDCPU_MSG_MAX] = "";
+  int verdict = DDCPU_SC_YES;
   if (g->num_nodes > 1) {
-    verdict = CP_SC_NO;
+    verdict = DDCPU_SC_NO;
     snprintf(why, sizeof why, "the group spans %d nodes", g->num_nodes);
-  } else if (g->opt.cma == CP_CMA_OFF) {
-    verdict = CP_SC_NO;
+  } else if (g->opt.cma == DDCPU_CMA_OFF) {
+    verdict = DDCPU_SC_NO;
     snprintf(why, sizeof why, "plugin_options.cma is \"off\"");
   } else {
-    for (int j = 0; j < n && verdict == CP_SC_YES; j++) {
+    for (int j = 0; j < n && verdict == DDCPU_SC_YES; j++) {
       if (j == g->local_rank) continue;
       const char *which = "";
       int e = probe_peer(g, j, &which);
       if (e == 0) continue;
-      verdict = CP_SC_NO;
+      verdict = DDCPU_SC_NO;
       snprintf(why, sizeof why, "%s of rank %d (pid %lld) from rank %d: %s%s", which,
                g->local_ranks[j], (long long)g->pid_of[g->local_ranks[j]], g->rank,
                e == EPROTO ? "read an unexpected value" : strerror(e),
@@ -383,24 +383,24 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
                      "security profile)"
                    : "");
     }
-    if (verdict == CP_SC_YES && g->opt.cma == CP_CMA_AUTO) {
+    if (verdict == DDCPU_SC_YES && g->opt.cma == DDCPU_CMA_AUTO) {
       double share = kernel_copy_share();
-      if (share < CP_CMA_MIN_SPEED) {
-        verdict = CP_SC_NO;
+      if (share < DDCPU_CMA_MIN_SPEED) {
+        verdict = DDCPU_SC_NO;
         snprintf(why, sizeof why, "allowed, but on rank %d the kernel's copy moves %.0f%% of "
                  "memcpy's bytes per second, less than the %.0f%% that make it pay "
                  "(plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
-                 100.0 * CP_CMA_MIN_SPEED);
+                 100.0 * DDCPU_CMA_MIN_SPEED);
       }
     }
-    if (verdict == CP_SC_YES) {
+    if (verdict == DDCPU_SC_YES) {
       /* a block per peer plus the output block, each with a page of room
        * to match the remote page offset */
       uint64_t block = CMA_SCRATCH_BUDGET / (uint64_t)n;
-      block = CP_MAX(CMA_BLOCK_MIN, CP_MIN(block, g->opt.chunk_bytes)) / PAGE * PAGE;
+      block = DDCPU_MAX(CMA_BLOCK_MIN, DDCPU_MIN(block, g->opt.chunk_bytes)) / PAGE * PAGE;
       void *p = NULL;
       if (posix_memalign(&p, PAGE, (size_t)((uint64_t)n * (block + PAGE))) != 0) {
-        verdict = CP_SC_NO;
+        verdict = DDCPU_SC_NO;
         snprintf(why, sizeof why, "rank %d could not allocate its %llu-byte scratch",
                  g->rank, (unsigned long long)((uint64_t)n * (block + PAGE)));
       } else {
@@ -410,23 +410,23 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
     }
   }
   atomic_store(&g->shm.procs[g->local_rank].cma, (uint32_t)verdict);
-  cp_ctr *c = &g->shm.hdr->probed;
+  ddcpu_ctr *c = &g->shm.hdr->probed;
   atomic_fetch_add(&c->val, 1);
-  cp_ctr_wake(c);
-  while (!cp_ctr_ge(c, (uint32_t)n)) {
-    int fs = cp_liveness_poll(g, 0);
-    if (fs) return cp_fail_report(g);
-    uint64_t now = cp_now_ns();
+  ddcpu_ctr_wake(c);
+  while (!ddcpu_ctr_ge(c, (uint32_t)n)) {
+    int fs = ddcpu_liveness_poll(g, 0);
+    if (fs) return ddcpu_fail_report(g);
+    uint64_t now = ddcpu_now_ns();
     if (now >= deadline)
-      return cp_err(DDPLUG_E_TIMEOUT,
-                    "rank %d: the node's ranks did not all finish group_create's "
-                    "single-copy probe in time", g->rank);
-    cp_ctr_sleep(c, atomic_load(&c->val), CP_MIN(deadline - now, 20000000ull), 1);
+      return ddcpu_err(DDPLUG_E_TIMEOUT,
+                       "rank %d: the node's ranks did not all finish group_create's "
+                       "single-copy probe in time", g->rank);
+    ddcpu_ctr_sleep(c, atomic_load(&c->val), DDCPU_MIN(deadline - now, 20000000ull), 1);
   }
   g->cma_all = 1;
   int refused = -1;
   for (int j = 0; j < n; j++)
-    if (atomic_load(&g->shm.procs[j].cma) != CP_SC_YES) {
+    if (atomic_load(&g->shm.procs[j].cma) != DDCPU_SC_YES) {
       g->cma_all = 0;
       if (refused < 0) refused = j;
     }
@@ -435,20 +435,20 @@ int cp_direct_probe(cp_group *g, uint64_t deadline) {
     g->dscratch = NULL;
   }
   if (g->cma_all)
-    cp_log(g, DDPLUG_LOG_DEBUG,
-           "cpu plugin: single copy through the kernel (process_vm_readv/writev) "
-           "between the %d local ranks: available; unregistered allreduces of at "
-           "least %llu bytes use it, in %llu-byte blocks", n,
-           (unsigned long long)CP_MAX(g->opt.cma_min_bytes, g->opt.small_msg_bytes + 1),
-           (unsigned long long)g->dblock);
+    ddcpu_log(g, DDPLUG_LOG_DEBUG,
+              "cpu plugin: single copy through the kernel (process_vm_readv/writev) "
+              "between the %d local ranks: available; unregistered allreduces of at "
+              "least %llu bytes use it, in %llu-byte blocks", n,
+              (unsigned long long)DDCPU_MAX(g->opt.cma_min_bytes, g->opt.small_msg_bytes + 1),
+              (unsigned long long)g->dblock);
   else {
     if (!why[0])
       snprintf(why, sizeof why, "refused to rank %d: its log says why",
                g->local_ranks[refused]);
-    cp_log(g, DDPLUG_LOG_DEBUG,
-           "cpu plugin: single copy through the kernel is not used (%s); "
-           "unregistered buffers go through the shared-memory pipeline, "
-           "registered ones (mem_alloc) are still reduced in place", why);
+    ddcpu_log(g, DDPLUG_LOG_DEBUG,
+              "cpu plugin: single copy through the kernel is not used (%s); "
+              "unregistered buffers go through the shared-memory pipeline, "
+              "registered ones (mem_alloc) are still reduced in place", why);
   }
   return DDPLUG_OK;
 }

@@ -15,7 +15,7 @@
 
 #include "cpu.h"
 
-static _Thread_local char tls_msg[CP_MSG_MAX];
+static _Thread_local char tls_msg[DDCPU_MSG_MAX];
 
 static void vset(const char *fmt, va_list ap) {
   int n = vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
@@ -23,7 +23,7 @@ static void vset(const char *fmt, va_list ap) {
 }
 
 /* Record the sentence and return status. Thread-safe (thread-local). */
-int cp_err(int status, const char *fmt, ...) {
+int ddcpu_err(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vset(fmt, ap);
@@ -32,37 +32,37 @@ int cp_err(int status, const char *fmt, ...) {
 }
 
 /* Record the sentence with ": strerror(errno_value)" appended. */
-int cp_err_errno(int status, int errno_value, const char *fmt, ...) {
-  char head[CP_MSG_MAX];
+int ddcpu_err_errno(int status, int errno_value, const char *fmt, ...) {
+  char head[DDCPU_MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(head, sizeof head, fmt, ap);
   va_end(ap);
-  return cp_err(status, "%s: %s", head, strerror(errno_value));
+  return ddcpu_err(status, "%s: %s", head, strerror(errno_value));
 }
 
 /* Prefix the current sentence: "prefix: old". */
-int cp_err_prefix(int status, const char *fmt, ...) {
-  char head[CP_MSG_MAX], old[CP_MSG_MAX];
+int ddcpu_err_prefix(int status, const char *fmt, ...) {
+  char head[DDCPU_MSG_MAX], old[DDCPU_MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(head, sizeof head, fmt, ap);
   va_end(ap);
   snprintf(old, sizeof old, "%s", tls_msg);
-  return cp_err(status, "%s: %s", head, old);
+  return ddcpu_err(status, "%s: %s", head, old);
 }
 
-/* This thread's sentence; valid until the next cp_err on this thread. */
-const char *cp_errmsg(void) { return tls_msg; }
+/* This thread's sentence; valid until the next ddcpu_err on this thread. */
+const char *ddcpu_errmsg(void) { return tls_msg; }
 
-void cp_errmsg_set(const char *text) {
+void ddcpu_errmsg_set(const char *text) {
   snprintf(tls_msg, sizeof tls_msg, "%s", text ? text : "");
 }
 
 /* Log one line through the host services (thread-safe there). */
-void cp_log(const cp_group *g, int level, const char *fmt, ...) {
+void ddcpu_log(const ddcpu_group *g, int level, const char *fmt, ...) {
   if (!g || !g->svc || level > g->log_level) return;
-  char line[CP_MSG_MAX + 64];
+  char line[DDCPU_MSG_MAX + 64];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);

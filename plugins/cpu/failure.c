@@ -6,7 +6,7 @@
  * found dead after an abort upgrades the abort to PEER_LOST (the runtime's
  * failure watcher may pass a peer's death on as an abort before the plugin
  * sees it; a blocked collective woken by an abort waits up to 150 ms for
- * such an upgrade, cp_fail_settle). The record (status,
+ * such an upgrade, ddcpu_fail_settle). The record (status,
  * the rank lost or aborting, who noticed, a sentence) lives in the process
  * and in the node's shared memory; a rank that fails first writes it there,
  * every other local rank adopts it from there, so all ranks of a node
@@ -41,10 +41,10 @@
 #define SYS_pidfd_open 434
 #endif
 
-static int prev_node(const cp_group *g) {
+static int prev_node(const ddcpu_group *g) {
   return (g->node + g->num_nodes - 1) % g->num_nodes;
 }
-static int next_node(const cp_group *g) {
+static int next_node(const ddcpu_group *g) {
   return (g->node + 1) % g->num_nodes;
 }
 
@@ -57,7 +57,7 @@ static int next_node(const cp_group *g) {
  * CAS, fills it, and publishes it with a release store; readers read only
  * published slots. */
 
-static int slot_write(cp_fail_rec *f, int status, int rank, int origin, const char *msg) {
+static int slot_write(ddcpu_fail_rec *f, int status, int rank, int origin, const char *msg) {
   uint32_t expect = 0;
   if (!atomic_compare_exchange_strong(&f->state, &expect, 1)) return 0;
   f->status = status;
@@ -68,14 +68,14 @@ static int slot_write(cp_fail_rec *f, int status, int rank, int origin, const ch
   return 1;
 }
 
-static int slot_ready(cp_fail_rec *f) {
+static int slot_ready(ddcpu_fail_rec *f) {
   uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
   while (st == 1) st = atomic_load_explicit(&f->state, memory_order_acquire);
   return st == 2;
 }
 
 /* The effective record of a pair of slots, or NULL. */
-static cp_fail_rec *effective(cp_fail_rec *f) {
+static ddcpu_fail_rec *effective(ddcpu_fail_rec *f) {
   if (slot_ready(&f[1])) return &f[1];
   if (slot_ready(&f[0])) return &f[0];
   return NULL;
@@ -83,7 +83,7 @@ static cp_fail_rec *effective(cp_fail_rec *f) {
 
 /* Write (status, ...) into the pair: slot 0 if free, else slot 1 when it
  * upgrades slot 0 to PEER_LOST. Returns 1 if the effective record changed. */
-static int pair_write(cp_fail_rec *f, int status, int rank, int origin, const char *msg) {
+static int pair_write(ddcpu_fail_rec *f, int status, int rank, int origin, const char *msg) {
   if (slot_write(&f[0], status, rank, origin, msg)) return 1;
   slot_ready(&f[0]);
   if (status == DDPLUG_E_PEER_LOST && f[0].status != DDPLUG_E_PEER_LOST)
@@ -94,48 +94,48 @@ static int pair_write(cp_fail_rec *f, int status, int rank, int origin, const ch
 /* Send the effective record backwards around the ring, once per slot. A
  * record whose origin is on the previous node came from there: the circle
  * is closed. */
-static void ring_tell(cp_group *g) {
+static void ring_tell(ddcpu_group *g) {
   if (!g->leader || g->num_nodes < 2 || g->prev_fd < 0) return;
-  cp_fail_rec *f = effective(g->fail);
+  ddcpu_fail_rec *f = effective(g->fail);
   if (!f) return;
   int slot = f == &g->fail[1];
   if (atomic_exchange(&g->ring_told[slot], 1)) return;
   if (f->origin >= 0 && f->origin < g->world && g->node_of[f->origin] == prev_node(g)) return;
-  cp_ctl_msg m;
-  cp_ctl_init(g, &m, CP_MSG_ABORT);
+  ddcpu_ctl_msg m;
+  ddcpu_ctl_init(g, &m, DDCPU_MSG_ABORT);
   m.status = f->status;
   m.rank = f->rank;
   m.origin = f->origin;
   m.origin_node = f->origin >= 0 && f->origin < g->world ? g->node_of[f->origin] : g->node;
   snprintf(m.msg, sizeof m.msg, "%s", f->msg);
   pthread_mutex_lock(&g->ctl_mu);
-  (void)cp_tcp_send_all(g->prev_fd, &m, sizeof m, cp_deadline(200));
+  (void)ddcpu_tcp_send_all(g->prev_fd, &m, sizeof m, ddcpu_deadline(200));
   pthread_mutex_unlock(&g->ctl_mu);
 }
 
 /* Wake every sleeper: shm counters of the node, the engine's event. */
-void cp_wake_all(cp_group *g) {
+void ddcpu_wake_all(ddcpu_group *g) {
   if (g->has_shm && g->shm.hdr) {
     for (int j = 0; j < g->local_world; j++) {
-      cp_rank_ctl *c = &g->shm.ctl[j];
-      cp_ctr_wake(&c->arrive);
-      cp_ctr_wake(&c->cin);
-      cp_ctr_wake(&c->cred);
-      cp_ctr_wake(&c->cout);
+      ddcpu_rank_ctl *c = &g->shm.ctl[j];
+      ddcpu_ctr_wake(&c->arrive);
+      ddcpu_ctr_wake(&c->cin);
+      ddcpu_ctr_wake(&c->cred);
+      ddcpu_ctr_wake(&c->cout);
     }
-    cp_ctr_wake(&g->shm.hdr->attached);
-    cp_ctr_wake(&g->shm.hdr->verdict);
+    ddcpu_ctr_wake(&g->shm.hdr->attached);
+    ddcpu_ctr_wake(&g->shm.hdr->verdict);
   }
   atomic_fetch_add(&g->ev.val, 1);
-  cp_ctr_wake(&g->ev);
+  ddcpu_ctr_wake(&g->ev);
 }
 
 /* Record a failure: shared memory first (so the node agrees), then the
  * process; tell the ring and wake everything. Returns the status now in
  * force. */
-static int record(cp_group *g, int status, int rank, int origin, const char *msg) {
-  const cp_fail_rec *src = NULL;
-  cp_fail_rec mine = {0};
+static int record(ddcpu_group *g, int status, int rank, int origin, const char *msg) {
+  const ddcpu_fail_rec *src = NULL;
+  ddcpu_fail_rec mine = {0};
   if (g->has_shm && g->shm.hdr) {
     pair_write(g->shm.hdr->fail, status, rank, origin, msg);
     src = effective(g->shm.hdr->fail);
@@ -147,24 +147,24 @@ static int record(cp_group *g, int status, int rank, int origin, const char *msg
     src = &mine;
   }
   if (pair_write(g->fail, src->status, src->rank, src->origin, src->msg)) {
-    cp_fail_rec *f = effective(g->fail);
+    ddcpu_fail_rec *f = effective(g->fail);
     atomic_store_explicit(&g->fail_status, f->status, memory_order_release);
     uint64_t one = 1;
     if (g->abort_fd >= 0) (void)!write(g->abort_fd, &one, sizeof one);
-    cp_log(g, f->status == DDPLUG_E_ABORTED ? DDPLUG_LOG_INFO : DDPLUG_LOG_WARN,
-           "cpu plugin: group failed (%s): %s",
-           f->status == DDPLUG_E_PEER_LOST ? "peer lost" :
-           f->status == DDPLUG_E_ABORTED ? "aborted" : "error", f->msg);
+    ddcpu_log(g, f->status == DDPLUG_E_ABORTED ? DDPLUG_LOG_INFO : DDPLUG_LOG_WARN,
+              "cpu plugin: group failed (%s): %s",
+              f->status == DDPLUG_E_PEER_LOST ? "peer lost" :
+              f->status == DDPLUG_E_ABORTED ? "aborted" : "error", f->msg);
   }
   ring_tell(g);
-  cp_wake_all(g);
+  ddcpu_wake_all(g);
   return atomic_load_explicit(&g->fail_status, memory_order_acquire);
 }
 
 /* See cpu.h. Thread-safe; may be called from any thread. */
-int cp_fail_set(cp_group *g, int status, int rank, int origin,
-                const char *fmt, ...) {
-  char msg[CP_MSG_MAX];
+int ddcpu_fail_set(ddcpu_group *g, int status, int rank, int origin,
+                   const char *fmt, ...) {
+  char msg[DDCPU_MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -172,52 +172,52 @@ int cp_fail_set(cp_group *g, int status, int rank, int origin,
   return record(g, status, rank, origin, msg);
 }
 
-int cp_fail_adopt(cp_group *g, int status, int rank, int origin,
-                  const char *msg, int from_ring) {
+int ddcpu_fail_adopt(ddcpu_group *g, int status, int rank, int origin,
+                     const char *msg, int from_ring) {
   (void)from_ring;
   return record(g, status, rank, origin, msg);
 }
 
 /* See cpu.h. Lock-free: a few atomic loads on the healthy path. */
-int cp_fail_status(cp_group *g) {
+int ddcpu_fail_status(ddcpu_group *g) {
   int st = atomic_load_explicit(&g->fail_status, memory_order_acquire);
   if (g->has_shm && g->shm.hdr && st != DDPLUG_E_PEER_LOST) {
-    cp_fail_rec *f = g->shm.hdr->fail;
+    ddcpu_fail_rec *f = g->shm.hdr->fail;
     int shm_set = atomic_load_explicit(&f[0].state, memory_order_acquire) != 0;
     int shm_up = atomic_load_explicit(&f[1].state, memory_order_acquire) != 0;
     if ((shm_set && st == 0) || (shm_up && !atomic_load(&g->fail[1].state))) {
-      cp_fail_rec *e = effective(f);
+      ddcpu_fail_rec *e = effective(f);
       if (e) return record(g, e->status, e->rank, e->origin, e->msg);
     }
   }
   return st;
 }
 
-const cp_fail_rec *cp_fail_get(cp_group *g) {
-  cp_fail_status(g);
+const ddcpu_fail_rec *ddcpu_fail_get(ddcpu_group *g) {
+  ddcpu_fail_status(g);
   return effective(g->fail);
 }
 
-int cp_fail_report(cp_group *g) {
-  int st = cp_fail_status(g);
-  if (st) cp_errmsg_set(effective(g->fail)->msg);
+int ddcpu_fail_report(ddcpu_group *g) {
+  int st = ddcpu_fail_status(g);
+  if (st) ddcpu_errmsg_set(effective(g->fail)->msg);
   return st;
 }
 
 /* See cpu.h. Executor only. */
-int cp_fail_settle(cp_group *g, uint64_t deadline_ns) {
-  int st = cp_fail_status(g);
-  uint64_t until = CP_MIN(cp_now_ns() + 150ull * 1000 * 1000, deadline_ns);
-  while (st == DDPLUG_E_ABORTED && cp_now_ns() < until) {
-    cp_liveness_poll(g, 10);
-    st = cp_fail_status(g);
+int ddcpu_fail_settle(ddcpu_group *g, uint64_t deadline_ns) {
+  int st = ddcpu_fail_status(g);
+  uint64_t until = DDCPU_MIN(ddcpu_now_ns() + 150ull * 1000 * 1000, deadline_ns);
+  while (st == DDPLUG_E_ABORTED && ddcpu_now_ns() < until) {
+    ddcpu_liveness_poll(g, 10);
+    st = ddcpu_fail_status(g);
   }
-  return cp_fail_report(g);
+  return ddcpu_fail_report(g);
 }
 
 /* ---- liveness ---------------------------------------------------------------- */
 
-int cp_liveness_open(cp_group *g) {
+int ddcpu_liveness_open(ddcpu_group *g) {
   for (int j = 0; j < g->local_world; j++) {
     g->pidfd[j] = -1;
     int r = g->local_ranks[j];
@@ -226,23 +226,23 @@ int cp_liveness_open(cp_group *g) {
     if (fd < 0) {
       int e = errno;
       if (e == ENOSYS) {
-        cp_log(g, DDPLUG_LOG_INFO,
-               "cpu plugin: pidfd_open unavailable; watching same-node "
-               "peers through /proc instead");
+        ddcpu_log(g, DDPLUG_LOG_INFO,
+                  "cpu plugin: pidfd_open unavailable; watching same-node "
+                  "peers through /proc instead");
         g->pid_poll = 1;
         continue;
       }
-      return cp_err_errno(DDPLUG_E_PEER_LOST, e,
-                          "rank %d: cannot watch rank %d (pid %lld) on this "
-                          "node: it is not running", g->rank, r,
-                          (long long)g->pid_of[r]);
+      return ddcpu_err_errno(DDPLUG_E_PEER_LOST, e,
+                             "rank %d: cannot watch rank %d (pid %lld) on this "
+                             "node: it is not running", g->rank, r,
+                             (long long)g->pid_of[r]);
     }
     g->pidfd[j] = (int)fd;
   }
   return DDPLUG_OK;
 }
 
-void cp_liveness_close(cp_group *g) {
+void ddcpu_liveness_close(ddcpu_group *g) {
   if (!g->pidfd) return;
   for (int j = 0; j < g->local_world; j++)
     if (g->pidfd[j] >= 0) {
@@ -253,9 +253,9 @@ void cp_liveness_close(cp_group *g) {
 
 /* See cpu.h. Only the executing thread (or the idle progress thread while
  * it holds the executor role) calls this. */
-int cp_liveness_fds(cp_group *g, struct pollfd *pfd, int cap) {
+int ddcpu_liveness_fds(ddcpu_group *g, struct pollfd *pfd, int cap) {
   int n = 0;
-  int st = cp_fail_status(g);
+  int st = ddcpu_fail_status(g);
   /* after an abort, keep watching: a peer's death still upgrades it */
   if (st && st != DDPLUG_E_ABORTED) return 0;
   if (!st && g->abort_fd >= 0 && n < cap) pfd[n++] = (struct pollfd){g->abort_fd, POLLIN, 0};
@@ -272,43 +272,43 @@ int cp_liveness_fds(cp_group *g, struct pollfd *pfd, int cap) {
 }
 
 /* Read control records from the next leader (non-blocking). */
-static void read_control(cp_group *g) {
+static void read_control(ddcpu_group *g) {
   for (;;) {
     ssize_t n = recv(g->next_fd, g->ctl_rx + g->ctl_rx_len,
-                     sizeof(cp_ctl_msg) - g->ctl_rx_len, MSG_DONTWAIT);
+                     sizeof(ddcpu_ctl_msg) - g->ctl_rx_len, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       n = 0; /* reset: treat like a hang-up */
     }
     if (n == 0) {
-      if (!g->next_bye && !cp_fail_status(g)) {
+      if (!g->next_bye && !ddcpu_fail_status(g)) {
         int r = g->leaders[next_node(g)];
-        cp_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
-                    "rank %d (leader of node %d, pid %lld) closed its "
-                    "connection without saying goodbye: it exited or was "
-                    "killed (noticed by rank %d)", r, next_node(g),
-                    (long long)g->pid_of[r], g->rank);
+        ddcpu_fail_set(g, DDPLUG_E_PEER_LOST, r, g->rank,
+                       "rank %d (leader of node %d, pid %lld) closed its "
+                       "connection without saying goodbye: it exited or was "
+                       "killed (noticed by rank %d)", r, next_node(g),
+                       (long long)g->pid_of[r], g->rank);
       }
       g->next_bye = 1;
       return;
     }
     g->ctl_rx_len += (size_t)n;
-    if (g->ctl_rx_len < sizeof(cp_ctl_msg)) continue;
-    cp_ctl_msg m;
+    if (g->ctl_rx_len < sizeof(ddcpu_ctl_msg)) continue;
+    ddcpu_ctl_msg m;
     memcpy(&m, g->ctl_rx, sizeof m);
     g->ctl_rx_len = 0;
-    if (m.magic != CP_TCP_MAGIC || m.run_hash != g->run_hash) {
-      cp_fail_set(g, DDPLUG_E_INTERNAL, g->leaders[next_node(g)], g->rank,
-                  "rank %d: garbage on the ring connection from node %d "
-                  "(not a ddplug cpu-plugin control record)", g->rank, next_node(g));
+    if (m.magic != DDCPU_TCP_MAGIC || m.run_hash != g->run_hash) {
+      ddcpu_fail_set(g, DDPLUG_E_INTERNAL, g->leaders[next_node(g)], g->rank,
+                     "rank %d: garbage on the ring connection from node %d "
+                     "(not a ddplug cpu-plugin control record)", g->rank, next_node(g));
       return;
     }
     m.msg[sizeof m.msg - 1] = '\0';
-    if (m.type == CP_MSG_BYE) {
+    if (m.type == DDCPU_MSG_BYE) {
       g->next_bye = 1;
-    } else if (m.type == CP_MSG_ABORT) {
-      cp_fail_adopt(g, m.status, m.rank, m.origin, m.msg, 1);
+    } else if (m.type == DDCPU_MSG_ABORT) {
+      ddcpu_fail_adopt(g, m.status, m.rank, m.origin, m.msg, 1);
     }
   }
 }
@@ -316,16 +316,16 @@ static void read_control(cp_group *g) {
 /* See cpu.h. The neighbour's socket broke: if it left because its group
  * failed, its abort record travels backwards around the ring and arrives
  * on our control channel (from the next node) within moments; wait for it
- * a little (CP_RING_GRACE_NS from the first break, never past deadline_ns,
+ * a little (DDCPU_RING_GRACE_NS from the first break, never past deadline_ns,
  * so request_test does not block) so every rank names the same cause.
  * Otherwise the neighbour itself is lost. Executor only. */
-#define CP_RING_GRACE_NS (200ull * 1000 * 1000)
-int cp_ring_broken(cp_group *g, int node, const char *what, int err,
-                   uint64_t deadline_ns) {
-  int st = cp_fail_status(g);
+#define DDCPU_RING_GRACE_NS (200ull * 1000 * 1000)
+int ddcpu_ring_broken(ddcpu_group *g, int node, const char *what, int err,
+                      uint64_t deadline_ns) {
+  int st = ddcpu_fail_status(g);
   if (st) return st; /* expected after a failure */
   if (g->next_fd >= 0 && !g->next_bye) read_control(g); /* what is there now */
-  if ((st = cp_fail_status(g))) return st;
+  if ((st = ddcpu_fail_status(g))) return st;
   /* A neighbour that said goodbye (with the group healthy: a goodbye
    * received after a failure is not looked at) closed its group cleanly:
    * the ring is broken for good, and a failure record from beyond it
@@ -335,39 +335,39 @@ int cp_ring_broken(cp_group *g, int node, const char *what, int err,
   else if (g->prev_bye) left = prev_node(g);
   if (left >= 0) {
     int who = g->leaders[left];
-    return cp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
-                       "rank %d (leader of node %d, pid %lld) closed its group "
-                       "(group_destroy) and left the ring: no collective of "
-                       "this group can complete without it; every rank must "
-                       "issue the same collectives before destroying its group "
-                       "(noticed by rank %d)", who, left,
-                       (long long)g->pid_of[who], g->rank);
+    return ddcpu_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
+                          "rank %d (leader of node %d, pid %lld) closed its group "
+                          "(group_destroy) and left the ring: no collective of "
+                          "this group can complete without it; every rank must "
+                          "issue the same collectives before destroying its group "
+                          "(noticed by rank %d)", who, left,
+                          (long long)g->pid_of[who], g->rank);
   }
-  uint64_t now = cp_now_ns();
+  uint64_t now = ddcpu_now_ns();
   if (g->ring_broken_ns == 0) g->ring_broken_ns = now;
-  uint64_t until = g->ring_broken_ns + CP_RING_GRACE_NS;
-  uint64_t stop = CP_MIN(until, deadline_ns);
-  while (!cp_fail_status(g) && g->next_fd >= 0 && !g->next_bye && now < stop) {
+  uint64_t until = g->ring_broken_ns + DDCPU_RING_GRACE_NS;
+  uint64_t stop = DDCPU_MIN(until, deadline_ns);
+  while (!ddcpu_fail_status(g) && g->next_fd >= 0 && !g->next_bye && now < stop) {
     struct pollfd p = {g->next_fd, POLLIN, 0};
-    int ms = (int)CP_MIN((stop - now + 999999ull) / 1000000ull, 20ull);
+    int ms = (int)DDCPU_MIN((stop - now + 999999ull) / 1000000ull, 20ull);
     if (poll(&p, 1, ms) > 0) read_control(g);
-    now = cp_now_ns();
+    now = ddcpu_now_ns();
   }
-  st = cp_fail_status(g);
+  st = ddcpu_fail_status(g);
   if (st) return st;
-  if (now < until && g->next_fd >= 0 && !g->next_bye) return CP_AGAIN;
+  if (now < until && g->next_fd >= 0 && !g->next_bye) return DDCPU_AGAIN;
   int who = g->leaders[node];
-  return cp_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
-                     "rank %d (leader of node %d, pid %lld) is gone: %s "
-                     "(noticed by rank %d)%s%s", who, node,
-                     (long long)g->pid_of[who], what, g->rank,
-                     err ? ": " : "", err ? strerror(err) : "");
+  return ddcpu_fail_set(g, DDPLUG_E_PEER_LOST, who, g->rank,
+                        "rank %d (leader of node %d, pid %lld) is gone: %s "
+                        "(noticed by rank %d)%s%s", who, node,
+                        (long long)g->pid_of[who], what, g->rank,
+                        err ? ": " : "", err ? strerror(err) : "");
 }
 
 /* The previous leader hung up while no ring phase reads from it: a goodbye
  * record is a clean exit, anything else a loss. */
-static void read_prev_hangup(cp_group *g) {
-  cp_ctl_msg m;
+static void read_prev_hangup(ddcpu_group *g) {
+  ddcpu_ctl_msg m;
   size_t got = 0;
   while (got < sizeof m) {
     ssize_t n = recv(g->prev_fd, (char *)&m + got, sizeof m - got, MSG_DONTWAIT);
@@ -375,79 +375,79 @@ static void read_prev_hangup(cp_group *g) {
     if (n <= 0) break;
     got += (size_t)n;
   }
-  if (got == sizeof m && m.magic == CP_TCP_MAGIC && m.type == CP_MSG_BYE) {
+  if (got == sizeof m && m.magic == DDCPU_TCP_MAGIC && m.type == DDCPU_MSG_BYE) {
     g->prev_bye = 1; /* a clean exit: stop watching it */
     return;
   }
-  (void)cp_ring_broken(g, prev_node(g),
-                       "it closed its connection without saying goodbye: it "
-                       "exited or was killed", 0, UINT64_MAX);
+  (void)ddcpu_ring_broken(g, prev_node(g),
+                          "it closed its connection without saying goodbye: it "
+                          "exited or was killed", 0, UINT64_MAX);
   g->prev_bye = 1; /* stop watching it either way */
 }
 
 /* See cpu.h. Thread-safe (the progress thread calls it while another
  * thread executes). */
-void cp_peer_exited(cp_group *g, int j) {
+void ddcpu_peer_exited(ddcpu_group *g, int j) {
   int peer = g->local_ranks[j];
   atomic_store(&g->pid_gone[j], 1);
   if (g->has_shm && atomic_load(&g->shm.procs[j].departed)) {
     /* a clean exit; a collective waiting for its arrival re-checks and
      * reports that the rank closed its group */
-    cp_ctr_wake(&g->shm.ctl[j].arrive);
+    ddcpu_ctr_wake(&g->shm.ctl[j].arrive);
     return;
   }
-  cp_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
-              "rank %d (pid %lld, node %d) exited while the group was "
-              "running: killed or crashed (noticed by rank %d on the same "
-              "node)", peer, (long long)g->pid_of[peer], g->node, g->rank);
+  ddcpu_fail_set(g, DDPLUG_E_PEER_LOST, peer, g->rank,
+                 "rank %d (pid %lld, node %d) exited while the group was "
+                 "running: killed or crashed (noticed by rank %d on the same "
+                 "node)", peer, (long long)g->pid_of[peer], g->node, g->rank);
 }
 
 /* Without pidfds: is each peer still the process that attached? */
-static void poll_proc(cp_group *g) {
+static void poll_proc(ddcpu_group *g) {
   for (int j = 0; j < g->local_world; j++) {
     if (g->local_ranks[j] == g->rank || g->pidfd[j] >= 0 || atomic_load(&g->pid_gone[j]))
       continue;
     uint64_t start = g->has_shm ? atomic_load(&g->shm.procs[j].start_time) : 0;
-    if (!cp_proc_alive(g->pid_of[g->local_ranks[j]], start)) cp_peer_exited(g, j);
+    if (!ddcpu_proc_alive(g->pid_of[g->local_ranks[j]], start)) ddcpu_peer_exited(g, j);
   }
 }
 
 /* See cpu.h. */
-int cp_liveness_poll(cp_group *g, int timeout_ms) {
-  struct pollfd pfd[CP_MAX_LOCAL + 8];
-  int st = cp_fail_status(g);
+int ddcpu_liveness_poll(ddcpu_group *g, int timeout_ms) {
+  struct pollfd pfd[DDCPU_MAX_LOCAL + 8];
+  int st = ddcpu_fail_status(g);
   if (st && st != DDPLUG_E_ABORTED) return st;
   if (g->pid_poll) poll_proc(g);
-  int n = cp_liveness_fds(g, pfd, (int)(sizeof pfd / sizeof pfd[0]));
+  int n = ddcpu_liveness_fds(g, pfd, (int)(sizeof pfd / sizeof pfd[0]));
   if (n == 0) return 0;
   int r = poll(pfd, (nfds_t)n, timeout_ms);
-  if (r <= 0) return cp_fail_status(g);
+  if (r <= 0) return ddcpu_fail_status(g);
   for (int i = 0; i < n; i++) {
     if (!pfd[i].revents) continue;
     int fd = pfd[i].fd;
     if (fd == g->abort_fd) continue;
     for (int j = 0; j < g->local_world; j++)
-      if (g->pidfd[j] == fd) cp_peer_exited(g, j);
+      if (g->pidfd[j] == fd) ddcpu_peer_exited(g, j);
     if (g->leader && g->num_nodes > 1) {
       if (fd == g->next_fd && !g->next_bye) read_control(g);
       else if (fd == g->prev_fd && !g->prev_bye && !g->ring_active)
         read_prev_hangup(g);
     }
   }
-  return cp_fail_status(g);
+  return ddcpu_fail_status(g);
 }
 
 /* ---- while the group is being created ------------------------------------- */
 
 /* How often group_create's waits ask the runtime whether the run failed. */
-#define CP_STARTUP_PROBE_NS (100ull * 1000 * 1000)
+#define DDCPU_STARTUP_PROBE_NS (100ull * 1000 * 1000)
 
 /* See cpu.h. */
-int cp_startup_check(cp_group *g, const char *key, const char *what,
-                     uint64_t *next_probe_ns) {
-  uint64_t now = cp_now_ns();
+int ddcpu_startup_check(ddcpu_group *g, const char *key, const char *what,
+                        uint64_t *next_probe_ns) {
+  uint64_t now = ddcpu_now_ns();
   if (now < *next_probe_ns) return DDPLUG_OK;
-  *next_probe_ns = now + CP_STARTUP_PROBE_NS;
+  *next_probe_ns = now + DDCPU_STARTUP_PROBE_NS;
   /* A wait for a key that exists returns at once, unless the run has
    * failed: the runtime's waits end early with the run's failure (a rank
    * that died anywhere is the store's departure signal), and a lost store
@@ -455,5 +455,5 @@ int cp_startup_check(cp_group *g, const char *key, const char *what,
   const char *keys[1] = {key};
   int st = g->svc->store_wait(g->svc->host, keys, 1, 0);
   if (st == DDPLUG_OK || st == DDPLUG_E_TIMEOUT) return DDPLUG_OK;
-  return cp_err(st, "rank %d: the run failed while %s", g->rank, what);
+  return ddcpu_err(st, "rank %d: the run failed while %s", g->rank, what);
 }

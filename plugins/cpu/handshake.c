@@ -15,7 +15,7 @@
 
 #include "cpu.h"
 
-void cp_desc_fill(cp_desc *d, const ddplug_coll_args *a, int rank) {
+void ddcpu_desc_fill(ddcpu_desc *d, const ddplug_coll_args *a, int rank) {
   memset(d, 0, sizeof *d);
   d->seq = a->seq;
   d->count = a->count;
@@ -26,77 +26,77 @@ void cp_desc_fill(cp_desc *d, const ddplug_coll_args *a, int rank) {
   d->rank = rank;
 }
 
-void cp_desc_str(const cp_desc *d, char *out, size_t cap) {
+void ddcpu_desc_str(const ddcpu_desc *d, char *out, size_t cap) {
   switch (d->kind) {
     case DDPLUG_COLL_ALLREDUCE:
       snprintf(out, cap, "allreduce(count=%llu, %s, %s)",
-               (unsigned long long)d->count, cp_dtype_name(d->dtype),
-               cp_op_name(d->op));
+               (unsigned long long)d->count, ddcpu_dtype_name(d->dtype),
+               ddcpu_op_name(d->op));
       break;
     case DDPLUG_COLL_BROADCAST:
       snprintf(out, cap, "broadcast(count=%llu, %s, root=%d)",
-               (unsigned long long)d->count, cp_dtype_name(d->dtype), d->root);
+               (unsigned long long)d->count, ddcpu_dtype_name(d->dtype), d->root);
       break;
     case DDPLUG_COLL_ALLGATHER:
       snprintf(out, cap, "allgather(count=%llu, %s)",
-               (unsigned long long)d->count, cp_dtype_name(d->dtype));
+               (unsigned long long)d->count, ddcpu_dtype_name(d->dtype));
       break;
     case DDPLUG_COLL_BARRIER: snprintf(out, cap, "barrier()"); break;
     default: snprintf(out, cap, "collective kind %d", d->kind); break;
   }
 }
 
-static int same(const cp_desc *a, const cp_desc *b) {
+static int same(const ddcpu_desc *a, const ddcpu_desc *b) {
   return a->seq == b->seq && a->kind == b->kind && a->count == b->count &&
          a->dtype == b->dtype && a->op == b->op && a->root == b->root;
 }
 
-static int mismatch(const cp_desc *ref, const cp_desc *other) {
+static int mismatch(const ddcpu_desc *ref, const ddcpu_desc *other) {
   char a[160], b[160];
-  cp_desc_str(ref, a, sizeof a);
-  cp_desc_str(other, b, sizeof b);
+  ddcpu_desc_str(ref, a, sizeof a);
+  ddcpu_desc_str(other, b, sizeof b);
   if (ref->seq != other->seq)
-    return cp_err(DDPLUG_E_MISMATCH,
-                  "collectives differ across ranks: rank %d is at collective "
-                  "#%llu (%s) but rank %d at #%llu (%s); every rank must issue "
-                  "the same collectives in the same order",
-                  ref->rank, (unsigned long long)ref->seq, a, other->rank,
-                  (unsigned long long)other->seq, b);
-  return cp_err(DDPLUG_E_MISMATCH,
-                "collective #%llu differs across ranks: rank %d called %s but "
-                "rank %d called %s; every rank must issue the same collectives "
-                "in the same order with the same count, dtype, op and root",
-                (unsigned long long)ref->seq, ref->rank, a, other->rank, b);
+    return ddcpu_err(DDPLUG_E_MISMATCH,
+                     "collectives differ across ranks: rank %d is at collective "
+                     "#%llu (%s) but rank %d at #%llu (%s); every rank must issue "
+                     "the same collectives in the same order",
+                     ref->rank, (unsigned long long)ref->seq, a, other->rank,
+                     (unsigned long long)other->seq, b);
+  return ddcpu_err(DDPLUG_E_MISMATCH,
+                   "collective #%llu differs across ranks: rank %d called %s but "
+                   "rank %d called %s; every rank must issue the same collectives "
+                   "in the same order with the same count, dtype, op and root",
+                   (unsigned long long)ref->seq, ref->rank, a, other->rank, b);
 }
 
 /* See cpu.h. Reads the descriptors of collective index k of every local
  * rank (all arrived, so they are stable). */
-int cp_hs_compare_local(cp_group *g, uint64_t k, const cp_desc *mine) {
+int ddcpu_hs_compare_local(ddcpu_group *g, uint64_t k, const ddcpu_desc *mine) {
   if (!g->has_shm) return DDPLUG_OK;
-  const cp_desc *ref = &g->shm.ctl[0].desc[k & 1];
+  const ddcpu_desc *ref = &g->shm.ctl[0].desc[k & 1];
   for (int j = 0; j < g->local_world; j++) {
-    const cp_desc *d = j == g->local_rank ? mine : &g->shm.ctl[j].desc[k & 1];
+    const ddcpu_desc *d = j == g->local_rank ? mine : &g->shm.ctl[j].desc[k & 1];
     if (!same(ref, d)) return mismatch(ref, d);
   }
   return DDPLUG_OK;
 }
 
 /* See cpu.h. recs[node] holds every node's record. */
-int cp_hs_compare_nodes(cp_group *g, const cp_hs_rec *recs, uint64_t k) {
+int ddcpu_hs_compare_nodes(ddcpu_group *g, const ddcpu_hs_rec *recs, uint64_t k) {
   for (int n = 0; n < g->num_nodes; n++) {
-    if (recs[n].magic != CP_TCP_MAGIC || recs[n].index != k ||
+    if (recs[n].magic != DDCPU_TCP_MAGIC || recs[n].index != k ||
         recs[n].node != n)
-      return cp_err(DDPLUG_E_INTERNAL,
-                    "ring handshake of collective #%llu: node %d's record "
-                    "(from rank %d, its leader) is corrupt: the ring "
-                    "connection's stream is out of step",
-                    (unsigned long long)recs[g->node].desc.seq, n, g->leaders[n]);
+      return ddcpu_err(DDPLUG_E_INTERNAL,
+                       "ring handshake of collective #%llu: node %d's record "
+                       "(from rank %d, its leader) is corrupt: the ring "
+                       "connection's stream is out of step",
+                       (unsigned long long)recs[g->node].desc.seq, n, g->leaders[n]);
   }
   for (int n = 0; n < g->num_nodes; n++)
     if (recs[n].status != DDPLUG_OK) {
-      char detail[CP_MSG_MAX];
+      char detail[DDCPU_MSG_MAX];
       snprintf(detail, sizeof detail, "%s", recs[n].detail);
-      return cp_err(recs[n].status, "%s", detail);
+      return ddcpu_err(recs[n].status, "%s", detail);
     }
   for (int n = 1; n < g->num_nodes; n++)
     if (!same(&recs[0].desc, &recs[n].desc))
@@ -123,15 +123,15 @@ static void append_ranks(char *out, size_t cap, const int *r, int n) {
 /* When this node's leader's ring phase of collective k still waits: which
  * neighbouring leader went silent, and for how long ("" when none). Every
  * rank of the node can tell (the watch is in shared memory). */
-static void ring_stall(cp_group *g, uint64_t k, uint64_t exec_k, char *out, size_t cap) {
+static void ring_stall(ddcpu_group *g, uint64_t k, uint64_t exec_k, char *out, size_t cap) {
   out[0] = '\0';
   if (g->num_nodes < 2 || exec_k != k || (!g->leader && !g->has_shm)) return;
-  cp_ring_watch *w = cp_ring_watch_of(g);
+  ddcpu_ring_watch *w = ddcpu_ring_watch_of(g);
   int want_rx = (int)atomic_load(&w->want_rx), want_tx = (int)atomic_load(&w->want_tx);
   if (atomic_load(&w->k) != k || (!want_rx && !want_tx)) return;
-  uint64_t now = cp_now_ns();
-  double rx = (double)(now - CP_MIN(now, atomic_load(&w->rx_ns))) / 1e9;
-  double tx = (double)(now - CP_MIN(now, atomic_load(&w->tx_ns))) / 1e9;
+  uint64_t now = ddcpu_now_ns();
+  double rx = (double)(now - DDCPU_MIN(now, atomic_load(&w->rx_ns))) / 1e9;
+  double tx = (double)(now - DDCPU_MIN(now, atomic_load(&w->tx_ns))) / 1e9;
   int L = g->num_nodes, pn = (g->node + L - 1) % L, nn = (g->node + 1) % L;
   size_t len = g->leader ? (size_t)snprintf(out, cap, "the ring connection between nodes "
                                             "stalled:")
@@ -151,7 +151,7 @@ static void ring_stall(cp_group *g, uint64_t k, uint64_t exec_k, char *out, size
 }
 
 /* See cpu.h. Reads counters concurrently with the executor (atomics). */
-void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
+void ddcpu_hs_missing(ddcpu_group *g, uint64_t k, char *out, size_t cap) {
   int *miss = NULL, nmiss = 0;
   int local[512], far[512], nfar = 0;
   miss = local;
@@ -164,7 +164,7 @@ void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
   }
   if (g->has_shm) {
     for (int j = 0; j < g->local_world && nmiss < 512; j++)
-      if (!cp_ctr_ge(&g->shm.ctl[j].arrive, (uint32_t)k))
+      if (!ddcpu_ctr_ge(&g->shm.ctl[j].arrive, (uint32_t)k))
         miss[nmiss++] = g->local_ranks[j];
   }
   if (g->num_nodes > 1) {
@@ -198,7 +198,7 @@ void cp_hs_missing(cp_group *g, uint64_t k, char *out, size_t cap) {
                             "heard from yet: ", nmiss ? "; " : "");
     append_ranks(out, cap, far, nfar);
   }
-  char stall[CP_MSG_MAX];
+  char stall[DDCPU_MSG_MAX];
   ring_stall(g, k, exec_k, stall, sizeof stall);
   if (nmiss || nfar) {
     len = strlen(out);

@@ -45,24 +45,24 @@
 
 #define PAGE 4096ull
 
-typedef struct cp_alloc {
+typedef struct ddcpu_alloc {
   uintptr_t addr;   /* start, in this process                          */
   uint64_t len;     /* bytes, page granular                            */
   uint64_t asked;   /* bytes the host asked for                        */
   int plain;        /* 1: ordinary memory (no arena), 0: in the arena   */
-} cp_alloc;
+} ddcpu_alloc;
 
 /* Whether this rank allocates from its arena. */
-static int has_arena(const cp_group *g) {
+static int has_arena(const ddcpu_group *g) {
   return g->has_shm && g->shm.hdr && g->shm.hdr->arena_bytes > 0;
 }
 
-static unsigned char *my_arena(const cp_group *g) {
+static unsigned char *my_arena(const ddcpu_group *g) {
   return g->shm.arena + (uint64_t)g->local_rank * g->shm.hdr->arena_bytes;
 }
 
 /* Index of the first allocation whose address is >= addr. */
-static int lower_bound(const cp_group *g, uintptr_t addr) {
+static int lower_bound(const ddcpu_group *g, uintptr_t addr) {
   int lo = 0, hi = g->nallocs;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
@@ -73,18 +73,18 @@ static int lower_bound(const cp_group *g, uintptr_t addr) {
 }
 
 /* The allocation containing [p, p + n), or NULL. Caller holds mem_mu. */
-static const cp_alloc *find(const cp_group *g, uintptr_t p, uint64_t n) {
+static const ddcpu_alloc *find(const ddcpu_group *g, uintptr_t p, uint64_t n) {
   int i = lower_bound(g, p + 1) - 1;
   if (i < 0) return NULL;
-  const cp_alloc *a = &g->allocs[i];
+  const ddcpu_alloc *a = &g->allocs[i];
   if (p < a->addr || p - a->addr > a->len || n > a->len - (p - a->addr)) return NULL;
   return a;
 }
 
-static int insert(cp_group *g, cp_alloc a) {
+static int insert(ddcpu_group *g, ddcpu_alloc a) {
   if (g->nallocs == g->allocs_cap) {
     int cap = g->allocs_cap ? 2 * g->allocs_cap : 16;
-    cp_alloc *na = realloc(g->allocs, (size_t)cap * sizeof *na);
+    ddcpu_alloc *na = realloc(g->allocs, (size_t)cap * sizeof *na);
     if (!na) return DDPLUG_E_NO_MEMORY;
     g->allocs = na;
     g->allocs_cap = cap;
@@ -98,11 +98,11 @@ static int insert(cp_group *g, cp_alloc a) {
 
 /* First fit in this rank's arena: the segment offset of len free bytes, or
  * UINT64_MAX. Caller holds mem_mu. */
-static uint64_t first_fit(const cp_group *g, uint64_t len) {
+static uint64_t first_fit(const ddcpu_group *g, uint64_t len) {
   uintptr_t start = (uintptr_t)my_arena(g), end = start + g->shm.hdr->arena_bytes;
   uintptr_t at = start;
   for (int i = 0; i < g->nallocs; i++) {
-    const cp_alloc *a = &g->allocs[i];
+    const ddcpu_alloc *a = &g->allocs[i];
     if (a->plain || a->addr < start || a->addr >= end) continue;
     if (a->addr - at >= len) break;
     at = a->addr + a->len;
@@ -111,28 +111,28 @@ static uint64_t first_fit(const cp_group *g, uint64_t len) {
   return (uint64_t)(at - (uintptr_t)g->shm.base);
 }
 
-static int alloc_plain(cp_group *g, uint64_t bytes, uint64_t len, void **ptr) {
+static int alloc_plain(ddcpu_group *g, uint64_t bytes, uint64_t len, void **ptr) {
   void *p = NULL;
   if (len > SIZE_MAX || posix_memalign(&p, PAGE, (size_t)len) != 0)
-    return cp_err(DDPLUG_E_NO_MEMORY,
-                  "mem_alloc: rank %d: out of memory for %llu bytes", g->rank,
-                  (unsigned long long)bytes);
-  cp_alloc a = {(uintptr_t)p, len, bytes, 1};
+    return ddcpu_err(DDPLUG_E_NO_MEMORY,
+                     "mem_alloc: rank %d: out of memory for %llu bytes", g->rank,
+                     (unsigned long long)bytes);
+  ddcpu_alloc a = {(uintptr_t)p, len, bytes, 1};
   if (insert(g, a) != DDPLUG_OK) {
     free(p);
-    return cp_err(DDPLUG_E_NO_MEMORY, "mem_alloc: rank %d: out of memory", g->rank);
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "mem_alloc: rank %d: out of memory", g->rank);
   }
   *ptr = p;
   return DDPLUG_OK;
 }
 
 /* See plugin.h (mem_alloc). Thread-safe. */
-int cp_mem_alloc(cp_group *g, uint64_t bytes, void **ptr) {
+int ddcpu_mem_alloc(ddcpu_group *g, uint64_t bytes, void **ptr) {
   if (bytes == 0)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT, "mem_alloc: bytes is 0");
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT, "mem_alloc: bytes is 0");
   if (bytes > UINT64_MAX - PAGE)
-    return cp_err(DDPLUG_E_NO_MEMORY, "mem_alloc: %llu bytes is too large",
-                  (unsigned long long)bytes);
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "mem_alloc: %llu bytes is too large",
+                     (unsigned long long)bytes);
   uint64_t len = (bytes + PAGE - 1) / PAGE * PAGE;
   pthread_mutex_lock(&g->mem_mu);
   int st;
@@ -143,13 +143,13 @@ int cp_mem_alloc(cp_group *g, uint64_t bytes, void **ptr) {
   }
   uint64_t off = first_fit(g, len);
   if (off == UINT64_MAX) {
-    st = cp_err(DDPLUG_E_NO_MEMORY,
-                "mem_alloc: rank %d: no room for %llu bytes of registered memory: "
-                "%llu of its %llu bytes are in use in %d buffer(s) (raise "
-                "plugin_options.registered_bytes, free buffers, or allocate "
-                "ordinary memory: collectives accept any buffer)",
-                g->rank, (unsigned long long)bytes, (unsigned long long)g->mem_used,
-                (unsigned long long)g->shm.hdr->arena_bytes, g->nallocs);
+    st = ddcpu_err(DDPLUG_E_NO_MEMORY,
+                   "mem_alloc: rank %d: no room for %llu bytes of registered memory: "
+                   "%llu of its %llu bytes are in use in %d buffer(s) (raise "
+                   "plugin_options.registered_bytes, free buffers, or allocate "
+                   "ordinary memory: collectives accept any buffer)",
+                   g->rank, (unsigned long long)bytes, (unsigned long long)g->mem_used,
+                   (unsigned long long)g->shm.hdr->arena_bytes, g->nallocs);
     pthread_mutex_unlock(&g->mem_mu);
     return st;
   }
@@ -157,19 +157,19 @@ int cp_mem_alloc(cp_group *g, uint64_t bytes, void **ptr) {
   int e = fallocate(g->shm.fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno;
   if (e == EOPNOTSUPP || e == ENOSYS) e = 0; /* no reservation here: touch-time */
   if (e != 0) {
-    st = cp_err_errno(DDPLUG_E_NO_MEMORY, e,
-                      "mem_alloc: rank %d: reserving %llu bytes of registered memory "
-                      "in %s failed (is /dev/shm full? %llu bytes are in use by this "
-                      "rank; df /dev/shm shows the rest)", g->rank,
-                      (unsigned long long)len, g->shm.name, (unsigned long long)g->mem_used);
+    st = ddcpu_err_errno(DDPLUG_E_NO_MEMORY, e,
+                         "mem_alloc: rank %d: reserving %llu bytes of registered memory "
+                         "in %s failed (is /dev/shm full? %llu bytes are in use by this "
+                         "rank; df /dev/shm shows the rest)", g->rank,
+                         (unsigned long long)len, g->shm.name, (unsigned long long)g->mem_used);
     pthread_mutex_unlock(&g->mem_mu);
     return st;
   }
-  cp_alloc a = {(uintptr_t)g->shm.base + off, len, bytes, 0};
+  ddcpu_alloc a = {(uintptr_t)g->shm.base + off, len, bytes, 0};
   if (insert(g, a) != DDPLUG_OK) {
     (void)fallocate(g->shm.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
     pthread_mutex_unlock(&g->mem_mu);
-    return cp_err(DDPLUG_E_NO_MEMORY, "mem_alloc: rank %d: out of memory", g->rank);
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "mem_alloc: rank %d: out of memory", g->rank);
   }
   g->mem_used += len;
   *ptr = (void *)a.addr;
@@ -178,18 +178,18 @@ int cp_mem_alloc(cp_group *g, uint64_t bytes, void **ptr) {
 }
 
 /* See plugin.h (mem_free). Thread-safe. */
-int cp_mem_free(cp_group *g, void *ptr) {
+int ddcpu_mem_free(ddcpu_group *g, void *ptr) {
   if (!ptr) return DDPLUG_OK;
   pthread_mutex_lock(&g->mem_mu);
   int i = lower_bound(g, (uintptr_t)ptr);
   if (i >= g->nallocs || g->allocs[i].addr != (uintptr_t)ptr) {
     pthread_mutex_unlock(&g->mem_mu);
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "mem_free: rank %d: %p is not a live allocation of this group's "
-                  "mem_alloc (freed twice, or from another group or allocator?); "
-                  "nothing was freed", g->rank, ptr);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "mem_free: rank %d: %p is not a live allocation of this group's "
+                     "mem_alloc (freed twice, or from another group or allocator?); "
+                     "nothing was freed", g->rank, ptr);
   }
-  cp_alloc a = g->allocs[i];
+  ddcpu_alloc a = g->allocs[i];
   memmove(&g->allocs[i], &g->allocs[i + 1], (size_t)(g->nallocs - i - 1) * sizeof a);
   g->nallocs--;
   if (a.plain) {
@@ -205,28 +205,28 @@ int cp_mem_free(cp_group *g, void *ptr) {
 }
 
 /* See cpu.h. Thread-safe. */
-int64_t cp_mem_offset(cp_group *g, const void *ptr, uint64_t bytes) {
+int64_t ddcpu_mem_offset(ddcpu_group *g, const void *ptr, uint64_t bytes) {
   if (!has_arena(g) || !ptr) return -1;
   uintptr_t p = (uintptr_t)ptr;
   uintptr_t lo = (uintptr_t)my_arena(g), hi = lo + g->shm.hdr->arena_bytes;
   if (p < lo || p >= hi) return -1; /* cheap test first: no lock */
   pthread_mutex_lock(&g->mem_mu);
-  const cp_alloc *a = find(g, p, bytes);
+  const ddcpu_alloc *a = find(g, p, bytes);
   int64_t off = a && !a->plain ? (int64_t)(p - (uintptr_t)g->shm.base) : -1;
   pthread_mutex_unlock(&g->mem_mu);
   return off;
 }
 
 /* See plugin.h (mem_query). Thread-safe. */
-int cp_mem_query(cp_group *g, const void *ptr, uint64_t bytes, int32_t *reach) {
+int ddcpu_mem_query(ddcpu_group *g, const void *ptr, uint64_t bytes, int32_t *reach) {
   if (g->num_nodes > 1 || !g->has_shm) {
     *reach = DDPLUG_REACH_STAGED; /* only the in-node algorithms use them */
     return DDPLUG_OK;
   }
-  if (cp_mem_offset(g, ptr, bytes) >= 0)
+  if (ddcpu_mem_offset(g, ptr, bytes) >= 0)
     *reach = DDPLUG_REACH_REGISTERED;
   else
-    *reach = cp_direct_cma_for(g, bytes) ? DDPLUG_REACH_SINGLE_COPY : DDPLUG_REACH_STAGED;
+    *reach = ddcpu_direct_cma_for(g, bytes) ? DDPLUG_REACH_SINGLE_COPY : DDPLUG_REACH_STAGED;
   return DDPLUG_OK;
 }
 
@@ -246,7 +246,7 @@ static int keep_private(uintptr_t addr, uint64_t len) {
 }
 
 /* See cpu.h. Called once, from teardown. */
-void cp_mem_detach(cp_group *g) {
+void ddcpu_mem_detach(ddcpu_group *g) {
   pthread_mutex_lock(&g->mem_mu);
   uint64_t left_bytes = 0;
   int left = 0, kept_all = 1;
@@ -254,7 +254,7 @@ void cp_mem_detach(cp_group *g) {
     uintptr_t base = (uintptr_t)g->shm.base, end = base + g->shm.size;
     uintptr_t at = base; /* unmap [at, next kept range) piece by piece */
     for (int i = 0; i < g->nallocs; i++) {
-      cp_alloc *a = &g->allocs[i];
+      ddcpu_alloc *a = &g->allocs[i];
       if (a->plain) continue;
       left++;
       left_bytes += a->asked;
@@ -281,12 +281,12 @@ void cp_mem_detach(cp_group *g) {
       left_bytes += g->allocs[i].asked; /* ordinary memory: it just stays */
     }
   if (left > 0)
-    cp_log(g, DDPLUG_LOG_WARN,
-           "cpu plugin: rank %d closed its group with %d registered buffer(s) "
-           "(%llu bytes) still allocated: they stay readable %s until the "
-           "process exits; release them with ddplug_mem_free before "
-           "ddplug_close", g->rank, left, (unsigned long long)left_bytes,
-           kept_all ? "as private copies" : "(the node segment stays mapped)");
+    ddcpu_log(g, DDPLUG_LOG_WARN,
+              "cpu plugin: rank %d closed its group with %d registered buffer(s) "
+              "(%llu bytes) still allocated: they stay readable %s until the "
+              "process exits; release them with ddplug_mem_free before "
+              "ddplug_close", g->rank, left, (unsigned long long)left_bytes,
+              kept_all ? "as private copies" : "(the node segment stays mapped)");
   free(g->allocs);
   g->allocs = NULL;
   g->nallocs = g->allocs_cap = 0;

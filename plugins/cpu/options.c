@@ -36,7 +36,7 @@
  *   cma              whether allreduces of unregistered buffers copy straight
  *                    between the ranks' address spaces (process_vm_readv/
  *                    writev). "auto" (default): where the system allows it
- *                    and the kernel's copy is at least CP_CMA_MIN_SPEED of
+ *                    and the kernel's copy is at least DDCPU_CMA_MIN_SPEED of
  *                    memcpy's speed (group_create measures both; on some
  *                    virtual machines it is a third, and the pipeline wins);
  *                    "on": wherever the system allows it; "off": never.
@@ -50,7 +50,7 @@
  *                    measurement (README.md, "Overlap"). The thread
  *                    watches peers either way.
  *
- * The plugin declares these (cp_option_decls, plugin ABI 1.3): the runtime
+ * The plugin declares these (ddcpu_option_decls, plugin ABI 1.3): the runtime
  * checks the user's plugin_options against the declarations (unknown keys,
  * types, ranges, multiples: DDPLUG_E_CONFIG naming plugin_options.<key>)
  * and hands the values over typed; what only the plugin can judge (slots a
@@ -112,7 +112,7 @@ static const ddplug_option opt_addr = {
     .description = "The IPv4 address other nodes connect to; default: the first "
                    "non-loopback IPv4 address of an interface that is up."};
 
-const ddplug_option *const cp_option_decls[] = {
+const ddplug_option *const ddcpu_option_decls[] = {
     &opt_chunk_bytes,      &opt_small_msg_bytes, &opt_spin_us,
     &opt_slots,            &opt_tcp_chunk_bytes, &opt_nt_store_bytes,
     &opt_addr,             &opt_registered_bytes, &opt_cma,
@@ -120,7 +120,7 @@ const ddplug_option *const cp_option_decls[] = {
 };
 
 /* See cpu.h. */
-int cp_options_read(const ddplug_host_services *svc, cp_options *out) {
+int ddcpu_options_read(const ddplug_host_services *svc, ddcpu_options *out) {
   memset(out, 0, sizeof *out);
   int64_t v = 0;
   int st;
@@ -133,7 +133,7 @@ int cp_options_read(const ddplug_host_services *svc, cp_options *out) {
   out->spin_us = st == DDPLUG_OK ? v : -1;
   if ((st = svc->option_int(svc->host, "slots", &v)) != DDPLUG_OK) return st;
   if (v & (v - 1))
-    return cp_err(DDPLUG_E_CONFIG,
+    return ddcpu_err(DDPLUG_E_CONFIG,
                   "plugin_options.slots: %lld is not a power of two (2, 4, 8 or 16)",
                   (long long)v);
   out->slots = (uint32_t)v;
@@ -149,19 +149,21 @@ int cp_options_read(const ddplug_host_services *svc, cp_options *out) {
   char word[8];
   uint64_t wlen = 0;
   if ((st = svc->option_string(svc->host, "cma", word, sizeof word, &wlen)) != DDPLUG_OK) return st;
-  out->cma = !strcmp(word, "on") ? CP_CMA_ON : !strcmp(word, "off") ? CP_CMA_OFF : CP_CMA_AUTO;
+  out->cma = !strcmp(word, "on")    ? DDCPU_CMA_ON
+             : !strcmp(word, "off") ? DDCPU_CMA_OFF
+                                    : DDCPU_CMA_AUTO;
   if ((st = svc->option_string(svc->host, "progress_thread", word, sizeof word, &wlen)) != DDPLUG_OK)
     return st;
-  out->progress_thread = !strcmp(word, "on")    ? CP_PROGRESS_ON
-                         : !strcmp(word, "off") ? CP_PROGRESS_OFF
-                                                : CP_PROGRESS_AUTO;
+  out->progress_thread = !strcmp(word, "on")    ? DDCPU_PROGRESS_ON
+                         : !strcmp(word, "off") ? DDCPU_PROGRESS_OFF
+                                                : DDCPU_PROGRESS_AUTO;
   uint64_t len = 0;
   char addr[256];
   st = svc->option_string(svc->host, "addr", addr, sizeof addr, &len);
   if (st == DDPLUG_E_NOT_FOUND) return DDPLUG_OK;
   struct in_addr a;
   if (st != DDPLUG_OK || len >= sizeof out->addr || inet_pton(AF_INET, addr, &a) != 1)
-    return cp_err(DDPLUG_E_CONFIG,
+    return ddcpu_err(DDPLUG_E_CONFIG,
                   "plugin_options.addr: '%.64s' is not an IPv4 address (e.g. \"10.0.0.5\")",
                   st == DDPLUG_OK ? addr : "(too long)");
   memcpy(out->addr, addr, len + 1); /* len < sizeof out->addr: checked */

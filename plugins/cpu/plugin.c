@@ -24,7 +24,7 @@
 
 static int report(const ddplug_host_services *svc, int status) {
   if (status != DDPLUG_OK && svc && svc->set_error)
-    svc->set_error(svc->host, status, cp_errmsg());
+    svc->set_error(svc->host, status, ddcpu_errmsg());
   return status;
 }
 
@@ -43,7 +43,7 @@ static int valid_run_id(const char *s) {
 static long usable_cpus(void) {
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   long conf = sysconf(_SC_NPROCESSORS_CONF);
-  int n = (int)CP_MAX(CP_MAX(online, conf), 1024L);
+  int n = (int)DDCPU_MAX(DDCPU_MAX(online, conf), 1024L);
   for (int tries = 0; tries < 4; tries++, n *= 4) {
     cpu_set_t *set = CPU_ALLOC(n);
     if (!set) break;
@@ -63,24 +63,24 @@ static long usable_cpus(void) {
 }
 
 /* Check the world description; fills the derived topology of g. */
-static int topology(cp_group *g, const ddplug_group_init *in) {
+static int topology(ddcpu_group *g, const ddplug_group_init *in) {
   if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "group_create: rank %d / world size %d is not a valid rank",
-                  in->rank, in->world_size);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "group_create: rank %d / world size %d is not a valid rank",
+                     in->rank, in->world_size);
   if (in->num_nodes < 1 || in->num_nodes > in->world_size ||
       in->node_rank < 0 || in->node_rank >= in->num_nodes)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "group_create: node %d of %d nodes is not valid for a world "
-                  "of %d", in->node_rank, in->num_nodes, in->world_size);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "group_create: node %d of %d nodes is not valid for a world "
+                     "of %d", in->node_rank, in->num_nodes, in->world_size);
   if (!in->node_of_rank || !in->local_rank_of || !in->pid_of_rank)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "group_create: node_of_rank, local_rank_of and pid_of_rank "
-                  "are required");
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "group_create: node_of_rank, local_rank_of and pid_of_rank "
+                     "are required");
   if (!valid_run_id(in->run_id))
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "group_create: run_id '%s' must be 1-32 characters of "
-                  "[A-Za-z0-9_]", in->run_id ? in->run_id : "(null)");
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "group_create: run_id '%s' must be 1-32 characters of "
+                     "[A-Za-z0-9_]", in->run_id ? in->run_id : "(null)");
   int W = in->world_size, L = in->num_nodes;
   g->rank = in->rank;
   g->world = W;
@@ -94,27 +94,27 @@ static int topology(cp_group *g, const ddplug_group_init *in) {
   g->node_ranks = calloc((size_t)L, sizeof *g->node_ranks);
   if (!g->node_of || !g->local_of || !g->pid_of || !g->leaders ||
       !g->node_size || !g->node_ranks)
-    return cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
   memcpy(g->node_of, in->node_of_rank, sizeof(int32_t) * (size_t)W);
   memcpy(g->local_of, in->local_rank_of, sizeof(int32_t) * (size_t)W);
   memcpy(g->pid_of, in->pid_of_rank, sizeof(int64_t) * (size_t)W);
   for (int r = 0; r < W; r++) {
     if (g->node_of[r] < 0 || g->node_of[r] >= L)
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "group_create: node_of_rank[%d] = %d is not in [0, %d)",
-                    r, g->node_of[r], L);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "group_create: node_of_rank[%d] = %d is not in [0, %d)",
+                       r, g->node_of[r], L);
     g->node_size[g->node_of[r]]++;
   }
   for (int n = 0; n < L; n++) {
     if (g->node_size[n] == 0)
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "group_create: node %d has no ranks", n);
-    if (g->node_size[n] > CP_MAX_LOCAL)
-      return cp_err(DDPLUG_E_UNSUPPORTED,
-                    "group_create: %d ranks on node %d; plugin cpu supports "
-                    "at most %d per node", g->node_size[n], n, CP_MAX_LOCAL);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "group_create: node %d has no ranks", n);
+    if (g->node_size[n] > DDCPU_MAX_LOCAL)
+      return ddcpu_err(DDPLUG_E_UNSUPPORTED,
+                       "group_create: %d ranks on node %d; plugin cpu supports "
+                       "at most %d per node", g->node_size[n], n, DDCPU_MAX_LOCAL);
     g->node_ranks[n] = calloc((size_t)g->node_size[n], sizeof(int32_t));
-    if (!g->node_ranks[n]) return cp_err(DDPLUG_E_NO_MEMORY, "out of memory");
+    if (!g->node_ranks[n]) return ddcpu_err(DDPLUG_E_NO_MEMORY, "out of memory");
     g->node_size[n] = 0;
   }
   for (int r = 0; r < W; r++) {
@@ -125,31 +125,31 @@ static int topology(cp_group *g, const ddplug_group_init *in) {
   g->local_rank = g->local_of[g->rank];
   if (in->local_rank != g->local_rank || in->local_world_size != g->local_world ||
       g->node_of[g->rank] != g->node)
-    return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                  "group_create: rank %d: local rank %d of %d on node %d "
-                  "disagrees with the arrays (local %d of %d on node %d)",
-                  g->rank, in->local_rank, in->local_world_size, in->node_rank,
-                  g->local_rank, g->local_world, g->node_of[g->rank]);
+    return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                     "group_create: rank %d: local rank %d of %d on node %d "
+                     "disagrees with the arrays (local %d of %d on node %d)",
+                     g->rank, in->local_rank, in->local_world_size, in->node_rank,
+                     g->local_rank, g->local_world, g->node_of[g->rank]);
   g->local_ranks = calloc((size_t)g->local_world, sizeof *g->local_ranks);
   g->pidfd = calloc((size_t)g->local_world, sizeof *g->pidfd);
   g->pid_gone = calloc((size_t)g->local_world, sizeof *g->pid_gone);
   if (!g->local_ranks || !g->pidfd || !g->pid_gone)
-    return cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
   for (int j = 0; j < g->local_world; j++) g->local_ranks[j] = -1;
   for (int j = 0; j < g->local_world; j++) g->pidfd[j] = -1;
   for (int n = 0; n < L; n++) g->leaders[n] = -1;
   for (int r = 0; r < W; r++) {
     int n = g->node_of[r], lr = g->local_of[r];
     if (lr < 0 || lr >= g->node_size[n])
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "group_create: local_rank_of[%d] = %d is not in [0, %d) "
-                    "(node %d)", r, lr, g->node_size[n], n);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "group_create: local_rank_of[%d] = %d is not in [0, %d) "
+                       "(node %d)", r, lr, g->node_size[n], n);
     if (lr == 0) g->leaders[n] = r;
     if (n == g->node) {
       if (g->local_ranks[lr] >= 0)
-        return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                      "group_create: ranks %d and %d both have local rank %d "
-                      "on node %d", g->local_ranks[lr], r, lr, n);
+        return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                         "group_create: ranks %d and %d both have local rank %d "
+                         "on node %d", g->local_ranks[lr], r, lr, n);
       g->local_ranks[lr] = r;
     }
   }
@@ -164,60 +164,60 @@ static int topology(cp_group *g, const ddplug_group_init *in) {
 
 /* Create or attach the node's segment; wait until every local rank is in,
  * then unlink its name. */
-static int setup_shm(cp_group *g, uint64_t deadline) {
+static int setup_shm(ddcpu_group *g, uint64_t deadline) {
   uint64_t arena = g->opt.registered_bytes >= 0 ? (uint64_t)g->opt.registered_bytes
-                                                : cp_shm_arena_auto(g->local_world);
-  cp_shm_params p = {g->run_id, g->local_world, g->node, g->num_nodes,
+                                                : ddcpu_shm_arena_auto(g->local_world);
+  ddcpu_shm_params p = {g->run_id, g->local_world, g->node, g->num_nodes,
                      g->opt.slots, g->opt.chunk_bytes, g->opt.small_msg_bytes, arena};
   char key[32];
   snprintf(key, sizeof key, "shm/%d", g->node);
   int st;
   if (g->local_rank == 0) {
-    cp_shm_cleanup_stale(g);
-    st = cp_shm_create(&g->shm, &p);
+    ddcpu_shm_cleanup_stale(g);
+    st = ddcpu_shm_create(&g->shm, &p);
     if (st != DDPLUG_OK) return st;
     g->has_shm = 1;
     st = g->svc->store_set(g->svc->host, key, g->shm.name, strlen(g->shm.name));
     if (st != DDPLUG_OK)
-      return cp_err(st, "rank %d: publishing the shared memory name failed", g->rank);
+      return ddcpu_err(st, "rank %d: publishing the shared memory name failed", g->rank);
   } else {
     char name[128];
     uint64_t len = 0;
-    int64_t ms = (int64_t)((deadline - CP_MIN(deadline, cp_now_ns())) / 1000000ull);
+    int64_t ms = (int64_t)((deadline - DDCPU_MIN(deadline, ddcpu_now_ns())) / 1000000ull);
     st = g->svc->store_get(g->svc->host, key, name, sizeof name - 1, &len, ms);
     if (st != DDPLUG_OK)
-      return cp_err(st, "rank %d: rank %d (local rank 0 of node %d) never "
-                    "published the node's shared memory (store key %s)",
-                    g->rank, g->local_ranks[0], g->node, key);
+      return ddcpu_err(st, "rank %d: rank %d (local rank 0 of node %d) never "
+                       "published the node's shared memory (store key %s)",
+                       g->rank, g->local_ranks[0], g->node, key);
     name[len] = '\0';
-    if ((st = cp_shm_attach(&g->shm, name, &p)) != DDPLUG_OK) return st;
+    if ((st = ddcpu_shm_attach(&g->shm, name, &p)) != DDPLUG_OK) return st;
     g->has_shm = 1;
   }
-  cp_shm_register(&g->shm, g->local_rank);
+  ddcpu_shm_register(&g->shm, g->local_rank);
   /* the word peers probe the single copy with (direct.c) */
   atomic_store(&g->probe_word, g->run_hash);
   g->shm.procs[g->local_rank].probe_addr = (uint64_t)(uintptr_t)&g->probe_word;
-  cp_ctr *att = &g->shm.hdr->attached;
+  ddcpu_ctr *att = &g->shm.hdr->attached;
   atomic_fetch_add(&att->val, 1);
-  cp_ctr_wake(att);
+  ddcpu_ctr_wake(att);
   uint64_t next_probe = 0;
-  while (!cp_ctr_ge(att, (uint32_t)g->local_world)) {
+  while (!ddcpu_ctr_ge(att, (uint32_t)g->local_world)) {
     /* A local rank that died before attaching never will; a rank that died
      * anywhere else fails the run (the runtime says so). */
     for (int j = 0; j < g->local_world; j++) {
       int r = g->local_ranks[j];
       if (r == g->rank || atomic_load(&g->shm.procs[j].pid) != 0) continue;
-      if (!cp_proc_alive(g->pid_of[r], 0))
-        return cp_err(DDPLUG_E_PEER_LOST,
-                      "rank %d (pid %lld, node %d) exited before it attached "
-                      "to the node's shared memory: killed or crashed while "
-                      "joining (noticed by rank %d)", r, (long long)g->pid_of[r],
-                      g->node, g->rank);
+      if (!ddcpu_proc_alive(g->pid_of[r], 0))
+        return ddcpu_err(DDPLUG_E_PEER_LOST,
+                         "rank %d (pid %lld, node %d) exited before it attached "
+                         "to the node's shared memory: killed or crashed while "
+                         "joining (noticed by rank %d)", r, (long long)g->pid_of[r],
+                         g->node, g->rank);
     }
-    if ((st = cp_startup_check(g, key, "waiting for the node's ranks to attach "
-                               "to its shared memory", &next_probe)) != DDPLUG_OK)
+    if ((st = ddcpu_startup_check(g, key, "waiting for the node's ranks to attach "
+                                  "to its shared memory", &next_probe)) != DDPLUG_OK)
       return st;
-    uint64_t now = cp_now_ns();
+    uint64_t now = ddcpu_now_ns();
     if (now >= deadline) {
       char who[256] = "";
       size_t n = 0;
@@ -225,44 +225,44 @@ static int setup_shm(cp_group *g, uint64_t deadline) {
         if (atomic_load(&g->shm.procs[j].pid) == 0)
           n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", n ? ", " : "",
                                 g->local_ranks[j]);
-      return cp_err(DDPLUG_E_TIMEOUT,
-                    "rank %d: ranks %s of node %d did not attach to the node's "
-                    "shared memory in time", g->rank, who, g->node);
+      return ddcpu_err(DDPLUG_E_TIMEOUT,
+                       "rank %d: ranks %s of node %d did not attach to the node's "
+                       "shared memory in time", g->rank, who, g->node);
     }
-    cp_ctr_sleep(att, atomic_load(&att->val), CP_MIN(deadline - now, 50000000ull), 1);
+    ddcpu_ctr_sleep(att, atomic_load(&att->val), DDCPU_MIN(deadline - now, 50000000ull), 1);
   }
-  if (g->local_rank == 0) cp_shm_unlink(&g->shm);
+  if (g->local_rank == 0) ddcpu_shm_unlink(&g->shm);
   for (int j = 0; j < g->local_world; j++) {
     int64_t pid = atomic_load(&g->shm.procs[j].pid);
     if (pid != g->pid_of[g->local_ranks[j]])
-      return cp_err(DDPLUG_E_INVALID_ARGUMENT,
-                    "rank %d: pid_of_rank[%d] = %lld but the process that "
-                    "attached as local rank %d is pid %lld", g->rank,
-                    g->local_ranks[j], (long long)g->pid_of[g->local_ranks[j]],
-                    j, (long long)pid);
+      return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT,
+                       "rank %d: pid_of_rank[%d] = %lld but the process that "
+                       "attached as local rank %d is pid %lld", g->rank,
+                       g->local_ranks[j], (long long)g->pid_of[g->local_ranks[j]],
+                       j, (long long)pid);
   }
   return DDPLUG_OK;
 }
 
-static void teardown(cp_group *g) {
-  cp_engine_stop(g);
-  if (g->next_fd >= 0 || g->prev_fd >= 0) cp_tcp_ring_close(g);
+static void teardown(ddcpu_group *g) {
+  ddcpu_engine_stop(g);
+  if (g->next_fd >= 0 || g->prev_fd >= 0) ddcpu_tcp_ring_close(g);
   if (g->has_shm) {
     atomic_store(&g->shm.procs[g->local_rank].departed, 1);
     /* a peer already waiting for this rank's arrival re-checks at once */
-    cp_ctr_wake(&g->shm.ctl[g->local_rank].arrive);
-    if (g->shm.creator) cp_shm_unlink(&g->shm);
-    cp_mem_detach(g); /* unmaps, keeping live registered buffers readable */
-    cp_shm_detach(&g->shm);
+    ddcpu_ctr_wake(&g->shm.ctl[g->local_rank].arrive);
+    if (g->shm.creator) ddcpu_shm_unlink(&g->shm);
+    ddcpu_mem_detach(g); /* unmaps, keeping live registered buffers readable */
+    ddcpu_shm_detach(&g->shm);
     g->has_shm = 0;
   } else {
-    if (g->shm.creator) cp_shm_unlink(&g->shm);
-    cp_mem_detach(g);
+    if (g->shm.creator) ddcpu_shm_unlink(&g->shm);
+    ddcpu_mem_detach(g);
   }
-  cp_liveness_close(g);
+  ddcpu_liveness_close(g);
   if (g->abort_fd >= 0) close(g->abort_fd);
   if (g->wake_fd >= 0) close(g->wake_fd);
-  cp_free_all_requests(g);
+  ddcpu_free_all_requests(g);
   pthread_mutex_destroy(&g->q_mu);
   pthread_mutex_destroy(&g->ctl_mu);
   pthread_mutex_destroy(&g->mem_mu);
@@ -296,11 +296,11 @@ static int host_group_create(const ddplug_group_init *init,
   if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
     return DDPLUG_E_ABI_MISMATCH; /* the entry point serves only >= 1.3 */
   if (!DDPLUG_HAS_FIELD(init, ddplug_group_init, log_level))
-    return report(svc, cp_err(DDPLUG_E_ABI_MISMATCH,
-                              "group_create: ddplug_group_init of %u bytes is "
-                              "older than ABI 1.0", init->struct_size));
-  cp_group *g = calloc(1, sizeof *g);
-  if (!g) return report(svc, cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory"));
+    return report(svc, ddcpu_err(DDPLUG_E_ABI_MISMATCH,
+                                 "group_create: ddplug_group_init of %u bytes is "
+                                 "older than ABI 1.0", init->struct_size));
+  ddcpu_group *g = calloc(1, sizeof *g);
+  if (!g) return report(svc, ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory"));
   g->svc = svc;
   g->log_level = init->log_level;
   g->next_fd = g->prev_fd = g->abort_fd = g->wake_fd = -1;
@@ -308,14 +308,14 @@ static int host_group_create(const ddplug_group_init *init,
   pthread_mutex_init(&g->ctl_mu, NULL);
   pthread_mutex_init(&g->mem_mu, NULL);
   g->shm.fd = -1;
-  int st = cp_options_read(svc, &g->opt);
+  int st = ddcpu_options_read(svc, &g->opt);
   if (st == DDPLUG_OK) st = topology(g, init);
   if (st != DDPLUG_OK) {
     teardown(g);
     return report(svc, st);
   }
   g->timeout_ms = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_CREATE_TIMEOUT_MS;
-  uint64_t deadline = cp_deadline(g->timeout_ms);
+  uint64_t deadline = ddcpu_deadline(g->timeout_ms);
   /* Spin only while every local rank can have a CPU of its own: when ranks
    * outnumber the CPUs this process may use, a spinning waiter takes the
    * CPU from the rank it waits for, so it sleeps almost at once. */
@@ -327,42 +327,42 @@ static int host_group_create(const ddplug_group_init *init,
   /* "auto" is on: a helper thread reducing buckets during backward was
    * faster than leaving them to the caller in every configuration measured,
    * also with as many or more ranks than CPUs (README.md, "Overlap") */
-  g->progress_runs = g->opt.progress_thread != CP_PROGRESS_OFF;
+  g->progress_runs = g->opt.progress_thread != DDCPU_PROGRESS_OFF;
   g->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (g->abort_fd < 0 || g->wake_fd < 0) {
-    st = cp_err_errno(DDPLUG_E_SYSTEM, errno, "group_create: eventfd failed");
+    st = ddcpu_err_errno(DDPLUG_E_SYSTEM, errno, "group_create: eventfd failed");
     goto fail;
   }
   if (g->num_nodes > 1) {
     g->arrived_local = calloc((size_t)g->num_nodes, sizeof *g->arrived_local);
     if (!g->arrived_local) {
-      st = cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+      st = ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
       goto fail;
     }
   }
   if (g->local_world > 1 && (st = setup_shm(g, deadline)) != DDPLUG_OK) goto fail;
-  if ((st = cp_liveness_open(g)) != DDPLUG_OK) goto fail;
-  if ((st = cp_direct_probe(g, deadline)) != DDPLUG_OK) goto fail;
+  if ((st = ddcpu_liveness_open(g)) != DDPLUG_OK) goto fail;
+  if ((st = ddcpu_direct_probe(g, deadline)) != DDPLUG_OK) goto fail;
   if (g->num_nodes > 1 && g->leader) {
     g->ring_tmp = malloc(g->opt.tcp_chunk_bytes);
     g->recs = calloc((size_t)g->num_nodes, sizeof *g->recs);
     if (!g->ring_tmp || !g->recs) {
-      st = cp_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
+      st = ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory");
       goto fail;
     }
-    if ((st = cp_tcp_ring_setup(g, deadline)) != DDPLUG_OK) goto fail;
+    if ((st = ddcpu_tcp_ring_setup(g, deadline)) != DDPLUG_OK) goto fail;
   }
-  if ((st = cp_engine_start(g)) != DDPLUG_OK) goto fail;
-  cp_log(g, DDPLUG_LOG_DEBUG,
-         "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "
-         "chunk %llu B x %u slots, small <= %llu B, spin %lld us, registered "
-         "memory %llu B per rank, progress thread %s",
-         g->rank, g->world, g->local_rank, g->local_world, g->node,
-         g->num_nodes, (unsigned long long)g->opt.chunk_bytes, g->opt.slots,
-         (unsigned long long)g->opt.small_msg_bytes, (long long)spin_us,
-         (unsigned long long)(g->has_shm ? g->shm.hdr->arena_bytes : 0),
-         g->progress_runs ? "runs collectives nobody waits for"
+  if ((st = ddcpu_engine_start(g)) != DDPLUG_OK) goto fail;
+  ddcpu_log(g, DDPLUG_LOG_DEBUG,
+            "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "
+            "chunk %llu B x %u slots, small <= %llu B, spin %lld us, registered "
+            "memory %llu B per rank, progress thread %s",
+            g->rank, g->world, g->local_rank, g->local_world, g->node,
+            g->num_nodes, (unsigned long long)g->opt.chunk_bytes, g->opt.slots,
+            (unsigned long long)g->opt.small_msg_bytes, (long long)spin_us,
+            (unsigned long long)(g->has_shm ? g->shm.hdr->arena_bytes : 0),
+            g->progress_runs ? "runs collectives nobody waits for"
                           : "only watches peers (callers run collectives)");
   *out = g;
   return DDPLUG_OK;
@@ -377,11 +377,11 @@ fail:
  * departed so peers do not take its exit for a crash. */
 static int host_group_destroy(ddplug_plugin_group *g) {
   if (!g) return DDPLUG_OK;
-  int pending = cp_pending(g);
+  int pending = ddcpu_pending(g);
   if (pending > 0)
-    cp_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank,
-                "rank %d destroyed its group with %d collective(s) still "
-                "pending", g->rank, pending);
+    ddcpu_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank,
+                   "rank %d destroyed its group with %d collective(s) still "
+                   "pending", g->rank, pending);
   teardown(g);
   return DDPLUG_OK;
 }
@@ -390,8 +390,8 @@ static int host_group_destroy(ddplug_plugin_group *g) {
  * most ~200 ms telling the previous node over the ring). */
 static int host_group_abort(ddplug_plugin_group *g, const char *reason) {
   if (!g) return DDPLUG_E_INVALID_ARGUMENT;
-  cp_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank, "aborted by rank %d: %s",
-              g->rank, reason && *reason ? reason : "(no reason given)");
+  ddcpu_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank, "aborted by rank %d: %s",
+                 g->rank, reason && *reason ? reason : "(no reason given)");
   return DDPLUG_OK;
 }
 
@@ -402,50 +402,50 @@ static int host_collective_start(ddplug_plugin_group *g,
                                  ddplug_plugin_request **req) {
   if (!g || !args || !req) return DDPLUG_E_INVALID_ARGUMENT;
   if (!DDPLUG_HAS_FIELD(args, ddplug_coll_args, reserved0))
-    return report(g->svc, cp_err(DDPLUG_E_ABI_MISMATCH,
-                                 "collective_start: ddplug_coll_args of %u "
-                                 "bytes is older than ABI 1.0", args->struct_size));
+    return report(g->svc, ddcpu_err(DDPLUG_E_ABI_MISMATCH,
+                                    "collective_start: ddplug_coll_args of %u "
+                                    "bytes is older than ABI 1.0", args->struct_size));
   ddplug_coll_args a;
   memset(&a, 0, sizeof a);
-  memcpy(&a, args, CP_MIN((size_t)args->struct_size, sizeof a));
-  return report(g->svc, cp_submit(g, &a, req));
+  memcpy(&a, args, DDCPU_MIN((size_t)args->struct_size, sizeof a));
+  return report(g->svc, ddcpu_submit(g, &a, req));
 }
 
 /* Wait for a request (see plugin.h); TIMEOUT leaves it pending. */
 static int host_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *req,
                              int64_t timeout_ms) {
   if (!g || !req) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, cp_req_wait(g, req, timeout_ms));
+  return report(g->svc, ddcpu_req_wait(g, req, timeout_ms));
 }
 
 /* Test a request without blocking (see plugin.h). */
 static int host_request_test(ddplug_plugin_group *g, ddplug_plugin_request *req,
                              int32_t *done) {
   if (!g || !req || !done) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, cp_req_test(g, req, done));
+  return report(g->svc, ddcpu_req_test(g, req, done));
 }
 
 /* Release a request (see plugin.h). A pending one keeps executing in order
  * and is released when it completes or at group_destroy. */
 static void host_request_free(ddplug_plugin_group *g, ddplug_plugin_request *req) {
-  if (g && req) cp_req_free(g, req);
+  if (g && req) ddcpu_req_free(g, req);
 }
 
 /* Registered memory (see plugin.h and mem.c). Any thread. */
 static int host_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
   if (!g || !ptr) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, cp_mem_alloc(g, bytes, ptr));
+  return report(g->svc, ddcpu_mem_alloc(g, bytes, ptr));
 }
 
 static int host_mem_free(ddplug_plugin_group *g, void *ptr) {
   if (!g) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, cp_mem_free(g, ptr));
+  return report(g->svc, ddcpu_mem_free(g, ptr));
 }
 
 static int host_mem_query(ddplug_plugin_group *g, const void *ptr, uint64_t bytes,
                           int32_t *reach) {
   if (!g || !reach) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, cp_mem_query(g, ptr, bytes, reach));
+  return report(g->svc, ddcpu_mem_query(g, ptr, bytes, reach));
 }
 
 static const ddplug_plugin host_table = {
@@ -474,7 +474,7 @@ static const ddplug_plugin host_table = {
     .request_test = host_request_test,
     .request_free = host_request_free,
     /* sampler slots NULL: the runtime's default samplers serve */
-    .options = cp_option_decls,
+    .options = ddcpu_option_decls,
     .mem_alloc = host_mem_alloc,
     .mem_free = host_mem_free,
     .mem_query = host_mem_query,

@@ -53,38 +53,38 @@
 #define DEEP_AFTER_NS (1000ull * 1000 * 1000)
 #define THREAD_SLICE_MS 100
 
-static int try_exec(cp_group *g) {
+static int try_exec(ddcpu_group *g) {
   int expect = 0;
   return atomic_compare_exchange_strong(&g->exec, &expect, 1);
 }
 
-static void bump(cp_group *g) {
+static void bump(ddcpu_group *g) {
   atomic_fetch_add(&g->ev.val, 1);
-  cp_ctr_wake(&g->ev);
+  ddcpu_ctr_wake(&g->ev);
 }
 
-static void release_exec(cp_group *g) {
+static void release_exec(ddcpu_group *g) {
   atomic_store(&g->exec, 0);
   bump(g);
 }
 
-static void wake_thread(cp_group *g) {
+static void wake_thread(ddcpu_group *g) {
   uint64_t one = 1;
   if (g->wake_fd >= 0) (void)!write(g->wake_fd, &one, sizeof one);
 }
 
-static cp_req *head(cp_group *g) {
+static ddcpu_req *head(ddcpu_group *g) {
   pthread_mutex_lock(&g->q_mu);
-  cp_req *r = g->q_head;
+  ddcpu_req *r = g->q_head;
   pthread_mutex_unlock(&g->q_mu);
   return r;
 }
 
 /* Whether a request is pending and, if so, when the oldest was started
  * (read under the lock: a caller may complete and free it right after). */
-static int oldest_pending(cp_group *g, uint64_t *submit_ns) {
+static int oldest_pending(ddcpu_group *g, uint64_t *submit_ns) {
   pthread_mutex_lock(&g->q_mu);
-  cp_req *r = g->q_head;
+  ddcpu_req *r = g->q_head;
   if (r) *submit_ns = r->submit_ns;
   pthread_mutex_unlock(&g->q_mu);
   return r != NULL;
@@ -92,17 +92,17 @@ static int oldest_pending(cp_group *g, uint64_t *submit_ns) {
 
 /* Mark r complete with status st (the sentence is in this thread's buffer)
  * and release it if its owner already freed it. */
-static void complete(cp_group *g, cp_req *r, int st) {
+static void complete(ddcpu_group *g, ddcpu_req *r, int st) {
   r->status = st;
   free(r->wide); /* executor-only scratch, unused from now on */
   r->wide = NULL;
   if (st != DDPLUG_OK) {
     char d[160];
-    cp_desc desc;
-    cp_desc_fill(&desc, &r->args, g->rank);
-    cp_desc_str(&desc, d, sizeof d);
+    ddcpu_desc desc;
+    ddcpu_desc_fill(&desc, &r->args, g->rank);
+    ddcpu_desc_str(&desc, d, sizeof d);
     snprintf(r->msg, sizeof r->msg, "collective #%llu %s on rank %d: %s",
-             (unsigned long long)r->args.seq, d, g->rank, cp_errmsg());
+             (unsigned long long)r->args.seq, d, g->rank, ddcpu_errmsg());
   }
   int release = 0;
   pthread_mutex_lock(&g->q_mu);
@@ -121,15 +121,15 @@ static void complete(cp_group *g, cp_req *r, int st) {
 }
 
 /* Execute pending requests in order until `until` completes (NULL: until
- * none is left) or the deadline passes (CP_AGAIN). Caller holds exec. */
-static int run_queue(cp_group *g, cp_req *until, uint64_t deadline, int by_thread) {
+ * none is left) or the deadline passes (DDCPU_AGAIN). Caller holds exec. */
+static int run_queue(ddcpu_group *g, ddcpu_req *until, uint64_t deadline, int by_thread) {
   g->exec_by_thread = by_thread;
   for (;;) {
-    cp_req *r = head(g);
+    ddcpu_req *r = head(g);
     if (!r) return DDPLUG_OK;
     if (by_thread) atomic_store(&r->by_thread, 1);
-    int st = cp_coll_advance(g, r, deadline);
-    if (st == CP_AGAIN) return CP_AGAIN;
+    int st = ddcpu_coll_advance(g, r, deadline);
+    if (st == DDCPU_AGAIN) return DDCPU_AGAIN;
     int last = r == until;
     complete(g, r, st);
     if (last) return DDPLUG_OK;
@@ -137,33 +137,33 @@ static int run_queue(cp_group *g, cp_req *until, uint64_t deadline, int by_threa
 }
 
 /* See cpu.h. Never waits for peers. */
-int cp_submit(cp_group *g, const ddplug_coll_args *a, cp_req **out) {
-  int st = cp_fail_status(g);
+int ddcpu_submit(ddcpu_group *g, const ddplug_coll_args *a, ddcpu_req **out) {
+  int st = ddcpu_fail_status(g);
   if (st) {
     char d[160];
-    cp_desc desc;
-    cp_desc_fill(&desc, a, g->rank);
-    cp_desc_str(&desc, d, sizeof d);
-    return cp_err(st, "collective #%llu %s on rank %d not started: %s",
-                  (unsigned long long)a->seq, d, g->rank, cp_fail_get(g)->msg);
+    ddcpu_desc desc;
+    ddcpu_desc_fill(&desc, a, g->rank);
+    ddcpu_desc_str(&desc, d, sizeof d);
+    return ddcpu_err(st, "collective #%llu %s on rank %d not started: %s",
+                     (unsigned long long)a->seq, d, g->rank, ddcpu_fail_get(g)->msg);
   }
-  if ((st = cp_coll_validate(g, a)) != DDPLUG_OK) return st;
-  cp_req *r = calloc(1, sizeof *r);
+  if ((st = ddcpu_coll_validate(g, a)) != DDPLUG_OK) return st;
+  ddcpu_req *r = calloc(1, sizeof *r);
   if (!r)
-    return cp_err(DDPLUG_E_NO_MEMORY, "collective #%llu: out of memory",
-                  (unsigned long long)a->seq);
-  uint64_t scratch = cp_coll_scratch_bytes(g, a);
+    return ddcpu_err(DDPLUG_E_NO_MEMORY, "collective #%llu: out of memory",
+                     (unsigned long long)a->seq);
+  uint64_t scratch = ddcpu_coll_scratch_bytes(g, a);
   if (scratch > 0 && (scratch > SIZE_MAX || !(r->wide = malloc((size_t)scratch)))) {
     free(r);
-    return cp_err(DDPLUG_E_NO_MEMORY,
-                  "collective #%llu (allreduce of %llu %s) on rank %d: cannot "
-                  "allocate %llu bytes for its float32 partial sums; nothing "
-                  "was started", (unsigned long long)a->seq,
-                  (unsigned long long)a->count, cp_dtype_name(a->dtype), g->rank,
-                  (unsigned long long)scratch);
+    return ddcpu_err(DDPLUG_E_NO_MEMORY,
+                     "collective #%llu (allreduce of %llu %s) on rank %d: cannot "
+                     "allocate %llu bytes for its float32 partial sums; nothing "
+                     "was started", (unsigned long long)a->seq,
+                     (unsigned long long)a->count, ddcpu_dtype_name(a->dtype), g->rank,
+                     (unsigned long long)scratch);
   }
   r->args = *a;
-  r->submit_ns = cp_now_ns();
+  r->submit_ns = ddcpu_now_ns();
   pthread_mutex_lock(&g->q_mu);
   r->k = ++g->next_k;
   r->prev = g->q_tail;
@@ -175,20 +175,20 @@ int cp_submit(cp_group *g, const ddplug_coll_args *a, cp_req **out) {
   pthread_mutex_unlock(&g->q_mu);
   atomic_store(&g->last_submit_ns, r->submit_ns);
   if (g->progress_runs &&
-      (!atomic_load(&g->lazy) || atomic_load(&g->pt_mode) == CP_PT_DEEP))
+      (!atomic_load(&g->lazy) || atomic_load(&g->pt_mode) == DDCPU_PT_DEEP))
     wake_thread(g);
   *out = r;
   return DDPLUG_OK;
 }
 
-static int report(cp_req *r) {
-  if (r->status != DDPLUG_OK) cp_errmsg_set(r->msg);
+static int report(ddcpu_req *r) {
+  if (r->status != DDPLUG_OK) ddcpu_errmsg_set(r->msg);
   return r->status;
 }
 
 /* See cpu.h. Blocks at most timeout_ms (0 polls once). */
-int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
-  uint64_t start = cp_now_ns();
+int ddcpu_req_wait(ddcpu_group *g, ddcpu_req *r, int64_t timeout_ms) {
+  uint64_t start = ddcpu_now_ns();
   uint64_t deadline = timeout_ms <= 0 ? start : start + (uint64_t)timeout_ms * 1000000ull;
   if (!atomic_load_explicit(&r->done, memory_order_acquire) &&
       start - r->submit_ns < SYNC_WAIT_NS)
@@ -200,7 +200,7 @@ int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
       int st = run_queue(g, r, deadline, 0);
       int more = head(g) != NULL;
       release_exec(g);
-      if (st == CP_AGAIN) {
+      if (st == DDCPU_AGAIN) {
         if (more) { /* finish in the background */
           atomic_store(&g->handoff, 1);
           wake_thread(g);
@@ -209,33 +209,33 @@ int cp_req_wait(cp_group *g, cp_req *r, int64_t timeout_ms) {
       }
       continue;
     }
-    uint64_t now = cp_now_ns();
+    uint64_t now = ddcpu_now_ns();
     if (now >= deadline) break;
     /* another thread executes: sleep until it completes something or lets go */
     atomic_fetch_add(&g->callers_waiting, 1);
-    cp_ctr_sleep(&g->ev, seen, CP_MIN(deadline - now, 50ull * 1000 * 1000), 1);
+    ddcpu_ctr_sleep(&g->ev, seen, DDCPU_MIN(deadline - now, 50ull * 1000 * 1000), 1);
     atomic_fetch_sub(&g->callers_waiting, 1);
   }
   if (atomic_load_explicit(&r->done, memory_order_acquire)) return report(r);
-  char why[CP_MSG_MAX], d[160];
-  cp_desc desc;
-  cp_desc_fill(&desc, &r->args, g->rank);
-  cp_desc_str(&desc, d, sizeof d);
-  cp_hs_missing(g, r->k, why, sizeof why);
-  return cp_err(DDPLUG_E_TIMEOUT,
-                "collective #%llu %s on rank %d did not complete within %lld ms: "
-                "%s (the request is still pending; wait again or abort)",
-                (unsigned long long)r->args.seq, d, g->rank,
-                (long long)CP_MAX(timeout_ms, 0), why);
+  char why[DDCPU_MSG_MAX], d[160];
+  ddcpu_desc desc;
+  ddcpu_desc_fill(&desc, &r->args, g->rank);
+  ddcpu_desc_str(&desc, d, sizeof d);
+  ddcpu_hs_missing(g, r->k, why, sizeof why);
+  return ddcpu_err(DDPLUG_E_TIMEOUT,
+                   "collective #%llu %s on rank %d did not complete within %lld ms: "
+                   "%s (the request is still pending; wait again or abort)",
+                   (unsigned long long)r->args.seq, d, g->rank,
+                   (long long)DDCPU_MAX(timeout_ms, 0), why);
 }
 
 /* See cpu.h. Never waits for peers; may do local work that is ready. */
-int cp_req_test(cp_group *g, cp_req *r, int32_t *done) {
+int ddcpu_req_test(ddcpu_group *g, ddcpu_req *r, int32_t *done) {
   if (!atomic_load_explicit(&r->done, memory_order_acquire) && try_exec(g)) {
-    int st = run_queue(g, r, cp_now_ns(), 0);
+    int st = run_queue(g, r, ddcpu_now_ns(), 0);
     int more = head(g) != NULL;
     release_exec(g);
-    if (st == CP_AGAIN && more && g->progress_runs) wake_thread(g);
+    if (st == DDCPU_AGAIN && more && g->progress_runs) wake_thread(g);
   }
   if (atomic_load_explicit(&r->done, memory_order_acquire)) {
     *done = 1;
@@ -248,7 +248,7 @@ int cp_req_test(cp_group *g, cp_req *r, int32_t *done) {
 /* See cpu.h. A pending request stays in the queue (it still executes in
  * order, its buffers must stay valid) and is released when it completes or
  * when the group is destroyed. */
-void cp_req_free(cp_group *g, cp_req *r) {
+void ddcpu_req_free(ddcpu_group *g, ddcpu_req *r) {
   if (!r) return;
   int release = 0;
   pthread_mutex_lock(&g->q_mu);
@@ -263,22 +263,22 @@ void cp_req_free(cp_group *g, cp_req *r) {
   if (release) free(r);
 }
 
-int cp_pending(cp_group *g) {
+int ddcpu_pending(ddcpu_group *g) {
   int n = 0;
   pthread_mutex_lock(&g->q_mu);
-  for (cp_req *r = g->q_head; r; r = r->next) n++;
+  for (ddcpu_req *r = g->q_head; r; r = r->next) n++;
   pthread_mutex_unlock(&g->q_mu);
   return n;
 }
 
-void cp_free_all_requests(cp_group *g) {
+void ddcpu_free_all_requests(ddcpu_group *g) {
   pthread_mutex_lock(&g->q_mu);
-  cp_req *r = g->all;
+  ddcpu_req *r = g->all;
   g->all = NULL;
   g->q_head = g->q_tail = NULL;
   pthread_mutex_unlock(&g->q_mu);
   while (r) {
-    cp_req *n = r->anext;
+    ddcpu_req *n = r->anext;
     free(r->wide);
     free(r);
     r = n;
@@ -287,31 +287,31 @@ void cp_free_all_requests(cp_group *g) {
 
 /* ---- the progress thread ---------------------------------------------------- */
 
-static void sleep_on_ev(cp_group *g, int ms) {
+static void sleep_on_ev(ddcpu_group *g, int ms) {
   uint32_t seen = atomic_load(&g->ev.val);
-  cp_ctr_sleep(&g->ev, seen, (uint64_t)ms * 1000000ull, 1);
+  ddcpu_ctr_sleep(&g->ev, seen, (uint64_t)ms * 1000000ull, 1);
 }
 
 static void *thread_main(void *arg) {
-  cp_group *g = arg;
+  ddcpu_group *g = arg;
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL);
-  struct pollfd pfd[CP_MAX_LOCAL + 8];
+  struct pollfd pfd[DDCPU_MAX_LOCAL + 8];
   while (!atomic_load(&g->stopping)) {
     uint64_t since = 0;
     int pending = oldest_pending(g, &since);
-    uint64_t now = cp_now_ns();
+    uint64_t now = ddcpu_now_ns();
     int lazy = atomic_load(&g->lazy);
     int stranded = pending && now > since && now - since >= STRANDED_NS;
     if (!pending) atomic_store(&g->handoff, 0); /* what was handed over is done */
     int handoff = atomic_load(&g->handoff);
     if (pending && ((g->progress_runs && (!lazy || stranded)) || handoff ||
-                    cp_fail_status(g))) {
+                    ddcpu_fail_status(g))) {
       if (try_exec(g)) {
         if (lazy && stranded && g->progress_runs) atomic_store(&g->lazy, 0);
-        int st = run_queue(g, NULL, cp_deadline(THREAD_SLICE_MS), 1);
-        if (st != CP_AGAIN) atomic_store(&g->handoff, 0); /* queue empty */
+        int st = run_queue(g, NULL, ddcpu_deadline(THREAD_SLICE_MS), 1);
+        if (st != DDCPU_AGAIN) atomic_store(&g->handoff, 0); /* queue empty */
         release_exec(g);
       } else {
         sleep_on_ev(g, 10);
@@ -320,23 +320,23 @@ static void *thread_main(void *arg) {
     }
     /* idle (or a fresh request its caller is about to run) */
     int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
-    atomic_store(&g->pt_mode, light ? CP_PT_LIGHT : CP_PT_DEEP);
+    atomic_store(&g->pt_mode, light ? DDCPU_PT_LIGHT : DDCPU_PT_DEEP);
     if (g->progress_runs && oldest_pending(g, &since) && !light) {
-      atomic_store(&g->pt_mode, CP_PT_BUSY);
+      atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
       continue;
     }
     int n = 0;
     pfd[n++] = (struct pollfd){g->wake_fd, POLLIN, 0};
     int have = try_exec(g);
     if (have) {
-      cp_fail_status(g); /* adopts and forwards a failure of the node */
-      n += cp_liveness_fds(g, pfd + n, (int)(sizeof pfd / sizeof pfd[0]) - n);
+      ddcpu_fail_status(g); /* adopts and forwards a failure of the node */
+      n += ddcpu_liveness_fds(g, pfd + n, (int)(sizeof pfd / sizeof pfd[0]) - n);
       release_exec(g);
     } else {
       /* another thread executes (and reads the sockets); the pidfds can
        * still be watched from here, so a dead neighbour is noticed at once
        * even while that thread sleeps */
-      int st = cp_fail_status(g);
+      int st = ddcpu_fail_status(g);
       if (!st || st == DDPLUG_E_ABORTED)
         for (int j = 0; j < g->local_world; j++)
           if (g->pidfd[j] >= 0 && !atomic_load(&g->pid_gone[j]))
@@ -344,9 +344,9 @@ static void *thread_main(void *arg) {
     }
     int timeout = light && g->progress_runs ? 1 : have ? THREAD_SLICE_MS : 10;
     int r = poll(pfd, (nfds_t)n, timeout);
-    atomic_store(&g->pt_mode, CP_PT_BUSY);
+    atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
     if (r == 0 && g->pid_poll && !light && try_exec(g)) {
-      cp_liveness_poll(g, 0); /* no pidfds: look at /proc now and then */
+      ddcpu_liveness_poll(g, 0); /* no pidfds: look at /proc now and then */
       release_exec(g);
     }
     if (r <= 0) continue;
@@ -361,14 +361,14 @@ static void *thread_main(void *arg) {
       int pid_event = 0;
       for (int j = 0; j < g->local_world; j++)
         if (g->pidfd[j] == pfd[i].fd) {
-          cp_peer_exited(g, j);
+          ddcpu_peer_exited(g, j);
           pid_event = 1;
         }
       if (!pid_event) other = 1;
     }
     if (other) {
       if (try_exec(g)) {
-        cp_liveness_poll(g, 0);
+        ddcpu_liveness_poll(g, 0);
         release_exec(g);
       } else {
         sleep_on_ev(g, 10);
@@ -378,17 +378,17 @@ static void *thread_main(void *arg) {
   return NULL;
 }
 
-int cp_engine_start(cp_group *g) {
+int ddcpu_engine_start(ddcpu_group *g) {
   atomic_store(&g->lazy, 1);
-  atomic_store(&g->pt_mode, CP_PT_BUSY);
+  atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
   int e = pthread_create(&g->thread, NULL, thread_main, g);
   if (e != 0)
-    return cp_err_errno(DDPLUG_E_SYSTEM, e, "cannot start the progress thread");
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e, "cannot start the progress thread");
   g->thread_started = 1;
   return DDPLUG_OK;
 }
 
-void cp_engine_stop(cp_group *g) {
+void ddcpu_engine_stop(ddcpu_group *g) {
   if (!g->thread_started) return;
   atomic_store(&g->stopping, 1);
   wake_thread(g);

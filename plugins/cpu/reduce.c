@@ -1,7 +1,7 @@
 /*
  * reduce.c — the reduction kernels: every dtype x op the plugin supports.
  *
- * Sources are combined block by block (CP_BLOCK elements at a time) into an
+ * Sources are combined block by block (DDCPU_BLOCK elements at a time) into an
  * accumulator that stays in L1, in source order 0..n-1, so every rank that
  * computes the same reduction produces the same bits. Integer SUM/PROD wrap
  * (computed in the unsigned type: no undefined behaviour); integer AVG is
@@ -17,11 +17,11 @@
 
 #include "cpu.h"
 
-#define CP_BLOCK 1024
+#define DDCPU_BLOCK 1024
 
 /* ---- names and sizes ------------------------------------------------------ */
 
-uint32_t cp_dtype_size(int dtype) {
+uint32_t ddcpu_dtype_size(int dtype) {
   switch (dtype) {
 #define SZ(name, value, str, size) case value: return size;
     DDPLUG_DTYPE_MAP(SZ)
@@ -30,7 +30,7 @@ uint32_t cp_dtype_size(int dtype) {
   }
 }
 
-const char *cp_dtype_name(int dtype) {
+const char *ddcpu_dtype_name(int dtype) {
   switch (dtype) {
 #define NM(name, value, str, size) case value: return str;
     DDPLUG_DTYPE_MAP(NM)
@@ -39,7 +39,7 @@ const char *cp_dtype_name(int dtype) {
   }
 }
 
-const char *cp_op_name(int op) {
+const char *ddcpu_op_name(int op) {
   switch (op) {
 #define NM(name, value, str) case value: return str;
     DDPLUG_OP_MAP(NM)
@@ -48,7 +48,7 @@ const char *cp_op_name(int op) {
   }
 }
 
-const char *cp_kind_name(int kind) {
+const char *ddcpu_kind_name(int kind) {
   switch (kind) {
     case DDPLUG_COLL_ALLREDUCE: return "allreduce";
     case DDPLUG_COLL_BROADCAST: return "broadcast";
@@ -58,7 +58,7 @@ const char *cp_kind_name(int kind) {
   }
 }
 
-int cp_dtype_is_int(int dtype) {
+int ddcpu_dtype_is_int(int dtype) {
   return dtype == DDPLUG_INT8 || dtype == DDPLUG_UINT8 ||
          dtype == DDPLUG_INT32 || dtype == DDPLUG_INT64;
 }
@@ -78,7 +78,7 @@ static inline uint32_t float_to_bits(float f) {
 
 /* binary16 → binary32, exact (integer arithmetic only, so a flush-to-zero
  * floating-point mode cannot lose half subnormals). */
-float cp_half_to_float(uint16_t h) {
+float ddcpu_half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -100,7 +100,7 @@ float cp_half_to_float(uint16_t h) {
 
 /* binary32 → binary16, round to nearest, ties to even; overflow → inf;
  * NaN stays NaN (quiet). */
-uint16_t cp_float_to_half(float f) {
+uint16_t ddcpu_float_to_half(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
@@ -126,9 +126,9 @@ uint16_t cp_float_to_half(float f) {
   return (uint16_t)(sign | h);
 }
 
-float cp_bf16_to_float(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
+float ddcpu_bf16_to_float(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
 
-uint16_t cp_float_to_bf16(float f) {
+uint16_t ddcpu_float_to_bf16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -139,32 +139,32 @@ static void widen(int dtype, float *out, const uint16_t *in, size_t m) {
   if (dtype == DDPLUG_BFLOAT16) {
     for (size_t i = 0; i < m; i++) out[i] = bits_to_float((uint32_t)in[i] << 16);
   } else {
-    for (size_t i = 0; i < m; i++) out[i] = cp_half_to_float(in[i]);
+    for (size_t i = 0; i < m; i++) out[i] = ddcpu_half_to_float(in[i]);
   }
 }
 
 static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
   if (dtype == DDPLUG_BFLOAT16) {
-    for (size_t i = 0; i < m; i++) out[i] = cp_float_to_bf16(in[i]);
+    for (size_t i = 0; i < m; i++) out[i] = ddcpu_float_to_bf16(in[i]);
   } else {
-    for (size_t i = 0; i < m; i++) out[i] = cp_float_to_half(in[i]);
+    for (size_t i = 0; i < m; i++) out[i] = ddcpu_float_to_half(in[i]);
   }
 }
 
 /* See cpu.h: whole buffers, for the float32 partial sums of multi-node
  * allreduce (hierarchical steps keep half types wide until the end). */
-void cp_half_widen(int dtype, float *out, const void *in, uint64_t count) {
+void ddcpu_half_widen(int dtype, float *out, const void *in, uint64_t count) {
   const uint16_t *h = in;
-  for (uint64_t base = 0; base < count; base += CP_BLOCK) {
-    size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);
+  for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
+    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
     widen(dtype, out + base, h + base, m);
   }
 }
 
-void cp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
+void ddcpu_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
   uint16_t *h = out;
-  for (uint64_t base = 0; base < count; base += CP_BLOCK) {
-    size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);
+  for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
+    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
     narrow(dtype, h + base, in + base, m);
   }
 }
@@ -222,15 +222,15 @@ void cp_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
 #define DEF_REDUCE(NAME, T, COMBINE)                                         \
   static void NAME(int op, void *const *dsts, int nd, const void *const *srcs, \
                    int n, uint64_t count, int divisor, int stream) {         \
-    T acc[CP_BLOCK];                                                         \
-    for (uint64_t base = 0; base < count; base += CP_BLOCK) {                \
-      size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);           \
-      cp_copy(acc, (const T *)srcs[0] + base, m * sizeof(T), 0);             \
+    T acc[DDCPU_BLOCK];                                                         \
+    for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {                \
+      size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);           \
+      ddcpu_copy(acc, (const T *)srcs[0] + base, m * sizeof(T), 0);             \
       for (int k = 1; k < n; k++) COMBINE(op, acc, (const T *)srcs[k] + base, m); \
       if (divisor > 0)                                                       \
         for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / divisor);        \
       for (int d = 0; d < nd; d++)                                           \
-        cp_copy((T *)dsts[d] + base, acc, m * sizeof(T), stream);            \
+        ddcpu_copy((T *)dsts[d] + base, acc, m * sizeof(T), stream);            \
     }                                                                        \
   }
 
@@ -252,10 +252,10 @@ DEF_REDUCE(reduce_i64, int64_t, combine_i64)
 static void reduce_half(int dtype, int op, void *const *dsts, int nd,
                         const void *const *srcs, int n, uint64_t count,
                         int divisor, int stream) {
-  float acc[CP_BLOCK], tmp[CP_BLOCK];
-  uint16_t out[CP_BLOCK];
-  for (uint64_t base = 0; base < count; base += CP_BLOCK) {
-    size_t m = (size_t)CP_MIN((uint64_t)CP_BLOCK, count - base);
+  float acc[DDCPU_BLOCK], tmp[DDCPU_BLOCK];
+  uint16_t out[DDCPU_BLOCK];
+  for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
+    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
     widen(dtype, acc, (const uint16_t *)srcs[0] + base, m);
     for (int k = 1; k < n; k++) {
       widen(dtype, tmp, (const uint16_t *)srcs[k] + base, m);
@@ -269,14 +269,14 @@ static void reduce_half(int dtype, int op, void *const *dsts, int nd,
     }
     narrow(dtype, out, acc, m);
     for (int d = 0; d < nd; d++)
-      cp_copy((uint16_t *)dsts[d] + base, out, m * sizeof(uint16_t), stream);
+      ddcpu_copy((uint16_t *)dsts[d] + base, out, m * sizeof(uint16_t), stream);
   }
 }
 
 /* See cpu.h. Not thread-affine; pure function of its arguments. */
-void cp_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
-                     const void *const *srcs, int nsrc, uint64_t count,
-                     int divisor, int stream) {
+void ddcpu_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
+                        const void *const *srcs, int nsrc, uint64_t count,
+                        int divisor, int stream) {
   if (count == 0 || nsrc <= 0 || nd <= 0) return;
   switch (dtype) {
     case DDPLUG_FLOAT32: reduce_f32(op, dsts, nd, srcs, nsrc, count, divisor, stream); break;
@@ -294,21 +294,21 @@ void cp_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
 }
 
 /* See cpu.h. */
-void cp_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
-                 int nsrc, uint64_t count, int divisor) {
+void ddcpu_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
+                    int nsrc, uint64_t count, int divisor) {
   void *dsts[1] = {dst};
-  cp_reduce_bcast(dtype, op, dsts, 1, srcs, nsrc, count, divisor, 0);
+  ddcpu_reduce_bcast(dtype, op, dsts, 1, srcs, nsrc, count, divisor, 0);
 }
 
 /* dst op= src (AVG combines as SUM; no division). */
-void cp_reduce_into(int dtype, int op, void *dst, const void *src,
-                    uint64_t count) {
+void ddcpu_reduce_into(int dtype, int op, void *dst, const void *src,
+                       uint64_t count) {
   const void *srcs[2] = {dst, src};
-  cp_reduce_n(dtype, op, dst, srcs, 2, count, 0);
+  ddcpu_reduce_n(dtype, op, dst, srcs, 2, count, 0);
 }
 
 /* x /= divisor element-wise. */
-void cp_divide(int dtype, void *x, uint64_t count, int divisor) {
+void ddcpu_divide(int dtype, void *x, uint64_t count, int divisor) {
   const void *srcs[1] = {x};
-  if (divisor > 1) cp_reduce_n(dtype, DDPLUG_OP_SUM, x, srcs, 1, count, divisor);
+  if (divisor > 1) ddcpu_reduce_n(dtype, DDPLUG_OP_SUM, x, srcs, 1, count, divisor);
 }

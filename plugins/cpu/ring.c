@@ -33,62 +33,62 @@
 
 static int mod(int a, int L) { return ((a % L) + L) % L; }
 
-static int sends(const cp_group *g, const cp_ring *r) {
-  if (r->op != CP_RING_BCAST) return 1;
+static int sends(const ddcpu_group *g, const ddcpu_ring *r) {
+  if (r->op != DDCPU_RING_BCAST) return 1;
   int L = g->num_nodes;
   return mod(g->node - r->root_node, L) < L - 1;
 }
-static int recvs(const cp_group *g, const cp_ring *r) {
-  return r->op != CP_RING_BCAST || g->node != r->root_node;
+static int recvs(const ddcpu_group *g, const ddcpu_ring *r) {
+  return r->op != DDCPU_RING_BCAST || g->node != r->root_node;
 }
 
-static int send_seg(const cp_group *g, const cp_ring *r, int t) {
+static int send_seg(const ddcpu_group *g, const ddcpu_ring *r, int t) {
   int L = g->num_nodes, me = g->node;
-  if (r->op == CP_RING_BCAST) return 0;
-  if (r->op == CP_RING_ALLREDUCE && t >= L - 1) return mod(me + 1 - (t - (L - 1)), L);
+  if (r->op == DDCPU_RING_BCAST) return 0;
+  if (r->op == DDCPU_RING_ALLREDUCE && t >= L - 1) return mod(me + 1 - (t - (L - 1)), L);
   return mod(me - t, L);
 }
-static int recv_seg(const cp_group *g, const cp_ring *r, int t) {
+static int recv_seg(const ddcpu_group *g, const ddcpu_ring *r, int t) {
   int L = g->num_nodes, me = g->node;
-  if (r->op == CP_RING_BCAST) return 0;
-  if (r->op == CP_RING_ALLREDUCE && t >= L - 1) return mod(me - (t - (L - 1)), L);
+  if (r->op == DDCPU_RING_BCAST) return 0;
+  if (r->op == DDCPU_RING_ALLREDUCE && t >= L - 1) return mod(me - (t - (L - 1)), L);
   return mod(me - t - 1, L);
 }
-static int reduces_at(const cp_group *g, const cp_ring *r, int t) {
-  return r->op == CP_RING_ALLREDUCE && t < g->num_nodes - 1;
+static int reduces_at(const ddcpu_group *g, const ddcpu_ring *r, int t) {
+  return r->op == DDCPU_RING_ALLREDUCE && t < g->num_nodes - 1;
 }
 
-static uint64_t seg_elem_start(const cp_group *g, const cp_ring *r, int seg) {
+static uint64_t seg_elem_start(const ddcpu_group *g, const ddcpu_ring *r, int seg) {
   return r->count * (uint64_t)seg / (uint64_t)g->num_nodes;
 }
 
-static uint64_t seg_bytes(const cp_group *g, const cp_ring *r, int seg) {
+static uint64_t seg_bytes(const ddcpu_group *g, const ddcpu_ring *r, int seg) {
   switch (r->op) {
-    case CP_RING_ALLREDUCE:
+    case DDCPU_RING_ALLREDUCE:
       return (seg_elem_start(g, r, seg + 1) - seg_elem_start(g, r, seg)) * r->esize;
-    case CP_RING_ALLGATHER:
+    case DDCPU_RING_ALLGATHER:
       return (uint64_t)g->node_size[seg] * r->block_bytes;
-    case CP_RING_RECORDS: return r->block_bytes;
+    case DDCPU_RING_RECORDS: return r->block_bytes;
     default: return r->count * r->esize;
   }
 }
 
 /* Pointer to byte `off` of segment seg and how many bytes follow
  * contiguously. */
-static unsigned char *span(const cp_group *g, const cp_ring *r, int seg,
+static unsigned char *span(const ddcpu_group *g, const ddcpu_ring *r, int seg,
                            uint64_t off, uint64_t *len) {
   uint64_t total = seg_bytes(g, r, seg);
   switch (r->op) {
-    case CP_RING_ALLREDUCE:
+    case DDCPU_RING_ALLREDUCE:
       *len = total - off;
       return r->buf + seg_elem_start(g, r, seg) * r->esize + off;
-    case CP_RING_ALLGATHER: {
+    case DDCPU_RING_ALLGATHER: {
       uint64_t idx = off / r->block_bytes, in = off % r->block_bytes;
       int rank = g->node_ranks[seg][idx];
       *len = r->block_bytes - in;
       return r->buf + (uint64_t)rank * r->block_bytes + in;
     }
-    case CP_RING_RECORDS:
+    case DDCPU_RING_RECORDS:
       *len = total - off;
       return r->buf + (uint64_t)seg * r->block_bytes + off;
     default:
@@ -97,19 +97,19 @@ static unsigned char *span(const cp_group *g, const cp_ring *r, int seg,
   }
 }
 
-void cp_ring_init(cp_group *g, cp_ring *r) {
+void ddcpu_ring_init(ddcpu_group *g, ddcpu_ring *r) {
   int L = g->num_nodes;
-  r->esize = r->dtype ? cp_dtype_size(r->dtype) : 1;
-  r->nsteps = r->op == CP_RING_ALLREDUCE ? 2 * (L - 1)
-              : r->op == CP_RING_BCAST   ? 1
+  r->esize = r->dtype ? ddcpu_dtype_size(r->dtype) : 1;
+  r->nsteps = r->op == DDCPU_RING_ALLREDUCE ? 2 * (L - 1)
+              : r->op == DDCPU_RING_BCAST   ? 1
                                          : L - 1;
   r->ts = sends(g, r) ? 0 : r->nsteps;
   r->tr = recvs(g, r) ? 0 : r->nsteps;
   r->sent = r->rcvd = r->red = r->fill = 0;
   r->active = 1;
   g->ring_active = 1;
-  cp_ring_watch *w = cp_ring_watch_of(g);
-  uint64_t now = cp_now_ns();
+  ddcpu_ring_watch *w = ddcpu_ring_watch_of(g);
+  uint64_t now = ddcpu_now_ns();
   atomic_store(&w->rx_ns, now);
   atomic_store(&w->tx_ns, now);
   atomic_store(&w->want_rx, r->tr < r->nsteps);
@@ -119,33 +119,33 @@ void cp_ring_init(cp_group *g, cp_ring *r) {
 
 /* How far the send of step t may go: the whole segment, or as far as the
  * receive it forwards has finished. */
-static uint64_t send_limit(const cp_group *g, const cp_ring *r, int t) {
+static uint64_t send_limit(const ddcpu_group *g, const ddcpu_ring *r, int t) {
   uint64_t total = seg_bytes(g, r, send_seg(g, r, t));
-  if (r->op == CP_RING_BCAST)
+  if (r->op == DDCPU_RING_BCAST)
     return g->node == r->root_node || r->tr >= r->nsteps ? total : r->rcvd;
   if (t == 0 || r->tr > t - 1) return total;
   return reduces_at(g, r, t - 1) ? r->red : r->rcvd;
 }
 
-/* The failure, or CP_AGAIN when the caller's deadline comes before the
+/* The failure, or DDCPU_AGAIN when the caller's deadline comes before the
  * cause is settled (the step is retried; nothing moved). */
-static int lost(cp_group *g, int node, const char *what, int err) {
-  return cp_ring_broken(g, node, what, err, g->exec_deadline);
+static int lost(ddcpu_group *g, int node, const char *what, int err) {
+  return ddcpu_ring_broken(g, node, what, err, g->exec_deadline);
 }
 
-static int do_send(cp_group *g, cp_ring *r, int *moved) {
+static int do_send(ddcpu_group *g, ddcpu_ring *r, int *moved) {
   while (r->ts < r->nsteps) {
     int seg = send_seg(g, r, r->ts);
     uint64_t total = seg_bytes(g, r, seg), limit = send_limit(g, r, r->ts);
     while (r->sent < limit) {
       uint64_t len;
       unsigned char *p = span(g, r, seg, r->sent, &len);
-      len = CP_MIN(len, limit - r->sent);
+      len = DDCPU_MIN(len, limit - r->sent);
       ssize_t n = send(g->next_fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
         r->sent += (uint64_t)n;
         *moved = 1;
-        atomic_store_explicit(&cp_ring_watch_of(g)->tx_ns, cp_now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&ddcpu_ring_watch_of(g)->tx_ns, ddcpu_now_ns(), memory_order_relaxed);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -162,13 +162,13 @@ static int do_send(cp_group *g, cp_ring *r, int *moved) {
   return 0;
 }
 
-static int recv_bytes(cp_group *g, void *p, uint64_t len, uint64_t *got) {
+static int recv_bytes(ddcpu_group *g, void *p, uint64_t len, uint64_t *got) {
   *got = 0;
   for (;;) {
     ssize_t n = recv(g->prev_fd, p, len, MSG_DONTWAIT);
     if (n > 0) {
       *got = (uint64_t)n;
-      atomic_store_explicit(&cp_ring_watch_of(g)->rx_ns, cp_now_ns(), memory_order_relaxed);
+      atomic_store_explicit(&ddcpu_ring_watch_of(g)->rx_ns, ddcpu_now_ns(), memory_order_relaxed);
       return 0;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -180,13 +180,13 @@ static int recv_bytes(cp_group *g, void *p, uint64_t len, uint64_t *got) {
   }
 }
 
-static int do_recv(cp_group *g, cp_ring *r, int *moved) {
+static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
   while (r->tr < r->nsteps) {
     int t = r->tr, seg = recv_seg(g, r, t);
     uint64_t total = seg_bytes(g, r, seg), got;
     if (reduces_at(g, r, t)) {
       while (r->red < total) {
-        uint64_t want = CP_MIN(g->opt.tcp_chunk_bytes, total - r->red);
+        uint64_t want = DDCPU_MIN(g->opt.tcp_chunk_bytes, total - r->red);
         if (r->fill < want) {
           int st = recv_bytes(g, g->ring_tmp + r->fill, want - r->fill, &got);
           if (st) return st;
@@ -198,9 +198,9 @@ static int do_recv(cp_group *g, cp_ring *r, int *moved) {
         uint64_t len;
         unsigned char *dst = span(g, r, seg, r->red, &len);
         uint64_t n = want / r->esize;
-        cp_reduce_into(r->dtype, r->redop, dst, g->ring_tmp, n);
+        ddcpu_reduce_into(r->dtype, r->redop, dst, g->ring_tmp, n);
         if (r->divisor > 0 && t == g->num_nodes - 2)
-          cp_divide(r->dtype, dst, n, r->divisor);
+          ddcpu_divide(r->dtype, dst, n, r->divisor);
         r->red += want;
         r->fill = 0;
       }
@@ -215,7 +215,7 @@ static int do_recv(cp_group *g, cp_ring *r, int *moved) {
         *moved = 1;
       }
     }
-    if (r->op == CP_RING_RECORDS) {
+    if (r->op == DDCPU_RING_RECORDS) {
       _Atomic uint64_t *arr = g->has_shm ? g->shm.arrived : g->arrived_local;
       atomic_store(&arr[seg], r->index);
     }
@@ -227,25 +227,25 @@ static int do_recv(cp_group *g, cp_ring *r, int *moved) {
 }
 
 /* See cpu.h. Executor only. */
-int cp_ring_step(cp_group *g, cp_ring *r, cp_wait_target *wt) {
+int ddcpu_ring_step(ddcpu_group *g, ddcpu_ring *r, ddcpu_wait_target *wt) {
   for (;;) {
     int moved = 0, st;
     if ((st = do_recv(g, r, &moved)) != 0) return st;
     if ((st = do_send(g, r, &moved)) != 0) return st;
-    atomic_store(&cp_ring_watch_of(g)->want_rx, r->tr < r->nsteps);
-    atomic_store(&cp_ring_watch_of(g)->want_tx, r->ts < r->nsteps);
+    atomic_store(&ddcpu_ring_watch_of(g)->want_rx, r->tr < r->nsteps);
+    atomic_store(&ddcpu_ring_watch_of(g)->want_tx, r->ts < r->nsteps);
     if (r->ts >= r->nsteps && r->tr >= r->nsteps) {
       r->active = 0;
       g->ring_active = 0;
-      return CP_DONE;
+      return DDCPU_DONE;
     }
     if (moved) continue;
-    wt->kind = CP_WAIT_FDS;
+    wt->kind = DDCPU_WAIT_FDS;
     wt->nfds = 0;
     if (r->ts < r->nsteps && r->sent < send_limit(g, r, r->ts))
       wt->fds[wt->nfds++] = (struct pollfd){g->next_fd, POLLOUT, 0};
     if (r->tr < r->nsteps)
       wt->fds[wt->nfds++] = (struct pollfd){g->prev_fd, POLLIN, 0};
-    return CP_BLOCKED;
+    return DDCPU_BLOCKED;
   }
 }

@@ -42,12 +42,12 @@
 #define ARENA_VA_BUDGET (32ull << 40)
 
 /* Layout of a segment for params p; offsets into the header, total size. */
-static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
-  uint64_t off = ALIGN_UP(sizeof(cp_shm_hdr), 4096);
+static void layout(const ddcpu_shm_params *p, ddcpu_shm_hdr *h) {
+  uint64_t off = ALIGN_UP(sizeof(ddcpu_shm_hdr), 4096);
   h->procs_off = off;
-  off = ALIGN_UP(off + sizeof(cp_proc) * (uint64_t)p->local_world, 64);
+  off = ALIGN_UP(off + sizeof(ddcpu_proc) * (uint64_t)p->local_world, 64);
   h->ctl_off = off;
-  off = ALIGN_UP(off + sizeof(cp_rank_ctl) * (uint64_t)p->local_world, 64);
+  off = ALIGN_UP(off + sizeof(ddcpu_rank_ctl) * (uint64_t)p->local_world, 64);
   h->arrived_off = off;
   off = ALIGN_UP(off + sizeof(uint64_t) * (uint64_t)p->num_nodes, 4096);
   h->small_off = off;
@@ -60,7 +60,7 @@ static void layout(const cp_shm_params *p, cp_shm_hdr *h) {
 }
 
 /* See cpu.h. */
-uint64_t cp_shm_arena_auto(int local_world) {
+uint64_t ddcpu_shm_arena_auto(int local_world) {
   struct statvfs v;
   if (local_world < 1 || statvfs("/dev/shm", &v) != 0) return 0;
   uint64_t total = (uint64_t)v.f_blocks * (uint64_t)(v.f_frsize ? v.f_frsize : v.f_bsize);
@@ -69,24 +69,24 @@ uint64_t cp_shm_arena_auto(int local_world) {
   return a / ARENA_ALIGN * ARENA_ALIGN;
 }
 
-static void bind_pointers(cp_shm *s) {
+static void bind_pointers(ddcpu_shm *s) {
   unsigned char *b = s->base;
-  s->hdr = (cp_shm_hdr *)b;
-  s->procs = (cp_proc *)(b + s->hdr->procs_off);
-  s->ctl = (cp_rank_ctl *)(b + s->hdr->ctl_off);
+  s->hdr = (ddcpu_shm_hdr *)b;
+  s->procs = (ddcpu_proc *)(b + s->hdr->procs_off);
+  s->ctl = (ddcpu_rank_ctl *)(b + s->hdr->ctl_off);
   s->arrived = (_Atomic uint64_t *)(b + s->hdr->arrived_off);
   s->small = b + s->hdr->small_off;
   s->stage = b + s->hdr->stage_off;
   s->arena = b + s->hdr->arena_off;
 }
 
-void cp_shm_name(char *out, size_t cap, const char *run_id, int node) {
-  snprintf(out, cap, "/" CP_SHM_PREFIX "%s-n%d", run_id, node);
+void ddcpu_shm_name(char *out, size_t cap, const char *run_id, int node) {
+  snprintf(out, cap, "/" DDCPU_SHM_PREFIX "%s-n%d", run_id, node);
 }
 
 /* Start time (field 22 of /proc/<pid>/stat, clock ticks since boot); 0 if
  * the process does not exist or has exited (a zombie). */
-uint64_t cp_proc_start_time(int64_t pid) {
+uint64_t ddcpu_proc_start_time(int64_t pid) {
   char path[64], buf[1024];
   if (pid <= 0) return 0;
   snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
@@ -106,28 +106,28 @@ uint64_t cp_proc_start_time(int64_t pid) {
   return strtoull(p, NULL, 10);
 }
 
-int cp_proc_alive(int64_t pid, uint64_t start_time) {
+int ddcpu_proc_alive(int64_t pid, uint64_t start_time) {
   if (pid <= 0) return 0;
-  uint64_t st = cp_proc_start_time(pid);
+  uint64_t st = ddcpu_proc_start_time(pid);
   if (st == 0) return 0;
   return start_time == 0 || st == start_time;
 }
 
 /* Create, size, map and initialise a new segment. On failure nothing is
  * left (the name is unlinked) and the sentence says why. */
-int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
+int ddcpu_shm_create(ddcpu_shm *s, const ddcpu_shm_params *p) {
   memset(s, 0, sizeof *s);
   s->fd = -1;
-  cp_shm_hdr proto;
+  ddcpu_shm_hdr proto;
   memset(&proto, 0, sizeof proto);
   layout(p, &proto);
-  cp_shm_name(s->name, sizeof s->name, p->run_id, p->node);
+  ddcpu_shm_name(s->name, sizeof s->name, p->run_id, p->node);
   int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
-    return cp_err_errno(DDPLUG_E_SYSTEM, errno,
-                        "shm_open(%s) for the node's shared memory failed%s",
-                        s->name,
-                        errno == EEXIST ? " (a segment of the same run id "
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, errno,
+                           "shm_open(%s) for the node's shared memory failed%s",
+                           s->name,
+                           errno == EEXIST ? " (a segment of the same run id "
                                           "exists and is in use)" : "");
   /* Reserve the pages of the fixed part now: a /dev/shm too small for it
    * is then an error here, not a SIGBUS in the middle of a collective. The
@@ -141,11 +141,11 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
   if (e != 0) {
     close(fd);
     shm_unlink(s->name);
-    return cp_err_errno(DDPLUG_E_SYSTEM, e,
-                        "reserving %llu bytes of shared memory for %s failed "
-                        "(is /dev/shm large enough? lower plugin_options "
-                        "chunk_bytes or slots)", (unsigned long long)proto.total_bytes,
-                        s->name);
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e,
+                           "reserving %llu bytes of shared memory for %s failed "
+                           "(is /dev/shm large enough? lower plugin_options "
+                           "chunk_bytes or slots)", (unsigned long long)proto.total_bytes,
+                           s->name);
   }
   void *base = mmap(NULL, proto.total_bytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_NORESERVE, fd, 0);
@@ -153,16 +153,16 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
   if (base == MAP_FAILED) {
     close(fd);
     shm_unlink(s->name);
-    return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s (%llu bytes) failed",
-                        s->name, (unsigned long long)proto.total_bytes);
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s (%llu bytes) failed",
+                           s->name, (unsigned long long)proto.total_bytes);
   }
   s->base = base;
   s->size = proto.total_bytes;
   s->fd = fd;
   s->creator = 1;
-  cp_shm_hdr *h = base;
+  ddcpu_shm_hdr *h = base;
   /* a new segment is zero-filled: counters, flags and records start at 0 */
-  h->version = CP_SHM_VERSION;
+  h->version = DDCPU_SHM_VERSION;
   h->local_world = p->local_world;
   h->node = p->node;
   h->num_nodes = p->num_nodes;
@@ -179,53 +179,53 @@ int cp_shm_create(cp_shm *s, const cp_shm_params *p) {
   h->arena_off = proto.arena_off;
   h->arena_bytes = proto.arena_bytes;
   atomic_store(&h->creator_pid, (int64_t)getpid());
-  atomic_store(&h->creator_start, cp_proc_start_time(getpid()));
-  atomic_store_explicit(&h->magic, CP_SHM_MAGIC, memory_order_release);
+  atomic_store(&h->creator_start, ddcpu_proc_start_time(getpid()));
+  atomic_store_explicit(&h->magic, DDCPU_SHM_MAGIC, memory_order_release);
   bind_pointers(s);
   return DDPLUG_OK;
 }
 
 /* Attach to the segment named name and check its layout against p. */
-int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
+int ddcpu_shm_attach(ddcpu_shm *s, const char *name, const ddcpu_shm_params *p) {
   memset(s, 0, sizeof *s);
   s->fd = -1;
   snprintf(s->name, sizeof s->name, "%s", name);
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
   if (fd < 0)
-    return cp_err_errno(DDPLUG_E_SYSTEM, errno,
-                        "cannot open the node's shared memory %s", name);
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, errno,
+                           "cannot open the node's shared memory %s", name);
   struct stat stt;
-  if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(cp_shm_hdr)) {
+  if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(ddcpu_shm_hdr)) {
     close(fd);
-    return cp_err(DDPLUG_E_INTERNAL, "shared memory %s is too small", name);
+    return ddcpu_err(DDPLUG_E_INTERNAL, "shared memory %s is too small", name);
   }
   void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_NORESERVE, fd, 0);
   int e = errno;
   if (base == MAP_FAILED) {
     close(fd);
-    return cp_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s failed", name);
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e, "mmap of %s failed", name);
   }
   s->base = base;
   s->size = (size_t)stt.st_size;
   s->fd = fd;
-  cp_shm_hdr *h = base;
-  cp_shm_hdr want;
+  ddcpu_shm_hdr *h = base;
+  ddcpu_shm_hdr want;
   memset(&want, 0, sizeof want);
   layout(p, &want);
-  if (atomic_load_explicit(&h->magic, memory_order_acquire) != CP_SHM_MAGIC ||
-      h->version != CP_SHM_VERSION) {
-    cp_shm_detach(s);
-    return cp_err(DDPLUG_E_INTERNAL,
-                  "shared memory %s is not an initialised ddplug host "
-                  "segment of this version", name);
+  if (atomic_load_explicit(&h->magic, memory_order_acquire) != DDCPU_SHM_MAGIC ||
+      h->version != DDCPU_SHM_VERSION) {
+    ddcpu_shm_detach(s);
+    return ddcpu_err(DDPLUG_E_INTERNAL,
+                     "shared memory %s is not an initialised ddplug host "
+                     "segment of this version", name);
   }
   if (h->local_world != p->local_world || h->slots != p->slots ||
       h->chunk_bytes != p->chunk_bytes || h->small_bytes != p->small_bytes ||
       h->num_nodes != p->num_nodes || h->total_bytes != want.total_bytes ||
       h->arena_bytes != want.arena_bytes || s->size < want.total_bytes ||
       strcmp(h->run_id, p->run_id) != 0) {
-    char msg[CP_MSG_MAX];
+    char msg[DDCPU_MSG_MAX];
     snprintf(msg, sizeof msg,
              "the node's ranks disagree on the shared-memory layout of %s: "
              "creator has %d local ranks, chunk_bytes %llu, slots %u, "
@@ -239,27 +239,27 @@ int cp_shm_attach(cp_shm *s, const char *name, const cp_shm_params *p) {
              (unsigned long long)p->chunk_bytes, p->slots,
              (unsigned long long)p->small_bytes,
              (unsigned long long)p->arena_bytes);
-    cp_shm_detach(s);
-    return cp_err(DDPLUG_E_CONFIG, "%s", msg);
+    ddcpu_shm_detach(s);
+    return ddcpu_err(DDPLUG_E_CONFIG, "%s", msg);
   }
   bind_pointers(s);
   return DDPLUG_OK;
 }
 
-void cp_shm_register(cp_shm *s, int local_index) {
-  cp_proc *pr = &s->procs[local_index];
-  atomic_store(&pr->start_time, cp_proc_start_time(getpid()));
+void ddcpu_shm_register(ddcpu_shm *s, int local_index) {
+  ddcpu_proc *pr = &s->procs[local_index];
+  atomic_store(&pr->start_time, ddcpu_proc_start_time(getpid()));
   atomic_store(&pr->pid, (int64_t)getpid());
 }
 
-void cp_shm_unlink(cp_shm *s) {
+void ddcpu_shm_unlink(ddcpu_shm *s) {
   if (!s->unlinked && s->name[0]) {
     shm_unlink(s->name);
     s->unlinked = 1;
   }
 }
 
-void cp_shm_detach(cp_shm *s) {
+void ddcpu_shm_detach(ddcpu_shm *s) {
   if (s->base) munmap(s->base, s->size);
   s->base = NULL;
   s->hdr = NULL;
@@ -275,25 +275,25 @@ static int segment_abandoned(int fd, time_t mtime) {
   /* Shorter than its header (zero bytes, typically): a creator killed
    * between shm_open and sizing it — or one doing that right now, which
    * takes microseconds. Only an old one is garbage. */
-  if ((uint64_t)stt.st_size < sizeof(cp_shm_hdr)) return time(NULL) - mtime > 60;
+  if ((uint64_t)stt.st_size < sizeof(ddcpu_shm_hdr)) return time(NULL) - mtime > 60;
   void *base = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return 0;
-  const cp_shm_hdr *h = base;
+  const ddcpu_shm_hdr *h = base;
   int abandoned = 0;
-  if (atomic_load(&h->magic) != CP_SHM_MAGIC) {
+  if (atomic_load(&h->magic) != DDCPU_SHM_MAGIC) {
     /* Not (yet) initialised: a creator between ftruncate and its header, or
      * one that died there. Only an old one is garbage. */
     abandoned = time(NULL) - mtime > 60; /* our prefix: our creator died */
-  } else if (h->version == CP_SHM_VERSION && h->procs_off < (uint64_t)stt.st_size &&
+  } else if (h->version == DDCPU_SHM_VERSION && h->procs_off < (uint64_t)stt.st_size &&
              h->local_world > 0 &&
-             h->procs_off + sizeof(cp_proc) * (uint64_t)h->local_world <=
+             h->procs_off + sizeof(ddcpu_proc) * (uint64_t)h->local_world <=
                  (uint64_t)stt.st_size) {
-    abandoned = !cp_proc_alive(atomic_load(&h->creator_pid),
-                               atomic_load(&h->creator_start));
-    const cp_proc *procs = (const cp_proc *)((const char *)base + h->procs_off);
+    abandoned = !ddcpu_proc_alive(atomic_load(&h->creator_pid),
+                                  atomic_load(&h->creator_start));
+    const ddcpu_proc *procs = (const ddcpu_proc *)((const char *)base + h->procs_off);
     for (int i = 0; abandoned && i < h->local_world; i++)
-      if (cp_proc_alive(atomic_load(&procs[i].pid),
-                        atomic_load(&procs[i].start_time)))
+      if (ddcpu_proc_alive(atomic_load(&procs[i].pid),
+                           atomic_load(&procs[i].start_time)))
         abandoned = 0;
   }
   munmap(base, (size_t)stt.st_size);
@@ -301,15 +301,15 @@ static int segment_abandoned(int fd, time_t mtime) {
 }
 
 /* See cpu.h. Only segments this user owns are considered. */
-int cp_shm_cleanup_stale(const cp_group *g) { return cp_shm_stale(g, 1); }
+int ddcpu_shm_cleanup_stale(const ddcpu_group *g) { return ddcpu_shm_stale(g, 1); }
 
-int cp_shm_stale(const cp_group *g, int remove) {
+int ddcpu_shm_stale(const ddcpu_group *g, int remove) {
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
   int removed = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, CP_SHM_PREFIX, strlen(CP_SHM_PREFIX)) != 0) continue;
+    if (strncmp(e->d_name, DDCPU_SHM_PREFIX, strlen(DDCPU_SHM_PREFIX)) != 0) continue;
     char name[300];
     snprintf(name, sizeof name, "/%s", e->d_name);
     int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
@@ -324,9 +324,9 @@ int cp_shm_stale(const cp_group *g, int remove) {
     }
     if (gone && shm_unlink(name) == 0) {
       removed++;
-      cp_log(g, DDPLUG_LOG_INFO,
-             "removed stale shared memory /dev/shm/%s (every process that "
-             "used it has exited)", e->d_name);
+      ddcpu_log(g, DDPLUG_LOG_INFO,
+                "removed stale shared memory /dev/shm/%s (every process that "
+                "used it has exited)", e->d_name);
     }
   }
   closedir(d);

@@ -36,14 +36,14 @@
 
 #include "cpu.h"
 
-static inline unsigned char *stage(cp_group *g, uint32_t a, int local) {
+static inline unsigned char *stage(ddcpu_group *g, uint32_t a, int local) {
   uint32_t slot = a & (g->opt.slots - 1); /* slots is a power of two */
   return g->shm.stage +
          ((uint64_t)slot * (uint64_t)g->local_world + (uint64_t)local) *
              g->opt.chunk_bytes;
 }
 
-unsigned char *cp_small_slot(cp_group *g, int local, uint64_t k) {
+unsigned char *ddcpu_small_slot(ddcpu_group *g, int local, uint64_t k) {
   return g->shm.small +
          ((uint64_t)local * 2 + (k & 1)) * g->opt.small_msg_bytes;
 }
@@ -51,35 +51,35 @@ unsigned char *cp_small_slot(cp_group *g, int local, uint64_t k) {
 /* ---- one-shot small-message path ----------------------------------------- */
 
 /* At the handshake: put this rank's contribution in its small slot. */
-void cp_small_put(cp_group *g, cp_req *r) {
+void ddcpu_small_put(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint64_t bytes = a->count * cp_dtype_size(a->dtype);
+  uint64_t bytes = a->count * ddcpu_dtype_size(a->dtype);
   if (bytes == 0) return;
-  unsigned char *mine = cp_small_slot(g, g->local_rank, r->k);
+  unsigned char *mine = ddcpu_small_slot(g, g->local_rank, r->k);
   if (a->kind == DDPLUG_COLL_ALLREDUCE || a->kind == DDPLUG_COLL_ALLGATHER ||
       (a->kind == DDPLUG_COLL_BROADCAST && a->root == g->rank))
-    cp_copy(mine, a->send, bytes, 0);
+    ddcpu_copy(mine, a->send, bytes, 0);
 }
 
 /* After every rank arrived and the descriptors matched. */
-void cp_small_finish(cp_group *g, cp_req *r) {
+void ddcpu_small_finish(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
-  uint32_t es = cp_dtype_size(a->dtype);
+  uint32_t es = ddcpu_dtype_size(a->dtype);
   uint64_t bytes = a->count * es;
   if (bytes == 0) return;
   switch (a->kind) {
     case DDPLUG_COLL_ALLREDUCE: {
-      const void *srcs[CP_MAX_LOCAL];
-      for (int j = 0; j < g->local_world; j++) srcs[j] = cp_small_slot(g, j, r->k);
-      cp_reduce_n(a->dtype, a->op, a->recv, srcs, g->local_world, a->count,
-                  a->op == DDPLUG_OP_AVG ? g->world : 0);
+      const void *srcs[DDCPU_MAX_LOCAL];
+      for (int j = 0; j < g->local_world; j++) srcs[j] = ddcpu_small_slot(g, j, r->k);
+      ddcpu_reduce_n(a->dtype, a->op, a->recv, srcs, g->local_world, a->count,
+                     a->op == DDPLUG_OP_AVG ? g->world : 0);
       break;
     }
     case DDPLUG_COLL_BROADCAST:
       if (a->root == g->rank) {
         if (a->send != a->recv) memmove(a->recv, a->send, bytes);
       } else {
-        cp_copy(a->recv, cp_small_slot(g, g->local_of[a->root], r->k), bytes, 0);
+        ddcpu_copy(a->recv, ddcpu_small_slot(g, g->local_of[a->root], r->k), bytes, 0);
       }
       break;
     case DDPLUG_COLL_ALLGATHER:
@@ -89,7 +89,7 @@ void cp_small_finish(cp_group *g, cp_req *r) {
         if (j == g->local_rank) {
           if ((const void *)dst != a->send) memmove(dst, a->send, bytes);
         } else {
-          cp_copy(dst, cp_small_slot(g, j, r->k), bytes, 0);
+          ddcpu_copy(dst, ddcpu_small_slot(g, j, r->k), bytes, 0);
         }
       }
       break;
@@ -99,67 +99,67 @@ void cp_small_finish(cp_group *g, cp_req *r) {
 
 /* ---- chunked pipeline ------------------------------------------------------ */
 
-static int copies_in(const cp_group *g, const cp_pipe *p) {
-  return p->mode != CP_PIPE_BCAST || p->src == g->local_rank;
+static int copies_in(const ddcpu_group *g, const ddcpu_pipe *p) {
+  return p->mode != DDCPU_PIPE_BCAST || p->src == g->local_rank;
 }
-static int reduces(const cp_pipe *p) {
-  return p->mode == CP_PIPE_ALLREDUCE || p->mode == CP_PIPE_REDUCE_LEADER;
+static int reduces(const ddcpu_pipe *p) {
+  return p->mode == DDCPU_PIPE_ALLREDUCE || p->mode == DDCPU_PIPE_REDUCE_LEADER;
 }
-static int copies_out(const cp_group *g, const cp_pipe *p) {
+static int copies_out(const ddcpu_group *g, const ddcpu_pipe *p) {
   switch (p->mode) {
-    case CP_PIPE_ALLREDUCE:
-    case CP_PIPE_ALLGATHER: return 1;
-    case CP_PIPE_BCAST: return p->src != g->local_rank;
+    case DDCPU_PIPE_ALLREDUCE:
+    case DDCPU_PIPE_ALLGATHER: return 1;
+    case DDCPU_PIPE_BCAST: return p->src != g->local_rank;
     default: return g->local_rank == 0;
   }
 }
 
 /* Elements in chunk c. */
-static uint64_t chunk_len(const cp_pipe *p, uint64_t c) {
+static uint64_t chunk_len(const ddcpu_pipe *p, uint64_t c) {
   uint64_t start = c * p->chunk_elems;
-  return CP_MIN(p->chunk_elems, p->elems - start);
+  return DDCPU_MIN(p->chunk_elems, p->elems - start);
 }
 
 /* Slice of a chunk of m elements owned by local index k: [*off, *off+*len).
  * Slices are multiples of 64 bytes so ranks never write the same line. */
-static void slice(const cp_group *g, const cp_pipe *p, uint64_t m, int k,
+static void slice(const ddcpu_group *g, const ddcpu_pipe *p, uint64_t m, int k,
                   uint64_t *off, uint64_t *len) {
   uint64_t unit = 64 / p->esize;
   uint64_t per = (m + (uint64_t)g->local_world - 1) / (uint64_t)g->local_world;
   per = (per + unit - 1) / unit * unit;
-  uint64_t s = CP_MIN(m, per * (uint64_t)k);
-  uint64_t e = CP_MIN(m, s + per);
+  uint64_t s = DDCPU_MIN(m, per * (uint64_t)k);
+  uint64_t e = DDCPU_MIN(m, s + per);
   *off = s;
   *len = e - s;
 }
 
-/* First local rank whose counter `which` (offset into cp_rank_ctl) is
+/* First local rank whose counter `which` (offset into ddcpu_rank_ctl) is
  * below v, or NULL. only >= 0 restricts the check to that rank. */
-static cp_ctr *behind(cp_group *g, size_t which, uint32_t v, int only) {
+static ddcpu_ctr *behind(ddcpu_group *g, size_t which, uint32_t v, int only) {
   for (int k = 0; k < g->local_world; k++) {
     if (only >= 0 && k != only) continue;
-    cp_ctr *c = (cp_ctr *)((char *)&g->shm.ctl[k] + which);
-    if (!cp_ctr_ge(c, v)) return c;
+    ddcpu_ctr *c = (ddcpu_ctr *)((char *)&g->shm.ctl[k] + which);
+    if (!ddcpu_ctr_ge(c, v)) return c;
   }
   return NULL;
 }
-#define CIN offsetof(cp_rank_ctl, cin)
-#define CRED offsetof(cp_rank_ctl, cred)
-#define COUT offsetof(cp_rank_ctl, cout)
+#define CIN offsetof(ddcpu_rank_ctl, cin)
+#define CRED offsetof(ddcpu_rank_ctl, cred)
+#define COUT offsetof(ddcpu_rank_ctl, cout)
 
 /* What copy-out of absolute chunk a waits for. */
-static cp_ctr *out_blocker(cp_group *g, const cp_pipe *p, uint32_t a) {
+static ddcpu_ctr *out_blocker(ddcpu_group *g, const ddcpu_pipe *p, uint32_t a) {
   if (reduces(p)) return behind(g, CRED, a + 1, -1);
-  if (p->mode == CP_PIPE_BCAST) return behind(g, CIN, a + 1, p->src);
+  if (p->mode == DDCPU_PIPE_BCAST) return behind(g, CIN, a + 1, p->src);
   return behind(g, CIN, a + 1, -1);
 }
 
-void cp_pipe_init(cp_group *g, cp_pipe *p) {
-  p->esize = cp_dtype_size(p->dtype);
+void ddcpu_pipe_init(ddcpu_group *g, ddcpu_pipe *p) {
+  p->esize = ddcpu_dtype_size(p->dtype);
   p->chunk_elems = g->opt.chunk_bytes / p->esize;
   p->nchunks = (p->elems + p->chunk_elems - 1) / p->chunk_elems;
   uint64_t out_bytes = p->elems * p->esize *
-                       (p->mode == CP_PIPE_ALLGATHER || p->mode == CP_PIPE_GATHER_LEADER
+                       (p->mode == DDCPU_PIPE_ALLGATHER || p->mode == DDCPU_PIPE_GATHER_LEADER
                             ? (uint64_t)g->local_world : 1);
   p->stream = g->opt.nt_bytes > 0 && out_bytes >= g->opt.nt_bytes;
   p->base = g->chunk_clock;
@@ -170,7 +170,7 @@ void cp_pipe_init(cp_group *g, cp_pipe *p) {
 /* Copy this rank's chunk of input into its staging area. When reducing,
  * its own slice is not needed there: only this rank reads it, straight from
  * the input (reduce_slice), which saves 1/n of the copy. */
-static void copy_in(cp_group *g, cp_pipe *p, uint64_t c, uint32_t a) {
+static void copy_in(ddcpu_group *g, ddcpu_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
   uint32_t es = p->esize;
   unsigned char *dst = stage(g, a, g->local_rank);
@@ -178,73 +178,73 @@ static void copy_in(cp_group *g, cp_pipe *p, uint64_t c, uint32_t a) {
     /* a half-type input reduced in float32: widen the whole chunk (own
      * slice included: reduce_slice reads it from here) */
     const unsigned char *half = p->in + c * p->chunk_elems * 2;
-    cp_half_widen(p->in_dtype, (float *)(void *)dst, half, m);
+    ddcpu_half_widen(p->in_dtype, (float *)(void *)dst, half, m);
     return;
   }
   const unsigned char *src = p->in + c * p->chunk_elems * es;
   if (!reduces(p)) {
-    cp_copy(dst, src, m * es, 0);
+    ddcpu_copy(dst, src, m * es, 0);
     return;
   }
   uint64_t off, len;
   slice(g, p, m, g->local_rank, &off, &len);
-  cp_copy(dst, src, off * es, 0);
-  cp_copy(dst + (off + len) * es, src + (off + len) * es, (m - off - len) * es, 0);
+  ddcpu_copy(dst, src, off * es, 0);
+  ddcpu_copy(dst + (off + len) * es, src + (off + len) * es, (m - off - len) * es, 0);
 }
 
-static void reduce_slice(cp_group *g, cp_pipe *p, uint64_t c, uint32_t a) {
+static void reduce_slice(ddcpu_group *g, ddcpu_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c), off, len;
   slice(g, p, m, g->local_rank, &off, &len);
   if (len == 0) return;
-  const void *srcs[CP_MAX_LOCAL];
+  const void *srcs[DDCPU_MAX_LOCAL];
   for (int k = 0; k < g->local_world; k++)
     srcs[k] = stage(g, a, k) + off * p->esize;
   /* our own contribution comes from the input (see copy_in), unless the
    * input had to be widened */
   if (!p->in_dtype) srcs[g->local_rank] = p->in + (c * p->chunk_elems + off) * p->esize;
-  cp_reduce_n(p->dtype, p->op, stage(g, a, g->local_rank) + off * p->esize,
-              srcs, g->local_world, len, p->divisor);
+  ddcpu_reduce_n(p->dtype, p->op, stage(g, a, g->local_rank) + off * p->esize,
+                 srcs, g->local_world, len, p->divisor);
 }
 
 /* Copy to the user's output. Large outputs are written with non-temporal
  * stores: no read-for-ownership of lines we overwrite entirely, and the
  * output does not evict the staging slots from the cache. */
-static void copy_out(cp_group *g, cp_pipe *p, uint64_t c, uint32_t a) {
+static void copy_out(ddcpu_group *g, ddcpu_pipe *p, uint64_t c, uint32_t a) {
   uint64_t m = chunk_len(p, c);
   uint64_t first = c * p->chunk_elems;
   uint32_t es = p->esize;
   int nt = p->stream;
   switch (p->mode) {
-    case CP_PIPE_ALLREDUCE:
-    case CP_PIPE_REDUCE_LEADER:
+    case DDCPU_PIPE_ALLREDUCE:
+    case DDCPU_PIPE_REDUCE_LEADER:
       for (int i = 0; i < g->local_world; i++) {
         /* start with our own slice, then the others in turn */
         int k = (g->local_rank + i) % g->local_world;
         uint64_t off, len;
         slice(g, p, m, k, &off, &len);
         if (len)
-          cp_copy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es, nt);
+          ddcpu_copy(p->out + (first + off) * es, stage(g, a, k) + off * es, len * es, nt);
       }
       break;
-    case CP_PIPE_BCAST:
-      cp_copy(p->out + first * es, stage(g, a, p->src), m * es, nt);
+    case DDCPU_PIPE_BCAST:
+      ddcpu_copy(p->out + first * es, stage(g, a, p->src), m * es, nt);
       break;
     default: /* ALLGATHER, GATHER_LEADER: out is the whole receive buffer */
       for (int k = 0; k < g->local_world; k++) {
         uint64_t at = (uint64_t)g->local_ranks[k] * p->elems + first;
-        cp_copy(p->out + at * es, stage(g, a, k), m * es, nt);
+        ddcpu_copy(p->out + at * es, stage(g, a, k), m * es, nt);
       }
       break;
   }
-  cp_copy_fence(nt);
+  ddcpu_copy_fence(nt);
 }
 
 /* See cpu.h: run the pipeline as far as it goes without waiting. */
-int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt) {
+int ddcpu_pipe_step(ddcpu_group *g, ddcpu_pipe *p, ddcpu_wait_target *wt) {
   const uint64_t ns = g->opt.slots;
   const int in_role = copies_in(g, p), red_role = reduces(p),
             out_role = copies_out(g, p);
-  cp_rank_ctl *me = &g->shm.ctl[g->local_rank];
+  ddcpu_rank_ctl *me = &g->shm.ctl[g->local_rank];
   for (;;) {
     int moved = 0;
     /* oldest first: finish a chunk, then reduce, then start a new one */
@@ -252,7 +252,7 @@ int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt) {
       uint32_t a = p->base + (uint32_t)p->c_out;
       if (!out_role || !out_blocker(g, p, a)) {
         if (out_role) copy_out(g, p, p->c_out, a);
-        cp_ctr_post(&me->cout, a + 1);
+        ddcpu_ctr_post(&me->cout, a + 1);
         p->c_out++;
         moved = 1;
       }
@@ -264,7 +264,7 @@ int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt) {
         moved = 1;
       } else if (!behind(g, CIN, a + 1, -1)) {
         reduce_slice(g, p, p->c_red, a);
-        cp_ctr_post(&me->cred, a + 1);
+        ddcpu_ctr_post(&me->cred, a + 1);
         p->c_red++;
         moved = 1;
       }
@@ -276,15 +276,15 @@ int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt) {
         moved = 1;
       } else if (!behind(g, COUT, a + 1 - (uint32_t)ns, -1)) {
         copy_in(g, p, p->c_in, a);
-        cp_ctr_post(&me->cin, a + 1);
+        ddcpu_ctr_post(&me->cin, a + 1);
         p->c_in++;
         moved = 1;
       }
     }
-    if (p->c_out == p->nchunks) return CP_DONE;
+    if (p->c_out == p->nchunks) return DDCPU_DONE;
     if (moved) continue;
     /* blocked: wait for the oldest stage's condition */
-    cp_ctr *b = NULL;
+    ddcpu_ctr *b = NULL;
     uint32_t v = 0;
     if (p->c_out < p->c_red) {
       v = p->base + (uint32_t)p->c_out + 1;
@@ -297,9 +297,9 @@ int cp_pipe_step(cp_group *g, cp_pipe *p, cp_wait_target *wt) {
       b = behind(g, COUT, v, -1);
     }
     if (!b) continue; /* it moved meanwhile */
-    wt->kind = CP_WAIT_CTR;
+    wt->kind = DDCPU_WAIT_CTR;
     wt->ctr = b;
     wt->until = v;
-    return CP_BLOCKED;
+    return DDCPU_BLOCKED;
   }
 }

@@ -32,15 +32,15 @@
 #include "cpu.h"
 
 static int remaining_ms(uint64_t deadline) {
-  uint64_t now = cp_now_ns();
+  uint64_t now = ddcpu_now_ns();
   if (now >= deadline) return 0;
   uint64_t ms = (deadline - now + 999999ull) / 1000000ull;
-  return (int)CP_MIN(ms, (uint64_t)1000);
+  return (int)DDCPU_MIN(ms, (uint64_t)1000);
 }
 
-int cp_tcp_listen(int *fd, int *port) {
+int ddcpu_tcp_listen(int *fd, int *port) {
   int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return cp_err_errno(DDPLUG_E_SYSTEM, errno, "socket() failed");
+  if (s < 0) return ddcpu_err_errno(DDPLUG_E_SYSTEM, errno, "socket() failed");
   int one = 1;
   setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in a;
@@ -52,14 +52,14 @@ int cp_tcp_listen(int *fd, int *port) {
       getsockname(s, (struct sockaddr *)&a, &len) != 0) {
     int e = errno;
     close(s);
-    return cp_err_errno(DDPLUG_E_SYSTEM, e, "cannot listen for ring connections");
+    return ddcpu_err_errno(DDPLUG_E_SYSTEM, e, "cannot listen for ring connections");
   }
   *fd = s;
   *port = ntohs(a.sin_port);
   return DDPLUG_OK;
 }
 
-void cp_tcp_local_addr(const char *opt, char *out, size_t cap) {
+void ddcpu_tcp_local_addr(const char *opt, char *out, size_t cap) {
   if (opt && *opt) {
     snprintf(out, cap, "%s", opt);
     return;
@@ -81,16 +81,16 @@ void cp_tcp_local_addr(const char *opt, char *out, size_t cap) {
 }
 
 /* A control record of `type` from this rank, everything else zero. */
-void cp_ctl_init(const cp_group *g, cp_ctl_msg *m, uint32_t type) {
+void ddcpu_ctl_init(const ddcpu_group *g, ddcpu_ctl_msg *m, uint32_t type) {
   memset(m, 0, sizeof *m);
-  m->magic = CP_TCP_MAGIC;
+  m->magic = DDCPU_TCP_MAGIC;
   m->type = type;
   m->origin = g->rank;
   m->origin_node = g->node;
   m->run_hash = g->run_hash;
 }
 
-void cp_tcp_tune(int fd) {
+void ddcpu_tcp_tune(int fd) {
   int one = 1, buf = 4 << 20;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
@@ -105,7 +105,7 @@ void cp_tcp_tune(int fd) {
 }
 
 /* Exact send with a deadline, on blocking or non-blocking sockets. */
-int cp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline) {
+int ddcpu_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline) {
   const char *p = buf;
   while (len > 0) {
     ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -116,8 +116,8 @@ int cp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-      return cp_err_errno(DDPLUG_E_PEER_LOST, errno, "send failed");
-    if (cp_now_ns() >= deadline) return cp_err(DDPLUG_E_TIMEOUT, "send timed out");
+      return ddcpu_err_errno(DDPLUG_E_PEER_LOST, errno, "send failed");
+    if (ddcpu_now_ns() >= deadline) return ddcpu_err(DDPLUG_E_TIMEOUT, "send timed out");
     struct pollfd pf = {fd, POLLOUT, 0};
     poll(&pf, 1, remaining_ms(deadline));
   }
@@ -130,40 +130,40 @@ int cp_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline) {
  * random 32-byte key made for this run (the store is authenticated by the
  * run's secret, so only the run's ranks read it). Leader i-1 connects; the
  * listener sends a fresh 32-byte nonce at once; the connector answers with
- * its hello record and HMAC-SHA256(key, CP_RING_LABEL || nonce || hello);
- * the listener checks both and answers one byte, CP_RING_ACK. Before that a
- * connection costs the listener a fixed buffer, gets CP_RING_HELLO_MS to
- * send its hello, and counts against CP_RING_PENDING_MAX (the oldest is
+ * its hello record and HMAC-SHA256(key, DDCPU_RING_LABEL || nonce || hello);
+ * the listener checks both and answers one byte, DDCPU_RING_ACK. Before that a
+ * connection costs the listener a fixed buffer, gets DDCPU_RING_HELLO_MS to
+ * send its hello, and counts against DDCPU_RING_PENDING_MAX (the oldest is
  * dropped beyond it): a stranger — a port scanner, a silent connection, a
  * process of another run — is logged and dropped, and never fails startup.
  * Both directions are set up in one poll loop (every leader connects and
  * accepts at once: waiting for one before the other would deadlock the
- * ring), which also watches for the run's failure (cp_startup_check). */
+ * ring), which also watches for the run's failure (ddcpu_startup_check). */
 
-#define CP_RING_KEY_LEN 32
-#define CP_RING_NONCE_LEN 32
-#define CP_RING_MAC_LEN 32
-#define CP_RING_LABEL "ddplug-cpu-ring-v1 hello"
-#define CP_RING_ACK 'A'
-#define CP_RING_HELLO_MS 2000
-#define CP_RING_PENDING_MAX 16
+#define DDCPU_RING_KEY_LEN 32
+#define DDCPU_RING_NONCE_LEN 32
+#define DDCPU_RING_MAC_LEN 32
+#define DDCPU_RING_LABEL "ddplug-cpu-ring-v1 hello"
+#define DDCPU_RING_ACK 'A'
+#define DDCPU_RING_HELLO_MS 2000
+#define DDCPU_RING_PENDING_MAX 16
 /* Strangers logged at warning level; beyond that at debug level. */
-#define CP_RING_LOUD_REFUSALS 8
+#define DDCPU_RING_LOUD_REFUSALS 8
 
 typedef struct ring_pending {
   int fd;
   uint64_t deadline;
   size_t got;
-  uint8_t nonce[CP_RING_NONCE_LEN];
-  unsigned char buf[sizeof(cp_ctl_msg) + CP_RING_MAC_LEN];
+  uint8_t nonce[DDCPU_RING_NONCE_LEN];
+  unsigned char buf[sizeof(ddcpu_ctl_msg) + DDCPU_RING_MAC_LEN];
   char peer[64];
 } ring_pending;
 
 typedef struct ring_setup {
-  cp_group *g;
+  ddcpu_group *g;
   int lfd;
-  uint8_t my_key[CP_RING_KEY_LEN];
-  uint8_t next_key[CP_RING_KEY_LEN];
+  uint8_t my_key[DDCPU_RING_KEY_LEN];
+  uint8_t next_key[DDCPU_RING_KEY_LEN];
   struct sockaddr_in next_addr;
   char next_where[96];
   /* outgoing: 0 idle (connect at retry_at), 1 connecting, 2 reading the
@@ -171,27 +171,27 @@ typedef struct ring_setup {
   int out_state, out_fd;
   uint64_t retry_at;
   size_t out_got;
-  uint8_t out_nonce[CP_RING_NONCE_LEN];
+  uint8_t out_nonce[DDCPU_RING_NONCE_LEN];
   int last_err;
   int in_fd;
-  ring_pending pend[CP_RING_PENDING_MAX];
+  ring_pending pend[DDCPU_RING_PENDING_MAX];
   int npend;
   int refused;
 } ring_setup;
 
-static int ring_mac(const uint8_t key[CP_RING_KEY_LEN], const uint8_t *nonce,
-                    const cp_ctl_msg *hello, uint8_t out[CP_RING_MAC_LEN]) {
-  unsigned char msg[sizeof CP_RING_LABEL + CP_RING_NONCE_LEN + sizeof(cp_ctl_msg)];
+static int ring_mac(const uint8_t key[DDCPU_RING_KEY_LEN], const uint8_t *nonce,
+                    const ddcpu_ctl_msg *hello, uint8_t out[DDCPU_RING_MAC_LEN]) {
+  unsigned char msg[sizeof DDCPU_RING_LABEL + DDCPU_RING_NONCE_LEN + sizeof(ddcpu_ctl_msg)];
   size_t n = 0;
-  memcpy(msg, CP_RING_LABEL, sizeof CP_RING_LABEL - 1);
-  n += sizeof CP_RING_LABEL - 1;
-  memcpy(msg + n, nonce, CP_RING_NONCE_LEN);
-  n += CP_RING_NONCE_LEN;
+  memcpy(msg, DDCPU_RING_LABEL, sizeof DDCPU_RING_LABEL - 1);
+  n += sizeof DDCPU_RING_LABEL - 1;
+  memcpy(msg + n, nonce, DDCPU_RING_NONCE_LEN);
+  n += DDCPU_RING_NONCE_LEN;
   memcpy(msg + n, hello, sizeof *hello);
   n += sizeof *hello;
   size_t len = 0;
-  return EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, CP_RING_KEY_LEN, msg, n, out,
-                   CP_RING_MAC_LEN, &len) != NULL && len == CP_RING_MAC_LEN
+  return EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, DDCPU_RING_KEY_LEN, msg, n, out,
+                   DDCPU_RING_MAC_LEN, &len) != NULL && len == DDCPU_RING_MAC_LEN
              ? 0
              : -1;
 }
@@ -216,7 +216,7 @@ static int hex_decode(const char *s, uint8_t *b, size_t n) {
 }
 
 /* "a.b.c.d:port/<64 hex>" into an address and a key. */
-static int parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[CP_RING_KEY_LEN]) {
+static int parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[DDCPU_RING_KEY_LEN]) {
   char host[64];
   const char *colon = strrchr(v, ':'), *slash = strchr(v, '/');
   if (!colon || !slash || slash < colon || (size_t)(colon - v) >= sizeof host) return -1;
@@ -227,18 +227,18 @@ static int parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[CP_R
   long port = strtol(colon + 1, NULL, 10);
   if (port <= 0 || port > 65535 || inet_pton(AF_INET, host, &a->sin_addr) != 1) return -1;
   a->sin_port = htons((uint16_t)port);
-  return hex_decode(slash + 1, key, CP_RING_KEY_LEN);
+  return hex_decode(slash + 1, key, DDCPU_RING_KEY_LEN);
 }
 
 static void refuse(ring_setup *rs, ring_pending *p, const char *why) {
-  cp_group *g = rs->g;
-  int loud = ++rs->refused <= CP_RING_LOUD_REFUSALS;
-  cp_log(g, loud ? DDPLUG_LOG_WARN : DDPLUG_LOG_DEBUG,
-         "cpu plugin: rank %d refused a ring connection from %s: %s (only "
-         "node %d's leader, rank %d, may connect)%s", g->rank, p->peer, why,
-         (g->node + g->num_nodes - 1) % g->num_nodes,
-         g->leaders[(g->node + g->num_nodes - 1) % g->num_nodes],
-         rs->refused == CP_RING_LOUD_REFUSALS ? "; further refusals are logged at "
+  ddcpu_group *g = rs->g;
+  int loud = ++rs->refused <= DDCPU_RING_LOUD_REFUSALS;
+  ddcpu_log(g, loud ? DDPLUG_LOG_WARN : DDPLUG_LOG_DEBUG,
+            "cpu plugin: rank %d refused a ring connection from %s: %s (only "
+            "node %d's leader, rank %d, may connect)%s", g->rank, p->peer, why,
+            (g->node + g->num_nodes - 1) % g->num_nodes,
+            g->leaders[(g->node + g->num_nodes - 1) % g->num_nodes],
+            rs->refused == DDCPU_RING_LOUD_REFUSALS ? "; further refusals are logged at "
                                                 "debug level" : "");
   close(p->fd);
   *p = rs->pend[--rs->npend];
@@ -250,7 +250,7 @@ static void accept_pending(ring_setup *rs) {
     socklen_t al = sizeof a;
     int fd = accept4(rs->lfd, (struct sockaddr *)&a, &al, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return; /* EAGAIN, or out of descriptors: poll says when again */
-    if (rs->npend == CP_RING_PENDING_MAX) { /* drop the oldest */
+    if (rs->npend == DDCPU_RING_PENDING_MAX) { /* drop the oldest */
       int oldest = 0;
       for (int i = 1; i < rs->npend; i++)
         if (rs->pend[i].deadline < rs->pend[oldest].deadline) oldest = i;
@@ -259,7 +259,7 @@ static void accept_pending(ring_setup *rs) {
     ring_pending *p = &rs->pend[rs->npend];
     memset(p, 0, sizeof *p);
     p->fd = fd;
-    p->deadline = cp_deadline(CP_RING_HELLO_MS);
+    p->deadline = ddcpu_deadline(DDCPU_RING_HELLO_MS);
     char host[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
     snprintf(p->peer, sizeof p->peer, "%s:%d", host, ntohs(a.sin_port));
@@ -273,7 +273,7 @@ static void accept_pending(ring_setup *rs) {
 
 /* Read what pending connection i sent; check a complete hello. */
 static void read_pending(ring_setup *rs, int i) {
-  cp_group *g = rs->g;
+  ddcpu_group *g = rs->g;
   ring_pending *p = &rs->pend[i];
   ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
@@ -283,9 +283,9 @@ static void read_pending(ring_setup *rs, int i) {
   }
   p->got += (size_t)n;
   if (p->got < sizeof p->buf) return;
-  cp_ctl_msg h;
+  ddcpu_ctl_msg h;
   memcpy(&h, p->buf, sizeof h);
-  uint8_t mac[CP_RING_MAC_LEN];
+  uint8_t mac[DDCPU_RING_MAC_LEN];
   int pn = (g->node + g->num_nodes - 1) % g->num_nodes;
   if (ring_mac(rs->my_key, p->nonce, &h, mac) != 0 ||
       CRYPTO_memcmp(mac, p->buf + sizeof h, sizeof mac) != 0) {
@@ -293,12 +293,12 @@ static void read_pending(ring_setup *rs, int i) {
                   "not a ddplug rank)");
     return;
   }
-  if (h.magic != CP_TCP_MAGIC || h.type != CP_MSG_HELLO || h.run_hash != g->run_hash ||
+  if (h.magic != DDCPU_TCP_MAGIC || h.type != DDCPU_MSG_HELLO || h.run_hash != g->run_hash ||
       h.origin_node != pn || h.rank != g->rank) {
     refuse(rs, p, "its hello is for another place in the ring");
     return;
   }
-  char ack = CP_RING_ACK;
+  char ack = DDCPU_RING_ACK;
   if (send(p->fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
     refuse(rs, p, "it went away before the acknowledgement");
     return;
@@ -309,7 +309,7 @@ static void read_pending(ring_setup *rs, int i) {
 
 /* Advance the outgoing connection by what poll reported. */
 static void step_out(ring_setup *rs, short revents) {
-  cp_group *g = rs->g;
+  ddcpu_group *g = rs->g;
   int nn = (g->node + 1) % g->num_nodes;
   if (rs->out_state == 1) {
     int err = 0;
@@ -329,7 +329,7 @@ static void step_out(ring_setup *rs, short revents) {
                     : recv(rs->out_fd, &ack, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n > 0 && rs->out_state == 3) {
-      if (ack == CP_RING_ACK) {
+      if (ack == DDCPU_RING_ACK) {
         rs->out_state = 4;
         return;
       }
@@ -338,14 +338,14 @@ static void step_out(ring_setup *rs, short revents) {
       rs->out_got += (size_t)n;
       if (rs->out_got < sizeof rs->out_nonce) return;
       struct {
-        cp_ctl_msg h;
-        uint8_t mac[CP_RING_MAC_LEN];
+        ddcpu_ctl_msg h;
+        uint8_t mac[DDCPU_RING_MAC_LEN];
       } hello;
-      cp_ctl_init(g, &hello.h, CP_MSG_HELLO);
+      ddcpu_ctl_init(g, &hello.h, DDCPU_MSG_HELLO);
       hello.h.rank = g->leaders[nn];
       if (ring_mac(rs->next_key, rs->out_nonce, &hello.h, hello.mac) == 0 &&
-          cp_tcp_send_all(rs->out_fd, &hello, sizeof hello, cp_deadline(CP_RING_HELLO_MS)) ==
-              DDPLUG_OK) {
+          ddcpu_tcp_send_all(rs->out_fd, &hello, sizeof hello,
+                             ddcpu_deadline(DDCPU_RING_HELLO_MS)) == DDPLUG_OK) {
         rs->out_state = 3;
         return;
       }
@@ -358,14 +358,14 @@ static void step_out(ring_setup *rs, short revents) {
   close(rs->out_fd);
   rs->out_fd = -1;
   rs->out_state = 0;
-  rs->retry_at = cp_now_ns() + 20ull * 1000 * 1000;
+  rs->retry_at = ddcpu_now_ns() + 20ull * 1000 * 1000;
 }
 
 static void start_connect(ring_setup *rs) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     rs->last_err = errno;
-    rs->retry_at = cp_now_ns() + 20ull * 1000 * 1000;
+    rs->retry_at = ddcpu_now_ns() + 20ull * 1000 * 1000;
     return;
   }
   rs->out_fd = fd;
@@ -377,7 +377,7 @@ static void start_connect(ring_setup *rs) {
   rs->last_err = errno;
   close(fd);
   rs->out_fd = -1;
-  rs->retry_at = cp_now_ns() + 20ull * 1000 * 1000;
+  rs->retry_at = ddcpu_now_ns() + 20ull * 1000 * 1000;
 }
 
 static void ring_setup_free(ring_setup *rs) {
@@ -391,29 +391,29 @@ static void ring_setup_free(ring_setup *rs) {
 
 /* See cpu.h. Blocks at most until deadline (or the run's failure). On
  * failure every socket it opened is closed. */
-int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
+int ddcpu_tcp_ring_setup(ddcpu_group *g, uint64_t deadline) {
   int L = g->num_nodes, nn = (g->node + 1) % L, pn = (g->node + L - 1) % L;
   ring_setup rs;
   memset(&rs, 0, sizeof rs);
   rs.g = g;
   rs.lfd = rs.out_fd = rs.in_fd = -1;
   int port = 0, st;
-  if ((st = cp_tcp_listen(&rs.lfd, &port)) != DDPLUG_OK) return st;
+  if ((st = ddcpu_tcp_listen(&rs.lfd, &port)) != DDPLUG_OK) return st;
   int fl = fcntl(rs.lfd, F_GETFL);
   if (fl >= 0) fcntl(rs.lfd, F_SETFL, fl | O_NONBLOCK);
-  char addr[64], value[192], key[32], hex[2 * CP_RING_KEY_LEN + 1];
+  char addr[64], value[192], key[32], hex[2 * DDCPU_RING_KEY_LEN + 1];
   if (getrandom(rs.my_key, sizeof rs.my_key, 0) != (ssize_t)sizeof rs.my_key) {
-    st = cp_err_errno(DDPLUG_E_SYSTEM, errno, "rank %d: no random bytes for the ring key",
-                      g->rank);
+    st = ddcpu_err_errno(DDPLUG_E_SYSTEM, errno, "rank %d: no random bytes for the ring key",
+                         g->rank);
     goto out;
   }
-  cp_tcp_local_addr(g->opt.addr, addr, sizeof addr);
+  ddcpu_tcp_local_addr(g->opt.addr, addr, sizeof addr);
   hex_encode(rs.my_key, sizeof rs.my_key, hex);
   snprintf(value, sizeof value, "%s:%d/%s", addr, port, hex);
   snprintf(key, sizeof key, "tcp/%d", g->node);
   st = g->svc->store_set(g->svc->host, key, value, strlen(value));
   if (st != DDPLUG_OK) {
-    st = cp_err(st, "rank %d: publishing the ring address %s:%d failed", g->rank, addr, port);
+    st = ddcpu_err(st, "rank %d: publishing the ring address %s:%d failed", g->rank, addr, port);
     goto out;
   }
   /* The next leader's endpoint is looked up inside the loop: this leader
@@ -424,24 +424,24 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
   int known = 0;
   uint64_t next_probe = 0;
   while (rs.out_state != 4 || rs.in_fd < 0) {
-    if ((st = cp_startup_check(g, key, "connecting the ring between nodes",
-                               &next_probe)) != DDPLUG_OK)
+    if ((st = ddcpu_startup_check(g, key, "connecting the ring between nodes",
+                                  &next_probe)) != DDPLUG_OK)
       goto out;
-    uint64_t now = cp_now_ns();
+    uint64_t now = ddcpu_now_ns();
     if (now >= deadline) {
       if (!known)
-        st = cp_err(DDPLUG_E_TIMEOUT, "rank %d: node %d's leader (rank %d) never "
-                    "published its ring address (store key %s)", g->rank, nn,
-                    g->leaders[nn], peer_key);
+        st = ddcpu_err(DDPLUG_E_TIMEOUT, "rank %d: node %d's leader (rank %d) never "
+                       "published its ring address (store key %s)", g->rank, nn,
+                       g->leaders[nn], peer_key);
       else if (rs.out_state != 4)
-        st = cp_err_errno(DDPLUG_E_TIMEOUT, rs.last_err ? rs.last_err : ETIMEDOUT,
-                          "rank %d: connecting to node %d's leader (rank %d) at %s "
-                          "did not succeed in time", g->rank, nn, g->leaders[nn],
-                          rs.next_where);
+        st = ddcpu_err_errno(DDPLUG_E_TIMEOUT, rs.last_err ? rs.last_err : ETIMEDOUT,
+                             "rank %d: connecting to node %d's leader (rank %d) at %s "
+                             "did not succeed in time", g->rank, nn, g->leaders[nn],
+                             rs.next_where);
       else
-        st = cp_err(DDPLUG_E_TIMEOUT, "rank %d: node %d's leader (rank %d) did not "
-                    "connect in time%s", g->rank, pn, g->leaders[pn],
-                    rs.refused ? " (strangers that tried were refused and logged)" : "");
+        st = ddcpu_err(DDPLUG_E_TIMEOUT, "rank %d: node %d's leader (rank %d) did not "
+                       "connect in time%s", g->rank, pn, g->leaders[pn],
+                       rs.refused ? " (strangers that tried were refused and logged)" : "");
       goto out;
     }
     for (int i = 0; i < rs.npend;)
@@ -454,22 +454,22 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
       if (st == DDPLUG_OK) {
         peer[plen] = '\0';
         if (parse_endpoint(peer, &rs.next_addr, rs.next_key) != 0) {
-          st = cp_err(DDPLUG_E_INTERNAL, "rank %d: node %d's ring endpoint '%.80s' is "
-                      "malformed (a different ddplug version on rank %d?)", g->rank, nn,
-                      peer, g->leaders[nn]);
+          st = ddcpu_err(DDPLUG_E_INTERNAL, "rank %d: node %d's ring endpoint '%.80s' is "
+                         "malformed (a different ddplug version on rank %d?)", g->rank, nn,
+                         peer, g->leaders[nn]);
           goto out;
         }
         snprintf(rs.next_where, sizeof rs.next_where, "%.*s",
                  (int)(strchr(peer, '/') - peer), peer);
         known = 1;
       } else if (st != DDPLUG_E_TIMEOUT) {
-        st = cp_err(st, "rank %d: reading node %d's ring endpoint (store key %s) failed",
-                    g->rank, nn, peer_key);
+        st = ddcpu_err(st, "rank %d: reading node %d's ring endpoint (store key %s) failed",
+                       g->rank, nn, peer_key);
         goto out;
       }
     }
     if (known && rs.out_state == 0 && now >= rs.retry_at) start_connect(&rs);
-    struct pollfd pfd[CP_RING_PENDING_MAX + 2];
+    struct pollfd pfd[DDCPU_RING_PENDING_MAX + 2];
     int n = 0, out_i = -1;
     if (rs.in_fd < 0) pfd[n++] = (struct pollfd){rs.lfd, POLLIN, 0};
     if (rs.out_state >= 1 && rs.out_state <= 3) {
@@ -478,11 +478,11 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
     }
     int first_pend = n;
     for (int i = 0; i < rs.npend; i++) pfd[n++] = (struct pollfd){rs.pend[i].fd, POLLIN, 0};
-    int ms = (int)CP_MIN((deadline - now + 999999ull) / 1000000ull, 20ull);
+    int ms = (int)DDCPU_MIN((deadline - now + 999999ull) / 1000000ull, 20ull);
     int r = poll(pfd, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR) {
-      st = cp_err_errno(DDPLUG_E_SYSTEM, errno, "rank %d: poll while connecting the ring",
-                        g->rank);
+      st = ddcpu_err_errno(DDPLUG_E_SYSTEM, errno, "rank %d: poll while connecting the ring",
+                           g->rank);
       goto out;
     }
     if (r <= 0) continue;
@@ -494,8 +494,8 @@ int cp_tcp_ring_setup(cp_group *g, uint64_t deadline) {
         read_pending(&rs, i - first_pend);
     if (rs.in_fd < 0 && pfd[0].fd == rs.lfd && pfd[0].revents) accept_pending(&rs);
   }
-  cp_tcp_tune(rs.out_fd);
-  cp_tcp_tune(rs.in_fd);
+  ddcpu_tcp_tune(rs.out_fd);
+  ddcpu_tcp_tune(rs.in_fd);
   g->next_fd = rs.out_fd;
   g->prev_fd = rs.in_fd;
   rs.out_fd = rs.in_fd = -1;
@@ -512,18 +512,18 @@ static void drain(int fd) {
   }
 }
 
-void cp_tcp_ring_close(cp_group *g) {
-  cp_ctl_msg bye;
-  cp_ctl_init(g, &bye, CP_MSG_BYE);
+void ddcpu_tcp_ring_close(ddcpu_group *g) {
+  ddcpu_ctl_msg bye;
+  ddcpu_ctl_init(g, &bye, DDCPU_MSG_BYE);
   if (g->prev_fd >= 0) {
     pthread_mutex_lock(&g->ctl_mu);
-    (void)cp_tcp_send_all(g->prev_fd, &bye, sizeof bye, cp_deadline(100));
+    (void)ddcpu_tcp_send_all(g->prev_fd, &bye, sizeof bye, ddcpu_deadline(100));
     pthread_mutex_unlock(&g->ctl_mu);
   }
   /* After a failure the data direction may be mid-stream: no goodbye there
    * (the neighbour learnt of the failure through the abort record). */
-  if (g->next_fd >= 0 && !cp_fail_status(g))
-    (void)cp_tcp_send_all(g->next_fd, &bye, sizeof bye, cp_deadline(100));
+  if (g->next_fd >= 0 && !ddcpu_fail_status(g))
+    (void)ddcpu_tcp_send_all(g->next_fd, &bye, sizeof bye, ddcpu_deadline(100));
   if (g->prev_fd >= 0) {
     drain(g->prev_fd);
     close(g->prev_fd);

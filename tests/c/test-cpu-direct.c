@@ -56,8 +56,8 @@ static void fill(void *buf, int dt, int op, int rank, uint64_t count, uint64_t s
     switch (dt) {
       case DDPLUG_FLOAT32: ((float *)buf)[i] = (float)f; break;
       case DDPLUG_FLOAT64: ((double *)buf)[i] = f; break;
-      case DDPLUG_FLOAT16: ((uint16_t *)buf)[i] = cp_float_to_half((float)f); break;
-      case DDPLUG_BFLOAT16: ((uint16_t *)buf)[i] = cp_float_to_bf16((float)f); break;
+      case DDPLUG_FLOAT16: ((uint16_t *)buf)[i] = ddcpu_float_to_half((float)f); break;
+      case DDPLUG_BFLOAT16: ((uint16_t *)buf)[i] = ddcpu_float_to_bf16((float)f); break;
       case DDPLUG_INT8: ((uint8_t *)buf)[i] = (uint8_t)u; break;
       case DDPLUG_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(u >> 8); break;
       case DDPLUG_INT32: ((uint32_t *)buf)[i] = (uint32_t)u; break;
@@ -184,7 +184,7 @@ static void reference(int W, int dt, int op, uint64_t count, uint64_t seed, unsi
     srcs[k] = tmp + (uint64_t)k * bytes;
   }
   int red = op == DDPLUG_OP_AVG ? DDPLUG_OP_SUM : op;
-  cp_reduce_n(dt, red, ref, srcs, W, count, op == DDPLUG_OP_AVG ? W : 0);
+  ddcpu_reduce_n(dt, red, ref, srcs, W, count, op == DDPLUG_OP_AVG ? W : 0);
 }
 
 static void one(hd_rank *r, unsigned char *reg, unsigned char *plain, int dt, int op,
@@ -226,7 +226,7 @@ static void one(hd_rank *r, unsigned char *reg, unsigned char *plain, int dt, in
 
 static void same_bits(hd_rank *r, void *arg) {
   const bits_case *bc = arg;
-  const uint64_t max = CP_MAX(bc->counts[0], bc->counts[1]) * 8;
+  const uint64_t max = DDCPU_MAX(bc->counts[0], bc->counts[1]) * 8;
   const uint64_t room = 2 * max + 32 * 8 + GUARD;
   unsigned char *reg = reg_alloc(r, room), *plain = malloc(room);
   unsigned char *ref = malloc(max), *tmp = malloc(max * (uint64_t)r->w->world);
@@ -457,7 +457,7 @@ typedef struct wd_shared {
 
 static void withdraw(hd_rank *r, void *arg) {
   wd_shared *sh = arg;
-  cp_group *g = (cp_group *)r->g;
+  ddcpu_group *g = (ddcpu_group *)r->g;
   const uint64_t k = 777;
   if (r->rank == 1) {
     atomic_store(&g->shm.ctl[1].writing, k);
@@ -468,10 +468,10 @@ static void withdraw(hd_rank *r, void *arg) {
     for (int i = 0; i < 10000 && atomic_load(&sh->phase) != 2; i++) usleep(1000);
   } else {
     while (atomic_load(&sh->phase) != 1) usleep(1000);
-    cp_req fake;
+    ddcpu_req fake;
     memset(&fake, 0, sizeof fake);
     fake.k = k;
-    cp_direct_withdraw(g, &fake);
+    ddcpu_direct_withdraw(g, &fake);
     atomic_store(&sh->returned_ns, (uint64_t)(hd_now_s() * 1e9));
     CHECK(atomic_load(&g->shm.ctl[0].withdrawn) == k);
     atomic_store(&sh->phase, 2);

@@ -435,8 +435,8 @@ static void out_of_step_rank(hd_rank *r, void *arg) {
   CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
   CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
   if (r->rank == 0) {
-    cp_group *g = (cp_group *)r->g;
-    static unsigned char junk[sizeof(cp_hs_rec)];
+    ddcpu_group *g = (ddcpu_group *)r->g;
+    static unsigned char junk[sizeof(ddcpu_hs_rec)];
     CHECK(g->leader && g->next_fd >= 0);
     CHECK_EQ_INT(send(g->next_fd, junk, sizeof junk, MSG_NOSIGNAL), (long long)sizeof junk);
   }
@@ -487,7 +487,7 @@ typedef struct test_case {
  * running ring phase does, so that the caller's request_test meets it.) */
 static void test_nonblocking_rank(hd_rank *r, void *arg) {
   test_case *tc = arg;
-  cp_group *g = (cp_group *)r->g;
+  ddcpu_group *g = (ddcpu_group *)r->g;
   CHECK_OK(hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 20000));
   if (r->rank == 1) {
     while (!atomic_load(&tc->go)) usleep(1000);

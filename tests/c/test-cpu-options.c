@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 /* The options as the runtime checks them (run/options.c) and the plugin
- * reads them (cp_options_read) — the driver stands in for the runtime. */
+ * reads them (ddcpu_options_read) — the driver stands in for the runtime. */
 const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
 
 static int check(const char *json) {
@@ -26,15 +26,15 @@ static int check(const char *json) {
 }
 
 /* Open one rank with options through the driver (the runtime's check, then
- * group_create's cp_options_read), and give back what group_create saw. */
+ * group_create's ddcpu_options_read), and give back what group_create saw. */
 static void read_one(int rank, int world, void *arg) {
   (void)rank;
   (void)world;
   hd_world *w = arg;
   hd_rank r;
   CHECK_OK(hd_open(&r, w, 0));
-  cp_options o;
-  CHECK_OK(cp_options_read(&r.svc, &o));
+  ddcpu_options o;
+  CHECK_OK(ddcpu_options_read(&r.svc, &o));
   char path[700];
   snprintf(path, sizeof path, "%s/read", w->dir);
   FILE *f = fopen(path, "wb");
@@ -43,13 +43,13 @@ static void read_one(int rank, int world, void *arg) {
   hd_close(&r);
 }
 
-static cp_options read_through_driver(const char *json) {
+static ddcpu_options read_through_driver(const char *json) {
   hd_world w;
   hd_world_init(&w, 1, NULL, json);
   CHECK_EQ_INT(dt_run_ranks(1, read_one, &w, NULL, 30, NULL), 0);
   char path[700];
   snprintf(path, sizeof path, "%s/read", w.dir);
-  cp_options o;
+  ddcpu_options o;
   FILE *f = fopen(path, "rb");
   CHECK(f && fread(&o, sizeof o, 1, f) == 1);
   fclose(f);
@@ -58,7 +58,7 @@ static cp_options read_through_driver(const char *json) {
 }
 
 TEST(defaults) {
-  cp_options o = read_through_driver("{}");
+  ddcpu_options o = read_through_driver("{}");
   CHECK_EQ_INT(o.chunk_bytes, 256 << 10);
   CHECK_EQ_INT(o.small_msg_bytes, 16 << 10);
   CHECK_EQ_INT(o.spin_us, -1);
@@ -67,13 +67,13 @@ TEST(defaults) {
   CHECK_EQ_INT(o.nt_bytes, 8 << 20);
   CHECK_EQ_STR(o.addr, "");
   CHECK_EQ_INT(o.registered_bytes, -1);
-  CHECK_EQ_INT(o.cma, CP_CMA_AUTO);
+  CHECK_EQ_INT(o.cma, DDCPU_CMA_AUTO);
   CHECK_EQ_INT(o.cma_min_bytes, 64 << 10);
-  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
+  CHECK_EQ_INT(o.progress_thread, DDCPU_PROGRESS_AUTO);
 }
 
 TEST(every_knob) {
-  cp_options o = read_through_driver(
+  ddcpu_options o = read_through_driver(
       "{\"chunk_bytes\": 65536, \"small_msg_bytes\": 0, \"spin_us\": 7, "
       "\"slots\": 8, \"tcp_chunk_bytes\": 4096, \"addr\": \"10.1.2.3\", "
       "\"nt_store_bytes\": 0}");
@@ -87,16 +87,16 @@ TEST(every_knob) {
   o = read_through_driver("{\"registered_bytes\": 8192, \"cma\": \"off\", "
                           "\"cma_min_bytes\": 0, \"progress_thread\": \"off\"}");
   CHECK_EQ_INT(o.registered_bytes, 8192);
-  CHECK_EQ_INT(o.cma, CP_CMA_OFF);
+  CHECK_EQ_INT(o.cma, DDCPU_CMA_OFF);
   CHECK_EQ_INT(o.cma_min_bytes, 0);
-  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_OFF);
+  CHECK_EQ_INT(o.progress_thread, DDCPU_PROGRESS_OFF);
   o = read_through_driver("{\"progress_thread\": \"on\", \"cma\": \"on\"}");
   CHECK_EQ_INT(o.registered_bytes, -1); /* left out: the size of /dev/shm */
-  CHECK_EQ_INT(o.cma, CP_CMA_ON);
-  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_ON);
+  CHECK_EQ_INT(o.cma, DDCPU_CMA_ON);
+  CHECK_EQ_INT(o.progress_thread, DDCPU_PROGRESS_ON);
   o = read_through_driver("{\"registered_bytes\": 0, \"progress_thread\": \"auto\"}");
   CHECK_EQ_INT(o.registered_bytes, 0);
-  CHECK_EQ_INT(o.progress_thread, CP_PROGRESS_AUTO);
+  CHECK_EQ_INT(o.progress_thread, DDCPU_PROGRESS_AUTO);
 }
 
 /* What the runtime refuses from the declarations, with the exact sentence. */

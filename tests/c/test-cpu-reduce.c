@@ -35,14 +35,14 @@ TEST(half_to_float_is_exact_for_every_half) {
     _Float16 x;
     uint16_t hh = (uint16_t)h;
     memcpy(&x, &hh, 2);
-    float want = (float)x, got = cp_half_to_float(hh);
+    float want = (float)x, got = ddcpu_half_to_float(hh);
     if (isnan(want)) {
       CHECK_MSG(isnan(got), "half 0x%04x: NaN lost", h);
       continue;
     }
     CHECK_MSG(u_of(want) == u_of(got), "half 0x%04x: got %a want %a", h, got, want);
     /* and back */
-    CHECK_MSG(cp_float_to_half(got) == hh, "half 0x%04x does not round-trip", h);
+    CHECK_MSG(ddcpu_float_to_half(got) == hh, "half 0x%04x does not round-trip", h);
   }
 }
 
@@ -50,7 +50,7 @@ static void check_f2h(float f) {
   _Float16 x = (_Float16)f;
   uint16_t want;
   memcpy(&want, &x, 2);
-  uint16_t got = cp_float_to_half(f);
+  uint16_t got = ddcpu_float_to_half(f);
   if (isnan(f)) {
     CHECK_MSG((got & 0x7c00) == 0x7c00 && (got & 0x3ff), "NaN %a became 0x%04x", f, got);
     return;
@@ -88,20 +88,20 @@ static uint16_t bf16_ref(float f) {
 
 TEST(bfloat16_conversions) {
   for (uint32_t b = 0; b < 65536; b++) {
-    float f = cp_bf16_to_float((uint16_t)b);
+    float f = ddcpu_bf16_to_float((uint16_t)b);
     if (isnan(f)) continue;
     CHECK(u_of(f) == b << 16);
-    CHECK(cp_float_to_bf16(f) == b);
+    CHECK(ddcpu_float_to_bf16(f) == b);
   }
   for (int i = 0; i < 2000000; i++) {
     uint32_t u = (uint32_t)next_rand();
     if (((u >> 23) & 0xff) >= 0xfe) continue; /* skip near-overflow and inf/NaN */
     float f = f_of(u);
-    CHECK_MSG(cp_float_to_bf16(f) == bf16_ref(f), "float %a: got 0x%04x want 0x%04x", f,
-              cp_float_to_bf16(f), bf16_ref(f));
+    CHECK_MSG(ddcpu_float_to_bf16(f) == bf16_ref(f), "float %a: got 0x%04x want 0x%04x", f,
+              ddcpu_float_to_bf16(f), bf16_ref(f));
   }
-  CHECK((cp_float_to_bf16(NAN) & 0x7f80) == 0x7f80 && (cp_float_to_bf16(NAN) & 0x7f));
-  CHECK(cp_float_to_bf16(INFINITY) == 0x7f80);
+  CHECK((ddcpu_float_to_bf16(NAN) & 0x7f80) == 0x7f80 && (ddcpu_float_to_bf16(NAN) & 0x7f));
+  CHECK(ddcpu_float_to_bf16(INFINITY) == 0x7f80);
 }
 
 /* ---- n-ary reduction against a naive per-element reference ---------------- */
@@ -110,8 +110,8 @@ static double get(int dt, const void *p, uint64_t i) {
   switch (dt) {
     case DDPLUG_FLOAT32: return ((const float *)p)[i];
     case DDPLUG_FLOAT64: return ((const double *)p)[i];
-    case DDPLUG_FLOAT16: return cp_half_to_float(((const uint16_t *)p)[i]);
-    case DDPLUG_BFLOAT16: return cp_bf16_to_float(((const uint16_t *)p)[i]);
+    case DDPLUG_FLOAT16: return ddcpu_half_to_float(((const uint16_t *)p)[i]);
+    case DDPLUG_BFLOAT16: return ddcpu_bf16_to_float(((const uint16_t *)p)[i]);
     default: return 0;
   }
 }
@@ -141,8 +141,12 @@ static void fill_random(int dt, void *p, uint64_t n) {
     switch (dt) {
       case DDPLUG_FLOAT32: ((float *)p)[i] = (float)((int)(r % 2001) - 1000) / 64.0f; break;
       case DDPLUG_FLOAT64: ((double *)p)[i] = (double)((int)(r % 2001) - 1000) / 64.0; break;
-      case DDPLUG_FLOAT16: ((uint16_t *)p)[i] = cp_float_to_half((float)((int)(r % 201) - 100) / 8.0f); break;
-      case DDPLUG_BFLOAT16: ((uint16_t *)p)[i] = cp_float_to_bf16((float)((int)(r % 201) - 100) / 8.0f); break;
+      case DDPLUG_FLOAT16:
+        ((uint16_t *)p)[i] = ddcpu_float_to_half((float)((int)(r % 201) - 100) / 8.0f);
+        break;
+      case DDPLUG_BFLOAT16:
+        ((uint16_t *)p)[i] = ddcpu_float_to_bf16((float)((int)(r % 201) - 100) / 8.0f);
+        break;
       case DDPLUG_INT8: ((int8_t *)p)[i] = (int8_t)r; break;
       case DDPLUG_UINT8: ((uint8_t *)p)[i] = (uint8_t)r; break;
       case DDPLUG_INT32: ((int32_t *)p)[i] = (int32_t)(uint32_t)r; break;
@@ -151,10 +155,10 @@ static void fill_random(int dt, void *p, uint64_t n) {
   }
 }
 
-static int is_int(int dt) { return cp_dtype_is_int(dt); }
+static int is_int(int dt) { return ddcpu_dtype_is_int(dt); }
 
 static void check_kernel(int dt, int op, int nsrc, uint64_t n, int alias) {
-  uint32_t es = cp_dtype_size(dt);
+  uint32_t es = ddcpu_dtype_size(dt);
   void *src[8];
   for (int k = 0; k < nsrc; k++) {
     src[k] = malloc(n * es + 1);
@@ -167,7 +171,7 @@ static void check_kernel(int dt, int op, int nsrc, uint64_t n, int alias) {
   }
   void *dst = alias ? src[nsrc - 1] : malloc(n * es + 1);
   int divisor = op == DDPLUG_OP_AVG ? nsrc : 0;
-  cp_reduce_n(dt, op, dst, (const void *const *)src, nsrc, n, divisor);
+  ddcpu_reduce_n(dt, op, dst, (const void *const *)src, nsrc, n, divisor);
   for (uint64_t i = 0; i < n; i++) {
     if (is_int(dt)) {
       int64_t acc = geti(dt, copy[0], i);
@@ -184,7 +188,7 @@ static void check_kernel(int dt, int op, int nsrc, uint64_t n, int alias) {
       }
       if (divisor) acc = acc / divisor;
       CHECK_MSG(geti(dt, dst, i) == acc, "%s %s n=%d element %llu: got %lld want %lld",
-                cp_dtype_name(dt), cp_op_name(op), nsrc, (unsigned long long)i,
+                ddcpu_dtype_name(dt), ddcpu_op_name(op), nsrc, (unsigned long long)i,
                 (long long)geti(dt, dst, i), (long long)acc);
     } else {
       /* floats: accumulate as the kernel does (float32 for the half
@@ -205,11 +209,11 @@ static void check_kernel(int dt, int op, int nsrc, uint64_t n, int alias) {
       else if (dt == DDPLUG_FLOAT32) want = divisor ? accf / (float)divisor : accf;
       else {
         float q = divisor ? accf / (float)divisor : accf;
-        want = dt == DDPLUG_FLOAT16 ? cp_half_to_float(cp_float_to_half(q))
-                                    : cp_bf16_to_float(cp_float_to_bf16(q));
+        want = dt == DDPLUG_FLOAT16 ? ddcpu_half_to_float(ddcpu_float_to_half(q))
+                                    : ddcpu_bf16_to_float(ddcpu_float_to_bf16(q));
       }
       CHECK_MSG(get(dt, dst, i) == want, "%s %s n=%d element %llu: got %g want %g",
-                cp_dtype_name(dt), cp_op_name(op), nsrc, (unsigned long long)i,
+                ddcpu_dtype_name(dt), ddcpu_op_name(op), nsrc, (unsigned long long)i,
                 get(dt, dst, i), want);
     }
   }
@@ -235,30 +239,30 @@ TEST(every_dtype_and_op_against_reference) {
 
 TEST(two_operand_and_divide_forms) {
   float a[5] = {1, 2, 3, 4, 5}, b[5] = {10, 20, 30, 40, 50};
-  cp_reduce_into(DDPLUG_FLOAT32, DDPLUG_OP_SUM, a, b, 5);
+  ddcpu_reduce_into(DDPLUG_FLOAT32, DDPLUG_OP_SUM, a, b, 5);
   CHECK(a[0] == 11 && a[4] == 55);
-  cp_reduce_into(DDPLUG_FLOAT32, DDPLUG_OP_AVG, a, b, 5); /* AVG combines as SUM */
+  ddcpu_reduce_into(DDPLUG_FLOAT32, DDPLUG_OP_AVG, a, b, 5); /* AVG combines as SUM */
   CHECK(a[0] == 21);
-  cp_divide(DDPLUG_FLOAT32, a, 5, 3);
+  ddcpu_divide(DDPLUG_FLOAT32, a, 5, 3);
   CHECK(a[0] == 7);
   int8_t x[3] = {-7, 7, -128};
-  cp_divide(DDPLUG_INT8, x, 3, 2);
+  ddcpu_divide(DDPLUG_INT8, x, 3, 2);
   CHECK(x[0] == -3 && x[1] == 3 && x[2] == -64); /* truncation toward zero */
   int64_t big[2] = {INT64_MAX, 5};
   int64_t one[2] = {1, 0};
-  cp_reduce_into(DDPLUG_INT64, DDPLUG_OP_SUM, big, one, 2); /* wraps, no UB */
+  ddcpu_reduce_into(DDPLUG_INT64, DDPLUG_OP_SUM, big, one, 2); /* wraps, no UB */
   CHECK(big[0] == INT64_MIN);
 }
 
 TEST(names_and_sizes) {
-  CHECK_EQ_INT(cp_dtype_size(DDPLUG_BFLOAT16), 2);
-  CHECK_EQ_INT(cp_dtype_size(0), 0);
-  CHECK_EQ_STR(cp_dtype_name(DDPLUG_INT64), "int64");
-  CHECK_EQ_STR(cp_op_name(DDPLUG_OP_BAND), "band");
-  CHECK_EQ_STR(cp_kind_name(DDPLUG_COLL_ALLGATHER), "allgather");
+  CHECK_EQ_INT(ddcpu_dtype_size(DDPLUG_BFLOAT16), 2);
+  CHECK_EQ_INT(ddcpu_dtype_size(0), 0);
+  CHECK_EQ_STR(ddcpu_dtype_name(DDPLUG_INT64), "int64");
+  CHECK_EQ_STR(ddcpu_op_name(DDPLUG_OP_BAND), "band");
+  CHECK_EQ_STR(ddcpu_kind_name(DDPLUG_COLL_ALLGATHER), "allgather");
 }
 
-/* cp_copy: every size around the vector loop's edges, every skew between
+/* ddcpu_copy: every size around the vector loop's edges, every skew between
  * destination and source within a page (the slow-memcpy band 1..63 takes
  * the vector loop), streaming or not: the bytes arrive, and nothing around
  * the destination is touched. */
@@ -275,8 +279,8 @@ TEST(copies_are_exact_at_every_skew_and_size) {
         size_t n = sizes[si], at = skews[k] % 4096, from = 8;
         if (at + n + 64 > cap || from + n > cap) continue;
         memset(dst, 0xEE, cap);
-        cp_copy(dst + at, src + from, n, stream);
-        cp_copy_fence(stream);
+        ddcpu_copy(dst + at, src + from, n, stream);
+        ddcpu_copy_fence(stream);
         CHECK_MSG(memcmp(dst + at, src + from, n) == 0, "n %zu skew %zu stream %d", n, at, stream);
         for (size_t i = 0; i < at; i++) CHECK(dst[i] == 0xEE);
         for (size_t i = at + n; i < at + n + 64; i++) CHECK(dst[i] == 0xEE);

@@ -26,8 +26,8 @@ static int shm_exists(const char *name) {
   return access(path, F_OK) == 0;
 }
 
-static cp_shm_params params(const char *run_id) {
-  cp_shm_params p = {run_id, 2, 0, 1, 4, 4096, 1024, 1 << 20};
+static ddcpu_shm_params params(const char *run_id) {
+  ddcpu_shm_params p = {run_id, 2, 0, 1, 4, 4096, 1024, 1 << 20};
   return p;
 }
 
@@ -40,10 +40,10 @@ typedef struct crash_arg {
 
 static void create_and_crash(void *p) {
   crash_arg *a = p;
-  cp_shm s;
-  cp_shm_params pr = params(a->run_id);
-  if (cp_shm_create(&s, &pr) != DDPLUG_OK) _exit(3);
-  cp_shm_register(&s, 0);
+  ddcpu_shm s;
+  ddcpu_shm_params pr = params(a->run_id);
+  if (ddcpu_shm_create(&s, &pr) != DDPLUG_OK) _exit(3);
+  ddcpu_shm_register(&s, 0);
   if (write(a->pipe_w, "x", 1) != 1) _exit(4);
   if (a->linger) pause();
   raise(SIGKILL);
@@ -60,7 +60,7 @@ static pid_t crashed_segment(crash_arg *a, const char *tag, int linger, char *na
   CHECK(read(fds[0], &c, 1) == 1);
   close(fds[0]);
   close(fds[1]);
-  cp_shm_name(name, cap, a->run_id, 0);
+  ddcpu_shm_name(name, cap, a->run_id, 0);
   return pid;
 }
 
@@ -71,7 +71,7 @@ TEST(stale_segment_of_dead_processes_is_removed) {
   int st;
   CHECK(dt_wait_pid(pid, 5000, &st) == 0 && WIFSIGNALED(st));
   CHECK(shm_exists(name));
-  CHECK(cp_shm_cleanup_stale(NULL) >= 1);
+  CHECK(ddcpu_shm_cleanup_stale(NULL) >= 1);
   CHECK(!shm_exists(name));
 }
 
@@ -79,12 +79,12 @@ TEST(segment_of_live_process_is_kept) {
   crash_arg a;
   char name[128];
   pid_t pid = crashed_segment(&a, "live", 1, name, sizeof name);
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK_MSG(shm_exists(name), "a segment whose process is alive was removed");
   kill(pid, SIGKILL);
   int st;
   CHECK(dt_wait_pid(pid, 5000, &st) == 0);
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK(!shm_exists(name));
 }
 
@@ -93,32 +93,32 @@ TEST(reused_pid_does_not_keep_a_segment) {
    * alive but it is not the process that attached. */
   char run_id[40], name[128];
   snprintf(run_id, sizeof run_id, "reuse%d", (int)getpid());
-  cp_shm s;
-  cp_shm_params pr = params(run_id);
-  CHECK_OK(cp_shm_create(&s, &pr));
+  ddcpu_shm s;
+  ddcpu_shm_params pr = params(run_id);
+  CHECK_OK(ddcpu_shm_create(&s, &pr));
   atomic_store(&s.hdr->creator_start, 12345);
   atomic_store(&s.procs[0].pid, (int64_t)getpid());
   atomic_store(&s.procs[0].start_time, 12345);
-  cp_shm_name(name, sizeof name, run_id, 0);
-  cp_shm_detach(&s);
+  ddcpu_shm_name(name, sizeof name, run_id, 0);
+  ddcpu_shm_detach(&s);
   CHECK(shm_exists(name));
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK(!shm_exists(name));
 }
 
 TEST(uninitialised_segment_kept_while_young) {
   char name[128], path[256];
-  snprintf(name, sizeof name, "/" CP_SHM_PREFIX "young%d-n0", (int)getpid());
+  snprintf(name, sizeof name, "/" DDCPU_SHM_PREFIX "young%d-n0", (int)getpid());
   snprintf(path, sizeof path, "/dev/shm%s", name);
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   CHECK(fd >= 0);
   CHECK(ftruncate(fd, 65536) == 0);
   close(fd);
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK_MSG(shm_exists(name), "a segment being initialised was removed");
   struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
   CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK(!shm_exists(name));
 }
 
@@ -126,18 +126,18 @@ TEST(uninitialised_segment_kept_while_young) {
  * kept while young, removed once old. */
 TEST(empty_segment_of_a_job_killed_at_startup_is_removed_once_old) {
   char name[128], path[256];
-  snprintf(name, sizeof name, "/" CP_SHM_PREFIX "empty%d-n0", (int)getpid());
+  snprintf(name, sizeof name, "/" DDCPU_SHM_PREFIX "empty%d-n0", (int)getpid());
   snprintf(path, sizeof path, "/dev/shm%s", name);
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   CHECK(fd >= 0);
   close(fd);
-  CHECK_EQ_INT(cp_shm_stale(NULL, 0), 0);
-  cp_shm_cleanup_stale(NULL);
+  CHECK_EQ_INT(ddcpu_shm_stale(NULL, 0), 0);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK_MSG(shm_exists(name), "a segment being created was removed");
   struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
   CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
-  CHECK(cp_shm_stale(NULL, 0) >= 1);
-  cp_shm_cleanup_stale(NULL);
+  CHECK(ddcpu_shm_stale(NULL, 0) >= 1);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK_MSG(!shm_exists(name), "an old zero-byte segment was kept");
 }
 
@@ -152,7 +152,7 @@ TEST(other_files_are_not_touched) {
   snprintf(path, sizeof path, "/dev/shm%s", name);
   struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
   CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
-  cp_shm_cleanup_stale(NULL);
+  ddcpu_shm_cleanup_stale(NULL);
   CHECK(shm_exists(name));
   shm_unlink(name);
 }
@@ -194,6 +194,6 @@ TEST(killed_job_leaves_no_segment) {
 /* Run last by ctest (cpu-no-shm-left-behind, after every other cpu
  * test): no abandoned ddplug-cpu-* segment is left on the machine. */
 TEST(no_segment_left_behind) {
-  int n = cp_shm_stale(NULL, 0);
-  CHECK_MSG(n == 0, "%d abandoned /dev/shm/" CP_SHM_PREFIX "* segment(s) left behind", n);
+  int n = ddcpu_shm_stale(NULL, 0);
+  CHECK_MSG(n == 0, "%d abandoned /dev/shm/" DDCPU_SHM_PREFIX "* segment(s) left behind", n);
 }

@@ -62,7 +62,7 @@ static void pinned_open(hd_rank *r, const hd_world *w, int rank, int pin) {
 
 /* The spin rule: 50 us while the node's ranks fit the usable CPUs, else 2. */
 static void check_spin(hd_rank *r) {
-  cp_group *g = (cp_group *)r->g;
+  ddcpu_group *g = (ddcpu_group *)r->g;
   int cpus = affinity_cpus();
   uint64_t want = g->local_world <= cpus ? 50000 : 2000;
   CHECK_MSG(g->spin_ns == want, "rank %d: %d local ranks, %d CPUs in the affinity mask: spin %llu "
@@ -100,7 +100,7 @@ static void wait_rank(int rank, int world, void *p) {
     double cpu = cpu_s() - c0, wall = hd_now_s() - t0;
     dt_note("rank %d waited %.0f ms for rank %d using %.1f ms of CPU (%.1f%%), spin %llu ns",
             rank, wall * 1e3, a->wc->late, cpu * 1e3, 100.0 * cpu / wall,
-            (unsigned long long)((cp_group *)r.g)->spin_ns);
+            (unsigned long long)((ddcpu_group *)r.g)->spin_ns);
     CHECK_MSG(wall > 1.0, "rank %d: did not wait for the late rank (%.3f s)", rank, wall);
     CHECK_MSG(cpu < 0.3 * wall, "rank %d: %.0f ms of CPU time while waiting %.0f ms for a late "
               "peer: it spins instead of sleeping", rank, cpu * 1e3, wall * 1e3);

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "bench_util.h"
-#include "cpu.h"
+#include "kernels.h"
 
 typedef void (*copy_fn)(void *dst, const void *src, size_t n);
 

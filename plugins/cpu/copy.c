@@ -11,7 +11,7 @@
  * to 4 MiB ran at a quarter of their speed. Those copies (skew 1..31)
  * go through a plain vector loop instead; every other copy is glibc's, which
  * is as fast or faster there (skews 32..63 included). Large outputs may use
- * streaming stores (see ddcpu_copy in cpu.h). `build/bin/ddplug-copy-perf`
+ * streaming stores (see ddcpu_copy in kernels.h). `build/bin/ddplug-copy-perf`
  * prints both, by size and skew.
  *
  * SPDX-License-Identifier: Apache-2.0
@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu.h"
+#include "kernels.h"
 
 #if defined(__x86_64__)
 /* 64 bytes per step, unaligned loads; stores streaming or not. */

@@ -51,7 +51,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 #define PAGE 4096ull
 /* Scratch for kernel copies, all peers together: small enough to stay in
@@ -66,7 +66,7 @@ static ddcpu_bufref *bufref(ddcpu_group *g, int j, uint64_t k) {
   return &g->shm.ctl[j].buf[k & 1];
 }
 
-/* See cpu.h. Executor only, before the arrival is posted. */
+/* See internal.h. Executor only, before the arrival is posted. */
 void ddcpu_direct_publish(ddcpu_group *g, ddcpu_req *r) {
   const ddplug_coll_args *a = &r->args;
   uint64_t bytes = a->count * ddcpu_dtype_size(a->dtype);
@@ -79,7 +79,7 @@ void ddcpu_direct_publish(ddcpu_group *g, ddcpu_req *r) {
 
 static int registered(const ddcpu_bufref *b) { return b->send_off >= 0 && b->recv_off >= 0; }
 
-/* See cpu.h. */
+/* See internal.h. */
 int ddcpu_direct_cma_for(ddcpu_group *g, uint64_t bytes) {
   return g->num_nodes == 1 && g->has_shm && g->cma_all &&
          bytes >= g->opt.cma_min_bytes && bytes > g->opt.small_msg_bytes;
@@ -93,7 +93,7 @@ static int use_direct(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d)
   return all_registered || ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype));
 }
 
-/* See cpu.h. Executor only, after the handshake. */
+/* See internal.h. Executor only, after the handshake. */
 void ddcpu_direct_enter(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph) {
   ddcpu_direct d = ph->u.direct;
   if (use_direct(g, r, &d)) {
@@ -256,7 +256,7 @@ static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
   return st;
 }
 
-/* See cpu.h. Executor only. */
+/* See internal.h. Executor only. */
 int ddcpu_direct_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_target *wt) {
   ddcpu_direct *d = &ph->u.direct;
   if (!d->wrote) {
@@ -276,7 +276,7 @@ int ddcpu_direct_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_
   return DDCPU_DONE;
 }
 
-/* See cpu.h. Executor only; keeps the thread's error sentence. */
+/* See internal.h. Executor only; keeps the thread's error sentence. */
 void ddcpu_direct_withdraw(ddcpu_group *g, ddcpu_req *r) {
   if (!g->has_shm) return;
   char saved[DDCPU_MSG_MAX];
@@ -354,7 +354,7 @@ static double kernel_copy_share(void) {
   return (double)best_m / (double)best_k;
 }
 
-/* See cpu.h. group_create only (after every local rank attached and the
+/* See internal.h. group_create only (after every local rank attached and the
  * liveness watch is open). */
 int ddcpu_direct_probe(ddcpu_group *g, uint64_t deadline) {
   if (!g->has_shm) return DDPLUG_OK;

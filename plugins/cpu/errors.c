@@ -1,5 +1,6 @@
 /*
- * errors.c — the plugin's thread-local error sentence and logging.
+ * errors.c — the plugin's thread-local error sentence, handing it to the
+ * runtime, and logging.
  *
  * A failing internal function writes one sentence (what went wrong, where:
  * rank, sequence number, key; what to do) into this thread's buffer and
@@ -13,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 static _Thread_local char tls_msg[DDCPU_MSG_MAX];
 
@@ -68,4 +69,11 @@ void ddcpu_log(const ddcpu_group *g, int level, const char *fmt, ...) {
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
   g->svc->log(g->svc->host, level, line);
+}
+
+/* See internal.h. */
+int ddcpu_report(const ddplug_host_services *svc, int status) {
+  if (status != DDPLUG_OK && svc && svc->set_error)
+    svc->set_error(svc->host, status, ddcpu_errmsg());
+  return status;
 }

@@ -35,7 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -161,7 +161,7 @@ static int record(ddcpu_group *g, int status, int rank, int origin, const char *
   return atomic_load_explicit(&g->fail_status, memory_order_acquire);
 }
 
-/* See cpu.h. Thread-safe; may be called from any thread. */
+/* See internal.h. Thread-safe; may be called from any thread. */
 int ddcpu_fail_set(ddcpu_group *g, int status, int rank, int origin,
                    const char *fmt, ...) {
   char msg[DDCPU_MSG_MAX];
@@ -178,7 +178,7 @@ int ddcpu_fail_adopt(ddcpu_group *g, int status, int rank, int origin,
   return record(g, status, rank, origin, msg);
 }
 
-/* See cpu.h. Lock-free: a few atomic loads on the healthy path. */
+/* See internal.h. Lock-free: a few atomic loads on the healthy path. */
 int ddcpu_fail_status(ddcpu_group *g) {
   int st = atomic_load_explicit(&g->fail_status, memory_order_acquire);
   if (g->has_shm && g->shm.hdr && st != DDPLUG_E_PEER_LOST) {
@@ -204,7 +204,7 @@ int ddcpu_fail_report(ddcpu_group *g) {
   return st;
 }
 
-/* See cpu.h. Executor only. */
+/* See internal.h. Executor only. */
 int ddcpu_fail_settle(ddcpu_group *g, uint64_t deadline_ns) {
   int st = ddcpu_fail_status(g);
   uint64_t until = DDCPU_MIN(ddcpu_now_ns() + 150ull * 1000 * 1000, deadline_ns);
@@ -251,7 +251,7 @@ void ddcpu_liveness_close(ddcpu_group *g) {
     }
 }
 
-/* See cpu.h. Only the executing thread (or the idle progress thread while
+/* See internal.h. Only the executing thread (or the idle progress thread while
  * it holds the executor role) calls this. */
 int ddcpu_liveness_fds(ddcpu_group *g, struct pollfd *pfd, int cap) {
   int n = 0;
@@ -313,7 +313,7 @@ static void read_control(ddcpu_group *g) {
   }
 }
 
-/* See cpu.h. The neighbour's socket broke: if it left because its group
+/* See internal.h. The neighbour's socket broke: if it left because its group
  * failed, its abort record travels backwards around the ring and arrives
  * on our control channel (from the next node) within moments; wait for it
  * a little (DDCPU_RING_GRACE_NS from the first break, never past deadline_ns,
@@ -385,7 +385,7 @@ static void read_prev_hangup(ddcpu_group *g) {
   g->prev_bye = 1; /* stop watching it either way */
 }
 
-/* See cpu.h. Thread-safe (the progress thread calls it while another
+/* See internal.h. Thread-safe (the progress thread calls it while another
  * thread executes). */
 void ddcpu_peer_exited(ddcpu_group *g, int j) {
   int peer = g->local_ranks[j];
@@ -412,7 +412,7 @@ static void poll_proc(ddcpu_group *g) {
   }
 }
 
-/* See cpu.h. */
+/* See internal.h. */
 int ddcpu_liveness_poll(ddcpu_group *g, int timeout_ms) {
   struct pollfd pfd[DDCPU_MAX_LOCAL + 8];
   int st = ddcpu_fail_status(g);
@@ -442,7 +442,7 @@ int ddcpu_liveness_poll(ddcpu_group *g, int timeout_ms) {
 /* How often group_create's waits ask the runtime whether the run failed. */
 #define DDCPU_STARTUP_PROBE_NS (100ull * 1000 * 1000)
 
-/* See cpu.h. */
+/* See internal.h. */
 int ddcpu_startup_check(ddcpu_group *g, const char *key, const char *what,
                         uint64_t *next_probe_ns) {
   uint64_t now = ddcpu_now_ns();

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 void ddcpu_desc_fill(ddcpu_desc *d, const ddplug_coll_args *a, int rank) {
   memset(d, 0, sizeof *d);
@@ -69,7 +69,7 @@ static int mismatch(const ddcpu_desc *ref, const ddcpu_desc *other) {
                    (unsigned long long)ref->seq, ref->rank, a, other->rank, b);
 }
 
-/* See cpu.h. Reads the descriptors of collective index k of every local
+/* See internal.h. Reads the descriptors of collective index k of every local
  * rank (all arrived, so they are stable). */
 int ddcpu_hs_compare_local(ddcpu_group *g, uint64_t k, const ddcpu_desc *mine) {
   if (!g->has_shm) return DDPLUG_OK;
@@ -81,7 +81,7 @@ int ddcpu_hs_compare_local(ddcpu_group *g, uint64_t k, const ddcpu_desc *mine) {
   return DDPLUG_OK;
 }
 
-/* See cpu.h. recs[node] holds every node's record. */
+/* See internal.h. recs[node] holds every node's record. */
 int ddcpu_hs_compare_nodes(ddcpu_group *g, const ddcpu_hs_rec *recs, uint64_t k) {
   for (int n = 0; n < g->num_nodes; n++) {
     if (recs[n].magic != DDCPU_TCP_MAGIC || recs[n].index != k ||
@@ -150,7 +150,7 @@ static void ring_stall(ddcpu_group *g, uint64_t k, uint64_t exec_k, char *out, s
              "rank frozen?)");
 }
 
-/* See cpu.h. Reads counters concurrently with the executor (atomics). */
+/* See internal.h. Reads counters concurrently with the executor (atomics). */
 void ddcpu_hs_missing(ddcpu_group *g, uint64_t k, char *out, size_t cap) {
   int *miss = NULL, nmiss = 0;
   int local[512], far[512], nfar = 0;

@@ -34,7 +34,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 #ifndef FALLOC_FL_KEEP_SIZE
 #define FALLOC_FL_KEEP_SIZE 0x01
@@ -126,8 +126,8 @@ static int alloc_plain(ddcpu_group *g, uint64_t bytes, uint64_t len, void **ptr)
   return DDPLUG_OK;
 }
 
-/* See plugin.h (mem_alloc). Thread-safe. */
-int ddcpu_mem_alloc(ddcpu_group *g, uint64_t bytes, void **ptr) {
+/* The mem_alloc slot's work (below). Thread-safe. */
+static int mem_alloc(ddcpu_group *g, uint64_t bytes, void **ptr) {
   if (bytes == 0)
     return ddcpu_err(DDPLUG_E_INVALID_ARGUMENT, "mem_alloc: bytes is 0");
   if (bytes > UINT64_MAX - PAGE)
@@ -177,8 +177,8 @@ int ddcpu_mem_alloc(ddcpu_group *g, uint64_t bytes, void **ptr) {
   return DDPLUG_OK;
 }
 
-/* See plugin.h (mem_free). Thread-safe. */
-int ddcpu_mem_free(ddcpu_group *g, void *ptr) {
+/* The mem_free slot's work (below). Thread-safe. */
+static int mem_free(ddcpu_group *g, void *ptr) {
   if (!ptr) return DDPLUG_OK;
   pthread_mutex_lock(&g->mem_mu);
   int i = lower_bound(g, (uintptr_t)ptr);
@@ -204,7 +204,7 @@ int ddcpu_mem_free(ddcpu_group *g, void *ptr) {
   return DDPLUG_OK;
 }
 
-/* See cpu.h. Thread-safe. */
+/* See internal.h. Thread-safe. */
 int64_t ddcpu_mem_offset(ddcpu_group *g, const void *ptr, uint64_t bytes) {
   if (!has_arena(g) || !ptr) return -1;
   uintptr_t p = (uintptr_t)ptr;
@@ -217,8 +217,8 @@ int64_t ddcpu_mem_offset(ddcpu_group *g, const void *ptr, uint64_t bytes) {
   return off;
 }
 
-/* See plugin.h (mem_query). Thread-safe. */
-int ddcpu_mem_query(ddcpu_group *g, const void *ptr, uint64_t bytes, int32_t *reach) {
+/* The mem_query slot's work (below). Thread-safe. */
+static int mem_query(ddcpu_group *g, const void *ptr, uint64_t bytes, int32_t *reach) {
   if (g->num_nodes > 1 || !g->has_shm) {
     *reach = DDPLUG_REACH_STAGED; /* only the in-node algorithms use them */
     return DDPLUG_OK;
@@ -228,6 +228,23 @@ int ddcpu_mem_query(ddcpu_group *g, const void *ptr, uint64_t bytes, int32_t *re
   else
     *reach = ddcpu_direct_cma_for(g, bytes) ? DDPLUG_REACH_SINGLE_COPY : DDPLUG_REACH_STAGED;
   return DDPLUG_OK;
+}
+
+/* ---- the slots (see plugin.h): any thread, the runtime told why on failure */
+
+int ddcpu_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
+  if (!g || !ptr) return DDPLUG_E_INVALID_ARGUMENT;
+  return ddcpu_report(g->svc, mem_alloc(g, bytes, ptr));
+}
+
+int ddcpu_mem_free(ddplug_plugin_group *g, void *ptr) {
+  if (!g) return DDPLUG_E_INVALID_ARGUMENT;
+  return ddcpu_report(g->svc, mem_free(g, ptr));
+}
+
+int ddcpu_mem_query(ddplug_plugin_group *g, const void *ptr, uint64_t bytes, int32_t *reach) {
+  if (!g || !reach) return DDPLUG_E_INVALID_ARGUMENT;
+  return ddcpu_report(g->svc, mem_query(g, ptr, bytes, reach));
 }
 
 /* Put a private copy of [addr, addr + len) in place of the shared pages
@@ -245,7 +262,7 @@ static int keep_private(uintptr_t addr, uint64_t len) {
   return 0;
 }
 
-/* See cpu.h. Called once, from teardown. */
+/* See internal.h. Called once, from teardown. */
 void ddcpu_mem_detach(ddcpu_group *g) {
   pthread_mutex_lock(&g->mem_mu);
   uint64_t left_bytes = 0;

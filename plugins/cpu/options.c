@@ -63,7 +63,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 #define DECL(n, lo, hi, mul, def, d)                                              \
   static const ddplug_option opt_##n = {                                          \
@@ -119,7 +119,7 @@ const ddplug_option *const ddcpu_option_decls[] = {
     &opt_cma_min_bytes,    &opt_progress_thread, NULL,
 };
 
-/* See cpu.h. */
+/* See internal.h. */
 int ddcpu_options_read(const ddplug_host_services *svc, ddcpu_options *out) {
   memset(out, 0, sizeof *out);
   int64_t v = 0;

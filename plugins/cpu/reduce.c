@@ -15,9 +15,15 @@
  */
 #include <string.h>
 
-#include "cpu.h"
+#include "kernels.h"
 
 #define DDCPU_BLOCK 1024
+
+/* Elements in the block that starts at element base of count. */
+static inline size_t block_len(uint64_t count, uint64_t base) {
+  uint64_t left = count - base;
+  return (size_t)(left < DDCPU_BLOCK ? left : DDCPU_BLOCK);
+}
 
 /* ---- names and sizes ------------------------------------------------------ */
 
@@ -151,12 +157,12 @@ static void narrow(int dtype, uint16_t *out, const float *in, size_t m) {
   }
 }
 
-/* See cpu.h: whole buffers, for the float32 partial sums of multi-node
+/* See kernels.h: whole buffers, for the float32 partial sums of multi-node
  * allreduce (hierarchical steps keep half types wide until the end). */
 void ddcpu_half_widen(int dtype, float *out, const void *in, uint64_t count) {
   const uint16_t *h = in;
   for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
-    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
+    size_t m = block_len(count, base);
     widen(dtype, out + base, h + base, m);
   }
 }
@@ -164,7 +170,7 @@ void ddcpu_half_widen(int dtype, float *out, const void *in, uint64_t count) {
 void ddcpu_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
   uint16_t *h = out;
   for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
-    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
+    size_t m = block_len(count, base);
     narrow(dtype, h + base, in + base, m);
   }
 }
@@ -219,19 +225,19 @@ void ddcpu_half_narrow(int dtype, void *out, const float *in, uint64_t count) {
   }
 
 /* Reduce nsrc sources of type T block by block into each of dsts. */
-#define DEF_REDUCE(NAME, T, COMBINE)                                         \
-  static void NAME(int op, void *const *dsts, int nd, const void *const *srcs, \
-                   int n, uint64_t count, int divisor, int stream) {         \
-    T acc[DDCPU_BLOCK];                                                         \
-    for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {                \
-      size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);           \
-      ddcpu_copy(acc, (const T *)srcs[0] + base, m * sizeof(T), 0);             \
+#define DEF_REDUCE(NAME, T, COMBINE)                                              \
+  static void NAME(int op, void *const *dsts, int nd, const void *const *srcs,    \
+                   int n, uint64_t count, int divisor, int stream) {              \
+    T acc[DDCPU_BLOCK];                                                           \
+    for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {                  \
+      size_t m = block_len(count, base);                                          \
+      ddcpu_copy(acc, (const T *)srcs[0] + base, m * sizeof(T), 0);               \
       for (int k = 1; k < n; k++) COMBINE(op, acc, (const T *)srcs[k] + base, m); \
-      if (divisor > 0)                                                       \
-        for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / divisor);        \
-      for (int d = 0; d < nd; d++)                                           \
-        ddcpu_copy((T *)dsts[d] + base, acc, m * sizeof(T), stream);            \
-    }                                                                        \
+      if (divisor > 0)                                                            \
+        for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / divisor);            \
+      for (int d = 0; d < nd; d++)                                                \
+        ddcpu_copy((T *)dsts[d] + base, acc, m * sizeof(T), stream);              \
+    }                                                                             \
   }
 
 DEF_FLOAT_COMBINE(combine_f32, float)
@@ -255,7 +261,7 @@ static void reduce_half(int dtype, int op, void *const *dsts, int nd,
   float acc[DDCPU_BLOCK], tmp[DDCPU_BLOCK];
   uint16_t out[DDCPU_BLOCK];
   for (uint64_t base = 0; base < count; base += DDCPU_BLOCK) {
-    size_t m = (size_t)DDCPU_MIN((uint64_t)DDCPU_BLOCK, count - base);
+    size_t m = block_len(count, base);
     widen(dtype, acc, (const uint16_t *)srcs[0] + base, m);
     for (int k = 1; k < n; k++) {
       widen(dtype, tmp, (const uint16_t *)srcs[k] + base, m);
@@ -273,7 +279,7 @@ static void reduce_half(int dtype, int op, void *const *dsts, int nd,
   }
 }
 
-/* See cpu.h. Not thread-affine; pure function of its arguments. */
+/* See kernels.h. Not thread-affine; pure function of its arguments. */
 void ddcpu_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
                         const void *const *srcs, int nsrc, uint64_t count,
                         int divisor, int stream) {
@@ -293,7 +299,7 @@ void ddcpu_reduce_bcast(int dtype, int op, void *const *dsts, int nd,
   }
 }
 
-/* See cpu.h. */
+/* See kernels.h. */
 void ddcpu_reduce_n(int dtype, int op, void *dst, const void *const *srcs,
                     int nsrc, uint64_t count, int divisor) {
   void *dsts[1] = {dst};

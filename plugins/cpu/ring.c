@@ -29,7 +29,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 static int mod(int a, int L) { return ((a % L) + L) % L; }
 
@@ -226,7 +226,7 @@ static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
   return 0;
 }
 
-/* See cpu.h. Executor only. */
+/* See internal.h. Executor only. */
 int ddcpu_ring_step(ddcpu_group *g, ddcpu_ring *r, ddcpu_wait_target *wt) {
   for (;;) {
     int moved = 0, st;

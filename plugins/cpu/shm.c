@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 #define ARENA_ALIGN (2ull << 20)
@@ -59,7 +59,7 @@ static void layout(const ddcpu_shm_params *p, ddcpu_shm_hdr *h) {
   h->total_bytes = h->arena_off + (uint64_t)p->local_world * p->arena_bytes;
 }
 
-/* See cpu.h. */
+/* See internal.h. */
 uint64_t ddcpu_shm_arena_auto(int local_world) {
   struct statvfs v;
   if (local_world < 1 || statvfs("/dev/shm", &v) != 0) return 0;
@@ -300,7 +300,7 @@ static int segment_abandoned(int fd, time_t mtime) {
   return abandoned;
 }
 
-/* See cpu.h. Only segments this user owns are considered. */
+/* See internal.h. Only segments this user owns are considered. */
 int ddcpu_shm_cleanup_stale(const ddcpu_group *g) { return ddcpu_shm_stale(g, 1); }
 
 int ddcpu_shm_stale(const ddcpu_group *g, int remove) {

@@ -34,7 +34,7 @@
  */
 #include <string.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 static inline unsigned char *stage(ddcpu_group *g, uint32_t a, int local) {
   uint32_t slot = a & (g->opt.slots - 1); /* slots is a power of two */
@@ -239,7 +239,7 @@ static void copy_out(ddcpu_group *g, ddcpu_pipe *p, uint64_t c, uint32_t a) {
   ddcpu_copy_fence(nt);
 }
 
-/* See cpu.h: run the pipeline as far as it goes without waiting. */
+/* See internal.h: run the pipeline as far as it goes without waiting. */
 int ddcpu_pipe_step(ddcpu_group *g, ddcpu_pipe *p, ddcpu_wait_target *wt) {
   const uint64_t ns = g->opt.slots;
   const int in_role = copies_in(g, p), red_role = reduces(p),

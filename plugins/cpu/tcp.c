@@ -29,7 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 static int remaining_ms(uint64_t deadline) {
   uint64_t now = ddcpu_now_ns();
@@ -389,7 +389,7 @@ static void ring_setup_free(ring_setup *rs) {
   OPENSSL_cleanse(rs->next_key, sizeof rs->next_key);
 }
 
-/* See cpu.h. Blocks at most until deadline (or the run's failure). On
+/* See internal.h. Blocks at most until deadline (or the run's failure). On
  * failure every socket it opened is closed. */
 int ddcpu_tcp_ring_setup(ddcpu_group *g, uint64_t deadline) {
   int L = g->num_nodes, nn = (g->node + 1) % L, pn = (g->node + L - 1) % L;

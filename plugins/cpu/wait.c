@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
 /* Longest sleep between liveness checks; node leaders of a multi-node group
  * also watch their ring sockets for abort records then, so they sleep less. */
@@ -171,7 +171,7 @@ static int wait_fds(ddcpu_group *g, const ddcpu_wait_target *t, uint64_t deadlin
   }
 }
 
-/* See cpu.h. Called only by the thread executing collectives. */
+/* See internal.h. Called only by the thread executing collectives. */
 int ddcpu_wait(ddcpu_group *g, const ddcpu_wait_target *t, uint64_t deadline_ns) {
   if (t->kind == DDCPU_WAIT_CTR) return wait_ctr(g, t->ctr, t->until, t->poster, deadline_ns);
   return wait_fds(g, t, deadline_ns);

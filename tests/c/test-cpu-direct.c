@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "internal.h"
 #include "cpu_driver.h"
 
 #define MIB (1ull << 20)

@@ -26,7 +26,7 @@
 #include <sys/socket.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "internal.h"
 #include "cpu_data.h"
 #include "cpu_driver.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "internal.h"
 #include "cpu_driver.h"
 #include "run/context.h"
 

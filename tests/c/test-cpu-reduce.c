@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "kernels.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_rand(void) {

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "internal.h"
 #include "cpu_driver.h"
 
 static int shm_exists(const char *name) {

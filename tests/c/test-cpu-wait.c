@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "cpu.h"
+#include "internal.h"
 #include "cpu_driver.h"
 
 #define LATE_US (1500 * 1000)

@@ -1,5 +1,5 @@
 /*
- * coll.c — a collective as a list of phases, and the driver that runs them.
+ * plan.c — a collective as a list of phases, and the driver that runs them.
  *
  * Every collective begins with the node handshake (descriptors + arrival,
  * mismatch check; small messages carry their data in it). With several
@@ -37,9 +37,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "internal.h"
 
-/* See cpu.h. Pure function of g's fixed fields and a. */
+/* See internal.h. Pure function of g's fixed fields and a. */
 int ddcpu_coll_validate(const ddcpu_group *g, const ddplug_coll_args *a) {
   const char *kind = ddcpu_kind_name(a->kind);
   if (a->kind < DDPLUG_COLL_ALLREDUCE || a->kind > DDPLUG_COLL_BARRIER)
@@ -96,7 +96,7 @@ static int wide_sums(const ddcpu_group *g, const ddplug_coll_args *a) {
          (a->op == DDPLUG_OP_SUM || a->op == DDPLUG_OP_AVG || a->op == DDPLUG_OP_PROD);
 }
 
-/* See cpu.h. Pure function of g's fixed fields and a (validated). */
+/* See internal.h. Pure function of g's fixed fields and a (validated). */
 uint64_t ddcpu_coll_scratch_bytes(const ddcpu_group *g, const ddplug_coll_args *a) {
   return g->leader && wide_sums(g, a) ? a->count * (uint64_t)sizeof(float) : 0;
 }
@@ -464,7 +464,7 @@ static int advance(ddcpu_group *g, ddcpu_req *r, uint64_t deadline_ns) {
   }
 }
 
-/* See cpu.h. Executor only. A collective that fails after this rank
+/* See internal.h. Executor only. A collective that fails after this rank
  * arrived at a direct phase hands its buffers back only once no peer
  * writes into them any more. */
 int ddcpu_coll_advance(ddcpu_group *g, ddcpu_req *r, uint64_t deadline_ns) {

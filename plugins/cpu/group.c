@@ -1,11 +1,8 @@
 /*
- * plugin.c — the `cpu` plugin's table and its process-group slots.
- *
- * libddplug-cpu.so: the CPU backend. Shared memory inside a node, a TCP
- * ring between nodes, hierarchical when both; asynchronous requests with a
- * progress thread; peer loss, abort and mismatched collectives reported on
- * every rank. See README.md beside this file for the design, the options
- * and the guarantees. Exports only ddplug_plugin_entry_v1.
+ * group.c — the cpu plugin's group slots: group_create (the topology from
+ * the runtime's arrays, the node segment, liveness, the single-copy probe,
+ * the TCP ring between node leaders, the progress thread), group_destroy
+ * and group_abort.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -17,16 +14,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "internal.h"
 
-#define HOST_PLUGIN_VERSION "0.2.0"
 #define DEFAULT_CREATE_TIMEOUT_MS 300000
-
-static int report(const ddplug_host_services *svc, int status) {
-  if (status != DDPLUG_OK && svc && svc->set_error)
-    svc->set_error(svc->host, status, ddcpu_errmsg());
-  return status;
-}
 
 static int valid_run_id(const char *s) {
   if (!s || !*s || strlen(s) > 32) return 0;
@@ -289,18 +279,18 @@ static void teardown(ddcpu_group *g) {
  * ranks attach to shared memory and the leaders connect the ring. On
  * failure nothing is left allocated or open, *out is untouched and
  * set_error has the sentence. */
-static int host_group_create(const ddplug_group_init *init,
-                             const ddplug_host_services *svc,
-                             ddplug_plugin_group **out) {
+int ddcpu_group_create(const ddplug_group_init *init, const ddplug_host_services *svc,
+                       ddplug_plugin_group **out) {
   if (!svc || !init || !out) return DDPLUG_E_INVALID_ARGUMENT;
   if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
     return DDPLUG_E_ABI_MISMATCH; /* the entry point serves only >= 1.3 */
   if (!DDPLUG_HAS_FIELD(init, ddplug_group_init, log_level))
-    return report(svc, ddcpu_err(DDPLUG_E_ABI_MISMATCH,
+    return ddcpu_report(svc, ddcpu_err(DDPLUG_E_ABI_MISMATCH,
                                  "group_create: ddplug_group_init of %u bytes is "
                                  "older than ABI 1.0", init->struct_size));
   ddcpu_group *g = calloc(1, sizeof *g);
-  if (!g) return report(svc, ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory"));
+  if (!g)
+    return ddcpu_report(svc, ddcpu_err(DDPLUG_E_NO_MEMORY, "group_create: out of memory"));
   g->svc = svc;
   g->log_level = init->log_level;
   g->next_fd = g->prev_fd = g->abort_fd = g->wake_fd = -1;
@@ -312,7 +302,7 @@ static int host_group_create(const ddplug_group_init *init,
   if (st == DDPLUG_OK) st = topology(g, init);
   if (st != DDPLUG_OK) {
     teardown(g);
-    return report(svc, st);
+    return ddcpu_report(svc, st);
   }
   g->timeout_ms = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_CREATE_TIMEOUT_MS;
   uint64_t deadline = ddcpu_deadline(g->timeout_ms);
@@ -367,7 +357,7 @@ static int host_group_create(const ddplug_group_init *init,
   *out = g;
   return DDPLUG_OK;
 fail:
-  st = report(svc, st);
+  st = ddcpu_report(svc, st);
   teardown(g);
   return st;
 }
@@ -375,7 +365,7 @@ fail:
 /* Release the group (see plugin.h). Never blocks on peers: a collective
  * still pending aborts the group first (peers are told). Marks this rank
  * departed so peers do not take its exit for a crash. */
-static int host_group_destroy(ddplug_plugin_group *g) {
+int ddcpu_group_destroy(ddplug_plugin_group *g) {
   if (!g) return DDPLUG_OK;
   int pending = ddcpu_pending(g);
   if (pending > 0)
@@ -388,106 +378,9 @@ static int host_group_destroy(ddplug_plugin_group *g) {
 
 /* Abort (see plugin.h). Thread-safe, any thread, never blocks for long (at
  * most ~200 ms telling the previous node over the ring). */
-static int host_group_abort(ddplug_plugin_group *g, const char *reason) {
+int ddcpu_group_abort(ddplug_plugin_group *g, const char *reason) {
   if (!g) return DDPLUG_E_INVALID_ARGUMENT;
   ddcpu_fail_set(g, DDPLUG_E_ABORTED, g->rank, g->rank, "aborted by rank %d: %s",
                  g->rank, reason && *reason ? reason : "(no reason given)");
   return DDPLUG_OK;
-}
-
-/* Start a collective (see plugin.h): enqueues it and returns; never waits
- * for peers. On failure nothing was started and *req is untouched. */
-static int host_collective_start(ddplug_plugin_group *g,
-                                 const ddplug_coll_args *args,
-                                 ddplug_plugin_request **req) {
-  if (!g || !args || !req) return DDPLUG_E_INVALID_ARGUMENT;
-  if (!DDPLUG_HAS_FIELD(args, ddplug_coll_args, reserved0))
-    return report(g->svc, ddcpu_err(DDPLUG_E_ABI_MISMATCH,
-                                    "collective_start: ddplug_coll_args of %u "
-                                    "bytes is older than ABI 1.0", args->struct_size));
-  ddplug_coll_args a;
-  memset(&a, 0, sizeof a);
-  memcpy(&a, args, DDCPU_MIN((size_t)args->struct_size, sizeof a));
-  return report(g->svc, ddcpu_submit(g, &a, req));
-}
-
-/* Wait for a request (see plugin.h); TIMEOUT leaves it pending. */
-static int host_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *req,
-                             int64_t timeout_ms) {
-  if (!g || !req) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, ddcpu_req_wait(g, req, timeout_ms));
-}
-
-/* Test a request without blocking (see plugin.h). */
-static int host_request_test(ddplug_plugin_group *g, ddplug_plugin_request *req,
-                             int32_t *done) {
-  if (!g || !req || !done) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, ddcpu_req_test(g, req, done));
-}
-
-/* Release a request (see plugin.h). A pending one keeps executing in order
- * and is released when it completes or at group_destroy. */
-static void host_request_free(ddplug_plugin_group *g, ddplug_plugin_request *req) {
-  if (g && req) ddcpu_req_free(g, req);
-}
-
-/* Registered memory (see plugin.h and mem.c). Any thread. */
-static int host_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
-  if (!g || !ptr) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, ddcpu_mem_alloc(g, bytes, ptr));
-}
-
-static int host_mem_free(ddplug_plugin_group *g, void *ptr) {
-  if (!g) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, ddcpu_mem_free(g, ptr));
-}
-
-static int host_mem_query(ddplug_plugin_group *g, const void *ptr, uint64_t bytes,
-                          int32_t *reach) {
-  if (!g || !reach) return DDPLUG_E_INVALID_ARGUMENT;
-  return report(g->svc, ddcpu_mem_query(g, ptr, bytes, reach));
-}
-
-static const ddplug_plugin host_table = {
-    .struct_size = sizeof(ddplug_plugin),
-    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
-    .name = "cpu",
-    .version = HOST_PLUGIN_VERSION,
-    .description = "CPU backend: shared-memory collectives in a node, TCP "
-                   "ring between nodes, async requests, failure and mismatch "
-                   "detection",
-    .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE |
-            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT | DDPLUG_CAP_REGISTERED_MEMORY,
-    .dtype_mask = DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) |
-                  DDPLUG_DTYPE_BIT(DDPLUG_FLOAT16) | DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16) |
-                  DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |
-                  DDPLUG_DTYPE_BIT(DDPLUG_INT32) | DDPLUG_DTYPE_BIT(DDPLUG_INT64),
-    .op_mask = DDPLUG_OP_BIT(DDPLUG_OP_SUM) | DDPLUG_OP_BIT(DDPLUG_OP_AVG) |
-               DDPLUG_OP_BIT(DDPLUG_OP_MIN) | DDPLUG_OP_BIT(DDPLUG_OP_MAX) |
-               DDPLUG_OP_BIT(DDPLUG_OP_PROD) | DDPLUG_OP_BIT(DDPLUG_OP_BOR) |
-               DDPLUG_OP_BIT(DDPLUG_OP_BAND),
-    .group_create = host_group_create,
-    .group_destroy = host_group_destroy,
-    .group_abort = host_group_abort,
-    .collective_start = host_collective_start,
-    .request_wait = host_request_wait,
-    .request_test = host_request_test,
-    .request_free = host_request_free,
-    /* sampler slots NULL: the runtime's default samplers serve */
-    .options = ddcpu_option_decls,
-    .mem_alloc = host_mem_alloc,
-    .mem_free = host_mem_free,
-    .mem_query = host_mem_query,
-};
-
-/* The plugin's only exported symbol. Returns the table for an ABI 1.x
- * runtime from 1.3 on (it reads its options through the host services
- * 1.3 added), NULL for an older one or another major: the loader then
- * names the mismatch. */
-DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
-DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version) {
-  if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR ||
-      DDPLUG_VERSION_MINOR_OF(host_abi_version) < 3)
-    return NULL;
-  return &host_table;
 }

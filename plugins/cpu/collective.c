@@ -56,7 +56,7 @@ static int submit(ddcpu_group *g, const ddplug_coll_args *a, ddcpu_req **out) {
   pthread_mutex_unlock(&g->q_mu);
   atomic_store(&g->last_submit_ns, r->submit_ns);
   if (g->progress_runs &&
-      (!atomic_load(&g->lazy) || atomic_load(&g->pt_mode) == DDCPU_PT_DEEP))
+      (!atomic_load(&g->lazy) || atomic_load(&g->thread_mode) == DDCPU_THREAD_ASLEEP))
     ddcpu_progress_wake(g);
   *out = r;
   return DDPLUG_OK;

@@ -119,9 +119,9 @@ void ddcpu_wake_all(ddcpu_group *g) {
     for (int j = 0; j < g->local_world; j++) {
       ddcpu_rank_ctl *c = &g->shm.ctl[j];
       ddcpu_ctr_wake(&c->arrive);
-      ddcpu_ctr_wake(&c->cin);
-      ddcpu_ctr_wake(&c->cred);
-      ddcpu_ctr_wake(&c->cout);
+      ddcpu_ctr_wake(&c->copied_in);
+      ddcpu_ctr_wake(&c->reduced);
+      ddcpu_ctr_wake(&c->copied_out);
     }
     ddcpu_ctr_wake(&g->shm.hdr->attached);
     ddcpu_ctr_wake(&g->shm.hdr->verdict);

@@ -80,7 +80,19 @@ typedef struct ddcpu_shm {
 
 /* ---- the group -------------------------------------------------------------- */
 
-enum { DDCPU_PT_BUSY = 0, DDCPU_PT_LIGHT = 1, DDCPU_PT_DEEP = 2 };
+/* What the progress thread is doing (ddplug_plugin_group.thread_mode), for
+ * collective_start to decide whether to wake it (progress.c). */
+enum {
+  DDCPU_THREAD_AWAKE = 0,   /* running requests, or about to look again   */
+  DDCPU_THREAD_NAPPING = 1, /* callers run their collectives inline and
+                               one started within the last second: it
+                               polls every millisecond (progress_thread
+                               on) and claims stranded requests itself,
+                               so a start need not wake it               */
+  DDCPU_THREAD_ASLEEP = 2   /* idle for a second or more: wakes every
+                               100 ms for liveness only, so a start must
+                               wake it                                   */
+};
 
 struct ddplug_plugin_group {
   /* identity */
@@ -139,7 +151,7 @@ struct ddplug_plugin_group {
   _Atomic int exec;            /* 1 while some thread executes            */
   ddcpu_ctr ev;                /* bumped at completions and exec release */
   _Atomic int lazy;            /* callers execute inline; thread waits   */
-  _Atomic int pt_mode;
+  _Atomic int thread_mode;     /* DDCPU_THREAD_*                          */
   _Atomic uint64_t last_submit_ns;
   int wake_fd;                 /* eventfd: work for the progress thread  */
   pthread_t thread;

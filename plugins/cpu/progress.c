@@ -176,9 +176,9 @@ static void *thread_main(void *arg) {
     }
     /* idle (or a fresh request its caller is about to run) */
     int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
-    atomic_store(&g->pt_mode, light ? DDCPU_PT_LIGHT : DDCPU_PT_DEEP);
+    atomic_store(&g->thread_mode, light ? DDCPU_THREAD_NAPPING : DDCPU_THREAD_ASLEEP);
     if (g->progress_runs && oldest_pending(g, &since) && !light) {
-      atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
+      atomic_store(&g->thread_mode, DDCPU_THREAD_AWAKE);
       continue;
     }
     int n = 0;
@@ -200,7 +200,7 @@ static void *thread_main(void *arg) {
     }
     int timeout = light && g->progress_runs ? 1 : have ? THREAD_SLICE_MS : 10;
     int r = poll(pfd, (nfds_t)n, timeout);
-    atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
+    atomic_store(&g->thread_mode, DDCPU_THREAD_AWAKE);
     if (r == 0 && g->pid_poll && !light && ddcpu_exec_try(g)) {
       ddcpu_liveness_poll(g, 0); /* no pidfds: look at /proc now and then */
       ddcpu_exec_release(g);
@@ -236,7 +236,7 @@ static void *thread_main(void *arg) {
 
 int ddcpu_engine_start(ddcpu_group *g) {
   atomic_store(&g->lazy, 1);
-  atomic_store(&g->pt_mode, DDCPU_PT_BUSY);
+  atomic_store(&g->thread_mode, DDCPU_THREAD_AWAKE);
   int e = pthread_create(&g->thread, NULL, thread_main, g);
   if (e != 0)
     return ddcpu_err_errno(DDPLUG_E_SYSTEM, e, "cannot start the progress thread");

@@ -44,7 +44,9 @@ typedef struct ddcpu_pipe {
   uint64_t chunk_elems;
   uint64_t nchunks;
   uint32_t base;            /* chunk clock at phase entry                */
-  uint64_t c_in, c_red, c_out; /* this rank's progress (relative chunks) */
+  uint64_t copied_in, reduced, copied_out; /* this rank's progress, in chunks
+                                              of this phase (ddcpu_rank_ctl
+                                              counts since the group began) */
   int stream;               /* write the output with non-temporal stores */
 } ddcpu_pipe;
 
@@ -63,7 +65,8 @@ typedef struct ddcpu_ring {
   int root_node;         /* BCAST                                        */
   uint64_t index;        /* RECORDS: collective index (arrival tracking) */
   int nsteps;
-  int ts, tr;            /* current send / receive step                  */
+  int send_step;         /* the ring step this rank sends in (0..nsteps) */
+  int recv_step;         /* the ring step this rank receives in          */
   uint64_t sent, rcvd, red, fill;
   int active;
 } ddcpu_ring;

@@ -103,8 +103,8 @@ void ddcpu_ring_init(ddcpu_group *g, ddcpu_ring *r) {
   r->nsteps = r->op == DDCPU_RING_ALLREDUCE ? 2 * (L - 1)
               : r->op == DDCPU_RING_BCAST   ? 1
                                          : L - 1;
-  r->ts = sends(g, r) ? 0 : r->nsteps;
-  r->tr = recvs(g, r) ? 0 : r->nsteps;
+  r->send_step = sends(g, r) ? 0 : r->nsteps;
+  r->recv_step = recvs(g, r) ? 0 : r->nsteps;
   r->sent = r->rcvd = r->red = r->fill = 0;
   r->active = 1;
   g->ring_active = 1;
@@ -112,8 +112,8 @@ void ddcpu_ring_init(ddcpu_group *g, ddcpu_ring *r) {
   uint64_t now = ddcpu_now_ns();
   atomic_store(&w->rx_ns, now);
   atomic_store(&w->tx_ns, now);
-  atomic_store(&w->want_rx, r->tr < r->nsteps);
-  atomic_store(&w->want_tx, r->ts < r->nsteps);
+  atomic_store(&w->want_rx, r->recv_step < r->nsteps);
+  atomic_store(&w->want_tx, r->send_step < r->nsteps);
   atomic_store(&w->k, atomic_load(&g->exec_k));
 }
 
@@ -122,8 +122,8 @@ void ddcpu_ring_init(ddcpu_group *g, ddcpu_ring *r) {
 static uint64_t send_limit(const ddcpu_group *g, const ddcpu_ring *r, int t) {
   uint64_t total = seg_bytes(g, r, send_seg(g, r, t));
   if (r->op == DDCPU_RING_BCAST)
-    return g->node == r->root_node || r->tr >= r->nsteps ? total : r->rcvd;
-  if (t == 0 || r->tr > t - 1) return total;
+    return g->node == r->root_node || r->recv_step >= r->nsteps ? total : r->rcvd;
+  if (t == 0 || r->recv_step > t - 1) return total;
   return reduces_at(g, r, t - 1) ? r->red : r->rcvd;
 }
 
@@ -134,9 +134,9 @@ static int lost(ddcpu_group *g, int node, const char *what, int err) {
 }
 
 static int do_send(ddcpu_group *g, ddcpu_ring *r, int *moved) {
-  while (r->ts < r->nsteps) {
-    int seg = send_seg(g, r, r->ts);
-    uint64_t total = seg_bytes(g, r, seg), limit = send_limit(g, r, r->ts);
+  while (r->send_step < r->nsteps) {
+    int seg = send_seg(g, r, r->send_step);
+    uint64_t total = seg_bytes(g, r, seg), limit = send_limit(g, r, r->send_step);
     while (r->sent < limit) {
       uint64_t len;
       unsigned char *p = span(g, r, seg, r->sent, &len);
@@ -154,10 +154,10 @@ static int do_send(ddcpu_group *g, ddcpu_ring *r, int *moved) {
                   "sending to it failed (connection closed)", n < 0 ? errno : 0);
     }
     if (r->sent < total) return 0; /* waiting for our own receive */
-    r->ts++;
+    r->send_step++;
     r->sent = 0;
     *moved = 1;
-    if (!sends(g, r)) r->ts = r->nsteps;
+    if (!sends(g, r)) r->send_step = r->nsteps;
   }
   return 0;
 }
@@ -181,8 +181,8 @@ static int recv_bytes(ddcpu_group *g, void *p, uint64_t len, uint64_t *got) {
 }
 
 static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
-  while (r->tr < r->nsteps) {
-    int t = r->tr, seg = recv_seg(g, r, t);
+  while (r->recv_step < r->nsteps) {
+    int t = r->recv_step, seg = recv_seg(g, r, t);
     uint64_t total = seg_bytes(g, r, seg), got;
     if (reduces_at(g, r, t)) {
       while (r->red < total) {
@@ -219,7 +219,7 @@ static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
       _Atomic uint64_t *arr = g->has_shm ? g->shm.arrived : g->arrived_local;
       atomic_store(&arr[seg], r->index);
     }
-    r->tr++;
+    r->recv_step++;
     r->rcvd = r->red = r->fill = 0;
     *moved = 1;
   }
@@ -232,9 +232,9 @@ int ddcpu_ring_step(ddcpu_group *g, ddcpu_ring *r, ddcpu_wait_target *wt) {
     int moved = 0, st;
     if ((st = do_recv(g, r, &moved)) != 0) return st;
     if ((st = do_send(g, r, &moved)) != 0) return st;
-    atomic_store(&ddcpu_ring_watch_of(g)->want_rx, r->tr < r->nsteps);
-    atomic_store(&ddcpu_ring_watch_of(g)->want_tx, r->ts < r->nsteps);
-    if (r->ts >= r->nsteps && r->tr >= r->nsteps) {
+    atomic_store(&ddcpu_ring_watch_of(g)->want_rx, r->recv_step < r->nsteps);
+    atomic_store(&ddcpu_ring_watch_of(g)->want_tx, r->send_step < r->nsteps);
+    if (r->send_step >= r->nsteps && r->recv_step >= r->nsteps) {
       r->active = 0;
       g->ring_active = 0;
       return DDCPU_DONE;
@@ -242,9 +242,9 @@ int ddcpu_ring_step(ddcpu_group *g, ddcpu_ring *r, ddcpu_wait_target *wt) {
     if (moved) continue;
     wt->kind = DDCPU_WAIT_FDS;
     wt->nfds = 0;
-    if (r->ts < r->nsteps && r->sent < send_limit(g, r, r->ts))
+    if (r->send_step < r->nsteps && r->sent < send_limit(g, r, r->send_step))
       wt->fds[wt->nfds++] = (struct pollfd){g->next_fd, POLLOUT, 0};
-    if (r->tr < r->nsteps)
+    if (r->recv_step < r->nsteps)
       wt->fds[wt->nfds++] = (struct pollfd){g->prev_fd, POLLIN, 0};
     return DDCPU_BLOCKED;
   }

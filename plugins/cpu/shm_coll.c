@@ -11,11 +11,13 @@
  * Larger messages run a chunked pipeline over `slots` staging slots of one
  * chunk per local rank. For chunk a (slot a mod slots) a rank:
  *   1. copies its chunk of input into its staging area (copy-in), once every
- *      rank has finished with the chunk that used the slot before (cout);
- *   2. when every rank has copied in (cin), reduces its own slice of the
- *      chunk across all staging areas, in place in its own area (cred);
- *   3. when every rank has reduced (cred), copies every rank's reduced slice
- *      into its output (copy-out) and posts cout.
+ *      rank has finished with the chunk that used the slot before (counter
+ *      copied_out), and posts copied_in;
+ *   2. when every rank has copied in (copied_in), reduces its own slice of
+ *      the chunk across all staging areas, in place in its own area, and
+ *      posts reduced;
+ *   3. when every rank has reduced (reduced), copies every rank's reduced
+ *      slice into its output (copy-out) and posts copied_out.
  * The chunk is small enough to stay in cache between the steps, so memory
  * traffic is the input read plus the output written, 2·n·S for n ranks,
  * instead of copy-in/copy-out's ~5·n·S. Each rank reduces only 1/n of
@@ -143,15 +145,15 @@ static ddcpu_ctr *behind(ddcpu_group *g, size_t which, uint32_t v, int only) {
   }
   return NULL;
 }
-#define CIN offsetof(ddcpu_rank_ctl, cin)
-#define CRED offsetof(ddcpu_rank_ctl, cred)
-#define COUT offsetof(ddcpu_rank_ctl, cout)
+#define COPIED_IN offsetof(ddcpu_rank_ctl, copied_in)
+#define REDUCED offsetof(ddcpu_rank_ctl, reduced)
+#define COPIED_OUT offsetof(ddcpu_rank_ctl, copied_out)
 
 /* What copy-out of absolute chunk a waits for. */
 static ddcpu_ctr *out_blocker(ddcpu_group *g, const ddcpu_pipe *p, uint32_t a) {
-  if (reduces(p)) return behind(g, CRED, a + 1, -1);
-  if (p->mode == DDCPU_PIPE_BCAST) return behind(g, CIN, a + 1, p->src);
-  return behind(g, CIN, a + 1, -1);
+  if (reduces(p)) return behind(g, REDUCED, a + 1, -1);
+  if (p->mode == DDCPU_PIPE_BCAST) return behind(g, COPIED_IN, a + 1, p->src);
+  return behind(g, COPIED_IN, a + 1, -1);
 }
 
 void ddcpu_pipe_init(ddcpu_group *g, ddcpu_pipe *p) {
@@ -164,7 +166,7 @@ void ddcpu_pipe_init(ddcpu_group *g, ddcpu_pipe *p) {
   p->stream = g->opt.nt_bytes > 0 && out_bytes >= g->opt.nt_bytes;
   p->base = g->chunk_clock;
   g->chunk_clock += (uint32_t)p->nchunks;
-  p->c_in = p->c_red = p->c_out = 0;
+  p->copied_in = p->reduced = p->copied_out = 0;
 }
 
 /* Copy this rank's chunk of input into its staging area. When reducing,
@@ -248,53 +250,53 @@ int ddcpu_pipe_step(ddcpu_group *g, ddcpu_pipe *p, ddcpu_wait_target *wt) {
   for (;;) {
     int moved = 0;
     /* oldest first: finish a chunk, then reduce, then start a new one */
-    if (p->c_out < p->c_red) {
-      uint32_t a = p->base + (uint32_t)p->c_out;
+    if (p->copied_out < p->reduced) {
+      uint32_t a = p->base + (uint32_t)p->copied_out;
       if (!out_role || !out_blocker(g, p, a)) {
-        if (out_role) copy_out(g, p, p->c_out, a);
-        ddcpu_ctr_post(&me->cout, a + 1);
-        p->c_out++;
+        if (out_role) copy_out(g, p, p->copied_out, a);
+        ddcpu_ctr_post(&me->copied_out, a + 1);
+        p->copied_out++;
         moved = 1;
       }
     }
-    if (p->c_red < p->c_in) {
-      uint32_t a = p->base + (uint32_t)p->c_red;
+    if (p->reduced < p->copied_in) {
+      uint32_t a = p->base + (uint32_t)p->reduced;
       if (!red_role) {
-        p->c_red = p->c_in;
+        p->reduced = p->copied_in;
         moved = 1;
-      } else if (!behind(g, CIN, a + 1, -1)) {
-        reduce_slice(g, p, p->c_red, a);
-        ddcpu_ctr_post(&me->cred, a + 1);
-        p->c_red++;
+      } else if (!behind(g, COPIED_IN, a + 1, -1)) {
+        reduce_slice(g, p, p->reduced, a);
+        ddcpu_ctr_post(&me->reduced, a + 1);
+        p->reduced++;
         moved = 1;
       }
     }
-    if (p->c_in < p->nchunks && p->c_in - p->c_out < ns) {
-      uint32_t a = p->base + (uint32_t)p->c_in;
+    if (p->copied_in < p->nchunks && p->copied_in - p->copied_out < ns) {
+      uint32_t a = p->base + (uint32_t)p->copied_in;
       if (!in_role) {
-        p->c_in++;
+        p->copied_in++;
         moved = 1;
-      } else if (!behind(g, COUT, a + 1 - (uint32_t)ns, -1)) {
-        copy_in(g, p, p->c_in, a);
-        ddcpu_ctr_post(&me->cin, a + 1);
-        p->c_in++;
+      } else if (!behind(g, COPIED_OUT, a + 1 - (uint32_t)ns, -1)) {
+        copy_in(g, p, p->copied_in, a);
+        ddcpu_ctr_post(&me->copied_in, a + 1);
+        p->copied_in++;
         moved = 1;
       }
     }
-    if (p->c_out == p->nchunks) return DDCPU_DONE;
+    if (p->copied_out == p->nchunks) return DDCPU_DONE;
     if (moved) continue;
     /* blocked: wait for the oldest stage's condition */
     ddcpu_ctr *b = NULL;
     uint32_t v = 0;
-    if (p->c_out < p->c_red) {
-      v = p->base + (uint32_t)p->c_out + 1;
+    if (p->copied_out < p->reduced) {
+      v = p->base + (uint32_t)p->copied_out + 1;
       b = out_blocker(g, p, v - 1);
-    } else if (p->c_red < p->c_in) {
-      v = p->base + (uint32_t)p->c_red + 1;
-      b = behind(g, CIN, v, -1);
+    } else if (p->reduced < p->copied_in) {
+      v = p->base + (uint32_t)p->reduced + 1;
+      b = behind(g, COPIED_IN, v, -1);
     } else {
-      v = p->base + (uint32_t)p->c_in + 1 - (uint32_t)ns;
-      b = behind(g, COUT, v, -1);
+      v = p->base + (uint32_t)p->copied_in + 1 - (uint32_t)ns;
+      b = behind(g, COPIED_OUT, v, -1);
     }
     if (!b) continue; /* it moved meanwhile */
     wt->kind = DDCPU_WAIT_CTR;

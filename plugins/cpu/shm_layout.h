@@ -96,9 +96,12 @@ typedef struct ddcpu_bufref {
 typedef struct ddcpu_rank_ctl {
   _Alignas(64) ddcpu_ctr arrive; /* low 32 bits of the last collective it
                                     arrived at                           */
-  ddcpu_ctr cin;       /* pipeline chunks copied in (absolute)             */
-  ddcpu_ctr cred;      /* pipeline chunks reduced                          */
-  ddcpu_ctr cout;      /* pipeline chunks finished (slot may be reused)    */
+  /* The chunk pipeline (shm_coll.c), in chunks since the group began: */
+  ddcpu_ctr copied_in;  /* copied into this rank's staging area        */
+  ddcpu_ctr reduced;    /* with this rank's slice reduced over every
+                           rank's staging area                         */
+  ddcpu_ctr copied_out; /* copied out of the staging slot, which may be
+                           reused                                      */
   ddcpu_ctr done;      /* direct path: low 32 bits of the last collective
                           whose slice this rank wrote into every rank's
                           output                                         */

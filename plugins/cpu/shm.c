@@ -217,7 +217,7 @@ int ddcpu_shm_attach(ddcpu_shm *s, const char *name, const ddcpu_shm_params *p) 
       h->version != DDCPU_SHM_VERSION) {
     ddcpu_shm_detach(s);
     return ddcpu_err(DDPLUG_E_INTERNAL,
-                     "shared memory %s is not an initialised ddplug host "
+                     "shared memory %s is not an initialised ddplug cpu "
                      "segment of this version", name);
   }
   if (h->local_world != p->local_world || h->slots != p->slots ||

@@ -119,53 +119,98 @@ const ddplug_option *const ddcpu_option_decls[] = {
     &opt_cma_min_bytes,    &opt_progress_thread, NULL,
 };
 
+/* How a declared option lands in ddcpu_options. */
+enum {
+  READ_BYTES,        /* an int, stored as uint64_t                          */
+  READ_INT_OR_AUTO,  /* an int64_t, -1 when left out (the plugin decides)   */
+  READ_POWER_OF_TWO, /* an int that must be a power of two, as uint32_t     */
+  READ_AUTO_ON_OFF,  /* "auto" / "on" / "off" as DDCPU_*_AUTO / _ON / _OFF  */
+  READ_IPV4          /* an IPv4 literal, kept as text; "" when left out     */
+};
+/* READ_AUTO_ON_OFF serves both option enums. */
+_Static_assert((int)DDCPU_CMA_AUTO == (int)DDCPU_PROGRESS_AUTO &&
+                   (int)DDCPU_CMA_ON == (int)DDCPU_PROGRESS_ON &&
+                   (int)DDCPU_CMA_OFF == (int)DDCPU_PROGRESS_OFF,
+               "cma and progress_thread share one auto/on/off mapping");
+
+/* Every declared option, in the order it is read (the first problem is the
+ * one reported). */
+static const struct option_field {
+  const ddplug_option *decl;
+  int how;
+  size_t offset; /* in ddcpu_options */
+} k_fields[] = {
+    {&opt_chunk_bytes, READ_BYTES, offsetof(ddcpu_options, chunk_bytes)},
+    {&opt_small_msg_bytes, READ_BYTES, offsetof(ddcpu_options, small_msg_bytes)},
+    {&opt_spin_us, READ_INT_OR_AUTO, offsetof(ddcpu_options, spin_us)},
+    {&opt_slots, READ_POWER_OF_TWO, offsetof(ddcpu_options, slots)},
+    {&opt_tcp_chunk_bytes, READ_BYTES, offsetof(ddcpu_options, tcp_chunk_bytes)},
+    {&opt_nt_store_bytes, READ_BYTES, offsetof(ddcpu_options, nt_bytes)},
+    {&opt_registered_bytes, READ_INT_OR_AUTO, offsetof(ddcpu_options, registered_bytes)},
+    {&opt_cma_min_bytes, READ_BYTES, offsetof(ddcpu_options, cma_min_bytes)},
+    {&opt_cma, READ_AUTO_ON_OFF, offsetof(ddcpu_options, cma)},
+    {&opt_progress_thread, READ_AUTO_ON_OFF, offsetof(ddcpu_options, progress_thread)},
+    {&opt_addr, READ_IPV4, offsetof(ddcpu_options, addr)},
+};
+
+/* Read one option through svc's typed getters into its field of out. */
+static int read_field(const ddplug_host_services *svc, const struct option_field *f,
+                      ddcpu_options *out) {
+  const char *name = f->decl->name;
+  char *field = (char *)out + f->offset;
+  int64_t v = 0;
+  int st;
+  switch (f->how) {
+    case READ_BYTES:
+      if ((st = svc->option_int(svc->host, name, &v)) != DDPLUG_OK) return st;
+      *(uint64_t *)(void *)field = (uint64_t)v;
+      return DDPLUG_OK;
+    case READ_INT_OR_AUTO:
+      st = svc->option_int(svc->host, name, &v);
+      if (st != DDPLUG_OK && st != DDPLUG_E_NOT_FOUND) return st;
+      *(int64_t *)(void *)field = st == DDPLUG_OK ? v : -1;
+      return DDPLUG_OK;
+    case READ_POWER_OF_TWO:
+      if ((st = svc->option_int(svc->host, name, &v)) != DDPLUG_OK) return st;
+      if (v & (v - 1))
+        return ddcpu_err(DDPLUG_E_CONFIG,
+                         "plugin_options.%s: %lld is not a power of two (2, 4, 8 or 16)",
+                         name, (long long)v);
+      *(uint32_t *)(void *)field = (uint32_t)v;
+      return DDPLUG_OK;
+    case READ_AUTO_ON_OFF: {
+      char word[8];
+      uint64_t len = 0;
+      if ((st = svc->option_string(svc->host, name, word, sizeof word, &len)) != DDPLUG_OK)
+        return st;
+      *(int *)(void *)field = !strcmp(word, "on")    ? DDCPU_CMA_ON
+                              : !strcmp(word, "off") ? DDCPU_CMA_OFF
+                                                     : DDCPU_CMA_AUTO;
+      return DDPLUG_OK;
+    }
+    case READ_IPV4: {
+      char addr[256];
+      uint64_t len = 0;
+      st = svc->option_string(svc->host, name, addr, sizeof addr, &len);
+      if (st == DDPLUG_E_NOT_FOUND) return DDPLUG_OK;
+      struct in_addr a;
+      if (st != DDPLUG_OK || len >= sizeof out->addr || inet_pton(AF_INET, addr, &a) != 1)
+        return ddcpu_err(DDPLUG_E_CONFIG,
+                         "plugin_options.%s: '%.64s' is not an IPv4 address (e.g. \"10.0.0.5\")",
+                         name, st == DDPLUG_OK ? addr : "(too long)");
+      memcpy(field, addr, len + 1); /* len < sizeof out->addr: checked */
+      return DDPLUG_OK;
+    }
+  }
+  return DDPLUG_E_INTERNAL;
+}
+
 /* See internal.h. */
 int ddcpu_options_read(const ddplug_host_services *svc, ddcpu_options *out) {
   memset(out, 0, sizeof *out);
-  int64_t v = 0;
-  int st;
-  if ((st = svc->option_int(svc->host, "chunk_bytes", &v)) != DDPLUG_OK) return st;
-  out->chunk_bytes = (uint64_t)v;
-  if ((st = svc->option_int(svc->host, "small_msg_bytes", &v)) != DDPLUG_OK) return st;
-  out->small_msg_bytes = (uint64_t)v;
-  st = svc->option_int(svc->host, "spin_us", &v);
-  if (st != DDPLUG_OK && st != DDPLUG_E_NOT_FOUND) return st;
-  out->spin_us = st == DDPLUG_OK ? v : -1;
-  if ((st = svc->option_int(svc->host, "slots", &v)) != DDPLUG_OK) return st;
-  if (v & (v - 1))
-    return ddcpu_err(DDPLUG_E_CONFIG,
-                  "plugin_options.slots: %lld is not a power of two (2, 4, 8 or 16)",
-                  (long long)v);
-  out->slots = (uint32_t)v;
-  if ((st = svc->option_int(svc->host, "tcp_chunk_bytes", &v)) != DDPLUG_OK) return st;
-  out->tcp_chunk_bytes = (uint64_t)v;
-  if ((st = svc->option_int(svc->host, "nt_store_bytes", &v)) != DDPLUG_OK) return st;
-  out->nt_bytes = (uint64_t)v;
-  st = svc->option_int(svc->host, "registered_bytes", &v);
-  if (st != DDPLUG_OK && st != DDPLUG_E_NOT_FOUND) return st;
-  out->registered_bytes = st == DDPLUG_OK ? v : -1;
-  if ((st = svc->option_int(svc->host, "cma_min_bytes", &v)) != DDPLUG_OK) return st;
-  out->cma_min_bytes = (uint64_t)v;
-  char word[8];
-  uint64_t wlen = 0;
-  if ((st = svc->option_string(svc->host, "cma", word, sizeof word, &wlen)) != DDPLUG_OK) return st;
-  out->cma = !strcmp(word, "on")    ? DDCPU_CMA_ON
-             : !strcmp(word, "off") ? DDCPU_CMA_OFF
-                                    : DDCPU_CMA_AUTO;
-  if ((st = svc->option_string(svc->host, "progress_thread", word, sizeof word, &wlen)) != DDPLUG_OK)
-    return st;
-  out->progress_thread = !strcmp(word, "on")    ? DDCPU_PROGRESS_ON
-                         : !strcmp(word, "off") ? DDCPU_PROGRESS_OFF
-                                                : DDCPU_PROGRESS_AUTO;
-  uint64_t len = 0;
-  char addr[256];
-  st = svc->option_string(svc->host, "addr", addr, sizeof addr, &len);
-  if (st == DDPLUG_E_NOT_FOUND) return DDPLUG_OK;
-  struct in_addr a;
-  if (st != DDPLUG_OK || len >= sizeof out->addr || inet_pton(AF_INET, addr, &a) != 1)
-    return ddcpu_err(DDPLUG_E_CONFIG,
-                  "plugin_options.addr: '%.64s' is not an IPv4 address (e.g. \"10.0.0.5\")",
-                  st == DDPLUG_OK ? addr : "(too long)");
-  memcpy(out->addr, addr, len + 1); /* len < sizeof out->addr: checked */
+  for (size_t i = 0; i < sizeof k_fields / sizeof k_fields[0]; i++) {
+    int st = read_field(svc, &k_fields[i], out);
+    if (st != DDPLUG_OK) return st;
+  }
   return DDPLUG_OK;
 }

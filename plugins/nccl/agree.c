@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 typedef struct phase_ctx {
   const ddplug_host_services *svc;
@@ -33,16 +33,16 @@ typedef struct phase_ctx {
 } phase_ctx;
 
 static void key_of(const phase_ctx *p, char *key, size_t cap, const char *what) {
-  ddplug_nccl__fmt(key, cap, "%s/%s", p->phase, what);
+  ddnccl_fmt(key, cap, "%s/%s", p->phase, what);
 }
 
 /* Reports a failed store call in msg and returns its status. */
 static int store_failed(const phase_ctx *p, int st, const char *op,
                         const char *key) {
-  ddplug_nccl__fmt(p->msg, p->cap,
-                   "nccl setup (%s): store %s of key '%s' failed with %s "
-                   "(the rendezvous store is unreachable: did rank 0 exit?)",
-                   p->phase, op, key, ddplug_nccl__status_name(st));
+  ddnccl_fmt(p->msg, p->cap,
+             "nccl setup (%s): store %s of key '%s' failed with %s "
+             "(the rendezvous store is unreachable: did rank 0 exit?)",
+             p->phase, op, key, ddnccl_status_name(st));
   return st;
 }
 
@@ -52,7 +52,7 @@ static int count_and_wait(const phase_ctx *p, const char *what) {
   const ddplug_host_services *s = p->svc;
   char key[300], all[300];
   key_of(p, key, sizeof key, what);
-  ddplug_nccl__fmt(all, sizeof all, "%s-all", key);
+  ddnccl_fmt(all, sizeof all, "%s-all", key);
   int64_t n = 0;
   int st = s->store_add(s->host, key, 1, &n);
   if (st != DDPLUG_OK) return store_failed(p, st, "add", key);
@@ -61,7 +61,7 @@ static int count_and_wait(const phase_ctx *p, const char *what) {
     if (st != DDPLUG_OK) return store_failed(p, st, "set", all);
   }
   const char *keys[1] = {all};
-  return s->store_wait(s->host, keys, 1, ddplug_nccl__left_ms(p->deadline_ns));
+  return s->store_wait(s->host, keys, 1, ddnccl_left_ms(p->deadline_ns));
 }
 
 /* On timeout: which ranks never announced themselves (at most 8 named). */
@@ -73,7 +73,7 @@ static void name_missing(const phase_ctx *p) {
   for (int32_t r = 0; r < p->world; r++) {
     char key[300], v[8];
     uint64_t len = 0;
-    ddplug_nccl__fmt(key, sizeof key, "%s/in/%d", p->phase, r);
+    ddnccl_fmt(key, sizeof key, "%s/in/%d", p->phase, r);
     if (s->store_get(s->host, key, v, sizeof v, &len, 0) == DDPLUG_OK) continue;
     if (missing < 8 && w < sizeof list)
       w += (size_t)snprintf(list + w, sizeof list - w, "%s%d",
@@ -82,64 +82,64 @@ static void name_missing(const phase_ctx *p) {
   }
   if (missing > 8 && w < sizeof list)
     snprintf(list + w, sizeof list - w, " and %d more", missing - 8);
-  ddplug_nccl__fmt(p->msg, p->cap,
-                   "nccl setup (%s): rank%s %s did not arrive in time "
-                   "(crashed, not started, or stuck before opening the group?)",
-                   p->phase, missing == 1 ? "" : "s", missing ? list : "?");
+  ddnccl_fmt(p->msg, p->cap,
+             "nccl setup (%s): rank%s %s did not arrive in time "
+             "(crashed, not started, or stuck before opening the group?)",
+             p->phase, missing == 1 ? "" : "s", missing ? list : "?");
 }
 
 /* Reads the first reported failure into msg; returns its status. */
 static int first_failure(const phase_ctx *p, int64_t nfail) {
   const ddplug_host_services *s = p->svc;
-  char key[300], buf[DDPLUG_NCCL__MSG_MAX + 64];
+  char key[300], buf[DDNCCL_MSG_MAX + 64];
   uint64_t len = 0;
   key_of(p, key, sizeof key, "fail/1");
   int st = s->store_get(s->host, key, buf, sizeof buf - 1, &len,
-                        ddplug_nccl__left_ms(p->deadline_ns));
+                        ddnccl_left_ms(p->deadline_ns));
   if (st != DDPLUG_OK) return store_failed(p, st, "get", key);
   buf[len < sizeof buf ? len : sizeof buf - 1] = '\0';
   int fst = DDPLUG_E_INTERNAL, frank = -1, off = 0;
   if (sscanf(buf, "%d %d %n", &fst, &frank, &off) < 2) off = 0;
   if (nfail > 1)
-    ddplug_nccl__fmt(p->msg, p->cap, "rank %d: %s (and %lld more rank%s failed)",
-                     frank, buf + off, (long long)(nfail - 1),
-                     nfail == 2 ? "" : "s");
+    ddnccl_fmt(p->msg, p->cap, "rank %d: %s (and %lld more rank%s failed)",
+               frank, buf + off, (long long)(nfail - 1),
+               nfail == 2 ? "" : "s");
   else
-    ddplug_nccl__fmt(p->msg, p->cap, "rank %d: %s", frank, buf + off);
+    ddnccl_fmt(p->msg, p->cap, "rank %d: %s", frank, buf + off);
   return fst;
 }
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__agree(const ddplug_host_services *svc, const char *phase,
-                       int32_t rank, int32_t world, int local_status,
-                       const char *local_msg, uint64_t deadline_ns, char *msg,
-                       size_t cap) {
+/* See internal.h. */
+int ddnccl_agree(const ddplug_host_services *svc, const char *phase,
+                 int32_t rank, int32_t world, int local_status,
+                 const char *local_msg, uint64_t deadline_ns, char *msg,
+                 size_t cap) {
   phase_ctx p = {svc, phase, rank, world, deadline_ns, msg, cap};
   const ddplug_host_services *s = svc;
   char key[300];
   int st;
 
   if (local_status != DDPLUG_OK) {
-    char rec[DDPLUG_NCCL__MSG_MAX + 64];
+    char rec[DDNCCL_MSG_MAX + 64];
     int64_t k = 0;
     key_of(&p, key, sizeof key, "nfail");
     st = s->store_add(s->host, key, 1, &k);
     if (st != DDPLUG_OK) return store_failed(&p, st, "add", key);
     int n = snprintf(rec, sizeof rec, "%d %d %s", local_status, rank,
                      local_msg ? local_msg : "");
-    ddplug_nccl__fmt(key, sizeof key, "%s/fail/%lld", phase, (long long)k);
+    ddnccl_fmt(key, sizeof key, "%s/fail/%lld", phase, (long long)k);
     st = s->store_set(s->host, key, rec,
                       (uint64_t)(n < (int)sizeof rec ? n : (int)sizeof rec - 1));
     if (st != DDPLUG_OK) return store_failed(&p, st, "set", key);
   }
-  ddplug_nccl__fmt(key, sizeof key, "%s/in/%d", phase, rank);
+  ddnccl_fmt(key, sizeof key, "%s/in/%d", phase, rank);
   st = s->store_set(s->host, key, "1", 1);
   if (st != DDPLUG_OK) return store_failed(&p, st, "set", key);
 
   st = count_and_wait(&p, "arrived");
   if (st != DDPLUG_OK) {
     if (local_status != DDPLUG_OK) {
-      ddplug_nccl__fmt(msg, cap, "rank %d: %s", rank, local_msg ? local_msg : "");
+      ddnccl_fmt(msg, cap, "rank %d: %s", rank, local_msg ? local_msg : "");
       return local_status;
     }
     if (st == DDPLUG_E_TIMEOUT) name_missing(&p);
@@ -155,18 +155,18 @@ int ddplug_nccl__agree(const ddplug_host_services *svc, const char *phase,
 
   int result;
   if (local_status != DDPLUG_OK) {
-    ddplug_nccl__fmt(msg, cap, "rank %d: %s", rank, local_msg ? local_msg : "");
+    ddnccl_fmt(msg, cap, "rank %d: %s", rank, local_msg ? local_msg : "");
     result = local_status;
   } else {
     result = first_failure(&p, nfail);
   }
   /* Leave together (best effort, at most 10 s more: a store error here
    * changes nothing). */
-  char keep[DDPLUG_NCCL__MSG_MAX];
-  ddplug_nccl__fmt(keep, sizeof keep, "%s", msg);
-  uint64_t soon = ddplug_nccl__now_ns() + 10000000000ull;
+  char keep[DDNCCL_MSG_MAX];
+  ddnccl_fmt(keep, sizeof keep, "%s", msg);
+  uint64_t soon = ddnccl_now_ns() + 10000000000ull;
   if (soon < p.deadline_ns) p.deadline_ns = soon;
   (void)count_and_wait(&p, "left");
-  ddplug_nccl__fmt(msg, cap, "%s", keep);
+  ddnccl_fmt(msg, cap, "%s", keep);
   return result;
 }

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 #define STORE_POLL_NS 100000000ull /* 100 ms between looks at "abort" */
 #define SPIN_NS 1000000ull         /* poll without sleeping for 1 ms    */
@@ -80,11 +80,11 @@ static int classify(ddplug_plugin_group *g, const void *ptr, int32_t mem,
   switch (at.type) {
     case cudaMemoryTypeDevice:
       if (at.device != g->device) {
-        ddplug_nccl__fmt(err, cap,
-                         "the %s buffer is device memory of cuda:%d, but rank "
-                         "%d's nccl group runs on cuda:%d (%s): allocate it "
-                         "on the group's device",
-                         which, at.device, g->rank, g->device, g->self.uuid);
+        ddnccl_fmt(err, cap,
+                   "the %s buffer is device memory of cuda:%d, but rank "
+                   "%d's nccl group runs on cuda:%d (%s): allocate it "
+                   "on the group's device",
+                   which, at.device, g->rank, g->device, g->self.uuid);
         return DDPLUG_E_INVALID_ARGUMENT;
       }
       *is_host = 0;
@@ -130,19 +130,19 @@ static int make_plan(ddplug_plugin_group *g, const ddplug_coll_args *a,
   p->count = a->count;
   p->send = a->send;
   p->recv = a->recv;
-  if (ddplug_nccl__dtype(a->dtype, &p->ndt) != 0) {
-    ddplug_nccl__fmt(err, cap, "dtype %d is not supported by NCCL", a->dtype);
+  if (ddnccl_dtype(a->dtype, &p->ndt) != 0) {
+    ddnccl_fmt(err, cap, "dtype %d is not supported by NCCL", a->dtype);
     return DDPLUG_E_UNSUPPORTED;
   }
-  if (a->kind == DDPLUG_COLL_ALLREDUCE && ddplug_nccl__op(a->op, &p->nop) != 0) {
-    ddplug_nccl__fmt(err, cap, "reduce op %s is not an NCCL op",
-                     ddplug_nccl__op_name(a->op));
+  if (a->kind == DDPLUG_COLL_ALLREDUCE && ddnccl_op(a->op, &p->nop) != 0) {
+    ddnccl_fmt(err, cap, "reduce op %s is not an NCCL op",
+               ddnccl_op_name(a->op));
     return DDPLUG_E_UNSUPPORTED;
   }
-  size_t es = ddplug_nccl__dtype_size(a->dtype);
+  size_t es = ddnccl_dtype_size(a->dtype);
   if (a->count > (uint64_t)(SIZE_MAX / es / (size_t)g->world)) {
-    ddplug_nccl__fmt(err, cap, "count %llu is too large",
-                     (unsigned long long)a->count);
+    ddnccl_fmt(err, cap, "count %llu is too large",
+               (unsigned long long)a->count);
     return DDPLUG_E_INVALID_ARGUMENT;
   }
   p->send_bytes = (size_t)a->count * es;
@@ -153,7 +153,7 @@ static int make_plan(ddplug_plugin_group *g, const ddplug_coll_args *a,
     case DDPLUG_COLL_ALLGATHER: p->send_used = 1; break;
     case DDPLUG_COLL_BROADCAST: p->send_used = g->rank == a->root; break;
     default:
-      ddplug_nccl__fmt(err, cap, "unknown collective kind %d", a->kind);
+      ddnccl_fmt(err, cap, "unknown collective kind %d", a->kind);
       return DDPLUG_E_INVALID_ARGUMENT;
   }
   if (p->recv_bytes == 0) { /* count 0: nothing to move; still ordered */
@@ -185,19 +185,19 @@ static int make_plan(ddplug_plugin_group *g, const ddplug_coll_args *a,
 static void describe(const ddplug_plugin_request *r, int32_t dtype, int32_t op,
                      int32_t root, uint64_t count, char *buf, size_t cap) {
   if (r->kind == DDPLUG_COLL_BARRIER)
-    ddplug_nccl__fmt(buf, cap, "barrier seq %llu", (unsigned long long)r->seq);
+    ddnccl_fmt(buf, cap, "barrier seq %llu", (unsigned long long)r->seq);
   else if (r->kind == DDPLUG_COLL_ALLREDUCE)
-    ddplug_nccl__fmt(buf, cap, "allreduce seq %llu (%llu x %s, %s)",
-                     (unsigned long long)r->seq, (unsigned long long)count,
-                     ddplug_nccl__dtype_name(dtype), ddplug_nccl__op_name(op));
+    ddnccl_fmt(buf, cap, "allreduce seq %llu (%llu x %s, %s)",
+               (unsigned long long)r->seq, (unsigned long long)count,
+               ddnccl_dtype_name(dtype), ddnccl_op_name(op));
   else if (r->kind == DDPLUG_COLL_BROADCAST)
-    ddplug_nccl__fmt(buf, cap, "broadcast seq %llu (%llu x %s from rank %d)",
-                     (unsigned long long)r->seq, (unsigned long long)count,
-                     ddplug_nccl__dtype_name(dtype), root);
+    ddnccl_fmt(buf, cap, "broadcast seq %llu (%llu x %s from rank %d)",
+               (unsigned long long)r->seq, (unsigned long long)count,
+               ddnccl_dtype_name(dtype), root);
   else
-    ddplug_nccl__fmt(buf, cap, "%s seq %llu (%llu x %s)",
-                     ddplug_nccl__kind_name(r->kind), (unsigned long long)r->seq,
-                     (unsigned long long)count, ddplug_nccl__dtype_name(dtype));
+    ddnccl_fmt(buf, cap, "%s seq %llu (%llu x %s)",
+               ddnccl_kind_name(r->kind), (unsigned long long)r->seq,
+               (unsigned long long)count, ddnccl_dtype_name(dtype));
 }
 
 static ddplug_plugin_request *request_new(ddplug_plugin_group *g) {
@@ -247,12 +247,12 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
                    ddplug_plugin_request *req) {
   const char *what = req->what;
   cudaError_t ce = cudaSuccess;
-  ddplug_nccl_stage *stage = NULL;
+  ddnccl_stage *stage = NULL;
   size_t recv_part = p->recv_host ? align256(p->recv_bytes) : 0;
   size_t send_part =
       (p->send_used && p->send_host && p->send_in_recv < 0) ? p->send_bytes : 0;
   if (recv_part + send_part > 0) {
-    ce = ddplug_nccl__stage_get(&g->pool, recv_part + send_part, &stage);
+    ce = ddnccl_stage_get(&g->pool, recv_part + send_part, &stage);
     if (ce != cudaSuccess) goto cuda_failed;
   }
   char *drecv = p->recv_host ? (char *)stage->dev : (char *)p->recv;
@@ -281,7 +281,7 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
   if (p->recv_bytes > 0 || p->kind == DDPLUG_COLL_BARRIER) {
     int gone = 0;
     ncclResult_t r = call_nccl(g, p, dsend, drecv, &gone);
-    if (gone) return ddplug_nccl__group_failed_status(g, 0);
+    if (gone) return ddnccl_group_failed_status(g, 0);
     if (r == ncclInProgress) {
       /* A non-blocking communicator launches every collective from NCCL's
        * own thread: wait until it is on the stream (microseconds), so that
@@ -290,13 +290,13 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
        * waits here for its peers, within the collective timeout counted
        * from the start of this collective. */
       uint64_t deadline = req->start_ns + (uint64_t)g->timeout_ms * 1000000ull;
-      int st = ddplug_nccl__settle(g, deadline, what, req->start_ns);
+      int st = ddnccl_settle(g, deadline, what, req->start_ns);
       if (st != DDPLUG_OK) return st;
     } else if (r != ncclSuccess) {
-      return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
-                                     "%s: NCCL refused it on rank %d: %s (%s)",
-                                     what, g->rank, ncclGetErrorString(r),
-                                     ncclGetLastError(NULL));
+      return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
+                               "%s: NCCL refused it on rank %d: %s (%s)",
+                               what, g->rank, ncclGetErrorString(r),
+                               ncclGetLastError(NULL));
     }
   }
 
@@ -311,15 +311,15 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
       req->out_bytes = p->recv_bytes;
     }
   }
-  ddplug_nccl_event *ev = NULL;
-  ce = ddplug_nccl__event_get(&g->pool, &ev);
+  ddnccl_event *ev = NULL;
+  ce = ddnccl_event_get(&g->pool, &ev);
   if (ce != cudaSuccess) goto cuda_failed;
   ce = cudaEventRecord(ev->ev, p->stream);
   if (ce != cudaSuccess) {
-    ddplug_nccl__event_put(&g->pool, ev);
+    ddnccl_event_put(&g->pool, ev);
     goto cuda_failed;
   }
-  ddplug_nccl__event_put(&g->pool, g->last_event);
+  ddnccl_event_put(&g->pool, g->last_event);
   ev->refs++;
   g->last_event = ev;
   g->last_stream = p->stream;
@@ -330,10 +330,10 @@ static int enqueue(ddplug_plugin_group *g, const plan *p,
 cuda_failed:
   (void)cudaGetLastError();
   /* stage (if any) stays busy: copies may have been enqueued into it. */
-  return ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
-                                 "%s: CUDA failed on rank %d (cuda:%d): %s: %s",
-                                 what, g->rank, g->device, cudaGetErrorName(ce),
-                                 cudaGetErrorString(ce));
+  return ddnccl_group_fail(g, DDPLUG_E_SYSTEM, 1,
+                           "%s: CUDA failed on rank %d (cuda:%d): %s: %s",
+                           what, g->rank, g->device, cudaGetErrorName(ce),
+                           cudaGetErrorString(ce));
 }
 
 /* The collective_start slot (see plugin.h): with DDPLUG_CAP_ASYNC it
@@ -347,45 +347,45 @@ cuda_failed:
  * waits for rank 0) comes first. On failure *req is untouched; unless the failure is
  * MISMATCH (or the mismatch check's TIMEOUT), the group is failed as
  * explained above. Called from the group's slot thread only. */
-int ddplug_nccl__collective_start(ddplug_plugin_group *g,
-                                  const ddplug_coll_args *a,
-                                  ddplug_plugin_request **out) {
+int ddnccl_collective_start(ddplug_plugin_group *g,
+                            const ddplug_coll_args *a,
+                            ddplug_plugin_request **out) {
   if (!g) return DDPLUG_E_INVALID_ARGUMENT;
   if (!a || !out || !DDPLUG_HAS_FIELD(a, ddplug_coll_args, seq))
-    return ddplug_nccl__fail(g->svc, DDPLUG_E_INVALID_ARGUMENT,
-                             "nccl collective_start: args and req are required");
-  if (atomic_load(&g->failed)) return ddplug_nccl__group_failed_status(g, 0);
+    return ddnccl_fail(g->svc, DDPLUG_E_INVALID_ARGUMENT,
+                       "nccl collective_start: args and req are required");
+  if (atomic_load(&g->failed)) return ddnccl_group_failed_status(g, 0);
 
   if (g->opts.check_mismatch) {
-    int st = ddplug_nccl__check_mismatch(g, a);
+    int st = ddnccl_check_mismatch(g, a);
     if (st != DDPLUG_OK) return st;
   }
   ddplug_plugin_request *req = request_new(g);
   if (!req)
-    return ddplug_nccl__group_fail(g, DDPLUG_E_NO_MEMORY, 1,
-                                   "collective seq %llu: out of memory on rank %d",
-                                   (unsigned long long)a->seq, g->rank);
+    return ddnccl_group_fail(g, DDPLUG_E_NO_MEMORY, 1,
+                             "collective seq %llu: out of memory on rank %d",
+                             (unsigned long long)a->seq, g->rank);
   req->group = g;
   req->seq = a->seq;
   req->kind = a->kind;
   describe(req, a->dtype, a->op, a->root, a->count, req->what, sizeof req->what);
 
   /* The collective timeout covers enqueuing and completion together. */
-  req->start_ns = ddplug_nccl__now_ns();
+  req->start_ns = ddnccl_now_ns();
 
-  char err[DDPLUG_NCCL__MSG_MAX];
+  char err[DDNCCL_MSG_MAX];
   plan p;
   int st = make_plan(g, a, &p, err, sizeof err);
   if (st != DDPLUG_OK) {
-    st = ddplug_nccl__group_fail(g, st, 1, "%s on rank %d: %s", req->what,
-                                 g->rank, err);
+    st = ddnccl_group_fail(g, st, 1, "%s on rank %d: %s", req->what,
+                           g->rank, err);
   } else {
-    cudaError_t ce = ddplug_nccl__use_device(g);
+    cudaError_t ce = ddnccl_use_device(g);
     if (ce != cudaSuccess)
-      st = ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
-                                   "%s: cannot make cuda:%d current on rank %d: "
-                                   "%s", req->what, g->device, g->rank,
-                                   cudaGetErrorString(ce));
+      st = ddnccl_group_fail(g, DDPLUG_E_SYSTEM, 1,
+                             "%s: cannot make cuda:%d current on rank %d: "
+                             "%s", req->what, g->device, g->rank,
+                             cudaGetErrorString(ce));
     else
       st = enqueue(g, &p, req);
   }
@@ -394,7 +394,7 @@ int ddplug_nccl__collective_start(ddplug_plugin_group *g,
     g->spare = req;
     return st;
   }
-  req->state = DDPLUG_NCCL__PENDING;
+  req->state = DDNCCL_PENDING;
   req->prev = NULL;
   req->next = g->live;
   if (g->live) g->live->prev = req;
@@ -406,20 +406,20 @@ int ddplug_nccl__collective_start(ddplug_plugin_group *g,
 /* ---- completion ---------------------------------------------------------- */
 
 static int req_final(ddplug_plugin_group *g, ddplug_plugin_request *r) {
-  if (r->state == DDPLUG_NCCL__DONE) return DDPLUG_OK;
-  return ddplug_nccl__fail(g->svc, r->status, "%s", r->msg);
+  if (r->state == DDNCCL_DONE) return DDPLUG_OK;
+  return ddnccl_fail(g->svc, r->status, "%s", r->msg);
 }
 
 /* Marks r failed with the group's failure (ABORTED for later calls). */
 static int req_fail_from_group(ddplug_plugin_group *g, ddplug_plugin_request *r,
                                int status) {
   pthread_mutex_lock(&g->comm_mu);
-  ddplug_nccl__fmt(r->msg, sizeof r->msg, "%s did not complete: %s", r->what,
-                   g->fail_msg);
+  ddnccl_fmt(r->msg, sizeof r->msg, "%s did not complete: %s", r->what,
+             g->fail_msg);
   pthread_mutex_unlock(&g->comm_mu);
-  r->state = DDPLUG_NCCL__FAILED;
+  r->state = DDNCCL_FAILED;
   r->status = status;
-  return ddplug_nccl__fail(g->svc, status, "%s", r->msg);
+  return ddnccl_fail(g->svc, status, "%s", r->msg);
 }
 
 /* One look: 1 done, 0 pending, else the failure status (r is final). */
@@ -429,22 +429,22 @@ static int poll_once(ddplug_plugin_group *g, ddplug_plugin_request *r) {
   cudaError_t ce = cudaEventQuery(r->event->ev);
   if (ce == cudaSuccess) {
     if (r->out_dst) memcpy(r->out_dst, r->out_src, r->out_bytes);
-    ddplug_nccl__stage_put(&g->pool, r->stage, NULL);
+    ddnccl_stage_put(&g->pool, r->stage, NULL);
     r->stage = NULL;
-    ddplug_nccl__event_put(&g->pool, r->event);
+    ddnccl_event_put(&g->pool, r->event);
     r->event = NULL;
-    r->state = DDPLUG_NCCL__DONE;
+    r->state = DDNCCL_DONE;
     return 1;
   }
   if (ce != cudaErrorNotReady) {
     (void)cudaGetLastError();
-    int st = ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
-                                     "%s: CUDA reports %s on rank %d: %s",
-                                     r->what, cudaGetErrorName(ce), g->rank,
-                                     cudaGetErrorString(ce));
+    int st = ddnccl_group_fail(g, DDPLUG_E_SYSTEM, 1,
+                               "%s: CUDA reports %s on rank %d: %s",
+                               r->what, cudaGetErrorName(ce), g->rank,
+                               cudaGetErrorString(ce));
     return req_fail_from_group(g, r, st);
   }
-  int st = ddplug_nccl__check_async(g, r->what);
+  int st = ddnccl_check_async(g, r->what);
   if (st != DDPLUG_OK) return req_fail_from_group(g, r, st);
   return 0;
 }
@@ -455,13 +455,13 @@ static int poll_once(ddplug_plugin_group *g, ddplug_plugin_request *r) {
  * request is final (later waits: ABORTED). */
 static int watchdog(ddplug_plugin_group *g, ddplug_plugin_request *r,
                     uint64_t now) {
-  ddplug_nccl__collective_timed_out(g, r->what, r->start_ns, now, 0);
+  ddnccl_collective_timed_out(g, r->what, r->start_ns, now, 0);
   pthread_mutex_lock(&g->comm_mu);
-  ddplug_nccl__fmt(r->msg, sizeof r->msg, "%s", g->fail_msg);
+  ddnccl_fmt(r->msg, sizeof r->msg, "%s", g->fail_msg);
   pthread_mutex_unlock(&g->comm_mu);
-  r->state = DDPLUG_NCCL__FAILED;
+  r->state = DDNCCL_FAILED;
   r->status = DDPLUG_E_ABORTED; /* what later waits on r report */
-  return ddplug_nccl__fail(g->svc, DDPLUG_E_TIMEOUT, "%s", r->msg);
+  return ddnccl_fail(g->svc, DDPLUG_E_TIMEOUT, "%s", r->msg);
 }
 
 /* The request_wait slot (see plugin.h and README.md). Polls the request's
@@ -476,13 +476,13 @@ static int watchdog(ddplug_plugin_group *g, ddplug_plugin_request *r,
  *   ABORTED       the group was aborted (here, by another thread, by a peer);
  *   SYSTEM, ...   a CUDA or NCCL error; the group is failed.
  * timeout_ms 0 polls once; < 0 means the group's collective timeout. */
-int ddplug_nccl__request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
-                              int64_t timeout_ms) {
+int ddnccl_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
+                        int64_t timeout_ms) {
   if (!g || !r) return DDPLUG_E_INVALID_ARGUMENT;
-  if (r->state != DDPLUG_NCCL__PENDING) return req_final(g, r);
+  if (r->state != DDNCCL_PENDING) return req_final(g, r);
   if (timeout_ms < 0) timeout_ms = g->timeout_ms;
   if (timeout_ms > ((int64_t)1 << 40)) timeout_ms = (int64_t)1 << 40; /* no overflow */
-  uint64_t start = ddplug_nccl__now_ns();
+  uint64_t start = ddnccl_now_ns();
   uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
   uint64_t dog = r->start_ns + (uint64_t)g->timeout_ms * 1000000ull;
   uint64_t next_store = start + STORE_POLL_NS;
@@ -491,10 +491,10 @@ int ddplug_nccl__request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
     int st = poll_once(g, r);
     if (st == 1) return DDPLUG_OK;
     if (st != 0) return st;
-    uint64_t now = ddplug_nccl__now_ns();
+    uint64_t now = ddnccl_now_ns();
     if (now >= dog) return watchdog(g, r, now);
     if (now >= deadline)
-      return ddplug_nccl__fail(
+      return ddnccl_fail(
           g->svc, DDPLUG_E_TIMEOUT,
           "%s still running on rank %d after %.1f s (waited %lld ms); it stays "
           "pending until done or the collective timeout (%.1f s)",
@@ -502,14 +502,14 @@ int ddplug_nccl__request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
           (long long)timeout_ms, (double)g->timeout_ms / 1e3);
     if (now >= next_store) {
       next_store = now + STORE_POLL_NS;
-      st = ddplug_nccl__check_peer_abort(g);
+      st = ddnccl_check_peer_abort(g);
       if (st != DDPLUG_OK) return req_fail_from_group(g, r, DDPLUG_E_ABORTED);
     }
     if (now - start < SPIN_NS) continue;
     uint64_t wake = now + (uint64_t)nap * 1000u;
     if (wake > deadline) wake = deadline;
     if (wake > dog) wake = dog;
-    ddplug_nccl__sleep_us((int64_t)((wake - now) / 1000u));
+    ddnccl_sleep_us((int64_t)((wake - now) / 1000u));
     if (nap < 1000) nap *= 2;
   }
 }
@@ -518,10 +518,10 @@ int ddplug_nccl__request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
  * (a peer's abort is seen by the next request_wait, or by the runtime's
  * failure watcher calling group_abort). The collective timeout applies as
  * in request_wait. */
-int ddplug_nccl__request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
-                              int32_t *done) {
+int ddnccl_request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
+                        int32_t *done) {
   if (!g || !r || !done) return DDPLUG_E_INVALID_ARGUMENT;
-  if (r->state != DDPLUG_NCCL__PENDING) {
+  if (r->state != DDNCCL_PENDING) {
     int st = req_final(g, r);
     *done = st == DDPLUG_OK;
     return st;
@@ -532,7 +532,7 @@ int ddplug_nccl__request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
     return DDPLUG_OK;
   }
   if (st != 0) return st;
-  uint64_t now = ddplug_nccl__now_ns();
+  uint64_t now = ddnccl_now_ns();
   if (now >= r->start_ns + (uint64_t)g->timeout_ms * 1000000ull)
     return watchdog(g, r, now);
   *done = 0;
@@ -542,13 +542,13 @@ int ddplug_nccl__request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
 /* The request_free slot. A request still pending (the runtime frees those
  * only after an abort) keeps its staging memory fenced by its event until
  * the GPU is done with it; nothing is waited for here. */
-void ddplug_nccl__request_free(ddplug_plugin_group *g, ddplug_plugin_request *r) {
+void ddnccl_request_free(ddplug_plugin_group *g, ddplug_plugin_request *r) {
   if (!g || !r) return;
   if (r->prev) r->prev->next = r->next;
   else if (g->live == r) g->live = r->next;
   if (r->next) r->next->prev = r->prev;
-  ddplug_nccl__stage_put(&g->pool, r->stage, r->event);
-  ddplug_nccl__event_put(&g->pool, r->event);
+  ddnccl_stage_put(&g->pool, r->stage, r->event);
+  ddnccl_event_put(&g->pool, r->event);
   r->stage = NULL;
   r->event = NULL;
   int spares = 0;

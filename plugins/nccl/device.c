@@ -17,38 +17,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 static const char *visible_devices(char *buf, size_t cap) {
   const char *v = getenv("CUDA_VISIBLE_DEVICES");
   if (!v)
-    ddplug_nccl__fmt(buf, cap, "CUDA_VISIBLE_DEVICES unset");
+    ddnccl_fmt(buf, cap, "CUDA_VISIBLE_DEVICES unset");
   else
-    ddplug_nccl__fmt(buf, cap, "CUDA_VISIBLE_DEVICES=\"%s\"", v);
+    ddnccl_fmt(buf, cap, "CUDA_VISIBLE_DEVICES=\"%s\"", v);
   return buf;
 }
 
-/* See nccl_plugin.h. Pure: reads only its arguments and the environment. */
-int ddplug_nccl__pick_device(const ddplug_nccl_options *o, int32_t local_rank,
-                             int32_t local_world, int32_t count,
-                             int32_t *ordinal, char *err, size_t cap) {
+/* See internal.h. Pure: reads only its arguments and the environment. */
+int ddnccl_pick_device(const ddnccl_options *o, int32_t local_rank,
+                       int32_t local_world, int32_t count,
+                       int32_t *ordinal, char *err, size_t cap) {
   char vis[160];
   if (o->device_map) {
     if ((int64_t)o->device_map_len < (int64_t)local_world) {
-      ddplug_nccl__fmt(err, cap,
-                       "plugin_options.device_map has %u entries but this node "
-                       "runs %d ranks: give one CUDA device ordinal per local "
-                       "rank",
-                       o->device_map_len, local_world);
+      ddnccl_fmt(err, cap,
+                 "plugin_options.device_map has %u entries but this node "
+                 "runs %d ranks: give one CUDA device ordinal per local "
+                 "rank",
+                 o->device_map_len, local_world);
       return DDPLUG_E_CONFIG;
     }
     int32_t d = o->device_map[local_rank];
     if (d >= count) {
-      ddplug_nccl__fmt(err, cap,
-                       "plugin_options.device_map[%d] = %d, but this process "
-                       "sees only %d CUDA device%s (%s)",
-                       local_rank, d, count, count == 1 ? "" : "s",
-                       visible_devices(vis, sizeof vis));
+      ddnccl_fmt(err, cap,
+                 "plugin_options.device_map[%d] = %d, but this process "
+                 "sees only %d CUDA device%s (%s)",
+                 local_rank, d, count, count == 1 ? "" : "s",
+                 visible_devices(vis, sizeof vis));
       return DDPLUG_E_CONFIG;
     }
     *ordinal = d;
@@ -66,39 +66,39 @@ int ddplug_nccl__pick_device(const ddplug_nccl_options *o, int32_t local_rank,
     *ordinal = local_rank % count;
     return DDPLUG_OK;
   }
-  ddplug_nccl__fmt(err, cap,
-                   "local rank %d of %d on this node has no GPU of its own: "
-                   "this process sees %d CUDA devices (%s). Start at most %d "
-                   "ranks per node, map ranks to GPUs with "
-                   "plugin_options.device_map, or let ranks share GPUs with "
-                   "checks.duplicate_gpu = \"warn\" or \"allow\" (or "
-                   "plugin_options.allow_shared_gpu=true; NCCL >= 2.30, "
-                   "NCCL_MULTI_RANK_GPU_ENABLE=1)",
-                   local_rank, local_world, count,
-                   visible_devices(vis, sizeof vis), count);
+  ddnccl_fmt(err, cap,
+             "local rank %d of %d on this node has no GPU of its own: "
+             "this process sees %d CUDA devices (%s). Start at most %d "
+             "ranks per node, map ranks to GPUs with "
+             "plugin_options.device_map, or let ranks share GPUs with "
+             "checks.duplicate_gpu = \"warn\" or \"allow\" (or "
+             "plugin_options.allow_shared_gpu=true; NCCL >= 2.30, "
+             "NCCL_MULTI_RANK_GPU_ENABLE=1)",
+             local_rank, local_world, count,
+             visible_devices(vis, sizeof vis), count);
   return DDPLUG_E_CONFIG;
 }
 
-/* See nccl_plugin.h. Safe without a driver: cudaDriverGetVersion reports 0
+/* See internal.h. Safe without a driver: cudaDriverGetVersion reports 0
  * when libcuda cannot be loaded. */
-void ddplug_nccl__no_device_text(cudaError_t err, char *buf, size_t cap) {
+void ddnccl_no_device_text(cudaError_t err, char *buf, size_t cap) {
   char vis[160], drv[96];
   int dv = 0;
   if (cudaDriverGetVersion(&dv) != cudaSuccess) dv = 0;
   if (dv == 0)
-    ddplug_nccl__fmt(drv, sizeof drv, "none loaded (libcuda.so.1 not found)");
+    ddnccl_fmt(drv, sizeof drv, "none loaded (libcuda.so.1 not found)");
   else
-    ddplug_nccl__fmt(drv, sizeof drv, "CUDA %d.%d", dv / 1000, (dv % 1000) / 10);
+    ddnccl_fmt(drv, sizeof drv, "CUDA %d.%d", dv / 1000, (dv % 1000) / 10);
   int rv = 0;
   (void)cudaRuntimeGetVersion(&rv);
-  ddplug_nccl__fmt(buf, cap,
-                   "no CUDA device visible (%s, driver: %s, runtime: CUDA "
-                   "%d.%d; cudaGetDeviceCount: %s: %s). The nccl plugin needs "
-                   "one GPU per rank; on a machine without GPUs use the "
-                   "\"cpu\" plugin",
-                   visible_devices(vis, sizeof vis), drv, rv / 1000,
-                   (rv % 1000) / 10, cudaGetErrorName(err),
-                   cudaGetErrorString(err));
+  ddnccl_fmt(buf, cap,
+             "no CUDA device visible (%s, driver: %s, runtime: CUDA "
+             "%d.%d; cudaGetDeviceCount: %s: %s). The nccl plugin needs "
+             "one GPU per rank; on a machine without GPUs use the "
+             "\"cpu\" plugin",
+             visible_devices(vis, sizeof vis), drv, rv / 1000,
+             (rv % 1000) / 10, cudaGetErrorName(err),
+             cudaGetErrorString(err));
 }
 
 /* Copies src into dst[cap] replacing line breaks (records are line-based). */
@@ -109,10 +109,10 @@ static void copy_field(char *dst, size_t cap, const char *src) {
   dst[i] = '\0';
 }
 
-/* See nccl_plugin.h. Calls cudaGetDeviceProperties (ms-scale, once). */
-int ddplug_nccl__devrec_fill(ddplug_nccl_devrec *rec, int32_t rank,
-                             int32_t ordinal, const char *host, char *err,
-                             size_t cap) {
+/* See internal.h. Calls cudaGetDeviceProperties (ms-scale, once). */
+int ddnccl_devrec_fill(ddnccl_devrec *rec, int32_t rank,
+                       int32_t ordinal, const char *host, char *err,
+                       size_t cap) {
   memset(rec, 0, sizeof *rec);
   rec->rank = rank;
   rec->ordinal = ordinal;
@@ -126,8 +126,8 @@ int ddplug_nccl__devrec_fill(ddplug_nccl_devrec *rec, int32_t rank,
   struct cudaDeviceProp p;
   cudaError_t e = cudaGetDeviceProperties(&p, ordinal);
   if (e != cudaSuccess) {
-    ddplug_nccl__fmt(err, cap, "cannot describe CUDA device %d: %s: %s",
-                     ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
+    ddnccl_fmt(err, cap, "cannot describe CUDA device %d: %s: %s",
+               ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
     return DDPLUG_E_SYSTEM;
   }
   const unsigned char *u = (const unsigned char *)p.uuid.bytes;
@@ -144,8 +144,8 @@ int ddplug_nccl__devrec_fill(ddplug_nccl_devrec *rec, int32_t rank,
   return DDPLUG_OK;
 }
 
-size_t ddplug_nccl__devrec_format(const ddplug_nccl_devrec *r, char *buf,
-                                  size_t cap) {
+size_t ddnccl_devrec_format(const ddnccl_devrec *r, char *buf,
+                            size_t cap) {
   int n = snprintf(buf, cap,
                    "rank=%d\nordinal=%d\nnccl=%d\nmulti_rank_env=%d\n"
                    "uuid=%s\npci=%s\nhost=%s\nname=%s\n",
@@ -167,8 +167,8 @@ static int take(const char *line, size_t len, const char *key, char *dst,
   return 1;
 }
 
-int ddplug_nccl__devrec_parse(const char *text, size_t len,
-                              ddplug_nccl_devrec *out) {
+int ddnccl_devrec_parse(const char *text, size_t len,
+                        ddnccl_devrec *out) {
   memset(out, 0, sizeof *out);
   char num[4][24] = {{0}};
   unsigned seen = 0;
@@ -196,13 +196,13 @@ int ddplug_nccl__devrec_parse(const char *text, size_t len,
   return 0;
 }
 
-static int same_gpu(const ddplug_nccl_devrec *a, const ddplug_nccl_devrec *b) {
+static int same_gpu(const ddnccl_devrec *a, const ddnccl_devrec *b) {
   return strcmp(a->host, b->host) == 0 && strcmp(a->uuid, b->uuid) == 0;
 }
 
 /* "ranks 0 and 1" / "ranks 0, 2 and 5 (and 3 more)" with every rank that
  * uses the GPU of recs[first], plus "(rank 0 as cuda:0, ...)". */
-static void sharers(const ddplug_nccl_devrec *recs, int32_t n, int32_t first,
+static void sharers(const ddnccl_devrec *recs, int32_t n, int32_t first,
                     char *who, size_t wcap, char *how, size_t hcap) {
   int32_t list[8];
   int32_t k = 0, total = 0;
@@ -225,53 +225,53 @@ static void sharers(const ddplug_nccl_devrec *recs, int32_t n, int32_t first,
 }
 
 static void version_text(int32_t code, char *buf, size_t cap) {
-  ddplug_nccl__fmt(buf, cap, "%d.%d.%d", code / 10000, (code % 10000) / 100,
-                   code % 100);
+  ddnccl_fmt(buf, cap, "%d.%d.%d", code / 10000, (code % 10000) / 100,
+             code % 100);
 }
 
-/* See nccl_plugin.h. O(n^2) over one node's ranks. */
-int ddplug_nccl__check_devices(const ddplug_nccl_devrec *recs, int32_t n,
-                               int allow_shared_gpu, int *shared, char *err,
-                               size_t cap) {
+/* See internal.h. O(n^2) over one node's ranks. */
+int ddnccl_check_devices(const ddnccl_devrec *recs, int32_t n,
+                         int allow_shared_gpu, int *shared, char *err,
+                         size_t cap) {
   if (shared) *shared = 0;
   for (int32_t i = 0; i < n; i++) {
     for (int32_t j = i + 1; j < n; j++) {
       if (!same_gpu(&recs[i], &recs[j])) continue;
       char who[160], how[320];
       sharers(recs, n, i, who, sizeof who, how, sizeof how);
-      const ddplug_nccl_devrec *d = &recs[i];
+      const ddnccl_devrec *d = &recs[i];
       if (!allow_shared_gpu) {
-        ddplug_nccl__fmt(err, cap,
-                         "%s are bound to the same GPU %s (%s, PCI %s) on host "
-                         "%s (%s): NCCL needs one GPU per rank. Give each rank "
-                         "its own GPU (CUDA_VISIBLE_DEVICES or "
-                         "plugin_options.device_map), or allow sharing with "
-                         "checks.duplicate_gpu = \"warn\" or \"allow\" (NCCL "
-                         ">= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1)",
-                         who, d->uuid, d->name, d->pci, d->host, how);
+        ddnccl_fmt(err, cap,
+                   "%s are bound to the same GPU %s (%s, PCI %s) on host "
+                   "%s (%s): NCCL needs one GPU per rank. Give each rank "
+                   "its own GPU (CUDA_VISIBLE_DEVICES or "
+                   "plugin_options.device_map), or allow sharing with "
+                   "checks.duplicate_gpu = \"warn\" or \"allow\" (NCCL "
+                   ">= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1)",
+                   who, d->uuid, d->name, d->pci, d->host, how);
         return DDPLUG_E_CONFIG;
       }
       for (int32_t k = i; k < n; k++) {
         if (!same_gpu(d, &recs[k])) continue;
-        if (recs[k].nccl_version < DDPLUG_NCCL__MULTI_RANK_MIN_VERSION) {
+        if (recs[k].nccl_version < DDNCCL_MULTI_RANK_MIN_VERSION) {
           char v[32];
           version_text(recs[k].nccl_version, v, sizeof v);
-          ddplug_nccl__fmt(err, cap,
-                           "%s share GPU %s (%s) on host %s as "
-                           "plugin_options.allow_shared_gpu allows, but rank "
-                           "%d runs NCCL %s, which cannot put two ranks on one "
-                           "GPU (NCCL >= 2.30 can)",
-                           who, d->uuid, d->name, d->host, recs[k].rank, v);
+          ddnccl_fmt(err, cap,
+                     "%s share GPU %s (%s) on host %s as "
+                     "plugin_options.allow_shared_gpu allows, but rank "
+                     "%d runs NCCL %s, which cannot put two ranks on one "
+                     "GPU (NCCL >= 2.30 can)",
+                     who, d->uuid, d->name, d->host, recs[k].rank, v);
           return DDPLUG_E_UNSUPPORTED;
         }
         if (!recs[k].multi_rank_env) {
-          ddplug_nccl__fmt(err, cap,
-                           "%s share GPU %s (%s) on host %s as "
-                           "plugin_options.allow_shared_gpu allows, but rank "
-                           "%d runs without NCCL_MULTI_RANK_GPU_ENABLE=1 in "
-                           "its environment, which NCCL requires for that: "
-                           "set it for every rank",
-                           who, d->uuid, d->name, d->host, recs[k].rank);
+          ddnccl_fmt(err, cap,
+                     "%s share GPU %s (%s) on host %s as "
+                     "plugin_options.allow_shared_gpu allows, but rank "
+                     "%d runs without NCCL_MULTI_RANK_GPU_ENABLE=1 in "
+                     "its environment, which NCCL requires for that: "
+                     "set it for every rank",
+                     who, d->uuid, d->name, d->host, recs[k].rank);
           return DDPLUG_E_CONFIG;
         }
       }

@@ -11,50 +11,50 @@
  *
  * SPDX-License-Identifier: Apache-2.0
  */
-#include "nccl_plugin.h"
+#include "internal.h"
 
-#define DDPLUG_NCCL__STR2(x) #x
-#define DDPLUG_NCCL__STR(x) DDPLUG_NCCL__STR2(x)
-#define DDPLUG_NCCL__HEADER_VERSION                        \
-  DDPLUG_NCCL__STR(NCCL_MAJOR) "." DDPLUG_NCCL__STR(NCCL_MINOR) "." \
-      DDPLUG_NCCL__STR(NCCL_PATCH)
-#ifndef DDPLUG_NCCL_BUILD_CUDA
-#define DDPLUG_NCCL_BUILD_CUDA "?"
+#define DDNCCL_STR2(x) #x
+#define DDNCCL_STR(x) DDNCCL_STR2(x)
+#define DDNCCL_HEADER_VERSION                           \
+  DDNCCL_STR(NCCL_MAJOR) "." DDNCCL_STR(NCCL_MINOR) "." \
+      DDNCCL_STR(NCCL_PATCH)
+#ifndef DDNCCL_BUILD_CUDA
+#define DDNCCL_BUILD_CUDA "?"
 #endif
 
 /* Masks as constants (tests check they equal what types.c maps). */
-#define DDPLUG_NCCL__DTYPES                                              \
-  (DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) | \
+#define DDNCCL_DTYPES                                                     \
+  (DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) |  \
    DDPLUG_DTYPE_BIT(DDPLUG_FLOAT16) | DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16) | \
-   DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |     \
+   DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |       \
    DDPLUG_DTYPE_BIT(DDPLUG_INT32) | DDPLUG_DTYPE_BIT(DDPLUG_INT64))
-#define DDPLUG_NCCL__OPS                                                  \
+#define DDNCCL_OPS                                                        \
   (DDPLUG_OP_BIT(DDPLUG_OP_SUM) | DDPLUG_OP_BIT(DDPLUG_OP_AVG) |          \
    DDPLUG_OP_BIT(DDPLUG_OP_MIN) | DDPLUG_OP_BIT(DDPLUG_OP_MAX) |          \
    DDPLUG_OP_BIT(DDPLUG_OP_PROD))
 
-static const ddplug_plugin ddplug_nccl__table = {
+static const ddplug_plugin ddnccl_table = {
     .struct_size = sizeof(ddplug_plugin),
     .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
     .name = "nccl",
     .version = DDPLUG_LIB_VERSION_STRING,
     .description = "NCCL collectives on CUDA devices: device and host buffers, "
                    "CUDA streams, bfloat16, abort and timeouts (built with NCCL "
-                   DDPLUG_NCCL__HEADER_VERSION ", CUDA " DDPLUG_NCCL_BUILD_CUDA ")",
+                   DDNCCL_HEADER_VERSION ", CUDA " DDNCCL_BUILD_CUDA ")",
     .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY |
             DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_ABORT |
             DDPLUG_CAP_STREAMS,
-    .dtype_mask = DDPLUG_NCCL__DTYPES,
-    .op_mask = DDPLUG_NCCL__OPS,
-    .group_create = ddplug_nccl__group_create,
-    .group_destroy = ddplug_nccl__group_destroy,
-    .group_abort = ddplug_nccl__group_abort,
-    .collective_start = ddplug_nccl__collective_start,
-    .request_wait = ddplug_nccl__request_wait,
-    .request_test = ddplug_nccl__request_test,
-    .request_free = ddplug_nccl__request_free,
+    .dtype_mask = DDNCCL_DTYPES,
+    .op_mask = DDNCCL_OPS,
+    .group_create = ddnccl_group_create,
+    .group_destroy = ddnccl_group_destroy,
+    .group_abort = ddnccl_group_abort,
+    .collective_start = ddnccl_collective_start,
+    .request_wait = ddnccl_request_wait,
+    .request_test = ddnccl_request_test,
+    .request_free = ddnccl_request_free,
     /* sampler slots: NULL, the runtime's default samplers apply */
-    .options = ddplug_nccl__option_decls,
+    .options = ddnccl_option_decls,
 };
 
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(
@@ -70,5 +70,5 @@ DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(
   if (DDPLUG_VERSION_MAJOR_OF(host_abi_version) != DDPLUG_PLUGIN_ABI_MAJOR ||
       DDPLUG_VERSION_MINOR_OF(host_abi_version) < 3)
     return NULL;
-  return &ddplug_nccl__table;
+  return &ddnccl_table;
 }

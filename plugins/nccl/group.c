@@ -29,27 +29,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 #define DEFAULT_TIMEOUT_MS ((int64_t)300000)
 
 /* ---- failure state ------------------------------------------------------- */
 
-/* See nccl_plugin.h. Also hands the group's (first) failure sentence to
+/* See internal.h. Also hands the group's (first) failure sentence to
  * set_error, so callers may simply return the result. */
-int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
-                            const char *fmt, ...) {
-  char text[DDPLUG_NCCL__MSG_MAX];
+int ddnccl_group_fail(ddplug_plugin_group *g, int status, int publish,
+                      const char *fmt, ...) {
+  char text[DDNCCL_MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  ddplug_nccl__vfmt(text, sizeof text, fmt, ap);
+  ddnccl_vfmt(text, sizeof text, fmt, ap);
   va_end(ap);
 
   pthread_mutex_lock(&g->comm_mu);
   int first = !atomic_load(&g->failed);
   if (first) {
     g->fail_status = status;
-    ddplug_nccl__fmt(g->fail_msg, sizeof g->fail_msg, "%s", text);
+    ddnccl_fmt(g->fail_msg, sizeof g->fail_msg, "%s", text);
     atomic_store(&g->failed, 1);
   }
   ncclComm_t comm = g->comm;
@@ -60,14 +60,14 @@ int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
    * freed. */
   if (comm) (void)ncclCommAbort(comm);
   int result = g->fail_status;
-  char msg[DDPLUG_NCCL__MSG_MAX];
-  ddplug_nccl__fmt(msg, sizeof msg, "%s", g->fail_msg);
+  char msg[DDNCCL_MSG_MAX];
+  ddnccl_fmt(msg, sizeof msg, "%s", g->fail_msg);
   pthread_mutex_unlock(&g->comm_mu);
 
   if (first) {
-    ddplug_nccl__log(g->svc, g->log_level, DDPLUG_LOG_WARN,
-                     "group failed (%s): %s", ddplug_nccl__status_name(status),
-                     text);
+    ddnccl_log(g->svc, g->log_level, DDPLUG_LOG_WARN,
+               "group failed (%s): %s", ddnccl_status_name(status),
+               text);
     if (publish) {
       /* Keep the first reason a peer published; tell them ours otherwise. */
       const ddplug_host_services *s = g->svc;
@@ -76,7 +76,7 @@ int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
       /* INVALID_ARGUMENT: the key exists but is longer than old[]. */
       int have = s->store_get(s->host, "abort", old, sizeof old, &len, 0);
       if (have != DDPLUG_OK && have != DDPLUG_E_INVALID_ARGUMENT) {
-        char val[DDPLUG_NCCL__MSG_MAX + 32];
+        char val[DDNCCL_MSG_MAX + 32];
         int n = snprintf(val, sizeof val, "rank %d: %s", g->rank, text);
         if (n < 0) n = 0;
         if ((size_t)n >= sizeof val) n = (int)sizeof val - 1;
@@ -84,48 +84,48 @@ int ddplug_nccl__group_fail(ddplug_plugin_group *g, int status, int publish,
       }
     }
   }
-  return ddplug_nccl__fail(g->svc, result, "%s", msg);
+  return ddnccl_fail(g->svc, result, "%s", msg);
 }
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__group_failed_status(ddplug_plugin_group *g, int original) {
+/* See internal.h. */
+int ddnccl_group_failed_status(ddplug_plugin_group *g, int original) {
   pthread_mutex_lock(&g->comm_mu);
   int st = g->fail_status;
-  char msg[DDPLUG_NCCL__MSG_MAX];
-  ddplug_nccl__fmt(msg, sizeof msg, "%s", g->fail_msg);
+  char msg[DDNCCL_MSG_MAX];
+  ddnccl_fmt(msg, sizeof msg, "%s", g->fail_msg);
   pthread_mutex_unlock(&g->comm_mu);
-  if (original) return ddplug_nccl__fail(g->svc, st, "%s", msg);
-  return ddplug_nccl__fail(g->svc, DDPLUG_E_ABORTED,
-                           "the nccl group failed earlier and cannot be used "
-                           "any more (%s: %s); close the context",
-                           ddplug_nccl__status_name(st), msg);
+  if (original) return ddnccl_fail(g->svc, st, "%s", msg);
+  return ddnccl_fail(g->svc, DDPLUG_E_ABORTED,
+                     "the nccl group failed earlier and cannot be used "
+                     "any more (%s: %s); close the context",
+                     ddnccl_status_name(st), msg);
 }
 
-/* See nccl_plugin.h. One or two store round trips, no waiting. The wait
+/* See internal.h. One or two store round trips, no waiting. The wait
  * with timeout 0 (rather than a plain get) also reports a run the runtime
  * has aborted (a rank that failed elsewhere, died, or called ddplug_abort):
  * host services' waits end with the run's status once it is aborted. */
-int ddplug_nccl__check_peer_abort(ddplug_plugin_group *g) {
+int ddnccl_check_peer_abort(ddplug_plugin_group *g) {
   const ddplug_host_services *s = g->svc;
   const char *key[1] = {"abort"};
   int st = s->store_wait(s->host, key, 1, 0);
   if (st == DDPLUG_E_TIMEOUT) return DDPLUG_OK; /* nobody aborted */
   if (st != DDPLUG_OK)
-    return ddplug_nccl__group_fail(g, st, 0,
-                                   "the run was aborted or lost its store (%s) "
-                                   "while rank %d waited on NCCL",
-                                   ddplug_nccl__status_name(st), g->rank);
-  char buf[DDPLUG_NCCL__MSG_MAX + 64];
+    return ddnccl_group_fail(g, st, 0,
+                             "the run was aborted or lost its store (%s) "
+                             "while rank %d waited on NCCL",
+                             ddnccl_status_name(st), g->rank);
+  char buf[DDNCCL_MSG_MAX + 64];
   uint64_t len = 0;
   if (s->store_get(s->host, "abort", buf, sizeof buf - 1, &len, 0) != DDPLUG_OK)
     len = 0;
   buf[len < sizeof buf ? len : sizeof buf - 1] = '\0';
-  return ddplug_nccl__group_fail(g, DDPLUG_E_ABORTED, 0,
-                                 "aborted through the store by %s",
-                                 len ? buf : "another rank");
+  return ddnccl_group_fail(g, DDPLUG_E_ABORTED, 0,
+                           "aborted through the store by %s",
+                           len ? buf : "another rank");
 }
 
-cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g) {
+cudaError_t ddnccl_use_device(ddplug_plugin_group *g) {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == g->device) return cudaSuccess;
   return cudaSetDevice(g->device);
@@ -136,7 +136,7 @@ cudaError_t ddplug_nccl__use_device(ddplug_plugin_group *g) {
 /* Step 1: the local part. Returns a status and fills err on failure. */
 static int local_setup(ddplug_plugin_group *g, char *err, size_t cap) {
   const ddplug_group_init *in = g->init;
-  int st = ddplug_nccl__options_read(g->svc, &g->opts, err, cap);
+  int st = ddnccl_options_read(g->svc, &g->opts, err, cap);
   if (st != DDPLUG_OK) return st;
   /* The run's config (checks.duplicate_gpu, ABI 1.1) may allow shared GPUs
    * too; plugin_options.allow_shared_gpu allows them silently. */
@@ -149,15 +149,15 @@ static int local_setup(ddplug_plugin_group *g, char *err, size_t cap) {
   cudaError_t ce = cudaGetDeviceCount(&count);
   if (ce != cudaSuccess || count <= 0) {
     (void)cudaGetLastError();
-    ddplug_nccl__no_device_text(ce == cudaSuccess ? cudaErrorNoDevice : ce,
-                                err, cap);
+    ddnccl_no_device_text(ce == cudaSuccess ? cudaErrorNoDevice : ce,
+                          err, cap);
     return DDPLUG_E_UNSUPPORTED;
   }
-  st = ddplug_nccl__pick_device(&g->opts, in->local_rank, in->local_world_size,
-                                count, &g->device, err, cap);
+  st = ddnccl_pick_device(&g->opts, in->local_rank, in->local_world_size,
+                          count, &g->device, err, cap);
   if (st != DDPLUG_OK) return st;
-  return ddplug_nccl__devrec_fill(&g->self, g->rank, g->device, in->host_id,
-                                  err, cap);
+  return ddnccl_devrec_fill(&g->self, g->rank, g->device, in->host_id,
+                            err, cap);
 }
 
 /* Step 3: compare the device records of the ranks on this rank's node. */
@@ -165,9 +165,9 @@ static int check_node_devices(ddplug_plugin_group *g, uint64_t deadline,
                               char *err, size_t cap) {
   const ddplug_group_init *in = g->init;
   const ddplug_host_services *s = g->svc;
-  ddplug_nccl_devrec *recs = calloc((size_t)g->world, sizeof *recs);
+  ddnccl_devrec *recs = calloc((size_t)g->world, sizeof *recs);
   if (!recs) {
-    ddplug_nccl__fmt(err, cap, "out of memory reading device records");
+    ddnccl_fmt(err, cap, "out of memory reading device records");
     return DDPLUG_E_NO_MEMORY;
   }
   int32_t n = 0;
@@ -179,21 +179,21 @@ static int check_node_devices(ddplug_plugin_group *g, uint64_t deadline,
     uint64_t len = 0;
     snprintf(key, sizeof key, "dev/%d", r);
     st = s->store_get(s->host, key, buf, sizeof buf, &len,
-                      ddplug_nccl__left_ms(deadline));
+                      ddnccl_left_ms(deadline));
     if (st != DDPLUG_OK)
-      ddplug_nccl__fmt(err, cap, "cannot read rank %d's device record (key "
-                       "'%s'): %s", r, key, ddplug_nccl__status_name(st));
-    else if (ddplug_nccl__devrec_parse(buf, (size_t)len, &recs[n]) != 0) {
-      ddplug_nccl__fmt(err, cap, "rank %d published a malformed device "
-                       "record (key '%s')", r, key);
+      ddnccl_fmt(err, cap, "cannot read rank %d's device record (key "
+                 "'%s'): %s", r, key, ddnccl_status_name(st));
+    else if (ddnccl_devrec_parse(buf, (size_t)len, &recs[n]) != 0) {
+      ddnccl_fmt(err, cap, "rank %d published a malformed device "
+                 "record (key '%s')", r, key);
       st = DDPLUG_E_INTERNAL;
     } else {
       n++;
     }
   }
   if (st == DDPLUG_OK)
-    st = ddplug_nccl__check_devices(recs, n, g->opts.allow_shared_gpu,
-                                    &g->shared_gpu, err, cap);
+    st = ddnccl_check_devices(recs, n, g->opts.allow_shared_gpu,
+                              &g->shared_gpu, err, cap);
   if (st == DDPLUG_OK && g->shared_gpu && g->warn_shared_gpu && g->rank == 0)
     g->svc->log(g->svc->host, DDPLUG_LOG_WARN,
                 "ranks share a GPU (allowed by checks.duplicate_gpu = \"warn\"): "
@@ -209,30 +209,30 @@ static int bootstrap_id(ddplug_plugin_group *g, ncclUniqueId *id,
   if (g->rank == 0) {
     ncclResult_t r = ncclGetUniqueId(id);
     if (r != ncclSuccess) {
-      ddplug_nccl__fmt(err, cap, "rank 0: ncclGetUniqueId failed: %s (%s)",
-                       ncclGetErrorString(r), ncclGetLastError(NULL));
+      ddnccl_fmt(err, cap, "rank 0: ncclGetUniqueId failed: %s (%s)",
+                 ncclGetErrorString(r), ncclGetLastError(NULL));
       /* A value of another size tells the others why. */
       (void)s->store_set(s->host, "id", err, strlen(err));
-      return ddplug_nccl__status_of(r);
+      return ddnccl_status_of(r);
     }
     int st = s->store_set(s->host, "id", id, sizeof *id);
     if (st != DDPLUG_OK)
-      ddplug_nccl__fmt(err, cap, "cannot publish the NCCL unique id (key "
-                       "'id'): %s", ddplug_nccl__status_name(st));
+      ddnccl_fmt(err, cap, "cannot publish the NCCL unique id (key "
+                 "'id'): %s", ddnccl_status_name(st));
     return st;
   }
-  char buf[sizeof(ncclUniqueId) + DDPLUG_NCCL__MSG_MAX];
+  char buf[sizeof(ncclUniqueId) + DDNCCL_MSG_MAX];
   uint64_t len = 0;
   int st = s->store_get(s->host, "id", buf, sizeof buf - 1, &len,
-                        ddplug_nccl__left_ms(deadline));
+                        ddnccl_left_ms(deadline));
   if (st != DDPLUG_OK) {
-    ddplug_nccl__fmt(err, cap, "no NCCL unique id from rank 0 (key 'id'): %s",
-                     ddplug_nccl__status_name(st));
+    ddnccl_fmt(err, cap, "no NCCL unique id from rank 0 (key 'id'): %s",
+               ddnccl_status_name(st));
     return st;
   }
   if (len != sizeof *id) {
     buf[len < sizeof buf ? len : sizeof buf - 1] = '\0';
-    ddplug_nccl__fmt(err, cap, "%s", buf);
+    ddnccl_fmt(err, cap, "%s", buf);
     return DDPLUG_E_INTERNAL;
   }
   memcpy(id, buf, sizeof *id);
@@ -253,27 +253,27 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
     pthread_mutex_lock(&g->comm_mu);
     g->comm = comm; /* NULL unless NCCL handed one out anyway */
     pthread_mutex_unlock(&g->comm_mu);
-    return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
-                                   "ncclCommInitRankConfig failed on rank %d: "
-                                   "%s (%s)",
-                                   g->rank, ncclGetErrorString(r),
-                                   ncclGetLastError(NULL));
+    return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
+                             "ncclCommInitRankConfig failed on rank %d: "
+                             "%s (%s)",
+                             g->rank, ncclGetErrorString(r),
+                             ncclGetLastError(NULL));
   }
   pthread_mutex_lock(&g->comm_mu);
   g->comm = comm;
   pthread_mutex_unlock(&g->comm_mu);
-  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator init", 0);
+  int st = ddnccl_settle(g, deadline, "NCCL communicator init", 0);
   if (st != DDPLUG_OK) return st;
 
   cudaError_t ce = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
   if (ce == cudaSuccess) ce = cudaMalloc((void **)&g->scratch, sizeof(int32_t));
   if (ce == cudaSuccess) ce = cudaMemset(g->scratch, 0, sizeof(int32_t));
   if (ce != cudaSuccess)
-    return ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
-                                   "rank %d: cannot set up the CUDA stream and "
-                                   "barrier buffer on cuda:%d: %s: %s",
-                                   g->rank, g->device, cudaGetErrorName(ce),
-                                   cudaGetErrorString(ce));
+    return ddnccl_group_fail(g, DDPLUG_E_SYSTEM, 1,
+                             "rank %d: cannot set up the CUDA stream and "
+                             "barrier buffer on cuda:%d: %s: %s",
+                             g->rank, g->device, cudaGetErrorName(ce),
+                             cudaGetErrorString(ce));
   return DDPLUG_OK;
 }
 
@@ -297,44 +297,44 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
 static int connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
   static const char what[] = "NCCL connection setup (a 1-element allreduce)";
   if (g->world < 2) return DDPLUG_OK;
-  uint64_t t0 = ddplug_nccl__now_ns();
+  uint64_t t0 = ddnccl_now_ns();
   pthread_mutex_lock(&g->comm_mu);
   ncclComm_t comm = g->comm;
   ncclResult_t r = comm ? ncclAllReduce(g->scratch, g->scratch, 1, ncclInt32,
                                         ncclSum, comm, g->stream)
                         : ncclSuccess;
   pthread_mutex_unlock(&g->comm_mu);
-  if (!comm) return ddplug_nccl__group_failed_status(g, 1);
+  if (!comm) return ddnccl_group_failed_status(g, 1);
   if (r == ncclInProgress) {
-    int st = ddplug_nccl__settle(g, deadline, what, 0);
+    int st = ddnccl_settle(g, deadline, what, 0);
     if (st != DDPLUG_OK) return st;
   } else if (r != ncclSuccess) {
-    return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
-                                   "%s: NCCL refused it on rank %d: %s (%s)",
-                                   what, g->rank, ncclGetErrorString(r),
-                                   ncclGetLastError(NULL));
+    return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
+                             "%s: NCCL refused it on rank %d: %s (%s)",
+                             what, g->rank, ncclGetErrorString(r),
+                             ncclGetLastError(NULL));
   }
   /* Enqueued; now wait until it ran (every rank took part). */
-  ddplug_nccl_event *ev = NULL;
-  cudaError_t ce = ddplug_nccl__event_get(&g->pool, &ev);
+  ddnccl_event *ev = NULL;
+  cudaError_t ce = ddnccl_event_get(&g->pool, &ev);
   if (ce == cudaSuccess) {
     ce = cudaEventRecord(ev->ev, g->stream);
-    uint64_t next_store = ddplug_nccl__now_ns() + 100000000ull;
+    uint64_t next_store = ddnccl_now_ns() + 100000000ull;
     int64_t nap_us = 20;
     while (ce == cudaSuccess) {
       ce = cudaEventQuery(ev->ev);
       if (ce == cudaSuccess) break;
       if (ce != cudaErrorNotReady) break;
       ce = cudaSuccess;
-      int st = ddplug_nccl__check_async(g, what);
+      int st = ddnccl_check_async(g, what);
       if (st != DDPLUG_OK) {
-        ddplug_nccl__event_put(&g->pool, ev);
+        ddnccl_event_put(&g->pool, ev);
         return st;
       }
-      uint64_t now = ddplug_nccl__now_ns();
+      uint64_t now = ddnccl_now_ns();
       if (now >= deadline) {
-        ddplug_nccl__event_put(&g->pool, ev);
-        return ddplug_nccl__group_fail(
+        ddnccl_event_put(&g->pool, ev);
+        return ddnccl_group_fail(
             g, DDPLUG_E_TIMEOUT, 1,
             "%s did not finish on rank %d within %.1f s: the NCCL "
             "communicator was aborted (a rank stopped after NCCL init, or the "
@@ -344,36 +344,36 @@ static int connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
       }
       if (now >= next_store) {
         next_store = now + 100000000ull;
-        st = ddplug_nccl__check_peer_abort(g);
+        st = ddnccl_check_peer_abort(g);
         if (st != DDPLUG_OK) {
-          ddplug_nccl__event_put(&g->pool, ev);
+          ddnccl_event_put(&g->pool, ev);
           return st;
         }
       }
-      ddplug_nccl__sleep_us(nap_us);
+      ddnccl_sleep_us(nap_us);
       if (nap_us < 1000) nap_us *= 2;
     }
-    ddplug_nccl__event_put(&g->pool, ev);
+    ddnccl_event_put(&g->pool, ev);
   }
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
-    return ddplug_nccl__group_fail(g, DDPLUG_E_SYSTEM, 1,
-                                   "%s: CUDA failed on rank %d (cuda:%d): %s: %s",
-                                   what, g->rank, g->device,
-                                   cudaGetErrorName(ce), cudaGetErrorString(ce));
+    return ddnccl_group_fail(g, DDPLUG_E_SYSTEM, 1,
+                             "%s: CUDA failed on rank %d (cuda:%d): %s: %s",
+                             what, g->rank, g->device,
+                             cudaGetErrorName(ce), cudaGetErrorString(ce));
   }
-  ddplug_nccl__log(g->svc, g->log_level, DDPLUG_LOG_DEBUG,
-                   "rank %d: NCCL connections set up in %.1f ms", g->rank,
-                   (double)(ddplug_nccl__now_ns() - t0) / 1e6);
+  ddnccl_log(g->svc, g->log_level, DDPLUG_LOG_DEBUG,
+             "rank %d: NCCL connections set up in %.1f ms", g->rank,
+             (double)(ddnccl_now_ns() - t0) / 1e6);
   return DDPLUG_OK;
 }
 
 /* Releases what create made; the communicator is already aborted or gone. */
 static void release(ddplug_plugin_group *g) {
-  (void)ddplug_nccl__pool_destroy(&g->pool, 0); /* events only: no stages yet */
+  (void)ddnccl_pool_destroy(&g->pool, 0); /* events only: no stages yet */
   if (g->scratch) (void)cudaFree(g->scratch);
   if (g->stream) (void)cudaStreamDestroy(g->stream);
-  ddplug_nccl__options_free(&g->opts);
+  ddnccl_options_free(&g->opts);
   pthread_mutex_destroy(&g->comm_mu);
   free(g);
 }
@@ -382,31 +382,31 @@ static void release(ddplug_plugin_group *g) {
  * init->timeout_ms (default 300 s when unset). On failure nothing is left
  * allocated, the communicator (if any) is aborted, and set_error explains
  * which rank failed and why. Called once per rank, from one thread. */
-int ddplug_nccl__group_create(const ddplug_group_init *init,
-                              const ddplug_host_services *svc,
-                              ddplug_plugin_group **out) {
+int ddnccl_group_create(const ddplug_group_init *init,
+                        const ddplug_host_services *svc,
+                        ddplug_plugin_group **out) {
   if (!svc || !DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
     return DDPLUG_E_ABI_MISMATCH;
   if (!init || !out)
-    return ddplug_nccl__fail(svc, DDPLUG_E_INVALID_ARGUMENT,
-                             "nccl group_create: init and out are required");
+    return ddnccl_fail(svc, DDPLUG_E_INVALID_ARGUMENT,
+                       "nccl group_create: init and out are required");
   if (!DDPLUG_HAS_FIELD(init, ddplug_group_init, reserved0))
-    return ddplug_nccl__fail(svc, DDPLUG_E_ABI_MISMATCH,
-                             "nccl group_create: ddplug_group_init of %u bytes "
-                             "is older than ABI 1.0",
-                             init->struct_size);
+    return ddnccl_fail(svc, DDPLUG_E_ABI_MISMATCH,
+                       "nccl group_create: ddplug_group_init of %u bytes "
+                       "is older than ABI 1.0",
+                       init->struct_size);
   if (init->world_size < 1 || init->rank < 0 || init->rank >= init->world_size)
-    return ddplug_nccl__fail(svc, DDPLUG_E_INVALID_ARGUMENT,
-                             "nccl group_create: rank %d of world %d",
-                             init->rank, init->world_size);
+    return ddnccl_fail(svc, DDPLUG_E_INVALID_ARGUMENT,
+                       "nccl group_create: rank %d of world %d",
+                       init->rank, init->world_size);
 
-  uint64_t t0 = ddplug_nccl__now_ns();
+  uint64_t t0 = ddnccl_now_ns();
   int64_t timeout = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_TIMEOUT_MS;
   uint64_t deadline = t0 + (uint64_t)timeout * 1000000ull;
 
   ddplug_plugin_group *g = calloc(1, sizeof *g);
   if (!g)
-    return ddplug_nccl__fail(svc, DDPLUG_E_NO_MEMORY, "nccl: out of memory");
+    return ddnccl_fail(svc, DDPLUG_E_NO_MEMORY, "nccl: out of memory");
   g->init = init;
   g->svc = svc;
   g->rank = init->rank;
@@ -419,30 +419,30 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
   pthread_mutex_init(&g->comm_mu, NULL);
 
   /* 1-2: local setup, then agree on it (publishing this rank's device). */
-  char err[DDPLUG_NCCL__MSG_MAX] = "", msg[DDPLUG_NCCL__MSG_MAX] = "";
+  char err[DDNCCL_MSG_MAX] = "", msg[DDNCCL_MSG_MAX] = "";
   int local = local_setup(g, err, sizeof err);
   if (local == DDPLUG_OK) {
     char rec[1024], key[32];
-    size_t len = ddplug_nccl__devrec_format(&g->self, rec, sizeof rec);
+    size_t len = ddnccl_devrec_format(&g->self, rec, sizeof rec);
     snprintf(key, sizeof key, "dev/%d", g->rank);
     int st = svc->store_set(svc->host, key, rec, len);
     if (st != DDPLUG_OK) {
       local = st;
-      ddplug_nccl__fmt(err, sizeof err, "cannot publish the device record "
-                       "(key '%s'): %s", key, ddplug_nccl__status_name(st));
+      ddnccl_fmt(err, sizeof err, "cannot publish the device record "
+                 "(key '%s'): %s", key, ddnccl_status_name(st));
     }
   }
-  int st = ddplug_nccl__agree(svc, "setup", g->rank, g->world, local, err,
-                              deadline, msg, sizeof msg);
+  int st = ddnccl_agree(svc, "setup", g->rank, g->world, local, err,
+                        deadline, msg, sizeof msg);
   /* 3: two ranks on one GPU? */
   if (st == DDPLUG_OK) {
     err[0] = '\0';
     local = check_node_devices(g, deadline, err, sizeof err);
-    st = ddplug_nccl__agree(svc, "devices", g->rank, g->world, local, err,
-                            deadline, msg, sizeof msg);
+    st = ddnccl_agree(svc, "devices", g->rank, g->world, local, err,
+                      deadline, msg, sizeof msg);
   }
   if (st != DDPLUG_OK) {
-    ddplug_nccl__fail(svc, st, "nccl: %s", msg);
+    ddnccl_fail(svc, st, "nccl: %s", msg);
     release(g);
     return st;
   }
@@ -452,9 +452,9 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
   ncclUniqueId id;
   if (ce != cudaSuccess) {
     st = DDPLUG_E_SYSTEM;
-    ddplug_nccl__fmt(err, sizeof err, "rank %d: cudaSetDevice(%d) failed: %s: %s",
-                     g->rank, g->device, cudaGetErrorName(ce),
-                     cudaGetErrorString(ce));
+    ddnccl_fmt(err, sizeof err, "rank %d: cudaSetDevice(%d) failed: %s: %s",
+               g->rank, g->device, cudaGetErrorName(ce),
+               cudaGetErrorString(ce));
     /* The others wait for the id: a value of another size tells them why. */
     if (g->rank == 0) (void)svc->store_set(svc->host, "id", err, strlen(err));
   } else {
@@ -462,26 +462,26 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
   }
   if (st != DDPLUG_OK) {
     /* Tell the peers waiting for the id or in init, then fail here. */
-    ddplug_nccl__group_fail(g, st, 1, "%s", err);
-    ddplug_nccl__fail(svc, st, "nccl: %s", err);
+    ddnccl_group_fail(g, st, 1, "%s", err);
+    ddnccl_fail(svc, st, "nccl: %s", err);
     release(g);
     return st;
   }
   st = init_comm(g, &id, deadline);
   if (st == DDPLUG_OK) st = connect_eagerly(g, deadline);
   if (st != DDPLUG_OK) {
-    ddplug_nccl__group_failed_status(g, 1);
+    ddnccl_group_failed_status(g, 1);
     release(g);
     return st;
   }
   int v = g->self.nccl_version;
-  ddplug_nccl__log(svc, g->log_level, DDPLUG_LOG_INFO,
-                   "NCCL %d.%d.%d communicator ready: rank %d of %d on cuda:%d "
-                   "(%s, %s)%s in %.1f ms",
-                   v / 10000, (v % 10000) / 100, v % 100, g->rank, g->world,
-                   g->device, g->self.name, g->self.uuid,
-                   g->shared_gpu ? ", GPU shared with other ranks" : "",
-                   (double)(ddplug_nccl__now_ns() - t0) / 1e6);
+  ddnccl_log(svc, g->log_level, DDPLUG_LOG_INFO,
+             "NCCL %d.%d.%d communicator ready: rank %d of %d on cuda:%d "
+             "(%s, %s)%s in %.1f ms",
+             v / 10000, (v % 10000) / 100, v % 100, g->rank, g->world,
+             g->device, g->self.name, g->self.uuid,
+             g->shared_gpu ? ", GPU shared with other ranks" : "",
+             (double)(ddnccl_now_ns() - t0) / 1e6);
   *out = g;
   return DDPLUG_OK;
 }
@@ -491,18 +491,18 @@ int ddplug_nccl__group_create(const ddplug_group_init *init,
 /* Finalize (flushing what was enqueued; collective with the peers) within
  * the group's timeout, then destroy; on failure or timeout abort instead. */
 static int finalize_comm(ddplug_plugin_group *g) {
-  uint64_t deadline = ddplug_nccl__now_ns() + (uint64_t)g->timeout_ms * 1000000ull;
+  uint64_t deadline = ddnccl_now_ns() + (uint64_t)g->timeout_ms * 1000000ull;
   pthread_mutex_lock(&g->comm_mu);
   ncclComm_t comm = g->comm;
   ncclResult_t r = comm ? ncclCommFinalize(comm) : ncclSuccess;
   pthread_mutex_unlock(&g->comm_mu);
   if (!comm) return DDPLUG_OK;
   if (r != ncclSuccess && r != ncclInProgress)
-    return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
-                                   "ncclCommFinalize failed on rank %d: %s (%s)",
-                                   g->rank, ncclGetErrorString(r),
-                                   ncclGetLastError(NULL));
-  int st = ddplug_nccl__settle(g, deadline, "NCCL communicator finalize", 0);
+    return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
+                             "ncclCommFinalize failed on rank %d: %s (%s)",
+                             g->rank, ncclGetErrorString(r),
+                             ncclGetLastError(NULL));
+  int st = ddnccl_settle(g, deadline, "NCCL communicator finalize", 0);
   if (st != DDPLUG_OK) return st; /* settle aborted the communicator */
   pthread_mutex_lock(&g->comm_mu);
   comm = g->comm;
@@ -521,22 +521,22 @@ static int finalize_comm(ddplug_plugin_group *g) {
  * only if they do not finish within the collective timeout, at most 10 s)
  * is leaked with a warning rather than freed. Returns OK, or the finalize failure (the group is released
  * anyway). Not callable concurrently with other slots of the group. */
-int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
+int ddnccl_group_destroy(ddplug_plugin_group *g) {
   if (!g) return DDPLUG_OK;
-  (void)ddplug_nccl__use_device(g);
+  (void)ddnccl_use_device(g);
   int st = DDPLUG_OK;
-  if (!atomic_load(&g->failed)) (void)ddplug_nccl__check_peer_abort(g);
+  if (!atomic_load(&g->failed)) (void)ddnccl_check_peer_abort(g);
   if (!atomic_load(&g->failed)) st = finalize_comm(g);
 
   /* Bounded wait for GPU copies into staging memory (only after an abort
    * can they still be running): the collective timeout, at most 10 s. */
   int64_t grace_ms = g->timeout_ms < 10000 ? g->timeout_ms : 10000;
-  uint64_t deadline = ddplug_nccl__now_ns() + (uint64_t)grace_ms * 1000000ull;
+  uint64_t deadline = ddnccl_now_ns() + (uint64_t)grace_ms * 1000000ull;
   while (g->live) {
     ddplug_plugin_request *r = g->live;
     g->live = r->next;
-    ddplug_nccl__stage_put(&g->pool, r->stage, r->event);
-    ddplug_nccl__event_put(&g->pool, r->event);
+    ddnccl_stage_put(&g->pool, r->stage, r->event);
+    ddnccl_event_put(&g->pool, r->event);
     free(r);
   }
   while (g->spare) {
@@ -544,19 +544,19 @@ int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
     g->spare = r->next;
     free(r);
   }
-  ddplug_nccl__event_put(&g->pool, g->last_event);
+  ddnccl_event_put(&g->pool, g->last_event);
   g->last_event = NULL;
   if (g->stream) {
     (void)cudaStreamDestroy(g->stream); /* released once its work is done */
     g->stream = NULL;
   }
-  int leaked = ddplug_nccl__pool_destroy(&g->pool, deadline);
+  int leaked = ddnccl_pool_destroy(&g->pool, deadline);
   if (leaked)
-    ddplug_nccl__log(g->svc, g->log_level, DDPLUG_LOG_WARN,
-                     "left %d staging buffer%s allocated: GPU copies into them "
-                     "did not finish within %lld ms (requests freed while "
-                     "pending, or an abort)",
-                     leaked, leaked == 1 ? "" : "s", (long long)grace_ms);
+    ddnccl_log(g->svc, g->log_level, DDPLUG_LOG_WARN,
+               "left %d staging buffer%s allocated: GPU copies into them "
+               "did not finish within %lld ms (requests freed while "
+               "pending, or an abort)",
+               leaked, leaked == 1 ? "" : "s", (long long)grace_ms);
   if (g->scratch && !leaked) {
     (void)cudaFree(g->scratch);
   }
@@ -571,7 +571,7 @@ int ddplug_nccl__group_destroy(ddplug_plugin_group *g) {
  * communicator (its kernels stop), and publishes "rank R: reason" as the
  * store key "abort", which the other ranks' waits look at every 100 ms.
  * Returns OK (also when the group had failed already). */
-int ddplug_nccl__group_abort(ddplug_plugin_group *g, const char *reason) {
+int ddnccl_group_abort(ddplug_plugin_group *g, const char *reason) {
   if (!g) return DDPLUG_E_INVALID_ARGUMENT;
   if (atomic_load(&g->failed)) {
     /* Already failed: make sure the communicator is gone, keep the cause. */
@@ -582,7 +582,7 @@ int ddplug_nccl__group_abort(ddplug_plugin_group *g, const char *reason) {
     pthread_mutex_unlock(&g->comm_mu);
     return DDPLUG_OK;
   }
-  ddplug_nccl__group_fail(g, DDPLUG_E_ABORTED, 1, "aborted on rank %d: %s",
-                          g->rank, reason && *reason ? reason : "no reason given");
+  ddnccl_group_fail(g, DDPLUG_E_ABORTED, 1, "aborted on rank %d: %s",
+                    g->rank, reason && *reason ? reason : "no reason given");
   return DDPLUG_OK;
 }

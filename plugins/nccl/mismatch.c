@@ -21,29 +21,29 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 /* "allreduce count=1024 dtype=float32 op=sum"; what must match. */
 static void describe(const ddplug_coll_args *a, char *buf, size_t cap) {
   switch (a->kind) {
     case DDPLUG_COLL_ALLREDUCE:
-      ddplug_nccl__fmt(buf, cap, "allreduce(count=%llu, %s, %s)",
-                       (unsigned long long)a->count,
-                       ddplug_nccl__dtype_name(a->dtype),
-                       ddplug_nccl__op_name(a->op));
+      ddnccl_fmt(buf, cap, "allreduce(count=%llu, %s, %s)",
+                 (unsigned long long)a->count,
+                 ddnccl_dtype_name(a->dtype),
+                 ddnccl_op_name(a->op));
       break;
     case DDPLUG_COLL_BROADCAST:
-      ddplug_nccl__fmt(buf, cap, "broadcast(count=%llu, %s, root=%d)",
-                       (unsigned long long)a->count,
-                       ddplug_nccl__dtype_name(a->dtype), a->root);
+      ddnccl_fmt(buf, cap, "broadcast(count=%llu, %s, root=%d)",
+                 (unsigned long long)a->count,
+                 ddnccl_dtype_name(a->dtype), a->root);
       break;
     case DDPLUG_COLL_ALLGATHER:
-      ddplug_nccl__fmt(buf, cap, "allgather(count=%llu, %s)",
-                       (unsigned long long)a->count,
-                       ddplug_nccl__dtype_name(a->dtype));
+      ddnccl_fmt(buf, cap, "allgather(count=%llu, %s)",
+                 (unsigned long long)a->count,
+                 ddnccl_dtype_name(a->dtype));
       break;
     default:
-      ddplug_nccl__fmt(buf, cap, "%s()", ddplug_nccl__kind_name(a->kind));
+      ddnccl_fmt(buf, cap, "%s()", ddnccl_kind_name(a->kind));
       break;
   }
 }
@@ -54,35 +54,35 @@ static int judge(ddplug_plugin_group *g, uint64_t round, uint64_t seq,
   const ddplug_host_services *s = g->svc;
   int st = DDPLUG_OK;
   int32_t differ = 0;
-  char first[DDPLUG_NCCL__MSG_MAX] = "";
+  char first[DDNCCL_MSG_MAX] = "";
   for (int32_t r = 1; r < g->world && st == DDPLUG_OK; r++) {
     char key[64], theirs[256];
     uint64_t len = 0;
     snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)round, r);
     int gs = s->store_get(s->host, key, theirs, sizeof theirs - 1, &len,
-                          ddplug_nccl__left_ms(deadline));
+                          ddnccl_left_ms(deadline));
     if (gs != DDPLUG_OK) {
       st = gs == DDPLUG_E_TIMEOUT ? DDPLUG_E_TIMEOUT : gs;
-      ddplug_nccl__fmt(first, sizeof first,
-                       "collective seq %llu: rank %d did not reach it within "
-                       "%.1f s (rank 0 called %s)",
-                       (unsigned long long)seq, r, (double)g->timeout_ms / 1e3,
-                       mine);
+      ddnccl_fmt(first, sizeof first,
+                 "collective seq %llu: rank %d did not reach it within "
+                 "%.1f s (rank 0 called %s)",
+                 (unsigned long long)seq, r, (double)g->timeout_ms / 1e3,
+                 mine);
       break;
     }
     theirs[len] = '\0';
     (void)s->store_delete(s->host, key);
     if (strcmp(theirs, mine) != 0 && differ++ == 0)
-      ddplug_nccl__fmt(first, sizeof first,
-                       "collective seq %llu differs across ranks: rank %d "
-                       "called %s but rank 0 called %s",
-                       (unsigned long long)seq, r, theirs, mine);
+      ddnccl_fmt(first, sizeof first,
+                 "collective seq %llu differs across ranks: rank %d "
+                 "called %s but rank 0 called %s",
+                 (unsigned long long)seq, r, theirs, mine);
   }
   if (st == DDPLUG_OK && differ) {
     st = DDPLUG_E_MISMATCH;
     if (differ > 1) {
       size_t n = strlen(first);
-      ddplug_nccl__fmt(first + n, sizeof first - n, " (%d ranks differ)", differ);
+      ddnccl_fmt(first + n, sizeof first - n, " (%d ranks differ)", differ);
     }
   }
   int n = snprintf(verdict, cap, "%d %s", st, st == DDPLUG_OK ? "ok" : first);
@@ -99,12 +99,12 @@ static int judge(ddplug_plugin_group *g, uint64_t round, uint64_t seq,
   return ps;
 }
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
-                                const ddplug_coll_args *a) {
+/* See internal.h. */
+int ddnccl_check_mismatch(ddplug_plugin_group *g,
+                          const ddplug_coll_args *a) {
   const ddplug_host_services *s = g->svc;
-  uint64_t deadline = ddplug_nccl__now_ns() + (uint64_t)g->timeout_ms * 1000000ull;
-  char mine[256], key[64], verdict[DDPLUG_NCCL__MSG_MAX + 32];
+  uint64_t deadline = ddnccl_now_ns() + (uint64_t)g->timeout_ms * 1000000ull;
+  char mine[256], key[64], verdict[DDNCCL_MSG_MAX + 32];
   describe(a, mine, sizeof mine);
   uint64_t len = 0;
   int st;
@@ -113,11 +113,11 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
   if (g->rank == 0) {
     st = judge(g, round, a->seq, mine, deadline, verdict, sizeof verdict);
     if (st != DDPLUG_OK)
-      return ddplug_nccl__fail(s, st,
-                               "collective seq %llu: cannot publish the "
-                               "mismatch verdict: %s",
-                               (unsigned long long)a->seq,
-                               ddplug_nccl__status_name(st));
+      return ddnccl_fail(s, st,
+                         "collective seq %llu: cannot publish the "
+                         "mismatch verdict: %s",
+                         (unsigned long long)a->seq,
+                         ddnccl_status_name(st));
     len = strlen(verdict);
   } else {
     snprintf(key, sizeof key, "mm/%llu/%d", (unsigned long long)round, g->rank);
@@ -127,20 +127,20 @@ int ddplug_nccl__check_mismatch(ddplug_plugin_group *g,
        * its verdict: wait longer than that for the verdict. */
       snprintf(key, sizeof key, "mm/%llu/verdict", (unsigned long long)round);
       st = s->store_get(s->host, key, verdict, sizeof verdict - 1, &len,
-                        ddplug_nccl__left_ms(deadline) + g->timeout_ms);
+                        ddnccl_left_ms(deadline) + g->timeout_ms);
     }
     if (st != DDPLUG_OK)
-      return ddplug_nccl__fail(s, st,
-                               "collective seq %llu (%s on rank %d): no "
-                               "mismatch verdict from rank 0 within %.1f s "
-                               "(%s; has rank 0 reached this collective?)",
-                               (unsigned long long)a->seq, mine, g->rank,
-                               2.0 * (double)g->timeout_ms / 1e3,
-                               ddplug_nccl__status_name(st));
+      return ddnccl_fail(s, st,
+                         "collective seq %llu (%s on rank %d): no "
+                         "mismatch verdict from rank 0 within %.1f s "
+                         "(%s; has rank 0 reached this collective?)",
+                         (unsigned long long)a->seq, mine, g->rank,
+                         2.0 * (double)g->timeout_ms / 1e3,
+                         ddnccl_status_name(st));
   }
   verdict[len < sizeof verdict ? len : sizeof verdict - 1] = '\0';
   int vst = DDPLUG_E_INTERNAL, off = 0;
   if (sscanf(verdict, "%d %n", &vst, &off) < 1) off = 0;
   if (vst == DDPLUG_OK) return DDPLUG_OK;
-  return ddplug_nccl__fail(s, vst, "%s", verdict + off);
+  return ddnccl_fail(s, vst, "%s", verdict + off);
 }

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 #define MAX_DEVICE_MAP 4096
 
@@ -49,12 +49,12 @@ static const ddplug_option opt_check_mismatch = {
                    "it (milliseconds per call: for debugging).",
 };
 
-const ddplug_option *const ddplug_nccl__option_decls[] = {
+const ddplug_option *const ddnccl_option_decls[] = {
     &opt_device_map, &opt_allow_shared_gpu, &opt_check_mismatch, NULL};
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__options_read(const ddplug_host_services *svc, ddplug_nccl_options *out,
-                              char *err, size_t cap) {
+/* See internal.h. */
+int ddnccl_options_read(const ddplug_host_services *svc, ddnccl_options *out,
+                        char *err, size_t cap) {
   memset(out, 0, sizeof *out);
   int32_t b = 0;
   int st = svc->option_bool(svc->host, "allow_shared_gpu", &b);
@@ -62,8 +62,8 @@ int ddplug_nccl__options_read(const ddplug_host_services *svc, ddplug_nccl_optio
   if (st == DDPLUG_OK) st = svc->option_bool(svc->host, "check_mismatch", &b);
   out->check_mismatch = b;
   if (st != DDPLUG_OK) {
-    ddplug_nccl__fmt(err, cap, "plugin_options: the runtime refused them (%s)",
-                     ddplug_nccl__status_name(st));
+    ddnccl_fmt(err, cap, "plugin_options: the runtime refused them (%s)",
+               ddnccl_status_name(st));
     return st;
   }
   int64_t map[MAX_DEVICE_MAP];
@@ -71,13 +71,13 @@ int ddplug_nccl__options_read(const ddplug_host_services *svc, ddplug_nccl_optio
   st = svc->option_int_list(svc->host, "device_map", map, MAX_DEVICE_MAP, &n);
   if (st == DDPLUG_E_NOT_FOUND) return DDPLUG_OK; /* not given */
   if (st != DDPLUG_OK) {
-    ddplug_nccl__fmt(err, cap, "plugin_options.device_map: the runtime refused it (%s)",
-                     ddplug_nccl__status_name(st));
+    ddnccl_fmt(err, cap, "plugin_options.device_map: the runtime refused it (%s)",
+               ddnccl_status_name(st));
     return st;
   }
   out->device_map = calloc(n, sizeof *out->device_map);
   if (!out->device_map) {
-    ddplug_nccl__fmt(err, cap, "plugin_options.device_map: out of memory");
+    ddnccl_fmt(err, cap, "plugin_options.device_map: out of memory");
     return DDPLUG_E_NO_MEMORY;
   }
   for (uint64_t i = 0; i < n; i++) out->device_map[i] = (int32_t)map[i];
@@ -85,7 +85,7 @@ int ddplug_nccl__options_read(const ddplug_host_services *svc, ddplug_nccl_optio
   return DDPLUG_OK;
 }
 
-void ddplug_nccl__options_free(ddplug_nccl_options *o) {
+void ddnccl_options_free(ddnccl_options *o) {
   if (!o) return;
   free(o->device_map);
   o->device_map = NULL;

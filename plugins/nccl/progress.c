@@ -12,7 +12,7 @@
  */
 #include <sched.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
 #define STORE_POLL_NS 100000000ull /* 100 ms */
 
@@ -21,7 +21,7 @@
  * against either and an older library, which never returns it, is unaffected. */
 #define NCCL_RESULT_TIMEOUT 8
 
-int ddplug_nccl__status_of(ncclResult_t r) {
+int ddnccl_status_of(ncclResult_t r) {
   switch ((int)r) {
     case ncclSuccess: return DDPLUG_OK;
     case ncclRemoteError: return DDPLUG_E_PEER_LOST;
@@ -40,10 +40,10 @@ static int nccl_failed(ddplug_plugin_group *g, ncclResult_t r,
   const char *hint = r == ncclRemoteError
                          ? "a peer process exited or the network failed"
                          : "see NCCL_DEBUG=WARN output for details";
-  return ddplug_nccl__group_fail(g, ddplug_nccl__status_of(r), 1,
-                                 "%s failed on rank %d: NCCL: %s (%s; %s)", what,
-                                 g->rank, ncclGetErrorString(r),
-                                 ncclGetLastError(NULL), hint);
+  return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
+                           "%s failed on rank %d: NCCL: %s (%s; %s)", what,
+                           g->rank, ncclGetErrorString(r),
+                           ncclGetLastError(NULL), hint);
 }
 
 /* Reads the communicator's state under comm_mu. *gone = 1 if it was
@@ -60,21 +60,21 @@ static ncclResult_t comm_state(ddplug_plugin_group *g, int *gone) {
   return state;
 }
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__check_async(ddplug_plugin_group *g, const char *what) {
+/* See internal.h. */
+int ddnccl_check_async(ddplug_plugin_group *g, const char *what) {
   int gone = 0;
   ncclResult_t s = comm_state(g, &gone);
-  if (gone || atomic_load(&g->failed)) return ddplug_nccl__group_failed_status(g, 0);
+  if (gone || atomic_load(&g->failed)) return ddnccl_group_failed_status(g, 0);
   if (s == ncclSuccess || s == ncclInProgress) return DDPLUG_OK;
   return nccl_failed(g, s, what);
 }
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__collective_timed_out(ddplug_plugin_group *g, const char *what,
-                                      uint64_t start_ns, uint64_t now_ns,
-                                      int enqueuing) {
+/* See internal.h. */
+int ddnccl_collective_timed_out(ddplug_plugin_group *g, const char *what,
+                                uint64_t start_ns, uint64_t now_ns,
+                                int enqueuing) {
   double ran = now_ns > start_ns ? (double)(now_ns - start_ns) / 1e9 : 0.0;
-  return ddplug_nccl__group_fail(
+  return ddnccl_group_fail(
       g, DDPLUG_E_TIMEOUT, 1,
       "%s did not complete within the collective timeout (%.1f s, running "
       "%.1f s%s): the NCCL communicator was aborted on rank %d. A peer is slow, "
@@ -95,24 +95,24 @@ int ddplug_nccl__collective_timed_out(ddplug_plugin_group *g, const char *what,
 #define SETTLE_SPIN_NS 20000ull     /* 20 us */
 #define SETTLE_YIELD_NS 2000000ull  /* 2 ms  */
 
-/* See nccl_plugin.h. */
-int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
-                        const char *what, uint64_t coll_start_ns) {
-  uint64_t start = ddplug_nccl__now_ns();
+/* See internal.h. */
+int ddnccl_settle(ddplug_plugin_group *g, uint64_t deadline_ns,
+                  const char *what, uint64_t coll_start_ns) {
+  uint64_t start = ddnccl_now_ns();
   uint64_t next_store = start + STORE_POLL_NS;
   int64_t nap_us = 50;
   for (;;) {
     int gone = 0;
     ncclResult_t s = comm_state(g, &gone);
     if (gone || atomic_load(&g->failed))
-      return ddplug_nccl__group_failed_status(g, 1);
+      return ddnccl_group_failed_status(g, 1);
     if (s == ncclSuccess) return DDPLUG_OK;
     if (s != ncclInProgress) return nccl_failed(g, s, what);
-    uint64_t now = ddplug_nccl__now_ns();
+    uint64_t now = ddnccl_now_ns();
     if (now >= deadline_ns) {
       if (coll_start_ns)
-        return ddplug_nccl__collective_timed_out(g, what, coll_start_ns, now, 1);
-      return ddplug_nccl__group_fail(
+        return ddnccl_collective_timed_out(g, what, coll_start_ns, now, 1);
+      return ddnccl_group_fail(
           g, DDPLUG_E_TIMEOUT, 1,
           "%s did not finish on rank %d within %.1f s: the NCCL communicator "
           "was aborted (is every rank running and able to reach the others? "
@@ -121,7 +121,7 @@ int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
     }
     if (now >= next_store) {
       next_store = now + STORE_POLL_NS;
-      int st = ddplug_nccl__check_peer_abort(g);
+      int st = ddnccl_check_peer_abort(g);
       if (st != DDPLUG_OK) return st;
     }
     uint64_t spent = now - start;
@@ -133,7 +133,7 @@ int ddplug_nccl__settle(ddplug_plugin_group *g, uint64_t deadline_ns,
     uint64_t wake = now + (uint64_t)nap_us * 1000u;
     if (wake > deadline_ns) wake = deadline_ns;
     if (wake > next_store) wake = next_store;
-    ddplug_nccl__sleep_us((int64_t)((wake - now) / 1000u));
+    ddnccl_sleep_us((int64_t)((wake - now) / 1000u));
     if (nap_us < 1000) nap_us *= 2;
   }
 }

@@ -17,12 +17,12 @@
  */
 #include <stdlib.h>
 
-#include "nccl_plugin.h"
+#include "internal.h"
 
-#define DDPLUG_NCCL__STAGE_MIN ((size_t)64 * 1024)
+#define DDNCCL_STAGE_MIN ((size_t)64 * 1024)
 
-cudaError_t ddplug_nccl__event_get(ddplug_nccl_pool *p, ddplug_nccl_event **out) {
-  ddplug_nccl_event *e = p->free_events;
+cudaError_t ddnccl_event_get(ddnccl_pool *p, ddnccl_event **out) {
+  ddnccl_event *e = p->free_events;
   if (e) {
     p->free_events = e->next;
   } else {
@@ -40,31 +40,31 @@ cudaError_t ddplug_nccl__event_get(ddplug_nccl_pool *p, ddplug_nccl_event **out)
   return cudaSuccess;
 }
 
-void ddplug_nccl__event_put(ddplug_nccl_pool *p, ddplug_nccl_event *e) {
+void ddnccl_event_put(ddnccl_pool *p, ddnccl_event *e) {
   if (!e || --e->refs > 0) return;
   e->next = p->free_events;
   p->free_events = e;
 }
 
 static size_t round_up(size_t bytes) {
-  size_t c = DDPLUG_NCCL__STAGE_MIN;
+  size_t c = DDNCCL_STAGE_MIN;
   while (c < bytes && c < ((size_t)1 << 62)) c <<= 1;
   return c < bytes ? bytes : c;
 }
 
-static void stage_release(ddplug_nccl_stage *s) {
+static void stage_release(ddnccl_stage *s) {
   if (s->dev) (void)cudaFree(s->dev);
   if (s->host) (void)cudaFreeHost(s->host);
   free(s);
 }
 
-cudaError_t ddplug_nccl__stage_get(ddplug_nccl_pool *p, size_t bytes,
-                                   ddplug_nccl_stage **out) {
-  ddplug_nccl_stage *best = NULL, **small = NULL;
-  for (ddplug_nccl_stage **it = &p->stages; *it; it = &(*it)->next) {
-    ddplug_nccl_stage *s = *it;
+cudaError_t ddnccl_stage_get(ddnccl_pool *p, size_t bytes,
+                             ddnccl_stage **out) {
+  ddnccl_stage *best = NULL, **small = NULL;
+  for (ddnccl_stage **it = &p->stages; *it; it = &(*it)->next) {
+    ddnccl_stage *s = *it;
     if (s->busy && s->fence && cudaEventQuery(s->fence->ev) == cudaSuccess) {
-      ddplug_nccl__event_put(p, s->fence);
+      ddnccl_event_put(p, s->fence);
       s->fence = NULL;
       s->busy = 0;
     }
@@ -81,11 +81,11 @@ cudaError_t ddplug_nccl__stage_get(ddplug_nccl_pool *p, size_t bytes,
     return cudaSuccess;
   }
   if (small) { /* replace an idle stage that is too small, not pile up */
-    ddplug_nccl_stage *s = *small;
+    ddnccl_stage *s = *small;
     *small = s->next;
     stage_release(s);
   }
-  ddplug_nccl_stage *s = calloc(1, sizeof *s);
+  ddnccl_stage *s = calloc(1, sizeof *s);
   if (!s) return cudaErrorMemoryAllocation;
   s->cap = round_up(bytes);
   cudaError_t ce = cudaMalloc(&s->dev, s->cap);
@@ -101,8 +101,8 @@ cudaError_t ddplug_nccl__stage_get(ddplug_nccl_pool *p, size_t bytes,
   return cudaSuccess;
 }
 
-void ddplug_nccl__stage_put(ddplug_nccl_pool *p, ddplug_nccl_stage *s,
-                            ddplug_nccl_event *fence) {
+void ddnccl_stage_put(ddnccl_pool *p, ddnccl_stage *s,
+                      ddnccl_event *fence) {
   if (!s) return;
   if (fence && cudaEventQuery(fence->ev) != cudaSuccess) {
     (void)cudaGetLastError(); /* a failed query must not linger as "last" */
@@ -115,23 +115,23 @@ void ddplug_nccl__stage_put(ddplug_nccl_pool *p, ddplug_nccl_stage *s,
 }
 
 /* Polls until ev completes or deadline_ns passes; 1 if complete. */
-static int fence_done(ddplug_nccl_event *e, uint64_t deadline_ns) {
+static int fence_done(ddnccl_event *e, uint64_t deadline_ns) {
   for (;;) {
     cudaError_t ce = cudaEventQuery(e->ev);
     if (ce == cudaSuccess) return 1;
     if (ce != cudaErrorNotReady) return 0; /* sticky error: never trust it */
-    if (ddplug_nccl__now_ns() >= deadline_ns) return 0;
-    ddplug_nccl__sleep_us(1000);
+    if (ddnccl_now_ns() >= deadline_ns) return 0;
+    ddnccl_sleep_us(1000);
   }
 }
 
-int ddplug_nccl__pool_destroy(ddplug_nccl_pool *p, uint64_t deadline_ns) {
+int ddnccl_pool_destroy(ddnccl_pool *p, uint64_t deadline_ns) {
   int leaked = 0;
   while (p->stages) {
-    ddplug_nccl_stage *s = p->stages;
+    ddnccl_stage *s = p->stages;
     p->stages = s->next;
     int safe = !s->fence || fence_done(s->fence, deadline_ns);
-    if (s->fence) ddplug_nccl__event_put(p, s->fence);
+    if (s->fence) ddnccl_event_put(p, s->fence);
     if (safe) {
       stage_release(s);
     } else {
@@ -140,7 +140,7 @@ int ddplug_nccl__pool_destroy(ddplug_nccl_pool *p, uint64_t deadline_ns) {
     }
   }
   while (p->free_events) {
-    ddplug_nccl_event *e = p->free_events;
+    ddnccl_event *e = p->free_events;
     p->free_events = e->next;
     (void)cudaEventDestroy(e->ev); /* released once complete, never blocks */
     free(e);

@@ -10,9 +10,9 @@
  *
  * SPDX-License-Identifier: Apache-2.0
  */
-#include "nccl_plugin.h"
+#include "internal.h"
 
-int ddplug_nccl__dtype(int32_t dtype, ncclDataType_t *out) {
+int ddnccl_dtype(int32_t dtype, ncclDataType_t *out) {
   switch (dtype) {
     case DDPLUG_FLOAT32: *out = ncclFloat32; return 0;
     case DDPLUG_FLOAT64: *out = ncclFloat64; return 0;
@@ -26,7 +26,7 @@ int ddplug_nccl__dtype(int32_t dtype, ncclDataType_t *out) {
   }
 }
 
-int ddplug_nccl__op(int32_t op, ncclRedOp_t *out) {
+int ddnccl_op(int32_t op, ncclRedOp_t *out) {
   switch (op) {
     case DDPLUG_OP_SUM: *out = ncclSum; return 0;
     case DDPLUG_OP_AVG: *out = ncclAvg; return 0;
@@ -37,43 +37,43 @@ int ddplug_nccl__op(int32_t op, ncclRedOp_t *out) {
   }
 }
 
-size_t ddplug_nccl__dtype_size(int32_t dtype) {
+size_t ddnccl_dtype_size(int32_t dtype) {
   switch (dtype) {
-#define DDPLUG_NCCL__DT_SIZE(name, value, str, size) \
+#define DDNCCL_DT_SIZE(name, value, str, size)      \
   case value:                                       \
     return size;
-    DDPLUG_DTYPE_MAP(DDPLUG_NCCL__DT_SIZE)
-#undef DDPLUG_NCCL__DT_SIZE
+    DDPLUG_DTYPE_MAP(DDNCCL_DT_SIZE)
+#undef DDNCCL_DT_SIZE
     default:
       return 0;
   }
 }
 
-const char *ddplug_nccl__dtype_name(int32_t dtype) {
+const char *ddnccl_dtype_name(int32_t dtype) {
   switch (dtype) {
-#define DDPLUG_NCCL__DT_NAME(name, value, str, size) \
+#define DDNCCL_DT_NAME(name, value, str, size)      \
   case value:                                       \
     return str;
-    DDPLUG_DTYPE_MAP(DDPLUG_NCCL__DT_NAME)
-#undef DDPLUG_NCCL__DT_NAME
+    DDPLUG_DTYPE_MAP(DDNCCL_DT_NAME)
+#undef DDNCCL_DT_NAME
     default:
       return "?";
   }
 }
 
-const char *ddplug_nccl__op_name(int32_t op) {
+const char *ddnccl_op_name(int32_t op) {
   switch (op) {
-#define DDPLUG_NCCL__OP_NAME(name, value, str) \
-  case value:                                 \
+#define DDNCCL_OP_NAME(name, value, str) \
+  case value:                            \
     return str;
-    DDPLUG_OP_MAP(DDPLUG_NCCL__OP_NAME)
-#undef DDPLUG_NCCL__OP_NAME
+    DDPLUG_OP_MAP(DDNCCL_OP_NAME)
+#undef DDNCCL_OP_NAME
     default:
       return "?";
   }
 }
 
-const char *ddplug_nccl__kind_name(int32_t kind) {
+const char *ddnccl_kind_name(int32_t kind) {
   switch (kind) {
     case DDPLUG_COLL_ALLREDUCE: return "allreduce";
     case DDPLUG_COLL_BROADCAST: return "broadcast";
@@ -83,18 +83,18 @@ const char *ddplug_nccl__kind_name(int32_t kind) {
   }
 }
 
-uint32_t ddplug_nccl__dtype_mask(void) {
+uint32_t ddnccl_dtype_mask(void) {
   uint32_t m = 0;
   ncclDataType_t t;
   for (int32_t d = 1; d < DDPLUG_DTYPE_COUNT_; d++)
-    if (ddplug_nccl__dtype(d, &t) == 0) m |= DDPLUG_DTYPE_BIT(d);
+    if (ddnccl_dtype(d, &t) == 0) m |= DDPLUG_DTYPE_BIT(d);
   return m;
 }
 
-uint32_t ddplug_nccl__op_mask(void) {
+uint32_t ddnccl_op_mask(void) {
   uint32_t m = 0;
   ncclRedOp_t o;
   for (int32_t op = 1; op < DDPLUG_OP_COUNT_; op++)
-    if (ddplug_nccl__op(op, &o) == 0) m |= DDPLUG_OP_BIT(op);
+    if (ddnccl_op(op, &o) == 0) m |= DDPLUG_OP_BIT(op);
   return m;
 }

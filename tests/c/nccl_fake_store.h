@@ -1,7 +1,7 @@
 /* nccl_fake_store.h — for the nccl plugin's tests: an in-process fake of
  * the host services (one store shared by thread-ranks, the runtime's
  * set_error/log), and the ddplug_group_init a runtime would pass. Include
- * after harness.h and nccl_plugin.h. */
+ * after harness.h and the plugin's internal.h. */
 #ifndef DDPLUG_NCCL_FAKE_STORE_H
 #define DDPLUG_NCCL_FAKE_STORE_H
 
@@ -28,7 +28,7 @@ typedef struct fake_rank {
   fake_store *st;
   int rank;
   int err_status;
-  char err[DDPLUG_NCCL__MSG_MAX + 256];
+  char err[DDNCCL_MSG_MAX + 256];
   ddplug_host_services svc;
 } fake_rank;
 
@@ -148,7 +148,7 @@ static inline void fs_log(void *host, int32_t level, const char *message) {
 
 static inline uint64_t fs_clock(void *host) {
   (void)host;
-  return ddplug_nccl__now_ns();
+  return ddnccl_now_ns();
 }
 
 /* Thread-safe like the runtime's (group_abort may run on another thread). */

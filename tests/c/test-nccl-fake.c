@@ -26,7 +26,7 @@ TEST(nccl_plugin_not_built) {
 #else
 
 #include "fake_cuda_nccl.h"
-#include "nccl_plugin.h"
+#include "internal.h"
 #include "nccl_fake_store.h"
 #include "nccl_test_values.h"
 
@@ -47,10 +47,10 @@ static pthread_barrier_t g_sync; /* for bodies that must take turns */
 
 static void *frank_thread(void *p) {
   frank *f = p;
-  f->created = ddplug_nccl__group_create(f->init, &f->fr.svc, &f->g);
+  f->created = ddnccl_group_create(f->init, &f->fr.svc, &f->g);
   if (f->created != DDPLUG_OK) return NULL;
   if (f->body) f->body(f);
-  f->destroyed = ddplug_nccl__group_destroy(f->g);
+  f->destroyed = ddnccl_group_destroy(f->g);
   return NULL;
 }
 
@@ -82,7 +82,7 @@ static fake_store *run_ranks(frank *f, fake_world *w, int world, const char *opt
 static void all_created(frank *f, int world) {
   for (int r = 0; r < world; r++)
     CHECK_MSG(f[r].created == DDPLUG_OK, "rank %d: group_create: %s: %s", r,
-              ddplug_nccl__status_name(f[r].created), f[r].fr.err);
+              ddnccl_status_name(f[r].created), f[r].fr.err);
 }
 
 /* The next collective of this thread-rank (sequence numbers 1, 2, ...). */
@@ -96,10 +96,10 @@ static ddplug_coll_args coll(int kind, const void *send, void *recv,
 /* Start, wait (the group's timeout), free; returns the status. */
 static int run(frank *f, ddplug_coll_args a) {
   ddplug_plugin_request *req = NULL;
-  int st = ddplug_nccl__collective_start(f->g, &a, &req);
+  int st = ddnccl_collective_start(f->g, &a, &req);
   if (st != DDPLUG_OK) return st;
-  st = ddplug_nccl__request_wait(f->g, req, -1);
-  ddplug_nccl__request_free(f->g, req);
+  st = ddnccl_request_wait(f->g, req, -1);
+  ddnccl_request_free(f->g, req);
   return st;
 }
 
@@ -107,7 +107,7 @@ static int run(frank *f, ddplug_coll_args a) {
   do {                                                                        \
     int st_ = run((f), (a));                                                  \
     CHECK_MSG(st_ == DDPLUG_OK, "rank %d: %s: %s: %s", (f)->rank, #a,         \
-              ddplug_nccl__status_name(st_), (f)->fr.err);                    \
+              ddnccl_status_name(st_), (f)->fr.err);                          \
   } while (0)
 
 static void check_reduced(const char *what, int rank, int dt, int op,
@@ -116,7 +116,7 @@ static void check_reduced(const char *what, int rank, int dt, int op,
     double want = tv_round(dt, tv_reference(dt, op, world, i));
     double got = tv_get(dt, out, i);
     CHECK_MSG(got == want, "rank %d %s %s %s: element %zu is %g, expected %g",
-              rank, what, ddplug_nccl__dtype_name(dt), ddplug_nccl__op_name(op),
+              rank, what, ddnccl_dtype_name(dt), ddnccl_op_name(op),
               i, got, want);
   }
 }
@@ -137,7 +137,7 @@ static void every_dtype_and_op(frank *f) {
     CHECK(cudaHostAlloc(&pinned, n * es, 0) == cudaSuccess);
     for (size_t i = 0; i < n; i++) tv_put(dt, in, i, tv_value(rank, i));
     for (int op = 1; op < DDPLUG_OP_COUNT_; op++) {
-      if (!(ddplug_nccl__op_mask() & DDPLUG_OP_BIT(op))) continue;
+      if (!(ddnccl_op_mask() & DDPLUG_OP_BIT(op))) continue;
       /* device buffers (the fake's device memory is readable here) */
       memcpy(din, in, n * es);
       RUN_OK(f, coll(DDPLUG_COLL_ALLREDUCE, din, dout, n, dt, op, 0, s));
@@ -224,19 +224,19 @@ static void async_two_streams(frank *f) {
                              DDPLUG_OP_SUM, 0, s1);
   ddplug_coll_args c2 = coll(DDPLUG_COLL_ALLREDUCE, b, b, N, DDPLUG_FLOAT32,
                              DDPLUG_OP_MAX, 0, s2);
-  CHECK_OK(ddplug_nccl__collective_start(f->g, &c1, &r1));
-  CHECK_OK(ddplug_nccl__collective_start(f->g, &c2, &r2));
+  CHECK_OK(ddnccl_collective_start(f->g, &c1, &r1));
+  CHECK_OK(ddnccl_collective_start(f->g, &c2, &r2));
   /* Wait for the later one first, then test the earlier one. */
-  CHECK_OK(ddplug_nccl__request_wait(f->g, r2, 5000));
+  CHECK_OK(ddnccl_request_wait(f->g, r2, 5000));
   int32_t done = 0;
   for (int i = 0; i < 1000 && !done; i++) {
-    CHECK_OK(ddplug_nccl__request_test(f->g, r1, &done));
+    CHECK_OK(ddnccl_request_test(f->g, r1, &done));
     if (!done) usleep(1000);
   }
   CHECK_EQ_INT(done, 1);
-  CHECK_OK(ddplug_nccl__request_wait(f->g, r1, 0)); /* done: stays OK */
-  ddplug_nccl__request_free(f->g, r1);
-  ddplug_nccl__request_free(f->g, r2);
+  CHECK_OK(ddnccl_request_wait(f->g, r1, 0)); /* done: stays OK */
+  ddnccl_request_free(f->g, r1);
+  ddnccl_request_free(f->g, r2);
   CHECK(a[0] == 3.0f && a[N - 1] == 3.0f); /* 1 + 2 */
   CHECK(b[0] == 2.0f);                     /* max */
   CHECK(cudaFree(a) == cudaSuccess);
@@ -260,7 +260,7 @@ static int host_allreduce(frank *f, float *buf, size_t n, int32_t mem,
   ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, buf, buf, n, DDPLUG_FLOAT32,
                             DDPLUG_OP_SUM, 0, NULL);
   a.mem = mem;
-  return ddplug_nccl__collective_start(f->g, &a, req);
+  return ddnccl_collective_start(f->g, &a, req);
 }
 
 static void staging_body(frank *f) {
@@ -270,12 +270,12 @@ static void staging_body(frank *f) {
   size_t sizes[3] = {10, big, 10};
   for (int k = 0; k < 3; k++) {
     CHECK_OK(host_allreduce(f, h, sizes[k], DDPLUG_MEM_HOST, &req));
-    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
-    ddplug_nccl__request_free(f->g, req);
+    CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
+    ddnccl_request_free(f->g, req);
     CHECK(h[0] == 3.0f && h[sizes[k] - 1] == 3.0f);
   }
   int stages = 0;
-  for (ddplug_nccl_stage *s = f->g->pool.stages; s; s = s->next) stages++;
+  for (ddnccl_stage *s = f->g->pool.stages; s; s = s->next) stages++;
   CHECK_EQ_INT(stages, 1); /* the small idle stage was replaced, then reused */
 
   /* request_test while the peer has not joined; a pending request freed
@@ -283,29 +283,29 @@ static void staging_body(frank *f) {
   if (f->rank == 0) {
     CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
     int32_t done = 1;
-    CHECK_OK(ddplug_nccl__request_test(f->g, req, &done));
+    CHECK_OK(ddnccl_request_test(f->g, req, &done));
     CHECK_EQ_INT(done, 0);
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
     CHECK(f->g->pool.stages->fence != NULL || f->g->pool.stages->next != NULL);
   }
   pthread_barrier_wait(&g_sync);
   if (f->rank == 1) { /* joins the allreduce rank 0 abandoned */
     CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
-    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
-    ddplug_nccl__request_free(f->g, req);
+    CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
+    ddnccl_request_free(f->g, req);
   }
   pthread_barrier_wait(&g_sync);
   /* The fenced stage is reclaimed once its event completed. */
   CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
-  CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
-  ddplug_nccl__request_free(f->g, req);
-  for (ddplug_nccl_stage *s = f->g->pool.stages; s; s = s->next)
+  CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
+  ddnccl_request_free(f->g, req);
+  for (ddnccl_stage *s = f->g->pool.stages; s; s = s->next)
     CHECK(s->fence == NULL && !s->busy);
   /* Finally rank 0 abandons one that rank 1 never joins: destroy waits for
    * the fence (bounded by the timeout), then leaks rather than frees. */
   if (f->rank == 0) {
     CHECK_OK(host_allreduce(f, h, 10, DDPLUG_MEM_AUTO, &req));
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
   }
   free(h);
 }
@@ -360,15 +360,15 @@ static void lonely_first_collective_body(frank *f) {
   pthread_barrier_wait(&g_sync); /* both out of group_create */
   if (f->rank == 0) {
     CHECK_EQ_INT(fake_connected_comms(), 2); /* both, during group_create */
-    CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
+    CHECK_OK(ddnccl_collective_start(f->g, &a, &req));
     int32_t done = 1;
-    CHECK_OK(ddplug_nccl__request_test(f->g, req, &done));
+    CHECK_OK(ddnccl_request_test(f->g, req, &done));
     CHECK_EQ_INT(done, 0); /* enqueued, waiting for rank 1 on the "GPU" */
   }
   pthread_barrier_wait(&g_sync);
-  if (f->rank == 1) CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
-  CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
-  ddplug_nccl__request_free(f->g, req);
+  if (f->rank == 1) CHECK_OK(ddnccl_collective_start(f->g, &a, &req));
+  CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
+  ddnccl_request_free(f->g, req);
   CHECK(d[0] == 3.0f && d[63] == 3.0f);
   CHECK(cudaFree(d) == cudaSuccess);
 }
@@ -525,7 +525,7 @@ static ddplug_plugin_request *lonely_allreduce(frank *f) {
   ddplug_plugin_request *req = NULL;
   ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, g_buf[f->rank],
                             g_buf[f->rank], 64, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
-  CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
+  CHECK_OK(ddnccl_collective_start(f->g, &a, &req));
   return req;
 }
 
@@ -533,26 +533,26 @@ static void watchdog_body(frank *f) {
   if (f->rank == 0) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     /* A short wait: TIMEOUT, still pending. */
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 20), DDPLUG_E_TIMEOUT);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 20), DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(f->fr.err, "still running on rank 0");
     CHECK(!atomic_load(&f->g->failed));
     /* Up to the collective timeout: TIMEOUT, final; the group is failed. */
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, -1), DDPLUG_E_TIMEOUT);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, -1), DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(f->fr.err, "did not complete within the collective timeout (0.3 s");
     CHECK_CONTAINS(f->fr.err, "the NCCL communicator was aborted on rank 0");
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 10), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 10), DDPLUG_E_ABORTED);
     int32_t done = 0;
-    CHECK_EQ_INT(ddplug_nccl__request_test(f->g, req, &done), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_request_test(f->g, req, &done), DDPLUG_E_ABORTED);
     ddplug_coll_args a = coll(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
     ddplug_plugin_request *r2 = NULL;
-    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &r2), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_collective_start(f->g, &a, &r2), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "cannot be used any more (TIMEOUT:");
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
     CHECK(cudaFree(g_buf[0]) == cudaSuccess);
   }
   pthread_barrier_wait(&g_sync);
   if (f->rank == 1) { /* the peer learns it at its next look at the store */
-    CHECK_EQ_INT(ddplug_nccl__check_peer_abort(f->g), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_check_peer_abort(f->g), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "aborted through the store by rank 0: allreduce seq");
   }
 }
@@ -571,16 +571,16 @@ static void pending_then_done_body(frank *f) {
   ddplug_plugin_request *req = NULL;
   if (f->rank == 0) {
     req = lonely_allreduce(f);
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 30), DDPLUG_E_TIMEOUT);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 30), DDPLUG_E_TIMEOUT);
   }
   pthread_barrier_wait(&g_sync);
   if (f->rank == 1) {
     req = lonely_allreduce(f); /* now it pairs with rank 0's */
-    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+    CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
   } else {
-    CHECK_OK(ddplug_nccl__request_wait(f->g, req, 5000));
+    CHECK_OK(ddnccl_request_wait(f->g, req, 5000));
   }
-  ddplug_nccl__request_free(f->g, req);
+  ddnccl_request_free(f->g, req);
   CHECK(cudaFree(g_buf[f->rank]) == cudaSuccess);
 }
 
@@ -598,14 +598,14 @@ static void async_error_body(frank *f) {
   if (f->rank == 0) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     fake_inject_async_error(0, ncclRemoteError);
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 5000), DDPLUG_E_PEER_LOST);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 5000), DDPLUG_E_PEER_LOST);
     CHECK_CONTAINS(f->fr.err, "a peer process exited or the network failed");
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
     CHECK(cudaFree(g_buf[0]) == cudaSuccess);
   }
   pthread_barrier_wait(&g_sync);
   if (f->rank == 1)
-    CHECK_EQ_INT(ddplug_nccl__check_peer_abort(f->g), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_check_peer_abort(f->g), DDPLUG_E_ABORTED);
 }
 
 TEST(an_asynchronous_nccl_error_is_peer_lost) {
@@ -628,7 +628,7 @@ static void stuck_enqueue_body(frank *f) {
     ddplug_plugin_request *req = NULL;
     ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, g_buf[0], g_buf[0], 64,
                               DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
-    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &req), DDPLUG_E_TIMEOUT);
+    CHECK_EQ_INT(ddnccl_collective_start(f->g, &a, &req), DDPLUG_E_TIMEOUT);
     CHECK(req == NULL);
     CHECK_CONTAINS(f->fr.err, "allreduce seq 1 (64 x float32, sum) did not "
                               "complete within the collective timeout (0.3 s");
@@ -636,13 +636,13 @@ static void stuck_enqueue_body(frank *f) {
     CHECK_CONTAINS(f->fr.err, "the NCCL communicator was aborted on rank 0");
     CHECK(atomic_load(&f->g->failed));
     ddplug_coll_args b = coll(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
-    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &b, &req), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_collective_start(f->g, &b, &req), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "cannot be used any more (TIMEOUT:");
     CHECK(cudaFree(g_buf[0]) == cudaSuccess);
   }
   pthread_barrier_wait(&g_sync);
   if (f->rank == 1) {
-    CHECK_EQ_INT(ddplug_nccl__check_peer_abort(f->g), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_check_peer_abort(f->g), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "did not complete within the collective timeout");
   }
 }
@@ -659,7 +659,7 @@ TEST(a_collective_stuck_in_nccl_times_out_in_collective_start) {
 
 static void *abort_soon(void *p) {
   usleep(100000);
-  ddplug_nccl__group_abort(p, "stopped by a test thread");
+  ddnccl_group_abort(p, "stopped by a test thread");
   return NULL;
 }
 
@@ -668,11 +668,11 @@ static void abort_thread_body(frank *f) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     pthread_t t;
     CHECK(pthread_create(&t, NULL, abort_soon, f->g) == 0);
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
     pthread_join(t, NULL);
     CHECK_CONTAINS(f->fr.err, "aborted on rank 0: stopped by a test thread");
     /* Freed while its collective never ran: fenced, reclaimed at destroy. */
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
     CHECK(cudaFree(g_buf[0]) == cudaSuccess);
   }
   pthread_barrier_wait(&g_sync);
@@ -681,10 +681,10 @@ static void abort_thread_body(frank *f) {
      * makes such a pair hang); its wait learns the abort from the store. */
     ddplug_plugin_request *req = NULL;
     ddplug_coll_args a = coll(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
-    CHECK_OK(ddplug_nccl__collective_start(f->g, &a, &req));
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
+    CHECK_OK(ddnccl_collective_start(f->g, &a, &req));
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "stopped by a test thread");
-    ddplug_nccl__request_free(f->g, req); /* pending: fenced until destroy */
+    ddnccl_request_free(f->g, req); /* pending: fenced until destroy */
   }
 }
 
@@ -697,7 +697,7 @@ static void abort_stuck_enqueue_body(frank *f) {
   ddplug_plugin_request *req = NULL;
   ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, g_buf[0], g_buf[0], 64,
                             DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
-  CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &req), DDPLUG_E_ABORTED);
+  CHECK_EQ_INT(ddnccl_collective_start(f->g, &a, &req), DDPLUG_E_ABORTED);
   pthread_join(t, NULL);
   CHECK(req == NULL);
   CHECK_CONTAINS(f->fr.err, "aborted on rank 0: stopped by a test thread");
@@ -727,13 +727,13 @@ static void peer_abort_body(frank *f) {
   if (f->rank == 0) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     pthread_barrier_wait(&g_sync); /* rank 1 aborts now */
-    CHECK_EQ_INT(ddplug_nccl__request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
+    CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 10000), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(f->fr.err, "aborted through the store by rank 1: aborted on "
                               "rank 1: rank 1 gives up");
-    ddplug_nccl__request_free(f->g, req);
+    ddnccl_request_free(f->g, req);
     CHECK(cudaFree(g_buf[0]) == cudaSuccess);
   } else {
-    CHECK_OK(ddplug_nccl__group_abort(f->g, "rank 1 gives up"));
+    CHECK_OK(ddnccl_group_abort(f->g, "rank 1 gives up"));
     pthread_barrier_wait(&g_sync);
   }
 }
@@ -756,7 +756,7 @@ static void wrong_device_body(frank *f) {
     ddplug_plugin_request *req = NULL;
     ddplug_coll_args a = coll(DDPLUG_COLL_ALLREDUCE, other, other, 16,
                               DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, NULL);
-    CHECK_EQ_INT(ddplug_nccl__collective_start(f->g, &a, &req),
+    CHECK_EQ_INT(ddnccl_collective_start(f->g, &a, &req),
                  DDPLUG_E_INVALID_ARGUMENT);
     CHECK(req == NULL);
     CHECK_CONTAINS(f->fr.err, "the recv buffer is device memory of cuda:1, but "

@@ -76,7 +76,7 @@ static void open_fails(int rank, int world, void *arg) {
     CHECK_CONTAINS(ddplug_last_error(), e->needles[i]);
 }
 
-#define NCCL_CONFIG(opts)                                                 \
+#define NCCL_CONFIG(opts)                                                      \
   "DDPLUG_CONFIG={\"plugin\": \"nccl\", \"rendezvous\": {\"timeout_s\": 30}, " \
   "\"timeouts\": {\"collective_s\": 30}, \"plugin_options\": " opts "}"
 

@@ -23,7 +23,7 @@ TEST(nccl_plugin_not_built) {
 
 #else
 
-#include "nccl_plugin.h"
+#include "internal.h"
 #include "nccl_fake_store.h"
 
 /* ---- the built shared object ------------------------------------------ */
@@ -58,16 +58,16 @@ TEST(shared_object_loads_without_a_driver_and_describes_itself) {
   CHECK(!(t->op_mask & DDPLUG_OP_BIT(DDPLUG_OP_BAND)));
   CHECK(t->op_mask & DDPLUG_OP_BIT(DDPLUG_OP_AVG));
   /* Masks are what the code maps to NCCL types and ops. */
-  CHECK_EQ_INT(t->dtype_mask, ddplug_nccl__dtype_mask());
-  CHECK_EQ_INT(t->op_mask, ddplug_nccl__op_mask());
+  CHECK_EQ_INT(t->dtype_mask, ddnccl_dtype_mask());
+  CHECK_EQ_INT(t->op_mask, ddnccl_op_mask());
   CHECK(t->group_create && t->group_destroy && t->group_abort &&
         t->collective_start && t->request_wait && t->request_test &&
         t->request_free);
   CHECK(t->sampler_create == NULL);
   /* Another major: no table. Only the entry point is exported. */
   CHECK(entry(DDPLUG_MAKE_VERSION(2, 0)) == NULL);
-  CHECK(dlsym(h, "ddplug_nccl__group_create") == NULL);
-  CHECK(dlsym(h, "ddplug_nccl__fail") == NULL);
+  CHECK(dlsym(h, "ddnccl_group_create") == NULL);
+  CHECK(dlsym(h, "ddnccl_fail") == NULL);
   dlclose(h);
 }
 
@@ -82,17 +82,17 @@ TEST(options_read_valid) {
   fake_world w;
   world_init(&w, 1, "{\"device_map\":[1,0,3],\"allow_shared_gpu\":true,\"check_mismatch\":false}",
              1000);
-  ddplug_nccl_options o;
+  ddnccl_options o;
   char err[512] = "";
-  CHECK_OK(ddplug_nccl__options_read(&fr.svc, &o, err, sizeof err));
+  CHECK_OK(ddnccl_options_read(&fr.svc, &o, err, sizeof err));
   CHECK_EQ_INT(o.device_map_len, 3);
   CHECK_EQ_INT(o.device_map[0], 1);
   CHECK_EQ_INT(o.device_map[2], 3);
   CHECK_EQ_INT(o.allow_shared_gpu, 1);
   CHECK_EQ_INT(o.check_mismatch, 0);
-  ddplug_nccl__options_free(&o);
+  ddnccl_options_free(&o);
   world_init(&w, 1, "{}", 1000);
-  CHECK_OK(ddplug_nccl__options_read(&fr.svc, &o, err, sizeof err));
+  CHECK_OK(ddnccl_options_read(&fr.svc, &o, err, sizeof err));
   CHECK(o.device_map == NULL && !o.allow_shared_gpu && !o.check_mismatch);
   store_free(s);
 }
@@ -131,33 +131,33 @@ TEST(options_errors_name_the_key) {
 /* ---- device choice ---------------------------------------------------- */
 
 TEST(pick_device_rules) {
-  ddplug_nccl_options none = {0}, shared = {0};
+  ddnccl_options none = {0}, shared = {0};
   shared.allow_shared_gpu = 1;
   int32_t map[3] = {2, 0, 1};
-  ddplug_nccl_options mapped = {map, 3, 0, 0};
+  ddnccl_options mapped = {map, 3, 0, 0};
   char err[512];
   int32_t d = -1;
   /* one visible device (the launcher bound it): always 0 */
-  CHECK_OK(ddplug_nccl__pick_device(&none, 3, 4, 1, &d, err, sizeof err));
+  CHECK_OK(ddnccl_pick_device(&none, 3, 4, 1, &d, err, sizeof err));
   CHECK_EQ_INT(d, 0);
   /* local rank → device */
-  CHECK_OK(ddplug_nccl__pick_device(&none, 2, 4, 4, &d, err, sizeof err));
+  CHECK_OK(ddnccl_pick_device(&none, 2, 4, 4, &d, err, sizeof err));
   CHECK_EQ_INT(d, 2);
   /* more ranks than devices: error, or round robin when sharing is allowed */
-  CHECK_EQ_INT(ddplug_nccl__pick_device(&none, 2, 3, 2, &d, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_pick_device(&none, 2, 3, 2, &d, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "local rank 2 of 3 on this node has no GPU of its own");
   CHECK_CONTAINS(err, "checks.duplicate_gpu = \"warn\" or \"allow\"");
-  CHECK_OK(ddplug_nccl__pick_device(&shared, 2, 3, 2, &d, err, sizeof err));
+  CHECK_OK(ddnccl_pick_device(&shared, 2, 3, 2, &d, err, sizeof err));
   CHECK_EQ_INT(d, 0);
   /* device_map */
-  CHECK_OK(ddplug_nccl__pick_device(&mapped, 0, 3, 3, &d, err, sizeof err));
+  CHECK_OK(ddnccl_pick_device(&mapped, 0, 3, 3, &d, err, sizeof err));
   CHECK_EQ_INT(d, 2);
-  CHECK_EQ_INT(ddplug_nccl__pick_device(&mapped, 0, 3, 2, &d, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_pick_device(&mapped, 0, 3, 2, &d, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "plugin_options.device_map[0] = 2, but this process sees "
                       "only 2 CUDA devices");
-  CHECK_EQ_INT(ddplug_nccl__pick_device(&mapped, 1, 4, 3, &d, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_pick_device(&mapped, 1, 4, 3, &d, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "plugin_options.device_map has 3 entries but this node "
                       "runs 4 ranks");
@@ -165,14 +165,14 @@ TEST(pick_device_rules) {
 
 TEST(no_device_text_says_why) {
   char buf[1024];
-  ddplug_nccl__no_device_text(cudaErrorInsufficientDriver, buf, sizeof buf);
+  ddnccl_no_device_text(cudaErrorInsufficientDriver, buf, sizeof buf);
   CHECK_CONTAINS(buf, "no CUDA device visible (");
   CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES");
   CHECK_CONTAINS(buf, "driver: ");
   CHECK_CONTAINS(buf, "cudaErrorInsufficientDriver");
   CHECK_CONTAINS(buf, "use the \"cpu\" plugin");
   setenv("CUDA_VISIBLE_DEVICES", "7", 1);
-  ddplug_nccl__no_device_text(cudaErrorNoDevice, buf, sizeof buf);
+  ddnccl_no_device_text(cudaErrorNoDevice, buf, sizeof buf);
   CHECK_CONTAINS(buf, "CUDA_VISIBLE_DEVICES=\"7\"");
   int dv = -1;
   if (cudaDriverGetVersion(&dv) == cudaSuccess && dv == 0)
@@ -183,9 +183,9 @@ TEST(no_device_text_says_why) {
 
 /* ---- device records and the duplicate-GPU verdict --------------------- */
 
-static ddplug_nccl_devrec rec(int rank, int ordinal, const char *uuid,
-                              const char *host, int version, int env) {
-  ddplug_nccl_devrec r;
+static ddnccl_devrec rec(int rank, int ordinal, const char *uuid,
+                         const char *host, int version, int env) {
+  ddnccl_devrec r;
   memset(&r, 0, sizeof r);
   r.rank = rank;
   r.ordinal = ordinal;
@@ -199,12 +199,12 @@ static ddplug_nccl_devrec rec(int rank, int ordinal, const char *uuid,
 }
 
 TEST(device_record_round_trip) {
-  ddplug_nccl_devrec a = rec(5, 1, "GPU-0a1b2c3d-0000-1111-2222-333344445555",
-                             "node-b", 23007, 1), b;
+  ddnccl_devrec a = rec(5, 1, "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+                        "node-b", 23007, 1), b;
   char buf[1024];
-  size_t n = ddplug_nccl__devrec_format(&a, buf, sizeof buf);
+  size_t n = ddnccl_devrec_format(&a, buf, sizeof buf);
   CHECK(n > 0 && n < sizeof buf);
-  CHECK_EQ_INT(ddplug_nccl__devrec_parse(buf, n, &b), 0);
+  CHECK_EQ_INT(ddnccl_devrec_parse(buf, n, &b), 0);
   CHECK_EQ_INT(b.rank, 5);
   CHECK_EQ_INT(b.ordinal, 1);
   CHECK_EQ_INT(b.nccl_version, 23007);
@@ -212,7 +212,7 @@ TEST(device_record_round_trip) {
   CHECK_EQ_STR(b.uuid, a.uuid);
   CHECK_EQ_STR(b.host, "node-b");
   CHECK_EQ_STR(b.name, a.name);
-  CHECK_EQ_INT(ddplug_nccl__devrec_parse("rank=1\nordinal=0\n", 18, &b), -1);
+  CHECK_EQ_INT(ddnccl_devrec_parse("rank=1\nordinal=0\n", 18, &b), -1);
 }
 
 #define U0 "GPU-00000000-0000-0000-0000-000000000000"
@@ -221,26 +221,26 @@ TEST(device_record_round_trip) {
 TEST(duplicate_gpu_names_both_ranks_and_the_device) {
   char err[1024];
   int shared = -1;
-  ddplug_nccl_devrec ok[3] = {rec(0, 0, U0, "node-a", 23007, 0),
+  ddnccl_devrec ok[3] = {rec(0, 0, U0, "node-a", 23007, 0),
                               rec(1, 1, U1, "node-a", 23007, 0),
                               rec(2, 0, U0, "node-b", 23007, 0)};
-  CHECK_OK(ddplug_nccl__check_devices(ok, 3, 0, &shared, err, sizeof err));
+  CHECK_OK(ddnccl_check_devices(ok, 3, 0, &shared, err, sizeof err));
   CHECK_EQ_INT(shared, 0);
 
   /* Two processes with CUDA_VISIBLE_DEVICES pointing at the same GPU. */
-  ddplug_nccl_devrec dup[2] = {rec(0, 0, U1, "node-a", 23007, 0),
+  ddnccl_devrec dup[2] = {rec(0, 0, U1, "node-a", 23007, 0),
                                rec(1, 0, U1, "node-a", 23007, 0)};
-  CHECK_EQ_INT(ddplug_nccl__check_devices(dup, 2, 0, &shared, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_check_devices(dup, 2, 0, &shared, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "ranks 0 and 1 are bound to the same GPU " U1
                       " (NVIDIA H100 80GB HBM3, PCI 0000:3b:00.0) on host node-a "
                       "(rank 0 as cuda:0, rank 1 as cuda:0)");
   CHECK_CONTAINS(err, "checks.duplicate_gpu = \"warn\" or \"allow\"");
 
-  ddplug_nccl_devrec three[3] = {rec(0, 0, U0, "h", 23007, 0),
+  ddnccl_devrec three[3] = {rec(0, 0, U0, "h", 23007, 0),
                                  rec(1, 0, U0, "h", 23007, 0),
                                  rec(2, 0, U0, "h", 23007, 0)};
-  CHECK_EQ_INT(ddplug_nccl__check_devices(three, 3, 0, NULL, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_check_devices(three, 3, 0, NULL, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "ranks 0, 1 and 2 are bound to the same GPU");
 }
@@ -248,18 +248,18 @@ TEST(duplicate_gpu_names_both_ranks_and_the_device) {
 TEST(shared_gpu_needs_nccl_2_30_and_the_env) {
   char err[1024];
   int shared = -1;
-  ddplug_nccl_devrec good[2] = {rec(0, 0, U0, "h", 23007, 1),
+  ddnccl_devrec good[2] = {rec(0, 0, U0, "h", 23007, 1),
                                 rec(1, 0, U0, "h", 23007, 1)};
-  CHECK_OK(ddplug_nccl__check_devices(good, 2, 1, &shared, err, sizeof err));
+  CHECK_OK(ddnccl_check_devices(good, 2, 1, &shared, err, sizeof err));
   CHECK_EQ_INT(shared, 1);
-  ddplug_nccl_devrec old[2] = {rec(0, 0, U0, "h", 22703, 1),
+  ddnccl_devrec old[2] = {rec(0, 0, U0, "h", 22703, 1),
                                rec(1, 0, U0, "h", 22703, 1)};
-  CHECK_EQ_INT(ddplug_nccl__check_devices(old, 2, 1, &shared, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_check_devices(old, 2, 1, &shared, err, sizeof err),
                DDPLUG_E_UNSUPPORTED);
   CHECK_CONTAINS(err, "rank 0 runs NCCL 2.27.3, which cannot put two ranks on one GPU");
-  ddplug_nccl_devrec noenv[2] = {rec(0, 0, U0, "h", 23007, 1),
+  ddnccl_devrec noenv[2] = {rec(0, 0, U0, "h", 23007, 1),
                                  rec(1, 0, U0, "h", 23007, 0)};
-  CHECK_EQ_INT(ddplug_nccl__check_devices(noenv, 2, 1, &shared, err, sizeof err),
+  CHECK_EQ_INT(ddnccl_check_devices(noenv, 2, 1, &shared, err, sizeof err),
                DDPLUG_E_CONFIG);
   CHECK_CONTAINS(err, "rank 1 runs without NCCL_MULTI_RANK_GPU_ENABLE=1");
 }
@@ -271,16 +271,16 @@ typedef struct agree_arg {
   int world, local_status;
   int64_t timeout_ms;
   int result;
-  char msg[DDPLUG_NCCL__MSG_MAX];
+  char msg[DDNCCL_MSG_MAX];
 } agree_arg;
 
 static void *agree_thread(void *p) {
   agree_arg *a = p;
   char local[64];
   snprintf(local, sizeof local, "broken on purpose (%d)", a->fr.rank);
-  uint64_t dl = ddplug_nccl__now_ns() + (uint64_t)a->timeout_ms * 1000000ull;
-  a->result = ddplug_nccl__agree(&a->fr.svc, "t", a->fr.rank, a->world,
-                                 a->local_status, local, dl, a->msg, sizeof a->msg);
+  uint64_t dl = ddnccl_now_ns() + (uint64_t)a->timeout_ms * 1000000ull;
+  a->result = ddnccl_agree(&a->fr.svc, "t", a->fr.rank, a->world,
+                           a->local_status, local, dl, a->msg, sizeof a->msg);
   return NULL;
 }
 
@@ -351,7 +351,7 @@ static void *create_thread(void *p) {
   create_arg *a = p;
   a->group = NULL;
   a->result = a->table ? a->table->group_create(a->init, &a->fr.svc, &a->group)
-                       : ddplug_nccl__group_create(a->init, &a->fr.svc, &a->group);
+                       : ddnccl_group_create(a->init, &a->fr.svc, &a->group);
   return NULL;
 }
 
@@ -435,16 +435,16 @@ TEST(group_create_rejects_bad_arguments) {
   world_init(&w, 2, "{}", 1000);
   ddplug_plugin_group *g = NULL;
   w.init[0].rank = 2;
-  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &fr.svc, &g),
+  CHECK_EQ_INT(ddnccl_group_create(&w.init[0], &fr.svc, &g),
                DDPLUG_E_INVALID_ARGUMENT);
   CHECK_CONTAINS(fr.err, "rank 2 of world 2");
   w.init[0].rank = 0;
   w.init[0].struct_size = 16;
-  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &fr.svc, &g),
+  CHECK_EQ_INT(ddnccl_group_create(&w.init[0], &fr.svc, &g),
                DDPLUG_E_ABI_MISMATCH);
   ddplug_host_services small = fr.svc;
   small.struct_size = 16;
-  CHECK_EQ_INT(ddplug_nccl__group_create(&w.init[0], &small, &g),
+  CHECK_EQ_INT(ddnccl_group_create(&w.init[0], &small, &g),
                DDPLUG_E_ABI_MISMATCH);
   CHECK(g == NULL);
   store_free(s);
@@ -484,7 +484,7 @@ TEST(abort_is_published_and_later_calls_fail) {
   rank_init(&r1, s, 1);
   ddplug_plugin_group *g0 = bare_group(&r0, 0, 2, 5000);
   ddplug_plugin_group *g1 = bare_group(&r1, 1, 2, 5000);
-  CHECK_OK(ddplug_nccl__group_abort(g0, "user pressed ctrl-c"));
+  CHECK_OK(ddnccl_group_abort(g0, "user pressed ctrl-c"));
   CHECK(atomic_load(&g0->failed));
   char buf[256];
   uint64_t len = 0;
@@ -494,15 +494,15 @@ TEST(abort_is_published_and_later_calls_fail) {
   /* Every later call on the aborted group says so, before touching CUDA. */
   ddplug_coll_args a = allreduce_args(1, 4);
   ddplug_plugin_request *req = NULL;
-  CHECK_EQ_INT(ddplug_nccl__collective_start(g0, &a, &req), DDPLUG_E_ABORTED);
+  CHECK_EQ_INT(ddnccl_collective_start(g0, &a, &req), DDPLUG_E_ABORTED);
   CHECK(req == NULL);
   CHECK_CONTAINS(r0.err, "the nccl group failed earlier and cannot be used any "
                          "more (ABORTED: aborted on rank 0: user pressed ctrl-c)");
   /* The peer sees it at its next look at the store. */
-  CHECK_EQ_INT(ddplug_nccl__check_peer_abort(g1), DDPLUG_E_ABORTED);
+  CHECK_EQ_INT(ddnccl_check_peer_abort(g1), DDPLUG_E_ABORTED);
   CHECK_CONTAINS(r1.err, "aborted through the store by rank 0: aborted on rank 0");
   /* A second abort keeps the first reason. */
-  CHECK_OK(ddplug_nccl__group_abort(g1, "later"));
+  CHECK_OK(ddnccl_group_abort(g1, "later"));
   CHECK_OK(fs_get(&r0, "abort", buf, sizeof buf - 1, &len, 0));
   buf[len] = '\0';
   CHECK_CONTAINS(buf, "user pressed ctrl-c");
@@ -516,15 +516,15 @@ TEST(a_run_aborted_by_the_runtime_fails_the_group) {
   fake_rank r0;
   rank_init(&r0, s, 0);
   ddplug_plugin_group *g = bare_group(&r0, 0, 2, 5000);
-  CHECK_OK(ddplug_nccl__check_peer_abort(g)); /* nothing happened yet */
+  CHECK_OK(ddnccl_check_peer_abort(g)); /* nothing happened yet */
   CHECK(!atomic_load(&g->failed));
   s->run_status = DDPLUG_E_PEER_LOST; /* e.g. rank 1 was killed */
-  CHECK_EQ_INT(ddplug_nccl__check_peer_abort(g), DDPLUG_E_PEER_LOST);
+  CHECK_EQ_INT(ddnccl_check_peer_abort(g), DDPLUG_E_PEER_LOST);
   CHECK(atomic_load(&g->failed));
   CHECK_CONTAINS(r0.err, "the run was aborted or lost its store (PEER_LOST)");
   ddplug_coll_args a = allreduce_args(1, 4);
   ddplug_plugin_request *req = NULL;
-  CHECK_EQ_INT(ddplug_nccl__collective_start(g, &a, &req), DDPLUG_E_ABORTED);
+  CHECK_EQ_INT(ddnccl_collective_start(g, &a, &req), DDPLUG_E_ABORTED);
   bare_free(g);
   store_free(s);
 }
@@ -538,7 +538,7 @@ typedef struct mm_arg {
 
 static void *mm_thread(void *p) {
   mm_arg *m = p;
-  m->result = ddplug_nccl__check_mismatch(m->g, &m->a);
+  m->result = ddnccl_check_mismatch(m->g, &m->a);
   return NULL;
 }
 

@@ -591,12 +591,16 @@ TEST(mismatch_check_names_the_rank_and_both_calls) {
 
 TEST(mismatch_check_times_out_naming_the_missing_rank) {
   mm_arg m[2];
-  fake_store *s = mm_init(m, 2, 3, 300); /* rank 2 never calls */
+  /* Rank 2 never calls. Rank 0 gives up on it after the timeout and
+   * publishes that verdict; rank 1 waits for the verdict up to twice the
+   * timeout. The timeout is long enough for rank 0's verdict to reach rank
+   * 1 inside that margin on a loaded machine (with 0.3 s it did not). */
+  fake_store *s = mm_init(m, 2, 3, 2000);
   for (int r = 0; r < 2; r++) m[r].a = allreduce_args(1, 10);
   run_threads(2, mm_thread, m, sizeof m[0]);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(m[r].result, DDPLUG_E_TIMEOUT);
-    CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 0.3 s");
+    CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 2.0 s");
   }
   mm_free(m, 2, s);
 }

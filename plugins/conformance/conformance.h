@@ -9,6 +9,8 @@
  *   table.c     the plugin's table read directly: entry point, identity,
  *               capabilities, masks, declared slots
  *   values.c    test values per dtype and op, and their results
+ *   elements.h  one element of any dtype as a double (float16 and
+ *               bfloat16 conversions); also the nccl tests' reference
  *   coll.c      collectives: every dtype x op, in and out of place; ranks
  *               on simulated nodes
  *   async.c     async requests, request_test, request_wait
@@ -28,6 +30,7 @@
 
 #include "ddplug/ddplug.h"
 #include "ddplug/plugin.h"
+#include "elements.h"
 
 /* The slots of ddplug_plugin, by name: X(slot, minor version that added it,
  * mandatory). A slot added to plugin.h gets a line here and a check that
@@ -186,9 +189,8 @@ void cf_sampler_rank(cf_rank *r);      /* sampler.c         */
 double cf_input(int dtype, int op, int rank, uint64_t i);
 /* The exact result of op over ranks 0..world-1 of element i. */
 double cf_expected(int dtype, int op, int world, uint64_t i);
-/* Store / load element i of a buffer of dtype. */
-void cf_put(int dtype, void *buf, uint64_t i, double v);
-double cf_get(int dtype, const void *buf, uint64_t i);
+/* Store / load element i of a buffer of dtype: cf_put, cf_get
+ * (elements.h). */
 /* Whether got equals want for dtype and op (AVG of floats: within the
  * rounding of one division). */
 int cf_same(int dtype, int op, double got, double want);

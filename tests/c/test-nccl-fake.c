@@ -114,7 +114,7 @@ static void check_reduced(const char *what, int rank, int dt, int op,
                           const void *out, size_t n, int world) {
   for (size_t i = 0; i < n; i++) {
     double want = tv_round(dt, tv_reference(dt, op, world, i));
-    double got = tv_get(dt, out, i);
+    double got = cf_get(dt, out, i);
     CHECK_MSG(got == want, "rank %d %s %s %s: element %zu is %g, expected %g",
               rank, what, ddnccl_dtype_name(dt), ddnccl_op_name(op),
               i, got, want);
@@ -135,7 +135,7 @@ static void every_dtype_and_op(frank *f) {
     CHECK(cudaMalloc(&din, n * es) == cudaSuccess);
     CHECK(cudaMalloc(&dout, n * es * (size_t)world) == cudaSuccess);
     CHECK(cudaHostAlloc(&pinned, n * es, 0) == cudaSuccess);
-    for (size_t i = 0; i < n; i++) tv_put(dt, in, i, tv_value(rank, i));
+    for (size_t i = 0; i < n; i++) cf_put(dt, in, i, tv_value(rank, i));
     for (int op = 1; op < DDPLUG_OP_COUNT_; op++) {
       if (!(ddnccl_op_mask() & DDPLUG_OP_BIT(op))) continue;
       /* device buffers (the fake's device memory is readable here) */
@@ -165,24 +165,24 @@ static void every_dtype_and_op(frank *f) {
     memcpy(din, in, n * es);
     RUN_OK(f, coll(DDPLUG_COLL_BROADCAST, din, din, n, dt, 0, root, s));
     for (size_t i = 0; i < n; i++)
-      CHECK_MSG(tv_get(dt, din, i) == tv_value(root, i), "bcast elem %zu", i);
+      CHECK_MSG(cf_get(dt, din, i) == tv_value(root, i), "bcast elem %zu", i);
     memset(out, 0, n * es);
     RUN_OK(f, coll(DDPLUG_COLL_BROADCAST, in, out, n, dt, 0, root, NULL));
     for (size_t i = 0; i < n; i++)
-      CHECK_MSG(tv_get(dt, out, i) == tv_value(root, i), "host bcast elem %zu", i);
+      CHECK_MSG(cf_get(dt, out, i) == tv_value(root, i), "host bcast elem %zu", i);
     /* allgather: host in place, and device send into host recv */
     memset(out, 0, n * es * (size_t)world);
     memcpy(out + (size_t)rank * n * es, in, n * es);
     RUN_OK(f, coll(DDPLUG_COLL_ALLGATHER, out + (size_t)rank * n * es, out, n, dt, 0, 0, NULL));
     for (int r = 0; r < world; r++)
       for (size_t i = 0; i < n; i++)
-        CHECK_MSG(tv_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
+        CHECK_MSG(cf_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
                   "allgather block %d elem %zu", r, i);
     memcpy(din, in, n * es);
     memset(out, 0, n * es * (size_t)world);
     RUN_OK(f, coll(DDPLUG_COLL_ALLGATHER, din, out, n, dt, 0, 0, s));
     for (int r = 0; r < world; r++)
-      CHECK(tv_get(dt, out + (size_t)r * n * es, n - 1) == tv_value(r, n - 1));
+      CHECK(cf_get(dt, out + (size_t)r * n * es, n - 1) == tv_value(r, n - 1));
     CHECK(cudaFree(din) == cudaSuccess);
     CHECK(cudaFree(dout) == cudaSuccess);
     CHECK(cudaFreeHost(pinned) == cudaSuccess);

@@ -122,7 +122,7 @@ static void check_result(const char *what, int dt, int op, const void *out,
                          size_t n, int world) {
   for (size_t i = 0; i < n; i++) {
     double want = tv_round(dt, tv_reference(dt, op, world, i));
-    double got = tv_get(dt, out, i);
+    double got = cf_get(dt, out, i);
     CHECK_MSG(got == want, "%s %s %s: element %zu is %g, expected %g", what,
               ddplug_dtype_name(dt), ddplug_op_name(op), i, got, want);
   }
@@ -177,7 +177,7 @@ static void every_dtype_and_op(ddplug_context *ctx, int rank, int world) {
     CUDA_OK(cudaMalloc(&din, n * es));
     CUDA_OK(cudaMalloc(&dout, n * es * (size_t)world));
     CUDA_OK(cudaMallocHost(&pinned, n * es));
-    for (size_t i = 0; i < n; i++) tv_put(dt, in, i, tv_value(rank, i));
+    for (size_t i = 0; i < n; i++) cf_put(dt, in, i, tv_value(rank, i));
     for (int op = 1; op < DDPLUG_OP_COUNT_; op++) {
       if (!(info.op_mask & DDPLUG_OP_BIT(op))) continue;
       /* device buffers, out of place, on a caller stream */
@@ -207,14 +207,14 @@ static void every_dtype_and_op(ddplug_context *ctx, int rank, int world) {
     CHECK_OK(ddplug_broadcast(ctx, din, din, n, dt, root, s));
     CUDA_OK(cudaMemcpy(out, din, n * es, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++)
-      CHECK_MSG(tv_get(dt, out, i) == tv_value(root, i), "broadcast %s element %zu",
+      CHECK_MSG(cf_get(dt, out, i) == tv_value(root, i), "broadcast %s element %zu",
                 ddplug_dtype_name(dt), i);
     memset(out, 0, n * es * (size_t)world);
     memcpy(out + (size_t)rank * n * es, in, n * es);
     CHECK_OK(ddplug_allgather(ctx, out + (size_t)rank * n * es, out, n, dt, NULL));
     for (int r = 0; r < world; r++)
       for (size_t i = 0; i < n; i++)
-        CHECK_MSG(tv_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
+        CHECK_MSG(cf_get(dt, out + (size_t)r * n * es, i) == tv_value(r, i),
                   "allgather %s block %d element %zu", ddplug_dtype_name(dt), r, i);
     CUDA_OK(cudaFree(din));
     CUDA_OK(cudaFree(dout));

@@ -23,6 +23,11 @@ if(TARGET ddplug_nccl_objs)
       add_dependencies(${_t} ddplug-nccl)
     endif()
   endforeach()
+  # nccl_test_values.h reads and writes elements with the conformance
+  # suite's elements.h (test-nccl-gpu, test-nccl-fake).
+  if(TARGET test-nccl-gpu)
+    target_include_directories(test-nccl-gpu PRIVATE ${PROJECT_SOURCE_DIR}/plugins/conformance)
+  endif()
   # test-nccl-fake: the plugin's sources against an in-process fake of the
   # CUDA runtime and NCCL (tests/nccl-fake), instead of the real libraries.
   if(TARGET test-nccl-fake)
@@ -32,7 +37,8 @@ if(TARGET ddplug_nccl_objs)
                    ${PROJECT_SOURCE_DIR}/tests/nccl-fake/fake_cuda_nccl.c)
     target_include_directories(test-nccl-fake SYSTEM PRIVATE ${_inc})
     target_include_directories(test-nccl-fake PRIVATE
-      ${PROJECT_SOURCE_DIR}/plugins/nccl ${PROJECT_SOURCE_DIR}/tests/nccl-fake)
+      ${PROJECT_SOURCE_DIR}/plugins/nccl ${PROJECT_SOURCE_DIR}/tests/nccl-fake
+      ${PROJECT_SOURCE_DIR}/plugins/conformance)
     target_link_libraries(test-nccl-fake PRIVATE ddplug_dep_jansson Threads::Threads)
     target_compile_definitions(test-nccl-fake PRIVATE DDPLUG_TEST_NCCL=1)
   endif()

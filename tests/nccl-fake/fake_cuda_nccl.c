@@ -443,9 +443,9 @@ static void compute(fk_coll *c, int n) {
         memcpy(tmp + ((size_t)r * c->count + i) * es, (const char *)c->send[r] + i * es, es);
       continue;
     }
-    double acc = tv_get(dt, c->send[0], i);
+    double acc = cf_get(dt, c->send[0], i);
     for (int r = 1; r < n; r++) {
-      double v = tv_get(dt, c->send[r], i);
+      double v = cf_get(dt, c->send[r], i);
       switch (c->op) {
         case ncclSum: case ncclAvg: acc += v; break;
         case ncclProd: acc *= v; break;
@@ -456,7 +456,7 @@ static void compute(fk_coll *c, int n) {
     }
     if (c->op == ncclAvg)
       acc = tv_is_int(dt) ? (double)((int64_t)acc / n) : acc / n;
-    tv_put(dt, tmp, i, acc);
+    cf_put(dt, tmp, i, acc);
   }
   for (int r = 0; r < n; r++) memcpy(c->recv[r], tmp, out * es);
   free(tmp);

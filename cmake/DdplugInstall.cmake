@@ -4,7 +4,7 @@
 #   <libdir>/libddplug.so.1        the library
 #   <libdir>/ddplug/libddplug-*.so the plugins, which libddplug finds
 #                                  relative to its own location
-#                                  (abi/src/run/loader.c)
+#                                  (abi/src/plugin/loader.c)
 # Components: "runtime" (library, plugins, programs) and "development"
 # (headers, CMake package, pkg-config file, schema). The wheel installs only
 # the runtime.

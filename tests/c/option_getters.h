@@ -1,7 +1,7 @@
 /* option_getters.h — the host services' option getters (plugin ABI 1.3) for
  * the tests' stand-ins of the runtime (tests/c/cpu_driver.c, the nccl fake
  * store): they check the plugin_options JSON against the plugin's
- * declarations with the runtime's own code (run/options.c) and read the
+ * declarations with the runtime's own code (plugin/options.c) and read the
  * value, as ddplug_open's services do. The includer sets og_source to say
  * where a host's plugin table and options JSON are. */
 #ifndef DDPLUG_TEST_OPTION_GETTERS_H

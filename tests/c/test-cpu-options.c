@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-/* The options as the runtime checks them (run/options.c) and the plugin
+/* The options as the runtime checks them (plugin/options.c) and the plugin
  * reads them (ddcpu_options_read) — the driver stands in for the runtime. */
 const ddplug_plugin *ddplug_plugin_entry_v1(uint32_t host_abi_version);
 

@@ -141,7 +141,7 @@ static void svc_set_error(void *host, int32_t status, const char *message) {
   pthread_mutex_unlock(&ctx->plugin_err_mu);
 }
 
-/* ---- typed options (the plugin's declarations, run/options.c) ----------- */
+/* ---- typed options (the plugin's declarations, plugin/options.c) ----------- */
 
 static int option(ddplug_context *ctx, const char *name, int32_t type, const json_t **v) {
   int s = ddplug__option_value(&ctx->plugin->table, ctx->option_values, name, type, v);

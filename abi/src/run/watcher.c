@@ -1,6 +1,6 @@
 /* watcher.c — the failure watcher: a thread per context blocks on
  * ddplug/abort through its own store connection; when the key appears, the
- * context is aborted (context.c) and the plugin's group_abort unblocks
+ * context is aborted (failure.c) and the plugin's group_abort unblocks
  * whatever the rank is doing. Losing the store itself (rank 0 died) is also
  * a failure of the run.
  * SPDX-License-Identifier: Apache-2.0 */

@@ -117,8 +117,8 @@ void ddcpu_ctr_sleep(ddcpu_ctr *c, uint32_t seen, uint64_t timeout_ns, int share
 
 /* What a blocked step waits for. */
 typedef struct ddcpu_wait_target {
-  int kind;        /* DDCPU_WAIT_CTR or DDCPU_WAIT_FDS                          */
-  ddcpu_ctr *ctr;     /* CTR: until ctr >= until                             */
+  int kind;        /* DDCPU_WAIT_CTR or DDCPU_WAIT_FDS                     */
+  ddcpu_ctr *ctr;  /* CTR: until ctr >= until                              */
   uint32_t until;
   int poster;      /* CTR: local index of the rank whose arrival ctr
                       counts, or -1; an arrival wait also ends (returns 0,

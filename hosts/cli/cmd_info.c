@@ -19,6 +19,8 @@ static const struct {
     {DDPLUG_CAP_MISMATCH_CHECK, "mismatch-check"}, {DDPLUG_CAP_ABORT, "abort"},
     {DDPLUG_CAP_STREAMS, "streams"},           {DDPLUG_CAP_SAMPLER, "sampler"},
     {DDPLUG_CAP_REGISTERED_MEMORY, "registered-memory"},
+    {DDPLUG_CAP_P2P, "p2p"},                   {DDPLUG_CAP_P2P_ANY_SOURCE, "p2p-any-source"},
+    {DDPLUG_CAP_BOOTSTRAP, "bootstrap"},       {DDPLUG_CAP_SHRINK, "shrink"},
 };
 
 static void list_caps(char *buf, size_t cap, uint64_t caps, const char *quote) {

@@ -52,7 +52,11 @@
   X(sampler_declared, 2, 0)         \
   X(mem_alloc, 3, 0)                \
   X(mem_free, 3, 0)                 \
-  X(mem_query, 3, 0)
+  X(mem_query, 3, 0)                \
+  X(p2p_start, 4, 0)                \
+  X(bootstrap_world, 4, 0)          \
+  X(bootstrap_broadcast, 4, 0)      \
+  X(group_shrink, 4, 0)
 
 enum {
 #define CF__SLOT_ENUM(slot, minor, mandatory) CF_SLOT_##slot,

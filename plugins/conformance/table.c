@@ -15,7 +15,8 @@
 #define CF_KNOWN_CAPS                                                                  \
   (DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY | DDPLUG_CAP_ASYNC |              \
    DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT |              \
-   DDPLUG_CAP_STREAMS | DDPLUG_CAP_SAMPLER | DDPLUG_CAP_REGISTERED_MEMORY)
+   DDPLUG_CAP_STREAMS | DDPLUG_CAP_SAMPLER | DDPLUG_CAP_REGISTERED_MEMORY |              \
+   DDPLUG_CAP_P2P | DDPLUG_CAP_P2P_ANY_SOURCE | DDPLUG_CAP_BOOTSTRAP | DDPLUG_CAP_SHRINK)
 
 static int slot_filled(const void *table, uint32_t size, int slot) {
   size_t off = cf_slots[slot].offset;
@@ -29,8 +30,10 @@ static int slot_filled(const void *table, uint32_t size, int slot) {
  * minor: the whole struct, whatever minor plugin.h is at). */
 static size_t size_of_minor(uint32_t minor) {
   if (minor >= DDPLUG_PLUGIN_ABI_MINOR) return sizeof(ddplug_plugin);
-  return minor == 0 ? DDPLUG_PLUGIN_SIZE_1_0 : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
-                                                          : DDPLUG_PLUGIN_SIZE_1_2;
+  return minor == 0   ? DDPLUG_PLUGIN_SIZE_1_0
+         : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
+         : minor == 2 ? DDPLUG_PLUGIN_SIZE_1_2
+                      : DDPLUG_PLUGIN_SIZE_1_3;
 }
 
 void cf_table_rank(cf_rank *r) {
@@ -162,6 +165,24 @@ void cf_table_rank(cf_rank *r) {
   else if ((caps & DDPLUG_CAP_ABORT) && !slot_filled(t, size, CF_SLOT_group_abort))
     cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
               "DDPLUG_CAP_ABORT is set but group_abort is NULL");
+  else if (!!(caps & DDPLUG_CAP_P2P) != slot_filled(t, size, CF_SLOT_p2p_start))
+    cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS, "DDPLUG_CAP_P2P is %s but p2p_start is %s",
+              caps & DDPLUG_CAP_P2P ? "set" : "not set",
+              slot_filled(t, size, CF_SLOT_p2p_start) ? "filled" : "NULL");
+  else if ((caps & DDPLUG_CAP_P2P_ANY_SOURCE) && !(caps & DDPLUG_CAP_P2P))
+    cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
+              "DDPLUG_CAP_P2P_ANY_SOURCE is set without DDPLUG_CAP_P2P");
+  else if (slot_filled(t, size, CF_SLOT_bootstrap_world) !=
+               slot_filled(t, size, CF_SLOT_bootstrap_broadcast) ||
+           !!(caps & DDPLUG_CAP_BOOTSTRAP) != slot_filled(t, size, CF_SLOT_bootstrap_world))
+    cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
+              "DDPLUG_CAP_BOOTSTRAP is %s but bootstrap_world and bootstrap_broadcast are not "
+              "both %s", caps & DDPLUG_CAP_BOOTSTRAP ? "set" : "not set",
+              caps & DDPLUG_CAP_BOOTSTRAP ? "filled" : "NULL");
+  else if (!!(caps & DDPLUG_CAP_SHRINK) != slot_filled(t, size, CF_SLOT_group_shrink))
+    cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS, "DDPLUG_CAP_SHRINK is %s but group_shrink is %s",
+              caps & DDPLUG_CAP_SHRINK ? "set" : "not set",
+              slot_filled(t, size, CF_SLOT_group_shrink) ? "filled" : "NULL");
   else if (mem_filled % 3 != 0 || !!(caps & DDPLUG_CAP_REGISTERED_MEMORY) != (mem_filled == 3))
     cf_report(r, "table.caps", 0, CF_FAIL, T_CAPS,
               "DDPLUG_CAP_REGISTERED_MEMORY is %s but mem_alloc, mem_free and mem_query are "

@@ -242,6 +242,20 @@ TEST(partial_registered_memory_slots) {
                  "and mem_query slots are NULL");
 }
 
+TEST(new_slots_agree_with_their_capabilities) {
+  ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
+  CHECK_STATUS(ddplug_plugin_inspect("p2pcap", &info), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "declares DDPLUG_CAP_P2P but its p2p_start slot is NULL");
+  CHECK_STATUS(ddplug_plugin_inspect("halfboot", &info), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "fills bootstrap_world but not bootstrap_broadcast: provide both "
+                 "bootstrap slots or neither");
+  CHECK_STATUS(ddplug_plugin_inspect("shrinkslot", &info), DDPLUG_E_INVALID_ARGUMENT);
+  CHECK_CONTAINS(ddplug_last_error(),
+                 "does not declare DDPLUG_CAP_SHRINK but its group_shrink slot is filled");
+}
+
 TEST(entry_refuses) {
   ddplug_plugin_info info = DDPLUG_PLUGIN_INFO_INIT;
   CHECK_STATUS(ddplug_plugin_inspect("refuses", &info), DDPLUG_E_ABI_MISMATCH);
@@ -269,7 +283,7 @@ TEST(load_failures_do_not_leak) {
    * runs catch a dlopen handle or allocation kept on a failure path. */
   const char *names[] = {"toonew", "tooold", "wrongmajor", "toosmall",
                          "missingslot", "partialsampler", "refuses", "nosuch",
-                         "partialmem", "memcap"};
+                         "partialmem", "memcap", "p2pcap", "halfboot", "shrinkslot"};
   for (int round = 0; round < 50; round++)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
       ddplug__plugin *p = NULL;

@@ -26,8 +26,8 @@ echo '{"plugin": "example"}' >"$tmp/example.json"
 echo 'not a shared object, just text; long enough for the ELF reader to say so' >"$tmp/fake.so"
 
 expect info-name 0 '^plugin +example$' -- "$DDPLUG" info example
-expect info-abi 0 '^ABI version +1\.3 ' -- "$DDPLUG" info example
-expect info-json 0 '"name": "example".*"abi_version": "1\.3"' -- "$DDPLUG" info --json example
+expect info-abi 0 '^ABI version +1\.4 ' -- "$DDPLUG" info example
+expect info-json 0 '"name": "example".*"abi_version": "1\.4"' -- "$DDPLUG" info --json example
 expect info-options 0 '^options +chunk_bytes +int 4096\.\.16777216, multiple of 4096; default 262144: ' -- "$DDPLUG" info cpu
 expect info-old-table 0 '^ABI version +1\.0 ' -- "$DDPLUG" info "$BUILD/lib/test-plugins/libddplug-oldtable.so"
 expect info-not-found 1 "plugin 'nosuch' not found; searched: .*libddplug-nosuch.so \(no such file\)" -- "$DDPLUG" info nosuch

@@ -135,6 +135,10 @@ typedef enum ddplug_op {
 #define DDPLUG_CAP_STREAMS         (1ull << 6) /* honours the stream argument */
 #define DDPLUG_CAP_SAMPLER         (1ull << 7) /* supplies sampler slots      */
 #define DDPLUG_CAP_REGISTERED_MEMORY (1ull << 8) /* mem_alloc/free/query slots */
+#define DDPLUG_CAP_P2P             (1ull << 9) /* p2p_start: send and receive  */
+#define DDPLUG_CAP_P2P_ANY_SOURCE  (1ull << 10) /* a receive may match any sender */
+#define DDPLUG_CAP_BOOTSTRAP       (1ull << 11) /* bootstrap_world/_broadcast  */
+#define DDPLUG_CAP_SHRINK          (1ull << 12) /* group_shrink re-forms in place */
 
 /* ------------------------------------------------------------------------ */
 /* Memory kind of collective buffers (ddplug_coll_args.mem).                */

@@ -108,7 +108,7 @@ extern "C" {
 #endif
 
 #define DDPLUG_PLUGIN_ABI_MAJOR 1
-#define DDPLUG_PLUGIN_ABI_MINOR 3
+#define DDPLUG_PLUGIN_ABI_MINOR 4
 #define DDPLUG_PLUGIN_ABI_VERSION \
   DDPLUG_MAKE_VERSION(DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR)
 
@@ -306,6 +306,55 @@ typedef struct ddplug_sampler_desc {
   uint64_t batch_size;        /* per rank                                   */
   /* ---- end of ABI 1.1 ---- */
 } ddplug_sampler_desc;
+
+/* ------------------------------------------------------------------------ */
+/* One point-to-point operation (ABI 1.4; p2p_start). The runtime validates
+ * the arguments before the plugin sees them: peer in range and not this
+ * rank (DDPLUG_ANY_SOURCE only for a receive, and only with
+ * DDPLUG_CAP_P2P_ANY_SOURCE), tag >= 0, buf non-NULL where count > 0,
+ * dtype in the plugin's mask.                                              */
+typedef enum ddplug_p2p_kind {
+  DDPLUG_P2P_UNSET = 0,
+  DDPLUG_P2P_SEND = 1,
+  DDPLUG_P2P_RECV = 2
+} ddplug_p2p_kind;
+
+/* A receive's peer that matches a send from any rank. */
+#define DDPLUG_ANY_SOURCE (-1)
+
+typedef struct ddplug_p2p_args {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t kind;     /* ddplug_p2p_kind                                      */
+  int32_t peer;     /* the other rank, or DDPLUG_ANY_SOURCE (a receive)     */
+  int64_t tag;      /* >= 0: a send matches a receive of the same tag       */
+  void *buf;        /* a send reads count elements, a receive writes them   */
+  uint64_t count;   /* elements                                            */
+  int32_t dtype;    /* ddplug_dtype                                         */
+  int32_t mem;      /* ddplug_mem                                           */
+  void *stream;     /* device plugins: e.g. a cudaStream_t; else NULL       */
+  int32_t *source;  /* a receive: the matched sender's rank is stored here
+                       before the request completes; NULL = not wanted     */
+  int32_t reserved0;
+  /* ---- end of ABI 1.4 ---- */
+} ddplug_p2p_args;
+
+/* ------------------------------------------------------------------------ */
+/* The world as a plugin's engine knows it (ABI 1.4; bootstrap_world), for
+ * launchers such as mpirun or srun that start every rank but publish no
+ * rendezvous address.                                                      */
+typedef struct ddplug_bootstrap_world {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;       /* index among the ranks of this node; -1 unknown */
+  int32_t local_world_size; /* ranks on this node; -1 unknown                 */
+  int32_t node_rank;        /* index of this node; -1 unknown                 */
+  int32_t reserved0;
+  char source[16];          /* who said so, e.g. "mpi" (NUL-terminated)       */
+  /* ---- end of ABI 1.4 ---- */
+} ddplug_bootstrap_world;
 
 /* ------------------------------------------------------------------------ */
 /* Option declarations (ABI 1.3): one per key the plugin accepts in the
@@ -506,6 +555,78 @@ typedef struct ddplug_plugin {
                    int32_t *reach);
 
   /* ---- end of ABI 1.3 ---- */
+
+  /* --- point-to-point (optional, ABI 1.4; DDPLUG_CAP_P2P) ---------------
+   * Start a send or a receive (ddplug_p2p_args) and return a request in
+   * *req, completed through request_wait / request_test / request_free
+   * like a collective's. With DDPLUG_CAP_ASYNC it never waits for the peer.
+   * Matching: a receive matches the oldest unmatched send of its peer (of
+   * any rank for DDPLUG_ANY_SOURCE) with the same tag; between one sender
+   * and one receiver, the messages of one tag are received in the order
+   * they were sent (non-overtaking). A send may complete before the
+   * receive is posted (buffered) or only once it is: a host relies on
+   * neither. count and dtype must agree with the matched send: otherwise
+   * the receive (and the send, where the plugin can tell) fails with
+   * DDPLUG_E_MISMATCH naming both ranks, the tag and both counts, and no
+   * data is delivered. Point-to-point operations are not collectives: they
+   * take no sequence number, other ranks need not take part, and they may
+   * be pending while collectives run on the group (the runtime still calls
+   * a group's slots from one thread at a time). A receive nobody sends to
+   * ends in request_wait with DDPLUG_E_TIMEOUT (it stays pending); a dead
+   * peer gives DDPLUG_E_PEER_LOST naming it; group_abort ends pending
+   * operations as it ends collectives. On failure *req is untouched and
+   * nothing was started. A plugin with DDPLUG_CAP_P2P fills this slot, and
+   * only such a plugin. */
+  int (*p2p_start)(ddplug_plugin_group *group, const ddplug_p2p_args *args,
+                   ddplug_plugin_request **req);
+
+  /* --- bootstrap (optional, ABI 1.4; both or neither; DDPLUG_CAP_BOOTSTRAP)
+   * For a plugin whose engine learns the world by itself (mpi: from
+   * MPI_COMM_WORLD under mpirun or srun). Called by ddplug_open before the
+   * rendezvous store exists, when the launcher gave no rendezvous address:
+   * the runtime takes the world from bootstrap_world, rank 0 starts the
+   * store, and bootstrap_broadcast carries its address and a fresh per-run
+   * secret to every rank, over a channel private to the job. Not called on
+   * a group (there is none yet): the plugin keeps what it needs (e.g. an
+   * initialised MPI, once per process, coexisting with other users of it
+   * such as mpi4py) for its later group_create. svc's log and set_error
+   * work; its store and option slots return DDPLUG_E_UNSUPPORTED here. */
+
+  /* Fill *out (its struct_size says how much) with this process's rank and
+   * the world. Does not wait for peers beyond what the engine's own
+   * initialisation does. Errors: DDPLUG_E_NOT_FOUND when the process was
+   * not started by a launcher the engine knows (set_error says what was
+   * looked for), DDPLUG_E_SYSTEM when the engine cannot start. */
+  int (*bootstrap_world)(const ddplug_host_services *svc,
+                         ddplug_bootstrap_world *out);
+  /* Copy rank 0's len bytes of buf into every rank's buf. Collective over
+   * the bootstrap world; every rank passes the same len. Blocks at most
+   * timeout_ms (> 0): DDPLUG_E_TIMEOUT, naming what is known of the ranks
+   * that did not take part. */
+  int (*bootstrap_broadcast)(const ddplug_host_services *svc, void *buf,
+                             uint64_t len, int64_t timeout_ms);
+
+  /* --- shrink (optional, ABI 1.4; DDPLUG_CAP_SHRINK) --------------------
+   * Re-form the group over the survivors after a peer loss (the group
+   * reported DDPLUG_E_PEER_LOST or was aborted for it), without restarting
+   * any process. init describes the new world: the survivors renumbered
+   * 0..n-1 in the order of their old ranks, with a new run_id (a new
+   * generation of the run: store keys and shared-memory names differ) and
+   * the survivors' locality; old_rank_of[new rank] is each member's rank
+   * in group. Collective over the survivors only; blocks at most
+   * init->timeout_ms and must not wait for the dead. On success *out is
+   * the new group; group must still be released with group_destroy, which
+   * must then not block on the dead ranks either. On failure *out is
+   * untouched and set_error has explained. Without this slot the runtime
+   * destroys group and calls group_create with init (the cpu plugin
+   * re-creates its shared memory that way); an engine that can shrink a
+   * communicator in place (ncclCommShrink, ULFM's MPIX_Comm_shrink) fills
+   * it. svc and init stay valid until the new group is destroyed. */
+  int (*group_shrink)(ddplug_plugin_group *group, const ddplug_group_init *init,
+                      const ddplug_host_services *svc, const int32_t *old_rank_of,
+                      ddplug_plugin_group **out);
+
+  /* ---- end of ABI 1.4 ---- */
 } ddplug_plugin;
 
 /* Values of mem_query's *reach (and ddplug_mem_reach's). */
@@ -517,7 +638,8 @@ typedef struct ddplug_plugin {
 #define DDPLUG_PLUGIN_SIZE_1_0 offsetof(ddplug_plugin, sampler_create)
 #define DDPLUG_PLUGIN_SIZE_1_1 offsetof(ddplug_plugin, sampler_declared)
 #define DDPLUG_PLUGIN_SIZE_1_2 offsetof(ddplug_plugin, options)
-#define DDPLUG_PLUGIN_SIZE_1_3 sizeof(ddplug_plugin)
+#define DDPLUG_PLUGIN_SIZE_1_3 offsetof(ddplug_plugin, p2p_start)
+#define DDPLUG_PLUGIN_SIZE_1_4 sizeof(ddplug_plugin)
 
 /* The entry point a plugin exports. host_abi_version is the runtime's
  * DDPLUG_PLUGIN_ABI_VERSION, so a plugin may return a table suited to it (or

@@ -267,6 +267,19 @@ static const slot_name sampler_slots[] = {
 static const slot_name mem_slots[] = {
     SLOT(mem_alloc), SLOT(mem_free), SLOT(mem_query),
 };
+static const slot_name bootstrap_slots[] = {
+    SLOT(bootstrap_world), SLOT(bootstrap_broadcast),
+};
+/* An optional slot and the capability bit that announces it: both or neither. */
+static const struct {
+  slot_name slot;
+  uint64_t cap;
+  const char *cap_name;
+} cap_slots[] = {
+    {SLOT(p2p_start), DDPLUG_CAP_P2P, "DDPLUG_CAP_P2P"},
+    {SLOT(bootstrap_world), DDPLUG_CAP_BOOTSTRAP, "DDPLUG_CAP_BOOTSTRAP"},
+    {SLOT(group_shrink), DDPLUG_CAP_SHRINK, "DDPLUG_CAP_SHRINK"},
+};
 #undef SLOT
 
 static int slot_set(const ddplug_plugin *t, size_t offset) {
@@ -324,6 +337,28 @@ static int validate_table(const ddplug_plugin *t, const char *path) {
                        "plugin '%s' (%s) declares DDPLUG_CAP_REGISTERED_MEMORY but "
                        "its mem_alloc, mem_free and mem_query slots are NULL",
                        t->name, path);
+  if (slot_set(t, bootstrap_slots[0].offset) != slot_set(t, bootstrap_slots[1].offset))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "plugin '%s' (%s) fills %s but not %s: provide both bootstrap "
+                       "slots or neither",
+                       t->name, path,
+                       bootstrap_slots[slot_set(t, bootstrap_slots[0].offset) ? 0 : 1].name,
+                       bootstrap_slots[slot_set(t, bootstrap_slots[0].offset) ? 1 : 0].name);
+  for (size_t i = 0; i < DDPLUG__ARRAY_LEN(cap_slots); i++) {
+    int filled = slot_set(t, cap_slots[i].slot.offset);
+    if (filled != !!(t->caps & cap_slots[i].cap))
+      return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                         "plugin '%s' (%s) %s %s but its %s slot is %s: set the "
+                         "capability exactly when the slot is filled",
+                         t->name, path, filled ? "does not declare" : "declares",
+                         cap_slots[i].cap_name, cap_slots[i].slot.name,
+                         filled ? "filled" : "NULL");
+  }
+  if ((t->caps & DDPLUG_CAP_P2P_ANY_SOURCE) && !(t->caps & DDPLUG_CAP_P2P))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "plugin '%s' (%s) declares DDPLUG_CAP_P2P_ANY_SOURCE without "
+                       "DDPLUG_CAP_P2P (any-source is a kind of receive)",
+                       t->name, path);
   return DDPLUG_OK;
 }
 
@@ -344,7 +379,8 @@ static int lift_table(const ddplug_plugin *src, const char *path,
   size_t need = minor == 0   ? DDPLUG_PLUGIN_SIZE_1_0
                 : minor == 1 ? DDPLUG_PLUGIN_SIZE_1_1
                 : minor == 2 ? DDPLUG_PLUGIN_SIZE_1_2
-                             : DDPLUG_PLUGIN_SIZE_1_3;
+                : minor == 3 ? DDPLUG_PLUGIN_SIZE_1_3
+                             : DDPLUG_PLUGIN_SIZE_1_4;
   if (src->struct_size < need)
     return ddplug__err(DDPLUG_E_ABI_MISMATCH,
                        "plugin '%s': its table is too small (%u bytes) for "

@@ -13,7 +13,10 @@
  *   FIX_PARTIALSAMPLER  one sampler slot filled, the others NULL
  *   FIX_REFUSES         the entry point returns NULL
  *   FIX_PARTIALMEM      mem_alloc filled, mem_free and mem_query NULL
- *   FIX_MEMCAP          DDPLUG_CAP_REGISTERED_MEMORY without the mem slots */
+ *   FIX_MEMCAP          DDPLUG_CAP_REGISTERED_MEMORY without the mem slots
+ *   FIX_P2PCAP          DDPLUG_CAP_P2P without p2p_start
+ *   FIX_HALFBOOT        bootstrap_world filled, bootstrap_broadcast NULL
+ *   FIX_SHRINKSLOT      group_shrink filled without DDPLUG_CAP_SHRINK */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +33,9 @@
 #define FIX_REFUSES 9
 #define FIX_PARTIALMEM 10
 #define FIX_MEMCAP 11
+#define FIX_P2PCAP 12
+#define FIX_HALFBOOT 13
+#define FIX_SHRINKSLOT 14
 
 struct ddplug_plugin_group {
   int world_size;
@@ -116,6 +122,22 @@ static int fx_mem_alloc(ddplug_plugin_group *g, uint64_t bytes, void **ptr) {
 }
 #endif
 
+#if FIXTURE == FIX_HALFBOOT
+static int fx_bootstrap_world(const ddplug_host_services *svc, ddplug_bootstrap_world *out) {
+  (void)svc; (void)out;
+  return 5;
+}
+#endif
+
+#if FIXTURE == FIX_SHRINKSLOT
+static int fx_group_shrink(ddplug_plugin_group *g, const ddplug_group_init *init,
+                           const ddplug_host_services *svc, const int32_t *old_rank_of,
+                           ddplug_plugin_group **out) {
+  (void)g; (void)init; (void)svc; (void)old_rank_of; (void)out;
+  return 5;
+}
+#endif
+
 static ddplug_plugin fixture_table = {
     .struct_size = sizeof(ddplug_plugin),
     .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
@@ -124,6 +146,8 @@ static ddplug_plugin fixture_table = {
     .description = "loader test fixture",
 #if FIXTURE == FIX_MEMCAP
     .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_REGISTERED_MEMORY,
+#elif FIXTURE == FIX_P2PCAP
+    .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_P2P,
 #else
     .caps = DDPLUG_CAP_HOST_MEMORY,
 #endif
@@ -142,6 +166,12 @@ static ddplug_plugin fixture_table = {
 #endif
 #if FIXTURE == FIX_PARTIALMEM
     .mem_alloc = fx_mem_alloc,
+#endif
+#if FIXTURE == FIX_HALFBOOT
+    .bootstrap_world = fx_bootstrap_world,
+#endif
+#if FIXTURE == FIX_SHRINKSLOT
+    .group_shrink = fx_group_shrink,
 #endif
 };
 

@@ -66,9 +66,10 @@ deps: .deps/system .deps/python
 	fi
 	@touch $@
 
-# The project's own virtual environment, with the Python package installed
-# in editable mode.
-.deps/python: hosts/lightning/pyproject.toml Makefile
+# The project's own virtual environment, with this checkout's Python package
+# (hosts/python) on its path: a .pth file in its site-packages names the
+# folder, so edits take effect at once and no second pyproject is needed.
+.deps/python: pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
 	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
@@ -77,8 +78,12 @@ deps: .deps/system .deps/python
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \
 	fi
 	@if [ -L "$(VENV)" ]; then \
-	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/lightning through PYTHONPATH)"; \
+	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/python through PYTHONPATH)"; \
 	else \
-	  "$(PY)" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e hosts/lightning; \
+	  if "$(PY)" -m pip show ddplug 2>/dev/null | grep -q '^Editable project location:'; then \
+	    "$(PY)" -m pip uninstall -q -y --disable-pip-version-check ddplug; \
+	  fi; \
+	  site=$$("$(PY)" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  echo "$(CURDIR)/hosts/python" >"$$site/ddplug-checkout.pth"; \
 	fi
 	@touch $@

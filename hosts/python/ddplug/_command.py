@@ -3,7 +3,7 @@
 The wheel bundles the command as ``ddplug/_lib/bin/ddplug``, with an RPATH
 to the library beside it; this replaces the Python process with it
 (``os.execv``), so arguments, exit status and signals are the command's own.
-From a source checkout (``pip install -e hosts/lightning``) the build tree's
+From a source checkout (``hosts/python`` on ``sys.path``) the build tree's
 ``$DDPLUG_BUILD_DIR/bin/ddplug`` serves instead.
 """
 

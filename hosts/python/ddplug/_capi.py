@@ -9,7 +9,7 @@ Where the library comes from, in order (the first that loads wins):
    that bundles the library), ``<sys.prefix>/lib`` (``cmake --install`` into the
    virtual environment) and the dynamic linker's search (``ldconfig``).
 3. The build tree: ``$DDPLUG_BUILD_DIR/lib`` and ``<source>/build/lib`` when this
-   package is used from a source checkout (``pip install -e hosts/lightning``).
+   package is used from a source checkout (``hosts/python`` on ``sys.path``).
 
 When none loads, :class:`LibraryNotFound` lists every place it looked and why each
 failed. ``F.<name>`` is the C function ``name`` bound on first use from
@@ -59,11 +59,11 @@ class LibraryNotFound(ImportError):
 
 
 def _source_root() -> Optional[Path]:
-    # hosts/lightning/src/ddplug/_capi.py -> the repository root, when this is a checkout.
+    # hosts/python/ddplug/_capi.py -> the repository root, when this is a checkout.
     here = Path(__file__).resolve()
-    if len(here.parents) < 5:
+    if len(here.parents) < 4:
         return None
-    root = here.parents[4]
+    root = here.parents[3]
     return root if (root / "abi" / "include" / "ddplug" / "ddplug.h").is_file() else None
 
 

@@ -111,7 +111,8 @@ def bare_worker(args: argparse.Namespace) -> None:
     import torch
 
     import ddplug
-    from ddplug import _names, registered
+    from ddplug import registered_memory as registered
+    from ddplug._c import _names
 
     torch.set_num_threads(1)
     kwargs = json.loads(args.kwargs)

@@ -132,8 +132,8 @@ def profile(a: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(ROOT / "hosts" / "python"))
     import ddplug  # noqa: F401
-    from ddplug import _names
-    from ddplug._capi import F
+    from ddplug._c import _names
+    from ddplug._c._capi import F
     from ddplug.distributed import context_of
 
     torch.set_num_threads(1)

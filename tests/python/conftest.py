@@ -149,7 +149,7 @@ def out(tmp_path: Path) -> Path:
 
 def lib_available() -> bool:
     try:
-        import ddplug._capi as L
+        import ddplug._c._capi as L
 
         L.load()
         return True

@@ -13,8 +13,9 @@ import pytest
 from conftest import ROOT
 
 import ddplug
-from ddplug import _capi, _names, errors
-from ddplug import _capi as S
+from ddplug import errors
+from ddplug._c import _capi, _names
+from ddplug._c import _capi as S
 
 HEADERS = ROOT / "abi" / "include"
 
@@ -48,7 +49,9 @@ def test_struct_layouts_match_the_headers(tmp_path: Path) -> None:
 
 
 def test_header_constants(tmp_path: Path) -> None:
-    from ddplug import _runtime, audit, registered, runonce, samplers
+    from ddplug import _runtime, runonce
+    from ddplug import registered_memory as registered
+    from ddplug.data import audit, samplers
 
     c = _compile_and_run(tmp_path, """
   printf("OK %d\\n", DDPLUG_OK);

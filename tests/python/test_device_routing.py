@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddplug import _buffers, _runtime, errors
+from ddplug import _runtime, errors
+from ddplug._c import _buffers
 from ddplug.config import load
 
 

@@ -193,7 +193,7 @@ def test_errors_are_torch_types_and_ddplug_classes() -> None:
     import torch.distributed as dist
 
     import ddplug
-    from ddplug._backend import errors as E
+    from ddplug.distributed import errors as E
     from ddplug.errors import make, status_code
 
     lost = E.backend_error(make(status_code("PEER_LOST"), "rank 1 (pid 7) exited or was killed", "rank 0"))

@@ -44,7 +44,7 @@ from .errors import (  # noqa: E402
     Unsupported,
 )
 from .runonce import RunOnceFailed, once, run_once  # noqa: E402
-from ._register import install as _install_backend  # noqa: E402
+from .distributed.registration import install as _install_backend  # noqa: E402
 
 _install_backend()  # the torch.distributed backend "ddplug" (see ddplug.distributed)
 
@@ -52,19 +52,19 @@ _install_backend()  # the torch.distributed backend "ddplug" (see ddplug.distrib
 def __getattr__(name: str):
     # Imported on first use: they need torch, which the binding alone does not.
     if name == "rank_aware":
-        from .ownership import rank_aware
+        from .data.ownership import rank_aware
 
         return rank_aware
     if name == "declare":
-        from .declarations import declare
+        from .data.declarations import declare
 
         return declare
     if name == "shard":
-        from .iterable import shard
+        from .data.iterable import shard
 
         return shard
     if name == "SyncBatchNorm":
-        from .syncbn import SyncBatchNorm
+        from .nn.syncbn import SyncBatchNorm
 
         return SyncBatchNorm
     raise AttributeError(f"module 'ddplug' has no attribute {name!r}")
@@ -72,14 +72,14 @@ def __getattr__(name: str):
 
 def library_version() -> str:
     """The loaded libddplug's release version ("0.2.0")."""
-    from ._capi import F
+    from ._c._capi import F
 
     return F.ddplug_version_string().decode()
 
 
 def library_path() -> str:
     """Where libddplug was loaded from."""
-    from . import _capi
+    from ._c import _capi
 
     return _capi.path()
 

@@ -13,10 +13,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from . import _names
+from ._c import _names
 from .config import Config, ConfigSource, load
 from .context import Context, set_current
-from .gradsync import GradientSync
+from .nn.gradsync import GradientSync
 
 # Plugin capability bits (common.h DDPLUG_CAP_*), checked against the header by
 # tests/python/test_binding.py::test_header_constants.

@@ -17,11 +17,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from . import _logbridge, _runtime
+from ._c import _logbridge
+from . import _runtime
 from .config import ConfigSource
 from .context import Context
-from .gradsync import GradientSync, check_parameters_equal
-from .streams import DataSplit
+from .nn.gradsync import GradientSync, check_parameters_equal
+from .data.streams import DataSplit
 
 
 class DdplugParallel:
@@ -250,6 +251,6 @@ def _abi(v: int) -> str:
 
 
 def _lib_version() -> str:
-    from ._capi import F
+    from ._c._capi import F
 
     return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-from ._capi import F, take_string
+from ._c._capi import F, take_string
 from .errors import check
 
 

@@ -18,9 +18,9 @@ import pickle
 import threading
 from typing import Any, Optional
 
-from . import _buffers, _names
-from . import _capi as S
-from ._capi import F, take_bytes
+from ._c import _buffers, _names
+from ._c import _capi as S
+from ._c._capi import F, take_bytes
 from .config import Config, ConfigSource, load
 from .errors import check, make
 

@@ -125,7 +125,7 @@ _CLASS_BY_NAME = {
 @functools.lru_cache(maxsize=None)
 def status_names() -> dict:
     """{code: name} for every status the library knows (read from the library)."""
-    from ._capi import F
+    from ._c._capi import F
 
     out = {}
     code = 0
@@ -153,7 +153,7 @@ def class_for(name: str) -> type:
 
 def make(status: int, detail: Optional[str] = None, where: str = "") -> DdplugError:
     """The exception for ``status``; detail defaults to this thread's last error."""
-    from ._capi import F
+    from ._c._capi import F
 
     name = F.ddplug_status_name(status).decode()
     message = F.ddplug_strerror(status).decode()

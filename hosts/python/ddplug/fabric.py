@@ -17,7 +17,7 @@ own rank-aware sampler are in :attr:`DdplugStrategy.rank_kwargs`.
 Synchronized batch norm: Fabric's way of asking for it,
 ``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` before ``fabric.setup``,
 needs torch.distributed; ``setup_module`` replaces those layers by
-:class:`ddplug.syncbn.SyncBatchNorm` (statistics over every rank through ddplug).
+:class:`ddplug.nn.syncbn.SyncBatchNorm` (statistics over every rank through ddplug).
 
 Streams are named "train" (the first loader), then "loader1", "loader2", ...; name
 one yourself with :func:`name_stream` before ``setup_dataloaders``. Streams named
@@ -49,12 +49,12 @@ from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
 from . import _runtime
-from . import syncbn as _syncbn
+from .nn import syncbn as _syncbn
 from ._strategy import DdplugParallel
-from .audit import Report
+from .data.audit import Report
 from .config import ConfigSource
-from .gradsync import broadcast_module
-from .streams import DataSplit, StreamBatchSampler
+from .nn.gradsync import broadcast_module
+from .data.streams import DataSplit, StreamBatchSampler
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ _STREAM_ATTR = "ddplug_stream"
 def name_stream(loader: DataLoader, name: str) -> DataLoader:
     """Give ``loader`` a stream name (used by ``setup_dataloaders``); a name the
     library refuses is a ValueError now, not at setup."""
-    from .ownership import check_stream_name
+    from .data.ownership import check_stream_name
 
     setattr(loader, _STREAM_ATTR, check_stream_name(name))
     return loader
@@ -239,7 +239,7 @@ def _trains(name: str, dataloader: DataLoader) -> bool:
     """A Fabric stream trains (lockstep, padded to equal lengths) unless it is named
     as an evaluation stream (val, test, predict, eval: :func:`name_stream`), or it
     neither shuffles nor is the first ("train") loader."""
-    from .streams import is_evaluation
+    from .data.streams import is_evaluation
 
     if is_evaluation(name):
         return False

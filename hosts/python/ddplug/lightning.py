@@ -28,7 +28,7 @@ What it does that DDPStrategy does not:
   the store (Lightning's ``_InfiniteBarrier`` is a no-op without torch.distributed,
   lightning/fabric/utilities/distributed.py);
 * ``Trainer(sync_batchnorm=True)`` synchronizes batch norm through ddplug
-  (:class:`ddplug.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
+  (:class:`ddplug.nn.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
   silently normalize per rank), and so do ``torch.nn.SyncBatchNorm`` layers a model
   brings; the original layer classes are restored after fitting;
 * a loader whose sampler or dataset splits by itself — by reading torch.distributed
@@ -72,20 +72,20 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from . import _runtime, _torchdist
-from . import syncbn as _syncbn
+from .nn import syncbn as _syncbn
 from ._strategy import DdplugParallel
-from .audit import Report
+from .data.audit import Report
 from .config import ConfigSource
-from .gradsync import broadcast_module
+from .nn.gradsync import broadcast_module
 from .runonce import once
-from .streams import DataSplit, StreamBatchSampler
+from .data.streams import DataSplit, StreamBatchSampler
 
 log = logging.getLogger(__name__)
 
 
 class DdplugSyncBatchNorm(LayerSync):
     """``Trainer(sync_batchnorm=True)`` under the ddplug strategy: every batch-norm
-    layer becomes :class:`ddplug.syncbn.SyncBatchNorm` (statistics over every rank
+    layer becomes :class:`ddplug.nn.syncbn.SyncBatchNorm` (statistics over every rank
     through ddplug), and back to its original class in :meth:`revert`. The strategy
     puts it in place of Lightning's ``TorchSyncBatchNorm``, whose
     ``torch.nn.SyncBatchNorm`` needs torch.distributed."""

@@ -32,7 +32,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
-from ._capi import F, take_string
+from ._c._capi import F, take_string
 from .context import Context, current
 from .errors import DdplugError, make, status_code
 

@@ -58,7 +58,7 @@ from . import context as _context
 from .config import ConfigSource
 from .context import Context
 from .runonce import RunOnceFailed, once, run_once
-from .streams import DataSplit
+from .data.streams import DataSplit
 
 __all__ = ["RunOnceFailed", "context", "init", "once", "prepare_dataloader", "run_once", "shutdown"]
 
@@ -111,7 +111,7 @@ def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, devi
 
 def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Context:
     from . import _runtime
-    from ._backend.create import abort_on_uncaught_exception
+    from .distributed.create import abort_on_uncaught_exception
 
     dev = torch.device(device) if device is not None else None
     if dev is None and torch.cuda.is_available() and torch.cuda.device_count() > 0:

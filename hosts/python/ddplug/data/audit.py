@@ -18,10 +18,10 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from . import _capi as S
-from ._capi import F
-from .context import Context
-from .errors import AuditFailed, make
+from .._c import _capi as S
+from .._c._capi import F
+from ..context import Context
+from ..errors import AuditFailed, make
 
 # ddplug_audit_verdict values of the violations with example indices.
 _MISSING, _OVERLAP = 6, 7

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .audit import Audit, Report, sample_id
-from .context import Context, current
+from ..context import Context, current
 
 KEY_FIELD = "__key__"  # WebDataset's per-sample key
 

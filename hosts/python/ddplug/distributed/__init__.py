@@ -18,7 +18,7 @@ Collectives: ``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR),
 ddplug's own; ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``,
 ``gather``, ``scatter``, ``all_to_all``/``all_to_all_single`` and the coalesced
 forms are composed from them (each at a cost stated in
-:mod:`ddplug._backend.group`); the object collectives
+:mod:`ddplug.distributed.group`); the object collectives
 (``all_gather_object``, ``broadcast_object_list``, ...) go through those.
 ``send``/``recv``, ``ReduceOp.BXOR``/``PREMUL_SUM`` and dtypes ddplug has no
 equivalent for are refused with an error naming the operation and what to use
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._register import NAME as BACKEND
-from ._register import is_registered, register
-from .context import Context
+from .registration import NAME as BACKEND
+from .registration import is_registered, register
+from ..context import Context
 
 __all__ = [
     "BACKEND",
@@ -59,7 +59,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "ProcessGroupDdplug":
-        from ._backend.group import ProcessGroupDdplug
+        from .group import ProcessGroupDdplug
 
         return ProcessGroupDdplug
     raise AttributeError(f"module 'ddplug.distributed' has no attribute {name!r}")
@@ -73,7 +73,7 @@ def is_ddplug_group(group: Any = None) -> bool:
         if not (dist.is_available() and dist.is_initialized()):
             return False
         group = dist.group.WORLD
-    from ._backend.group import ProcessGroupDdplug
+    from .group import ProcessGroupDdplug
 
     return isinstance(group, ProcessGroupDdplug)
 
@@ -130,8 +130,8 @@ def _torch_store(ctx: Context, timeout_s: Optional[float]) -> Any:
 
     import torch.distributed as dist
 
-    from . import _capi as S
-    from ._capi import F
+    from .._c import _capi as S
+    from .._c._capi import F
 
     if ctx.world_size == 1:
         return dist.HashStore()

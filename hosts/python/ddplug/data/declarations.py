@@ -58,7 +58,7 @@ def declare(obj: Any, *, padding: Union[int, Callable[[int], int], None] = None,
     """Declare what ``obj`` (a sampler, batch sampler or dataset) pads and drops per
     epoch, all ranks together; returns ``obj``. See the module doc. ``key``: for
     an iterable dataset, where each batch carries its sample ids (a field name or
-    a function of the batch; :mod:`ddplug.iterable`)."""
+    a function of the batch; :mod:`ddplug.data.iterable`)."""
     if key is not None:
         from .iterable import set_key
 

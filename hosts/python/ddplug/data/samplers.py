@@ -27,10 +27,10 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _capi as S
-from ._capi import F
-from .context import Context
-from .errors import check
+from .._c import _capi as S
+from .._c._capi import F
+from ..context import Context
+from ..errors import check
 
 # Sampler kinds of plugin.h's ddplug_sampler_kind. The layout test checks these
 # against the header (tests/python/test_binding.py::test_sampler_kinds).

@@ -5,7 +5,7 @@ calls — one module (ABI mode: nothing compiled against torch).
 Where the library comes from, in order (the first that loads wins):
 
 1. ``DDPLUG_LIBRARY``: an explicit path to ``libddplug.so`` (or ``.so.1``).
-2. The package's own install location: ``ddplug/_lib/`` beside this file (a wheel
+2. The package's own install location: ``ddplug/_lib/`` (a wheel
    that bundles the library), ``<sys.prefix>/lib`` (``cmake --install`` into the
    virtual environment) and the dynamic linker's search (``ldconfig``).
 3. The build tree: ``$DDPLUG_BUILD_DIR/lib`` and ``<source>/build/lib`` when this
@@ -59,11 +59,11 @@ class LibraryNotFound(ImportError):
 
 
 def _source_root() -> Optional[Path]:
-    # hosts/python/ddplug/_capi.py -> the repository root, when this is a checkout.
+    # hosts/python/ddplug/_c/_capi.py -> the repository root, when this is a checkout.
     here = Path(__file__).resolve()
-    if len(here.parents) < 4:
+    if len(here.parents) < 5:
         return None
-    root = here.parents[3]
+    root = here.parents[4]
     return root if (root / "abi" / "include" / "ddplug" / "ddplug.h").is_file() else None
 
 
@@ -73,7 +73,7 @@ def candidates() -> list[tuple[str, str]]:
     explicit = os.environ.get("DDPLUG_LIBRARY")
     if explicit:
         out.append(("DDPLUG_LIBRARY", explicit))
-    pkg = Path(__file__).resolve().parent / "_lib"
+    pkg = Path(__file__).resolve().parents[1] / "_lib"  # ddplug/_lib
     out += [("package", str(pkg / n)) for n in _SONAMES]
     out += [("sys.prefix", str(Path(sys.prefix) / "lib" / n)) for n in _SONAMES]
     found = ctypes.util.find_library("ddplug")

@@ -10,7 +10,7 @@ import ctypes
 import functools
 
 from ._capi import F
-from .errors import check
+from ..errors import check
 
 
 def _scan(fn, start: int) -> dict:

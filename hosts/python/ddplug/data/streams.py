@@ -2,11 +2,11 @@
 
 :class:`DataSplit` turns a user's DataLoader into a ddplug-managed one:
 
-1. resolve the owner (:mod:`ddplug.ownership`: rank-aware samplers, datasets
+1. resolve the owner (:mod:`ddplug.data.ownership`: rank-aware samplers, datasets
    already sharded per rank, the config) and claim it through the runtime;
 2. build the batches this rank consumes:
-   ``plugin``    ddplug's :class:`~ddplug.samplers.DistributedSampler` (batched by
-                 the loader's batch size) or :class:`~ddplug.samplers.BucketBatchSampler`
+   ``plugin``    ddplug's :class:`~ddplug.data.samplers.DistributedSampler` (batched by
+                 the loader's batch size) or :class:`~ddplug.data.samplers.BucketBatchSampler`
                  (config ``sampler.kind`` "bucket", or the stream's own
                  ``data_split.streams.<name>.sampler``), bound to the run;
                  evaluation streams (val, test, predict) are split exactly: every
@@ -27,7 +27,7 @@
 What a user's or the framework's sampler pads or drops must be declared
 (:mod:`ddplug.declare`); the audit never infers it from the sampler's length.
 Iterable datasets are audited by sample id where the samples carry one
-(:mod:`ddplug.iterable`).
+(:mod:`ddplug.data.iterable`).
 
 The framework's own sampler injection must be off for managed loaders; the
 strategies take care of that.
@@ -50,8 +50,8 @@ from . import declarations as _declare
 from . import iterable as _iterable
 from . import ownership
 from .audit import Audit, Report
-from .context import Context
-from .errors import DdplugWarning, make, status_code
+from ..context import Context
+from ..errors import DdplugWarning, make, status_code
 from .samplers import BucketBatchSampler, DistributedSampler
 
 TRAIN = "train"
@@ -129,7 +129,7 @@ class StreamBatchSampler:
     Attributes:
         name: the stream name ("train", "val", ...).
         owner: "plugin", "user" or "framework".
-        decision: the :class:`~ddplug.ownership.Decision`.
+        decision: the :class:`~ddplug.data.ownership.Decision`.
         reports: the audit reports finished so far.
     """
 

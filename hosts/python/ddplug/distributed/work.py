@@ -36,7 +36,7 @@ import torch
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
-from .._capi import F
+from .._c._capi import F
 
 _wait = F.ddplug_request_wait
 _test = F.ddplug_request_test

@@ -9,7 +9,7 @@ gradients living in their buckets (DDP's ``gradient_as_bucket_view``).
   The first bucket holds ``first_bucket_mb`` (small, so communication starts
   early), the others ``bucket_mb`` (config "gradients").
 * A bucket's memory is *registered* where the plugin has registered memory
-  (:mod:`ddplug.registered`; the cpu plugin's shared memory): its allreduce then
+  (:mod:`ddplug.registered_memory`; the cpu plugin's shared memory): its allreduce then
   reduces straight from every rank's bucket into every rank's bucket, nothing is
   staged. Each ``param.grad`` becomes a view of its bucket slot, so gradients
   accumulate in the bucket and it is reduced in place, with no copy in either
@@ -56,8 +56,8 @@ from typing import Callable, Iterable, Iterator, List, Optional
 
 import torch
 
-from . import registered as _registered
-from .context import Context, Request
+from .. import registered_memory as _registered
+from ..context import Context, Request
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def check_parameters_equal(ctx: Context, params: Iterable[torch.nn.Parameter], s
     so it costs one pass over the tensors and one small allgather."""
     import numpy as np
 
-    from .errors import ParametersDiffer, status_code
+    from ..errors import ParametersDiffer, status_code
 
     with torch.no_grad():
         fp = [float(v) for p in params for v in (p.double().sum(), p.double().pow(2).sum())]

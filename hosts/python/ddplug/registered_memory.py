@@ -19,8 +19,8 @@ import logging
 import weakref
 from typing import Any, Optional
 
-from ._capi import F
-from ._buffers import torch_dtype_name
+from ._c._capi import F
+from ._c._buffers import torch_dtype_name
 from .errors import status_code
 
 _log = logging.getLogger("ddplug")

@@ -33,10 +33,10 @@ from typing import Any, Optional
 import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler, Subset
 
-from . import _names
-from ._capi import F
-from .context import Context
-from .errors import check
+from .._c import _names
+from .._c._capi import F
+from ..context import Context
+from ..errors import check
 
 _DECLARED = "__ddplug_rank_aware__"
 _RANK_ATTRS = ("num_replicas", "rank", "world_size")

@@ -24,7 +24,7 @@ _registered = False
 
 
 def _create(opts: Any, backend_options: Any = None) -> Any:
-    from ._backend.create import create
+    from .create import create
 
     return create(opts, backend_options)
 

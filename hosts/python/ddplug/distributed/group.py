@@ -56,8 +56,8 @@ import torch
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 from torch.distributed import ReduceOp
 
-from .. import _names
-from .._capi import F
+from .._c import _names
+from .._c._capi import F
 from .._runtime import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY
 from ..context import Context
 from ..errors import status_code

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 def command_path() -> Optional[str]:
     """Where the ``ddplug`` program is: the wheel's, else the build tree's."""
-    bundled = Path(__file__).resolve().parent / "_lib" / "bin" / "ddplug"
+    bundled = Path(__file__).resolve().parents[1] / "_lib" / "bin" / "ddplug"
     if bundled.is_file():
         return str(bundled)
     build = os.environ.get("DDPLUG_BUILD_DIR")
@@ -32,7 +32,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if prog is None:
         sys.stderr.write(
             "ddplug: the ddplug command is not bundled with this package (looked for"
-            f" {Path(__file__).resolve().parent / '_lib' / 'bin' / 'ddplug'}): install the"
+            f" {Path(__file__).resolve().parents[1] / '_lib' / 'bin' / 'ddplug'}): install the"
             " wheel (pip install . from the repository root), or set DDPLUG_BUILD_DIR to"
             " a build directory holding bin/ddplug\n"
         )

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import _runtime
-from .context import Context, current
+from .. import _runtime
+from ..context import Context, current
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):

@@ -1,0 +1,2 @@
+"""What models need from a run: bucketed gradient sync (:mod:`.gradsync`) and
+synchronized batch norm (:mod:`.syncbn`)."""

@@ -43,8 +43,8 @@ from .errors import (  # noqa: E402
     TorchDistributedNotInitialized,
     Unsupported,
 )
-from .runonce import RunOnceFailed, once, run_once  # noqa: E402
 from .distributed.registration import install as _install_backend  # noqa: E402
+from .runonce import RunOnceFailed, once, run_once  # noqa: E402
 
 _install_backend()  # the torch.distributed backend "ddplug" (see ddplug.distributed)
 

@@ -17,12 +17,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from . import _abort, _join
 from ._c import _logbridge
-from . import _runtime
 from .config import ConfigSource
 from .context import Context
-from .nn.gradsync import GradientSync, check_parameters_equal
 from .data.streams import DataSplit
+from .nn import functional
+from .nn.gradsync import GradientSync, check_parameters_equal
 
 
 class DdplugParallel:
@@ -102,7 +103,7 @@ class DdplugParallel:
         if self._ctx is None or self._ctx.closed:
             env = self.cluster_environment
             many = self.world_size > 1
-            self._ctx = _runtime.open_context(
+            self._ctx = _join.open_context(
                 self._config_source,
                 rank=self.global_rank,
                 world_size=self.world_size,
@@ -171,7 +172,7 @@ class DdplugParallel:
         """Abort the run everywhere so the other ranks fail now, with this rank's
         error, instead of waiting for a collective timeout (not for errors every
         rank raises by itself)."""
-        _runtime.abort_for(self._ctx, self.global_rank, exception)
+        _abort.abort_for(self._ctx, self.global_rank, exception)
 
     def _live(self) -> Optional[Context]:
         ctx = self._ctx
@@ -185,14 +186,14 @@ class DdplugParallel:
         ctx = self._live()
         if not isinstance(tensor, Tensor) or ctx is None:
             return tensor
-        return _runtime.reduce(ctx, tensor, reduce_op)
+        return functional.reduce(ctx, tensor, reduce_op)
 
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         """Shape (world_size, *tensor.shape), rank order."""
         ctx = self._live()
         if ctx is None:
             return tensor.unsqueeze(0)
-        return _runtime.all_gather(ctx, tensor, sync_grads)
+        return functional.all_gather(ctx, tensor, sync_grads)
 
     def barrier(self, name: Optional[str] = None) -> None:
         ctx = self._live()

@@ -24,6 +24,12 @@ from ._c._capi import F, take_bytes
 from .config import Config, ConfigSource, load
 from .errors import check, make
 
+# The plugin's capability bits (common.h DDPLUG_CAP_*) in ``Context.plugin["caps"]``,
+# checked against the header by tests/python/test_binding.py::test_header_constants.
+CAP_HOST_MEMORY = 1 << 0
+CAP_DEVICE_MEMORY = 1 << 1
+CAP_REGISTERED_MEMORY = 1 << 8
+
 _current_lock = threading.Lock()
 _current: Optional["Context"] = None
 

@@ -48,13 +48,12 @@ from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessS
 from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
-from . import _runtime
-from .nn import syncbn as _syncbn
 from ._strategy import DdplugParallel
-from .data.audit import Report
 from .config import ConfigSource
-from .nn.gradsync import broadcast_module
+from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
+from .nn import syncbn as _syncbn
+from .nn.gradsync import GradientSync, broadcast_module
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if any(p.requires_grad for p in module.parameters()):
             if self._grad_sync is not None:
                 self._grad_sync.detach()
-            self._grad_sync = _runtime.gradient_sync(self._ctx, module.parameters())
+            self._grad_sync = GradientSync.from_context(self._ctx, module.parameters())
             self._grad_sync.attach()
         return module
 

@@ -71,14 +71,14 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-from . import _runtime, _torchdist
-from .nn import syncbn as _syncbn
+from . import _torchdist
 from ._strategy import DdplugParallel
-from .data.audit import Report
 from .config import ConfigSource
-from .nn.gradsync import broadcast_module
-from .runonce import once
+from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
+from .nn import syncbn as _syncbn
+from .nn.gradsync import GradientSync, broadcast_module
+from .runonce import once
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self.model_to_device()
         broadcast_module(self._ctx, self.model)
         if trainer_fn == TrainerFn.FITTING:
-            self._grad_sync = _runtime.gradient_sync(self._ctx, self.model.parameters())
+            self._grad_sync = GradientSync.from_context(self._ctx, self.model.parameters())
             self._grad_sync.attach()
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()

@@ -19,14 +19,14 @@ import logging
 import weakref
 from typing import Any, Optional
 
-from ._c._capi import F
 from ._c._buffers import torch_dtype_name
+from ._c._capi import F
+from .context import CAP_REGISTERED_MEMORY
 from .errors import status_code
 
 _log = logging.getLogger("ddplug")
 
-# ddplug/common.h and plugin.h (tests/python/test_binding.py compares them)
-CAP_REGISTERED_MEMORY = 1 << 8
+# ddplug_mem_reach's answers, plugin.h (tests/python/test_binding.py compares them)
 REACH_STAGED, REACH_SINGLE_COPY, REACH_REGISTERED = 0, 1, 2
 REACH_NAMES = {REACH_STAGED: "staged", REACH_SINGLE_COPY: "single_copy", REACH_REGISTERED: "registered"}
 

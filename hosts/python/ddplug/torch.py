@@ -57,8 +57,8 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from . import context as _context
 from .config import ConfigSource
 from .context import Context
-from .runonce import RunOnceFailed, once, run_once
 from .data.streams import DataSplit
+from .runonce import RunOnceFailed, once, run_once
 
 __all__ = ["RunOnceFailed", "context", "init", "once", "prepare_dataloader", "run_once", "shutdown"]
 
@@ -110,13 +110,13 @@ def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, devi
 
 
 def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Context:
-    from . import _runtime
-    from .distributed.create import abort_on_uncaught_exception
+    from . import _join
+    from ._abort import abort_on_uncaught_exception
 
     dev = torch.device(device) if device is not None else None
     if dev is None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
         dev = torch.device("cuda")
-    ctx = _runtime.open_run(config, device=dev, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s,
+    ctx = _join.open_run(config, device=dev, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s,
                             at_exit=_close_at_exit)
     abort_on_uncaught_exception(ctx, ctx.rank)
     if ctx.rank == 0:

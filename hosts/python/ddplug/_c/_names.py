@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ._capi import F
 from ..errors import check
+from ._capi import F
 
 
 def _scan(fn, start: int) -> dict:

@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .audit import Audit, Report, sample_id
 from ..context import Context, current
+from .audit import Audit, Report, sample_id
 
 KEY_FIELD = "__key__"  # WebDataset's per-sample key
 

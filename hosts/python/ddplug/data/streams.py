@@ -46,12 +46,12 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from ..context import Context
+from ..errors import DdplugWarning, make, status_code
 from . import declarations as _declare
 from . import iterable as _iterable
 from . import ownership
 from .audit import Audit, Report
-from ..context import Context
-from ..errors import DdplugWarning, make, status_code
 from .samplers import BucketBatchSampler, DistributedSampler
 
 TRAIN = "train"

@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..context import Context
 from .registration import NAME as BACKEND
 from .registration import is_registered, register
-from ..context import Context
 
 __all__ = [
     "BACKEND",

@@ -32,14 +32,14 @@ import atexit
 import datetime
 import os
 import socket
-import sys
 import threading
 import weakref
 from typing import Any, Optional
 
 import torch
 
-from .. import _runtime
+from .._abort import abort_on_uncaught_exception
+from .._join import plugin_for
 from ..config import load
 from ..context import Context, current, set_current
 from ..errors import DdplugError, make, status_code
@@ -94,7 +94,7 @@ def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.
         if parent is not None and not parent.closed:
             plugin = parent.plugin["path"] or parent.plugin["name"]  # a subgroup runs on its parent's plugin
         else:
-            plugin = "nccl" if _cuda_visible() and not cfg.is_set("plugin") else None
+            plugin = plugin_for(cfg, torch.device("cuda") if _cuda_visible() else None)
         who = f"torch.distributed {torch.__version__}" + (f" (subgroup of ranks {members})" if members else "")
         try:
             return Context(cfg, plugin=plugin, framework=who, world={"rank": rank, "world_size": size},
@@ -180,28 +180,4 @@ def _close_at_exit(ref: Any) -> None:
         pass
 
 
-_hooked: "weakref.WeakSet[Context]" = weakref.WeakSet()
-
-
-def abort_on_uncaught_exception(ctx: Context, rank: int) -> None:
-    """An exception that ends this rank's script aborts the run from
-    ``sys.excepthook`` (chained to the previous hook), so the other ranks' next
-    or pending collective raises this rank's error instead of waiting for the
-    collective timeout. Once per context."""
-    if ctx in _hooked:
-        return
-    _hooked.add(ctx)
-    ref = weakref.ref(ctx)
-    previous = sys.excepthook
-
-    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        try:
-            _runtime.abort_for(ref(), rank, exc)
-        except Exception:  # never hide the user's error behind ours
-            pass
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = hook
-
-
-__all__ = ["create", "open_for_group", "abort_on_uncaught_exception"]
+__all__ = ["create", "open_for_group"]

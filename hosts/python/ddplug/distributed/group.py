@@ -58,8 +58,7 @@ from torch.distributed import ReduceOp
 
 from .._c import _names
 from .._c._capi import F
-from .._runtime import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY
-from ..context import Context
+from ..context import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY, Context
 from ..errors import status_code
 from . import errors as _errors
 from .work import DdplugWork, Progress, done

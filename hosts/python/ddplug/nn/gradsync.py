@@ -57,6 +57,7 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import torch
 
 from .. import registered_memory as _registered
+from .._c import _names
 from ..context import Context, Request
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,24 @@ class GradientSync:
         self.syncs = 0  # finished rounds (for tests and logs)
         ref = weakref.ref(self)
         ctx.on_close(lambda: (lambda gs: gs is not None and gs.release())(ref()))
+
+    @classmethod
+    def from_context(cls, ctx: Context, params: Iterable[torch.nn.Parameter]) -> "GradientSync":
+        """A GradientSync for ``params`` configured by the context's "gradients"
+        settings (averaging with the plugin's "avg" op where it has one)."""
+        cfg = ctx.config
+        try:
+            g = cfg.get("gradients", {}) or {}
+        finally:
+            cfg.close()
+        use_avg = bool(ctx.plugin["op_mask"] & (1 << _names.ops()["avg"]))
+        return cls(
+            ctx, params,
+            bucket_mb=float(g.get("bucket_mb", 25)),
+            first_bucket_mb=float(g.get("first_bucket_mb", 1)),
+            average=bool(g.get("average", True)),
+            use_avg_op=use_avg,
+        )
 
     @property
     def num_params(self) -> int:

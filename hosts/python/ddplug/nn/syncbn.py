@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import _runtime
 from ..context import Context, current
+from . import functional
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -59,7 +59,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             var, mean = torch.var_mean(x.to(sdt), dim=dims, correction=0)
             local[1: c + 1] = mean
             local[c + 1:] = var
-        every = _runtime.all_gather(ctx, local)
+        every = functional.all_gather(ctx, local)
         counts, means, variances = every[:, :1], every[:, 1: c + 1], every[:, c + 1:]
         total = int(counts.sum().item())
         if total <= 1:
@@ -102,7 +102,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_b = sum_dy.to(weight.dtype) if need_b and weight is not None else None
         grad_x = None
         if need_x:  # every rank has the same graph, so every rank joins this allreduce
-            both = _runtime.reduce(fctx.ddplug, torch.cat([sum_dy, sum_dy_xmu]), "sum")
+            both = functional.reduce(fctx.ddplug, torch.cat([sum_dy, sum_dy_xmu]), "sum")
             mean_dy = both[:c] / fctx.total
             mean_dy_xmu = both[c:] / fctx.total
             scale = invstd if weight is None else invstd * weight.to(sdt)

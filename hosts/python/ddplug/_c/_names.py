@@ -1,4 +1,4 @@
-"""Name tables read from the library (dtypes, reduce ops, split owners, log levels).
+"""Name tables read from the library (dtypes, reduce ops, split owners).
 
 Nothing here is hand-copied from the headers: each table is discovered by asking
 the library for the name of 1, 2, 3, ... until it answers NULL.
@@ -6,10 +6,8 @@ the library for the name of 1, 2, 3, ... until it answers NULL.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
-from ..errors import check
 from ._capi import F
 
 
@@ -49,10 +47,3 @@ def owner_name(code: int) -> str:
 
 def dtype_size(code: int) -> int:
     return int(F.ddplug_dtype_size(code))
-
-
-def log_level(text: str) -> int:
-    """The DDPLUG_LOG_* value of "off|error|warn|info|debug|trace"."""
-    out = ctypes.c_int(0)
-    check(F.ddplug_log_level_parse(text.encode(), ctypes.byref(out)), "log level")
-    return out.value

@@ -37,6 +37,7 @@ import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler
 
 _ATTR = "__ddplug_declared__"
+_KEY_ATTR = "__ddplug_key__"
 
 Dropped = Union[int, Sequence[int], Callable[[int], bool], None]
 
@@ -60,9 +61,7 @@ def declare(obj: Any, *, padding: Union[int, Callable[[int], int], None] = None,
     an iterable dataset, where each batch carries its sample ids (a field name or
     a function of the batch; :mod:`ddplug.data.iterable`)."""
     if key is not None:
-        from .iterable import set_key
-
-        set_key(obj, key)
+        setattr(obj, _KEY_ATTR, key)
         if padding is None and dropped is None:
             return obj
     if padding is not None and not callable(padding) and int(padding) < 0:
@@ -79,6 +78,21 @@ def declare(obj: Any, *, padding: Union[int, Callable[[int], int], None] = None,
 def declared(obj: Any) -> Optional[Declaration]:
     """The declaration made on ``obj``, or None."""
     return getattr(obj, _ATTR, None) if obj is not None else None
+
+
+def declared_key(obj: Any) -> Any:
+    """Where the batches of ``obj`` (an iterable dataset) carry their sample ids,
+    as declared with ``declare(obj, key=...)``, or None."""
+    return getattr(obj, _KEY_ATTR, None)
+
+
+def inherit(source: Any, target: Any) -> None:
+    """What was declared on ``source`` (key, padding and dropping) holds for
+    ``target`` too (a shard of it)."""
+    for attr in (_KEY_ATTR, _ATTR):
+        value = getattr(source, attr, None)
+        if value is not None:
+            setattr(target, attr, value)
 
 
 @dataclass

@@ -33,10 +33,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..context import Context, current
 from .audit import Audit, Report, sample_id
+from .declarations import declared_key, inherit
 
 KEY_FIELD = "__key__"  # WebDataset's per-sample key
 
-_KEY_ATTR = "__ddplug_key__"
 _KEYS_KEPT = 1 << 16  # keys remembered per pass, to name repeated ids in reports
 
 Key = Union[str, int, Callable[[Any], Any]]
@@ -70,17 +70,7 @@ class shard(IterableDataset):
             raise ValueError(f"ddplug.shard: rank {rank} is not in a world of {world_size}")
         self.source = source
         self.rank, self.world_size = int(rank), int(world_size)
-        key = getattr(source, _KEY_ATTR, None)
-        if key is not None:
-            setattr(self, _KEY_ATTR, key)
-        try:  # declarations made on the source hold for its shards
-            from .declarations import _ATTR
-
-            d = getattr(source, _ATTR, None)
-            if d is not None:
-                setattr(self, _ATTR, d)
-        except ImportError:  # pragma: no cover
-            pass
+        inherit(source, self)  # declarations made on the source hold for its shards
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -94,17 +84,10 @@ class shard(IterableDataset):
         return n // self.world_size + (self.rank < n % self.world_size)
 
 
-def set_key(dataset: Any, key: Key) -> Any:
-    """Say how to find the sample ids in a batch of ``dataset`` (see the module
-    doc); ``ddplug.declare(dataset, key=...)`` calls it."""
-    setattr(dataset, _KEY_ATTR, key)
-    return dataset
-
-
 def key_of(dataset: Any) -> Optional[Key]:
     """The declared key, else where a WebDataset pipeline's ``"__key__"`` ends up
     (see :func:`webdataset_key`), else None."""
-    key = getattr(dataset, _KEY_ATTR, None)
+    key = declared_key(dataset)
     if key is not None:
         return key
     if is_webdataset(dataset):
@@ -322,4 +305,4 @@ class _Recording:
         return getattr(self._it, name)
 
 
-__all__ = ["IdAudit", "KEY_FIELD", "batch_ids", "key_of", "set_key", "shard"]
+__all__ = ["IdAudit", "KEY_FIELD", "batch_ids", "key_of", "shard"]

@@ -753,7 +753,7 @@ class DataSplit:
             )
         ownership.claim(self.ctx, decision, self._claimant())
         key = _iterable.key_of(loader.dataset)
-        declared = getattr(loader.dataset, _iterable._KEY_ATTR, None) is not None
+        declared = _declare.declared_key(loader.dataset) is not None
         if key is None:
             why = "its samples carry no id"
             if _iterable.is_webdataset(loader.dataset):

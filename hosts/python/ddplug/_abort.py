@@ -6,6 +6,7 @@ errors abort (not those every rank raises by itself), and the
 
 from __future__ import annotations
 
+import logging
 import sys
 import weakref
 from typing import Any, Optional
@@ -13,6 +14,8 @@ from typing import Any, Optional
 from .context import Context
 from .errors import AuditFailed, ParametersDiffer, SplitConflict, TorchDistributedNotInitialized
 from .runonce import RunOnceFailed
+
+log = logging.getLogger(__name__)
 
 
 def raised_everywhere(exc: BaseException) -> bool:
@@ -28,7 +31,7 @@ def abort_for(ctx: Optional[Context], rank: int, exc: BaseException) -> None:
     """Abort the run everywhere with this rank's error, so the other ranks fail
     now instead of waiting for a collective timeout; not when the run is closed
     or aborted already, nor for errors every rank raises by itself."""
-    if ctx is not None and not ctx.closed and not ctx._aborted and not raised_everywhere(exc):
+    if ctx is not None and not ctx.closed and not ctx.aborted and not raised_everywhere(exc):
         ctx.abort(f"rank {rank}: {type(exc).__name__}: {exc}"[:1000])
 
 
@@ -49,8 +52,8 @@ def abort_on_uncaught_exception(ctx: Context, rank: int) -> None:
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
         try:
             abort_for(ref(), rank, exc)
-        except Exception:  # never hide the user's error behind ours
-            pass
+        except Exception as err:  # never hide the user's error behind ours
+            log.debug("ddplug: abort from the exception hook failed: %s", err)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

@@ -79,6 +79,12 @@ class DdplugParallel:
         return self._ctx
 
     @property
+    def gradient_sync(self) -> Optional[GradientSync]:
+        """The gradient sync of the model (Trainer) or module (Fabric) set up
+        for training; None before."""
+        return self._grad_sync
+
+    @property
     def streams(self) -> dict:
         """{stream name: StreamBatchSampler} of the managed DataLoaders."""
         return dict(self._data.streams) if self._data is not None else {}
@@ -207,7 +213,7 @@ class DdplugParallel:
     def _finish_pending_sync(self) -> None:
         """Finish a gradient round a backward outside the framework's started."""
         gs = self._grad_sync
-        if gs is not None and gs.enabled and gs._round:
+        if gs is not None and gs.enabled and gs.round_open:
             gs.finish()
 
     def _after_optimizer_step(self, params: Any, buffers: Any = ()) -> None:

@@ -22,7 +22,7 @@ from ._c import _buffers, _names
 from ._c import _capi as S
 from ._c._capi import F, take_bytes
 from .config import Config, ConfigSource, load
-from .errors import check, make
+from .errors import DdplugError, check, make
 
 # The plugin's capability bits (common.h DDPLUG_CAP_*) in ``Context.plugin["caps"]``,
 # checked against the header by tests/python/test_binding.py::test_header_constants.
@@ -66,7 +66,7 @@ class Request:
             return True
         done = ctypes.c_int(0)
         with self._ctx.lock:
-            self._ctx._check(F.ddplug_request_test(self._h, ctypes.byref(done)), "test")
+            self._ctx.check(F.ddplug_request_test(self._h, ctypes.byref(done)), "test")
             if done.value:
                 self._finish()
         return bool(done.value)
@@ -81,7 +81,7 @@ class Request:
             if st == 0:
                 self._finish()
                 return
-            err = self._ctx._error(st, f"collective seq {self.seq}")
+            err = self._ctx.error_for(st, f"collective seq {self.seq}")
             if err.name != "TIMEOUT":
                 self._finish()  # a failure other than TIMEOUT is final for the request
         raise err
@@ -194,7 +194,7 @@ class Context:
             cfg.close()
         self._h: Optional[ctypes.c_void_p] = out
         w = S.new(S.World)
-        self._check(F.ddplug_context_world(self._h, ctypes.byref(w)), "context world")
+        self.check(F.ddplug_context_world(self._h, ctypes.byref(w)), "context world")
         self.rank = w.rank
         self.world_size = w.world_size
         self.local_rank = w.local_rank
@@ -202,7 +202,7 @@ class Context:
         self.node_rank = w.node_rank
         self.num_nodes = int(F.ddplug_context_num_nodes(self._h))
         info = S.new(S.PluginInfo)
-        self._check(F.ddplug_context_plugin(self._h, ctypes.byref(info)), "context plugin")
+        self.check(F.ddplug_context_plugin(self._h, ctypes.byref(info)), "context plugin")
         self.plugin = {
             "name": S.text(info.name),
             "version": S.text(info.version),
@@ -226,8 +226,19 @@ class Context:
         return self._h
 
     @property
+    def handle_if_open(self) -> Optional[ctypes.c_void_p]:
+        """The library handle, or a false value once closed (no exception: for
+        callers on a hot path that check it themselves)."""
+        return self._h
+
+    @property
     def closed(self) -> bool:
         return not self._h
+
+    @property
+    def aborted(self) -> bool:
+        """Whether :meth:`abort` was called on this context."""
+        return self._aborted
 
     @property
     def config(self) -> Config:
@@ -241,13 +252,17 @@ class Context:
     def error(self) -> str:
         return (F.ddplug_context_error(self._h) or b"").decode("utf-8", "replace") if self._h else ""
 
-    def _error(self, status: int, where: str):
+    def error_for(self, status: int, where: str) -> DdplugError:
+        """The exception for a failed call on this context (``status``): the
+        context's last error sentence (else this thread's), headed by this rank
+        and ``where``."""
         detail = self.error() or (F.ddplug_last_error() or b"").decode("utf-8", "replace")
         return make(status, detail, f"rank {self.rank}: {where}" if hasattr(self, "rank") else where)
 
-    def _check(self, status: int, where: str) -> None:
+    def check(self, status: int, where: str) -> None:
+        """Raise :meth:`error_for` unless ``status`` is OK (0)."""
         if status != 0:
-            raise self._error(status, where)
+            raise self.error_for(status, where)
 
     # ---- lifetime ----------------------------------------------------------
     def on_close(self, fn) -> None:
@@ -290,7 +305,7 @@ class Context:
         dst = src if out is None else _buffers.of(out)
         self._same_shape(src, dst)
         with self.lock:
-            self._check(
+            self.check(
                 F.ddplug_allreduce(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
                                    self._op(op), _buffers.stream_of(src)),
                 f"allreduce({src.count} x {_dtype_name(src.dtype)}, {op})",
@@ -302,7 +317,7 @@ class Context:
         b = _buffers.of(x)
         req = ctypes.c_void_p()
         with self.lock:
-            self._check(
+            self.check(
                 F.ddplug_iallreduce(self.handle, b.ptr, b.ptr, b.count, b.dtype, self._op(op),
                                     _buffers.stream_of(b), ctypes.byref(req)),
                 f"iallreduce({b.count} x {_dtype_name(b.dtype)}, {op})",
@@ -313,7 +328,7 @@ class Context:
         """Root's ``x`` to every rank's ``x`` (in place)."""
         b = _buffers.of(x)
         with self.lock:
-            self._check(
+            self.check(
                 F.ddplug_broadcast(self.handle, b.ptr, b.ptr, b.count, b.dtype, root,
                                    _buffers.stream_of(b)),
                 f"broadcast({b.count} x {_dtype_name(b.dtype)}, root {root})",
@@ -330,7 +345,7 @@ class Context:
                 f" {_dtype_name(src.dtype)}, got {dst.count} of {_dtype_name(dst.dtype)}"
             )
         with self.lock:
-            self._check(
+            self.check(
                 F.ddplug_allgather(self.handle, src.ptr, dst.ptr, src.count, src.dtype,
                                    _buffers.stream_of(src)),
                 f"allgather({src.count} x {_dtype_name(src.dtype)})",
@@ -340,7 +355,7 @@ class Context:
     def barrier(self, timeout_s: Optional[float] = None) -> None:
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
         with self.lock:
-            self._check(F.ddplug_barrier(self.handle, ms), "barrier")
+            self.check(F.ddplug_barrier(self.handle, ms), "barrier")
 
     # ---- Python objects ------------------------------------------------------
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:

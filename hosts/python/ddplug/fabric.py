@@ -29,8 +29,6 @@ batches left in that epoch.
 
 from __future__ import annotations
 
-import logging
-import sys
 import weakref
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Optional
@@ -48,14 +46,13 @@ from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessS
 from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
+from ._abort import abort_on_uncaught_exception
 from ._strategy import DdplugParallel
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
 from .nn import syncbn as _syncbn
 from .nn.gradsync import GradientSync, broadcast_module
-
-log = logging.getLogger(__name__)
 
 _STREAM_ATTR = "ddplug_stream"
 
@@ -76,7 +73,7 @@ class _DdplugBackwardSyncControl(_BackwardSyncControl):
     @override
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """Gradients accumulate locally inside the block (fabric.no_backward_sync)."""
-        gs = self._strategy._grad_sync
+        gs = self._strategy.gradient_sync
         if not enabled or gs is None:
             return nullcontext()
         return gs.no_sync()
@@ -145,7 +142,12 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self._data = DataSplit(ctx, "fabric", log=self._log_rank_zero, on_report=self._on_audit_report,
                                    epochs_count_iterations=True, resume_shortens_len=True,
                                    loader_state_dict=True)
-        _abort_on_uncaught_exception(self)
+        # Fabric has no exception hook for strategies (the Trainer calls
+        # on_exception): an error that ends this rank's script aborts the run
+        # from sys.excepthook, so the other ranks stop at their next collective
+        # with this rank's error instead of waiting for the collective timeout.
+        assert self._ctx is not None
+        abort_on_uncaught_exception(self._ctx, self.global_rank)
 
     @override
     def setup_module(self, module: Module) -> Module:
@@ -245,30 +247,6 @@ def _trains(name: str, dataloader: DataLoader) -> bool:
     if name == "train" or name.startswith("train."):
         return True
     return isinstance(getattr(dataloader, "sampler", None), RandomSampler)
-
-
-def _abort_on_uncaught_exception(strategy: DdplugStrategy) -> None:
-    """Fabric has no exception hook for strategies (the Trainer calls
-    ``on_exception``): an error that ends this rank's script aborts the run from
-    ``sys.excepthook``, so the other ranks stop at their next collective with this
-    rank's error instead of waiting for the collective timeout. Installed once per
-    strategy, chained to the previous hook."""
-    if getattr(strategy, "_excepthook_installed", False):
-        return
-    strategy._excepthook_installed = True
-    ref = weakref.ref(strategy)
-    previous = sys.excepthook
-
-    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        s = ref()
-        if s is not None:
-            try:
-                s._abort_for(exc)
-            except Exception as err:  # never hide the user's error behind ours
-                log.debug("ddplug: abort from the exception hook failed: %s", err)
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = hook
 
 
 DdplugStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -368,7 +368,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             # reverts its layer sync too, ddp.py)
             self.model = _syncbn.revert_sync_batchnorm(self.model)
             self._bn_converted = False
-        aborted = self._ctx is not None and self._ctx._aborted
+        aborted = self._ctx is not None and self._ctx.aborted
         super().teardown()
         if aborted and self._ctx is not None:
             try:

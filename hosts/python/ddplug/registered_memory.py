@@ -55,7 +55,7 @@ def empty(ctx: Any, numel: int, dtype: Any, device: Any = "cpu") -> Any:
             _log.debug("ddplug: %d bytes of %s in ordinary memory: %s", nbytes, torch_dtype_name(dtype),
                        ctx.error())
             return torch.zeros(numel, dtype=dtype)
-        ctx._check(st, f"registered memory for {numel} x {torch_dtype_name(dtype)}")
+        ctx.check(st, f"registered memory for {numel} x {torch_dtype_name(dtype)}")
     raw = (ctypes.c_char * nbytes).from_address(ptr.value)
     weakref.finalize(raw, _free, weakref.ref(ctx), ptr.value)
     t = torch.frombuffer(raw, dtype=dtype, count=numel)
@@ -70,7 +70,7 @@ def reach(ctx: Any, tensor: Any) -> str:
         return "staged"
     out = ctypes.c_int(0)
     nbytes = tensor.numel() * tensor.element_size()
-    ctx._check(F.ddplug_mem_reach(ctx.handle, ctypes.c_void_p(tensor.data_ptr()), nbytes,
+    ctx.check(F.ddplug_mem_reach(ctx.handle, ctypes.c_void_p(tensor.data_ptr()), nbytes,
                                   ctypes.byref(out)), "mem_reach")
     return REACH_NAMES.get(out.value, "staged")
 

@@ -190,7 +190,7 @@ class Audit:
             steps_only=int(bool(steps_only)),
         )
         out = ctypes.c_void_p()
-        ctx._check(
+        ctx.check(
             F.ddplug_audit_begin(ctx.handle, stream.encode(), int(num_samples), self.epoch,
                                  ctypes.byref(opts), ctypes.byref(out)),
             f"audit begin ({stream}, epoch {epoch})",
@@ -201,7 +201,7 @@ class Audit:
     def record(self, indices: Sequence[int]) -> None:
         """Record one step that consumed ``indices`` (local, O(n))."""
         arr = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))
-        self._ctx._check(
+        self._ctx.check(
             F.ddplug_audit_record(self._h, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), arr.size),
             f"audit record ({self.stream})",
         )
@@ -210,7 +210,7 @@ class Audit:
         """Record one step that consumed the samples with these ids (ints or keys,
         see :func:`sample_id`)."""
         arr = np.ascontiguousarray(np.fromiter((sample_id(k) for k in keys), dtype=np.uint64))
-        self._ctx._check(
+        self._ctx.check(
             F.ddplug_audit_record_ids(self._h, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), arr.size),
             f"audit record ids ({self.stream})",
         )
@@ -219,7 +219,7 @@ class Audit:
         """Declare the indices this epoch leaves out on purpose (the same set on
         every rank)."""
         arr = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))
-        self._ctx._check(
+        self._ctx.check(
             F.ddplug_audit_declare_dropped(self._h, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), arr.size),
             f"audit of stream '{self.stream}': declared dropped samples",
         )

@@ -232,7 +232,7 @@ def claimed_owner(ctx: Context, stream: str) -> tuple:
     """(owner name or None, claimant) as the runtime sees it now."""
     owner = ctypes.c_int(0)
     who = ctypes.create_string_buffer(512)
-    ctx._check(F.ddplug_split_owner(ctx.handle, stream.encode(), ctypes.byref(owner), who, len(who)),
+    ctx.check(F.ddplug_split_owner(ctx.handle, stream.encode(), ctypes.byref(owner), who, len(who)),
                f"split owner of '{stream}'")
     if owner.value == 0:
         return None, None
@@ -284,9 +284,9 @@ def _torch_dist_ranks() -> str:
 def claim(ctx: Context, decision: Decision, claimant: str, timeout_s: Optional[float] = None) -> None:
     """Claim the decided owner through the runtime, then agree with every rank."""
     code = _names.owners()[decision.owner]
-    ctx._check(F.ddplug_split_claim(ctx.handle, decision.stream.encode(), code,
+    ctx.check(F.ddplug_split_claim(ctx.handle, decision.stream.encode(), code,
                                     f"{claimant}: {decision.reason}"[:480].encode()),
                f"claim of stream '{decision.stream}' for {decision.owner}")
     ms = -1 if timeout_s is None else int(timeout_s * 1000)
-    ctx._check(F.ddplug_split_agree(ctx.handle, decision.stream.encode(), ms),
+    ctx.check(F.ddplug_split_agree(ctx.handle, decision.stream.encode(), ms),
                f"agreement on the owner of stream '{decision.stream}'")

@@ -144,7 +144,7 @@ def _torch_store(ctx: Context, timeout_s: Optional[float]) -> Any:
         ctx.store.set(key, str(store.port).encode())
         return store
     w = S.new(S.World)
-    ctx._check(F.ddplug_context_world(ctx.handle, ctypes.byref(w)), "context world")
+    ctx.check(F.ddplug_context_world(ctx.handle, ctypes.byref(w)), "context world")
     host = S.text(w.master_addr) or "127.0.0.1"
     port = int(ctx.store.get(key, wait.total_seconds()).decode())
     return dist.TCPStore(host, port, None, False, timeout=wait)

@@ -61,7 +61,7 @@ from .._c._capi import F
 from ..context import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY, Context
 from ..errors import status_code
 from . import errors as _errors
-from .work import DdplugWork, Progress, done
+from .work import DdplugWork, Progress, chained, done
 
 _RedOpType = ReduceOp.RedOpType
 
@@ -72,11 +72,9 @@ _broadcast = F.ddplug_broadcast
 _iallgather = F.ddplug_iallgather
 _ibarrier = F.ddplug_ibarrier
 _barrier = F.ddplug_barrier
-_wait = F.ddplug_request_wait
 _test = F.ddplug_request_test
 _free = F.ddplug_request_free
 
-_TIMEOUT = status_code("TIMEOUT")
 
 # torch dtype -> ddplug dtype name; bool travels as uint8.
 _DTYPE_NAMES = {
@@ -121,7 +119,7 @@ class ProcessGroupDdplug(ProcessGroup):
         super().__init__(ctx.rank, ctx.world_size)
         self._ctx = ctx
         self._owned = owned
-        self._lock = ctx.lock
+        self.lock = ctx.lock  # the context's: held around every call into its collectives
         self._ws = ctx.world_size
         self._me = ctx.rank
         self._plugin = ctx.plugin["name"]
@@ -189,24 +187,24 @@ class ProcessGroupDdplug(ProcessGroup):
             op = self._sum
         else:
             op = self._op_code(ro.op, dtype, "all_reduce")
-        h = self._ctx._h
+        h = self._ctx.handle_if_open
         if h and dt and t.is_contiguous() and ((t.is_cpu and self._host_ok) or (t.is_cuda and self._dev_ok)):
             p = t.data_ptr()
             stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
             if not opts.asyncOp:
                 # torch waits at once: the blocking call (one crossing into C, no request)
-                with self._lock:
+                with self.lock:
                     st = _allreduce(h, p, p, t.numel(), dt, op, stream)
                 if st:
-                    raise self._error(st, lambda: _what("all_reduce", t, ro.op))
+                    raise self.error_for(st, lambda: _what("all_reduce", t, ro.op))
                 return self._done
             req = ctypes.c_void_p()
-            with self._lock:
+            with self.lock:
                 if self._orphans:
                     self._reap()
                 st = _iallreduce(h, p, p, t.numel(), dt, op, stream, ctypes.byref(req))
             if st:
-                raise self._error(st, lambda: _what("all_reduce", t, ro.op))
+                raise self.error_for(st, lambda: _what("all_reduce", t, ro.op))
             return self._track(DdplugWork(self, [req], [t], None, lambda: _what("all_reduce", t, ro.op), (t,)))
         w = self._workable(t, "all_reduce")
         return self._issue(lambda: _what("all_reduce", t, ro.op), [(_AR, w, op)], [t], _copy_back(t, w), (w,))
@@ -222,7 +220,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 finish.append(_copy_back(t, w))
             keep.append(w)
         return self._issue(f"all_reduce_coalesced({len(tensors)} tensors, {_op_label(red)})", steps,
-                           list(tensors), _all(finish), tuple(keep))
+                           list(tensors), chained(finish), tuple(keep))
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
         t = self._one(tensors, "broadcast")
@@ -234,10 +232,10 @@ class ProcessGroupDdplug(ProcessGroup):
             dt = self._dtype(t, "broadcast")
             h = self._handle()
             p = t.data_ptr()
-            with self._lock:
+            with self.lock:
                 st = _broadcast(h, p, p, t.numel(), dt, root, self._stream(t))
             if st:
-                raise self._error(st, lambda: _what("broadcast", t, f"src {root}"))
+                raise self.error_for(st, lambda: _what("broadcast", t, f"src {root}"))
             return self._done
         w = self._workable(t, "broadcast")
         return self._issue(lambda: _what("broadcast", t, f"src {root}"), [(_BC, w, root)], [t],
@@ -291,7 +289,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 w.copy_(t.reshape(w.shape))
             bufs.append(w)
             steps.append((_BC, w, r))
-        finish = _all([_copy_back(o, w) for o, w in zip(outs, bufs) if w is not o])
+        finish = chained([_copy_back(o, w) for o, w in zip(outs, bufs) if w is not o])
         return self._issue(f"all_gather (uneven sizes {[o.numel() for o in outs]}: {self._ws} broadcasts)",
                            steps, outs, finish, tuple(bufs))
 
@@ -311,10 +309,10 @@ class ProcessGroupDdplug(ProcessGroup):
         if opts is not None and not opts.asyncOp:
             ms = int(opts.timeout.total_seconds() * 1000)
             h = self._handle()
-            with self._lock:
+            with self.lock:
                 st = _barrier(h, ms if ms > 0 else -1)
             if st:
-                raise self._error(st, "barrier")
+                raise self.error_for(st, "barrier")
             return self._done
         return self._issue("barrier", [(_BAR, None, None)], [], None, ())
 
@@ -324,10 +322,10 @@ class ProcessGroupDdplug(ProcessGroup):
         always names all of them: ``wait_all_ranks`` has no other meaning)."""
         ms = -1 if timeout is None else int(timeout.total_seconds() * 1000)
         h = self._handle()
-        with self._lock:
+        with self.lock:
             st = _barrier(h, ms if ms > 0 else -1)
         if st:
-            raise self._error(st, "monitored_barrier")
+            raise self.error_for(st, "monitored_barrier")
 
     # ---- composed collectives (see the module doc for their cost) ----------------------
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
@@ -527,7 +525,7 @@ class ProcessGroupDdplug(ProcessGroup):
 
     # ---- internals: issuing -------------------------------------------------------------------
     def _handle(self) -> Any:
-        h = self._ctx._h
+        h = self._ctx.handle_if_open
         if not h:
             raise _errors.make(status_code("ABORTED"), "the ddplug context of this process group is closed"
                                " (destroy_process_group, or the strategy closed the run)", self._where())
@@ -537,7 +535,7 @@ class ProcessGroupDdplug(ProcessGroup):
                keep: tuple) -> DdplugWork:
         h = self._handle()
         reqs: list = []
-        with self._lock:
+        with self.lock:
             if self._orphans:
                 self._reap()
             for kind, a, b in steps:
@@ -554,7 +552,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 else:
                     st = _ibarrier(h, ctypes.byref(req))
                 if st:
-                    err = self._error(st, what)
+                    err = self.error_for(st, what)
                     if reqs:  # started ones must complete before they are released
                         self._orphans.append((reqs, keep))
                     raise err
@@ -567,18 +565,12 @@ class ProcessGroupDdplug(ProcessGroup):
         return work
 
     def _merge(self, works: list, what: str) -> DdplugWork:
-        """One work for several: their requests in order, their finishes in order."""
-        reqs, outs, finishes, keep = [], [], [], []
-        for w in works:
-            if self._coalescing is not None and w in self._coalescing:
-                self._coalescing.remove(w)
-            reqs += w._reqs
-            outs += w._outputs
-            if w._finish is not None:
-                finishes.append(w._finish)
-            keep.append(w._keep)
-            w._reqs, w._finish, w._done = [], None, True  # the merged work owns them now
-        return self._track(DdplugWork(self, reqs, outs, _all(finishes), what, tuple(keep)))
+        """One work for several (see DdplugWork.merge), tracked instead of them."""
+        if self._coalescing is not None:
+            for w in works:
+                if w in self._coalescing:
+                    self._coalescing.remove(w)
+        return self._track(DdplugWork.merge(self, works, what))
 
     def _all_to_all(self, inputs: list, outputs: list, in_splits: list, out_splits: list, row: int,
                     what: str, given: bool) -> DdplugWork:
@@ -618,49 +610,17 @@ class ProcessGroupDdplug(ProcessGroup):
         return self._issue(f"{what} (composed: allgather of {ws} x {longest * row} elements)",
                            [(_AG, src, gathered)], outputs, finish, (src, gathered))
 
-    # ---- internals: completion (DdplugWork calls these) -----------------------------------
-    def _settle(self, work: DdplugWork, ms: Optional[int]) -> bool:
-        """Finish ``work`` if its requests completed: ``ms`` None polls (never
-        blocks), else waits at most ``ms`` (-1: the collective timeout). A
-        failure is stored in the work (``wait`` raises it); a wait whose own
-        timeout expired raises here and leaves the work pending."""
-        fut = None
-        with self._lock:
-            if not work._done:
-                self._advance(work, ms)
-            fut = work._take_future()
-        if fut is not None:
-            work._complete_future(fut)
-        return work._done
-
-    def _advance(self, work: DdplugWork, ms: Optional[int]) -> None:
-        done_ = ctypes.c_int(0)
-        for req in work._reqs:
-            if ms is None:
-                st = _test(req, ctypes.byref(done_))
-                if st == 0 and not done_.value:
-                    return
-            else:
-                st = _wait(req, ms)
-                if st == _TIMEOUT and _test(req, ctypes.byref(done_)) == 0:
-                    if done_.value:
-                        continue
-                    # the wait's own timeout: still pending, the run goes on
-                    raise _errors.timeout_of_wait(
-                        f"{work.what} not complete after {ms / 1000:.3f} s (Work.wait timeout); it is still"
-                        " pending: wait again, or let the collective timeout (timeouts.collective_s) end it",
-                        self._where())
-            if st:
-                work._fail(self._error(st, work._what))
-                return
-        work._succeed()
-
-    def _progress(self) -> Progress:
+    # ---- completion (DdplugWork calls these) ---------------------------------------------
+    def watch(self, work: DdplugWork) -> None:
+        """Complete ``work``'s future from the group's completion thread (started
+        on first use; see :mod:`.work`). Under the lock."""
         if self._progress_thread is None:
             self._progress_thread = Progress(self)
-        return self._progress_thread
+        self._progress_thread.add(work)
 
-    def _orphan(self, reqs: list, keep: tuple) -> None:
+    def release_when_complete(self, reqs: list, keep: tuple) -> None:
+        """Requests of a work dropped while pending (freeing them now would abort
+        the run): released, with the buffers in ``keep``, once they completed."""
         self._orphans.append((reqs, keep))
 
     def _reap(self) -> None:
@@ -682,9 +642,11 @@ class ProcessGroupDdplug(ProcessGroup):
     def _where(self) -> str:
         return f"rank {self._me}"
 
-    def _error(self, status: int, what: Any) -> BaseException:
+    def error_for(self, status: int, what: Any) -> BaseException:
+        """torch's ``DistBackendError`` (also the ddplug class) for a failed
+        ``status`` of the collective ``what`` (a str, or a callable making it)."""
         text = what() if callable(what) else str(what)
-        return _errors.backend_error(self._ctx._error(status, text))
+        return _errors.backend_error(self._ctx.error_for(status, text))
 
     def _one(self, tensors: List[torch.Tensor], op: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -822,20 +784,6 @@ def _copy_back(t: torch.Tensor, w: torch.Tensor) -> Optional[Callable[[], None]]
     def finish() -> None:
         with torch.no_grad():
             t.copy_(w.view(t.shape) if w.shape != t.shape else w)
-
-    return finish
-
-
-def _all(fns: list) -> Optional[Callable[[], None]]:
-    fns = [f for f in fns if f is not None]
-    if not fns:
-        return None
-    if len(fns) == 1:
-        return fns[0]
-
-    def finish() -> None:
-        for f in fns:
-            f()
 
     return finish
 

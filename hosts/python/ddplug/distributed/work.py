@@ -37,10 +37,14 @@ from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from .._c._capi import F
+from ..errors import status_code
+from . import errors as _errors
 
 _wait = F.ddplug_request_wait
 _test = F.ddplug_request_test
 _free = F.ddplug_request_free
+
+_TIMEOUT = status_code("TIMEOUT")
 
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
@@ -89,14 +93,14 @@ class DdplugWork(Work):
     # ---- torch's Work interface ------------------------------------------------
     def wait(self, timeout: Any = None) -> bool:  # type: ignore[override]
         if not self._done:
-            self._group._settle(self, timeout_ms(timeout))
+            self.settle(timeout_ms(timeout))
         if self._exc is not None:
             raise self._exc
         return True
 
     def is_completed(self) -> bool:  # type: ignore[override]
         if not self._done:
-            self._group._settle(self, None)
+            self.settle(None)
         return self._done
 
     def is_success(self) -> bool:  # type: ignore[override]
@@ -118,23 +122,73 @@ class DdplugWork(Work):
         raise RuntimeError("ddplug: source_rank() is only meaningful for recv, which ddplug does not do")
 
     def get_future(self) -> Future:  # type: ignore[override]
-        with self._group._lock:
+        with self._group.lock:
             if self._fut is None:
                 devices = sorted({t.device for t in self._outputs if t.device.type == "cuda"}, key=str)
                 self._fut = Future(devices=devices) if devices else Future()
                 if not self._done:
-                    self._group._progress().add(self)
+                    self._group.watch(self)
                     return self._fut
             fut = self._take_future()
         if fut is not None:
             self._complete_future(fut)
         return self._fut
 
-    # ---- completion (the group calls these under its lock) --------------------
+    # ---- completion ---------------------------------------------------------------
     @property
     def what(self) -> str:
         w = self._what
         return w() if callable(w) else str(w)
+
+    def settle(self, ms: Optional[int]) -> bool:
+        """Finish this work if its requests completed: ``ms`` None polls (never
+        blocks), else waits at most ``ms`` (-1: the collective timeout). A
+        failure is stored (``wait`` raises it); a wait whose own timeout expired
+        raises here and leaves the work pending. Whether it is done."""
+        fut = None
+        with self._group.lock:
+            if not self._done:
+                self._advance(ms)
+            fut = self._take_future()
+        if fut is not None:
+            self._complete_future(fut)
+        return self._done
+
+    def _advance(self, ms: Optional[int]) -> None:
+        done_ = ctypes.c_int(0)
+        for req in self._reqs:
+            if ms is None:
+                st = _test(req, ctypes.byref(done_))
+                if st == 0 and not done_.value:
+                    return
+            else:
+                st = _wait(req, ms)
+                if st == _TIMEOUT and _test(req, ctypes.byref(done_)) == 0:
+                    if done_.value:
+                        continue
+                    # the wait's own timeout: still pending, the run goes on
+                    raise _errors.timeout_of_wait(
+                        f"{self.what} not complete after {ms / 1000:.3f} s (Work.wait timeout); it is still"
+                        " pending: wait again, or let the collective timeout (timeouts.collective_s) end it",
+                        f"rank {self._group.rank()}")
+            if st:
+                self._fail(self._group.error_for(st, self._what))
+                return
+        self._succeed()
+
+    @classmethod
+    def merge(cls, group: Any, works: list, what: str) -> "DdplugWork":
+        """One work for several: their requests in order, their finishes in
+        order; the merged work owns them from now on."""
+        reqs, outs, finishes, keep = [], [], [], []
+        for w in works:
+            reqs += w._reqs
+            outs += w._outputs
+            if w._finish is not None:
+                finishes.append(w._finish)
+            keep.append(w._keep)
+            w._reqs, w._finish, w._done = [], None, True
+        return cls(group, reqs, outs, chained(finishes), what, tuple(keep))
 
     def _succeed(self) -> None:
         for r in self._reqs:
@@ -177,12 +231,28 @@ class DdplugWork(Work):
         # would abort the run); the group releases them once they completed.
         reqs = getattr(self, "_reqs", None)
         if reqs and not getattr(self, "_done", True):
-            self._group._orphan(reqs, self._keep)
+            self._group.release_when_complete(reqs, self._keep)
 
 
 def done(group: Any, outputs: List[torch.Tensor]) -> DdplugWork:
     """A work that already completed (a blocking fast path)."""
     return DdplugWork(group, [], outputs, None, "")
+
+
+def chained(finishes: list) -> Optional[Callable[[], None]]:
+    """One finish that runs ``finishes`` (None entries left out) in order;
+    None when nothing is left."""
+    fns = [f for f in finishes if f is not None]
+    if not fns:
+        return None
+    if len(fns) == 1:
+        return fns[0]
+
+    def finish() -> None:
+        for f in fns:
+            f()
+
+    return finish
 
 
 class Progress:
@@ -217,7 +287,7 @@ class Progress:
                 if self._stopped:
                     return
                 work = self._queue[0]
-            if work._done or self._group._settle(work, None):
+            if work._done or work.settle(None):
                 with self._cv:
                     if self._queue and self._queue[0] is work:
                         self._queue.popleft()
@@ -227,4 +297,4 @@ class Progress:
             delay = min(delay * 2, _POLL_MAX_S)
 
 
-__all__ = ["DdplugWork", "Progress", "done", "timeout_ms"]
+__all__ = ["DdplugWork", "Progress", "chained", "done", "timeout_ms"]

@@ -266,6 +266,12 @@ class GradientSync:
         )
 
     @property
+    def round_open(self) -> bool:
+        """Whether a backward pass contributed gradients since the last
+        :meth:`finish` (a round that only ``finish`` completes)."""
+        return self._round
+
+    @property
     def num_params(self) -> int:
         return len(self._slots)
 

@@ -200,6 +200,9 @@ class Context:
         self.local_rank = w.local_rank
         self.local_world_size = w.local_world_size
         self.node_rank = w.node_rank
+        # where the run's rendezvous store is served ("" and 0 for one process)
+        self.master_addr = S.text(w.master_addr)
+        self.master_port = int(w.master_port)
         self.num_nodes = int(F.ddplug_context_num_nodes(self._h))
         info = S.new(S.PluginInfo)
         self.check(F.ddplug_context_plugin(self._h, ctypes.byref(info)), "context plugin")

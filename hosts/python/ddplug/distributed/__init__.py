@@ -39,6 +39,7 @@ CUDA tensors through the CPU.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 from ..context import Context
@@ -120,31 +121,28 @@ def destroy_for_context(ctx: Context) -> bool:
     return True
 
 
+_torch_stores: "weakref.WeakKeyDictionary[Context, int]" = weakref.WeakKeyDictionary()
+
+
 def _torch_store(ctx: Context, timeout_s: Optional[float]) -> Any:
     """torch's own store for the default group (torch keeps using it: gloo
     subgroups, ``_store_based_barrier``, libraries that ask for it): a TCPStore
     that rank 0 serves on a free port, announced to the others through
-    ddplug's store. One rank: an in-process HashStore."""
-    import ctypes
+    ddplug's store; they reach it at the run's master address. One rank: an
+    in-process HashStore."""
     import datetime
 
     import torch.distributed as dist
 
-    from .._c import _capi as S
-    from .._c._capi import F
-
     if ctx.world_size == 1:
         return dist.HashStore()
-    n = getattr(ctx, "_torch_stores", 0) + 1
-    ctx._torch_stores = n  # type: ignore[attr-defined]
+    n = _torch_stores[ctx] = _torch_stores.get(ctx, 0) + 1  # a new key for each init on this run
     key = f"torch_store/{n}"
     wait = datetime.timedelta(seconds=timeout_s or 300)
     if ctx.rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, None, True, timeout=wait, wait_for_workers=False)
         ctx.store.set(key, str(store.port).encode())
         return store
-    w = S.new(S.World)
-    ctx.check(F.ddplug_context_world(ctx.handle, ctypes.byref(w)), "context world")
-    host = S.text(w.master_addr) or "127.0.0.1"
+    host = ctx.master_addr or "127.0.0.1"
     port = int(ctx.store.get(key, wait.total_seconds()).decode())
     return dist.TCPStore(host, port, None, False, timeout=wait)

@@ -137,11 +137,7 @@ class DdplugParallel:
         if self._torch_distributed is not None:
             return bool(self._torch_distributed)
         assert self._ctx is not None
-        cfg = self._ctx.config
-        try:
-            return bool(cfg.get("torch_distributed", True))
-        finally:
-            cfg.close()
+        return bool(self._ctx.config.get("torch_distributed", True))
 
     def _init_torch_distributed(self) -> None:
         """torch.distributed's default group on this run's context (collective)."""
@@ -225,11 +221,7 @@ class DdplugParallel:
             return
         every = getattr(self, "_param_sync_every", None)
         if every is None:
-            cfg = ctx.config
-            try:
-                every = self._param_sync_every = int(cfg.get("checks.param_sync_every", 0) or 0)
-            finally:
-                cfg.close()
+            every = self._param_sync_every = int(ctx.config.get("checks.param_sync_every", 0) or 0)
         if every > 0 and self._optimizer_steps % every == 0:
             check_parameters_equal(ctx, params, self._optimizer_steps, buffers)
 

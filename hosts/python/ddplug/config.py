@@ -20,10 +20,15 @@ from .errors import check
 
 
 class Config:
-    """An immutable, validated configuration handle (``ddplug_config``)."""
+    """An immutable, validated configuration handle (``ddplug_config``): one
+    this process loaded (freed by :meth:`close`, at the end of a ``with``
+    block, or when garbage collected), or the view of a context's own
+    (:attr:`ddplug.Context.config`: valid while the context is open, never
+    freed here)."""
 
-    def __init__(self, handle: ctypes.c_void_p) -> None:
+    def __init__(self, handle: ctypes.c_void_p, *, view_of: Any = None) -> None:
         self._h = handle
+        self._view_of = view_of  # the Context whose config this is, for a view
 
     # ---- construction ----------------------------------------------------
     @classmethod
@@ -61,6 +66,9 @@ class Config:
     # ---- reading ---------------------------------------------------------
     @property
     def handle(self) -> ctypes.c_void_p:
+        if self._view_of is not None and self._view_of.closed:
+            raise ValueError("ddplug: the config of a closed context (a context's config is readable while it is"
+                             " open; keep a copy of your own: Config.from_string(ctx.config.to_json()))")
         if not self._h:
             raise ValueError("ddplug: config already closed")
         return self._h
@@ -136,7 +144,7 @@ class Config:
     # ---- lifetime --------------------------------------------------------
     def close(self) -> None:
         h, self._h = self._h, None
-        if h:
+        if h and self._view_of is None:
             F.ddplug_config_free(h)
 
     def __enter__(self) -> "Config":
@@ -152,7 +160,10 @@ class Config:
             pass
 
     def __repr__(self) -> str:
-        return f"Config(origin={self.origin!r})" if self._h else "Config(closed)"
+        try:
+            return f"Config(origin={self.origin!r})"
+        except ValueError:
+            return "Config(closed)"
 
 
 ConfigSource = Union[None, str, os.PathLike, Mapping[str, Any], Config]

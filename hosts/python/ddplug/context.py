@@ -245,12 +245,10 @@ class Context:
 
     @property
     def config(self) -> Config:
-        """The context's effective config (a copy the caller owns)."""
-        borrowed = Config(F.ddplug_context_config(self.handle))
-        try:
-            return Config.from_string(borrowed.to_json(), borrowed.origin)
-        finally:
-            borrowed._h = None  # borrowed: never freed here
+        """The context's effective config: a view of the context's own, readable
+        while the context is open (a read after :meth:`close` raises
+        ValueError); nothing to close or free."""
+        return Config(F.ddplug_context_config(self.handle), view_of=self)
 
     def error(self) -> str:
         return (F.ddplug_context_error(self._h) or b"").decode("utf-8", "replace") if self._h else ""

@@ -97,11 +97,7 @@ def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, devi
             ctx = _open(config, timeout_s, device)
             _opened = ctx
     if torch_distributed is None:
-        cfg = ctx.config
-        try:
-            torch_distributed = bool(cfg.get("torch_distributed", True))
-        finally:
-            cfg.close()
+        torch_distributed = bool(ctx.config.get("torch_distributed", True))
     if torch_distributed:
         from . import distributed as ddist
 

@@ -525,11 +525,8 @@ class DataSplit:
         self.streams: dict = {}
         ctx.on_close(self.close)  # its samplers must go before the context
         cfg = ctx.config
-        try:
-            self.settings = cfg.to_dict()
-            self.origin = cfg.origin
-        finally:
-            cfg.close()
+        self.settings = cfg.to_dict()
+        self.origin = cfg.origin
 
     # ---- hooks -------------------------------------------------------------------
     def on_report(self, stream: StreamBatchSampler, report: Report) -> None:

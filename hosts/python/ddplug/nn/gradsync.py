@@ -251,11 +251,7 @@ class GradientSync:
     def from_context(cls, ctx: Context, params: Iterable[torch.nn.Parameter]) -> "GradientSync":
         """A GradientSync for ``params`` configured by the context's "gradients"
         settings (averaging with the plugin's "avg" op where it has one)."""
-        cfg = ctx.config
-        try:
-            g = cfg.get("gradients", {}) or {}
-        finally:
-            cfg.close()
+        g = ctx.config.get("gradients", {}) or {}
         use_avg = bool(ctx.plugin["op_mask"] & (1 << _names.ops()["avg"]))
         return cls(
             ctx, params,

@@ -42,18 +42,26 @@ _KEYS_KEPT = 1 << 16  # keys remembered per pass, to name repeated ids in report
 Key = Union[str, int, Callable[[Any], Any]]
 
 
-class shard(IterableDataset):
+def shard(source: Any, *, context: Optional[Context] = None, rank: Optional[int] = None,
+          world_size: Optional[int] = None) -> "Shard":
     """``source``'s items for this rank and DataLoader worker only: item ``k`` (in
     the source's order, the same on every rank) goes to consumer
     ``k mod (world_size · workers)``, consumer ``rank · workers + worker``. Every
     item reaches exactly one consumer per pass; ranks get counts that differ by at
-    most one per worker.
+    most one per worker. Declarations made on ``source`` (:func:`ddplug.declare`)
+    hold for the shard.
 
     Args:
         source: any iterable (a streaming dataset, a generator factory's result
             is consumed once: pass a re-iterable).
         context / rank, world_size: whose share (default: the current run's).
     """
+    return Shard(source, context=context, rank=rank, world_size=world_size)
+
+
+class Shard(IterableDataset):
+    """The ``IterableDataset`` :func:`shard` returns: ``source``'s share of
+    ``rank`` (``len`` where the source has one)."""
 
     def __init__(self, source: Any, *, context: Optional[Context] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None) -> None:
@@ -305,4 +313,4 @@ class _Recording:
         return getattr(self._it, name)
 
 
-__all__ = ["IdAudit", "KEY_FIELD", "batch_ids", "key_of", "shard"]
+__all__ = ["IdAudit", "KEY_FIELD", "Shard", "batch_ids", "key_of", "shard"]

@@ -763,7 +763,7 @@ class DataSplit:
             )
             return loader
         expected = 0  # the whole stream's distinct samples, where known
-        if isinstance(loader.dataset, _iterable.shard):
+        if isinstance(loader.dataset, _iterable.Shard):
             try:
                 expected = len(loader.dataset.source)
             except TypeError:

@@ -38,7 +38,7 @@ dtypes ddplug has no equivalent for (e.g. int16, float8), several tensors per
 process, tensors on devices other than CPU and CUDA, ``split_group``.
 
 Memory: a tensor the plugin takes as it is (contiguous, in memory the plugin
-accepts: the host plugin takes CPU memory, nccl CUDA and host memory) is used
+accepts: the cpu plugin takes CPU memory, nccl CUDA and host memory) is used
 in place; any other (non-contiguous, or CUDA memory on a CPU plugin) is copied
 into a contiguous staging tensor and the result copied back on completion.
 CUDA tensors run on the current CUDA stream.
@@ -196,7 +196,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 with self.lock:
                     st = _allreduce(h, p, p, t.numel(), dt, op, stream)
                 if st:
-                    raise self.error_for(st, lambda: _what("all_reduce", t, ro.op))
+                    raise self.error_for(st, lambda: _describe("all_reduce", t, ro.op))
                 return self._done
             req = ctypes.c_void_p()
             with self.lock:
@@ -204,10 +204,10 @@ class ProcessGroupDdplug(ProcessGroup):
                     self._reap()
                 st = _iallreduce(h, p, p, t.numel(), dt, op, stream, ctypes.byref(req))
             if st:
-                raise self.error_for(st, lambda: _what("all_reduce", t, ro.op))
-            return self._track(DdplugWork(self, [req], [t], None, lambda: _what("all_reduce", t, ro.op), (t,)))
+                raise self.error_for(st, lambda: _describe("all_reduce", t, ro.op))
+            return self._track(DdplugWork(self, [req], [t], None, lambda: _describe("all_reduce", t, ro.op), (t,)))
         w = self._workable(t, "all_reduce")
-        return self._issue(lambda: _what("all_reduce", t, ro.op), [(_AR, w, op)], [t], _copy_back(t, w), (w,))
+        return self._issue(lambda: _describe("all_reduce", t, ro.op), [(_AR, w, op)], [t], _copy_back(t, w), (w,))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
         red = opts.reduceOp.op if opts is not None else _RedOpType.SUM
@@ -235,10 +235,10 @@ class ProcessGroupDdplug(ProcessGroup):
             with self.lock:
                 st = _broadcast(h, p, p, t.numel(), dt, root, self._stream(t))
             if st:
-                raise self.error_for(st, lambda: _what("broadcast", t, f"src {root}"))
+                raise self.error_for(st, lambda: _describe("broadcast", t, f"src {root}"))
             return self._done
         w = self._workable(t, "broadcast")
-        return self._issue(lambda: _what("broadcast", t, f"src {root}"), [(_BC, w, root)], [t],
+        return self._issue(lambda: _describe("broadcast", t, f"src {root}"), [(_BC, w, root)], [t],
                            _copy_back(t, w) if w is not t else None, (w,))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdplugWork:
@@ -250,7 +250,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 f" {input.numel()} (world size x the input's)", self._where())
         src = self._workable(input, "all_gather_into_tensor")
         dst = self._workable(output, "all_gather_into_tensor", copy_in=False)
-        return self._issue(lambda: _what("all_gather_into_tensor", input), [(_AG, src, dst)], [output],
+        return self._issue(lambda: _describe("all_gather_into_tensor", input), [(_AG, src, dst)], [output],
                            _copy_back(output, dst) if dst is not output else None, (src, dst))
 
     _allgather_base = all_gather_single  # the name of torch < 2.6
@@ -280,7 +280,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view_as(o))
 
-            return self._issue(lambda: _what("all_gather", t), [(_AG, src, flat)], outs, finish, (src, flat))
+            return self._issue(lambda: _describe("all_gather", t), [(_AG, src, flat)], outs, finish, (src, flat))
         # uneven sizes: rank r broadcasts its input into everyone's tensor_list[r]
         bufs, steps = [], []
         for r, o in enumerate(outs):
@@ -339,7 +339,7 @@ class ProcessGroupDdplug(ProcessGroup):
         else:  # the others' tensors stay as they were
             w = self._copy(t)
             finish = None
-        return self._issue(lambda: _what("reduce", t, red, f"dst {dst}, composed: allreduce"), [(_AR, w, op)],
+        return self._issue(lambda: _describe("reduce", t, red, f"dst {dst}, composed: allreduce"), [(_AR, w, op)],
                            [t], finish, (w,))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdplugWork:
@@ -357,7 +357,7 @@ class ProcessGroupDdplug(ProcessGroup):
         def finish() -> None:
             output.copy_(w[me * n:(me + 1) * n].view_as(output))
 
-        return self._issue(lambda: _what("reduce_scatter_tensor", input, red, "composed: allreduce"),
+        return self._issue(lambda: _describe("reduce_scatter_tensor", input, red, "composed: allreduce"),
                            [(_AR, w, op)], [output], finish, (w,))
 
     _reduce_scatter_base = reduce_scatter_single  # the name of torch < 2.6
@@ -385,7 +385,7 @@ class ProcessGroupDdplug(ProcessGroup):
         def finish() -> None:
             out.copy_(w[me * n:(me + 1) * n].view_as(out))
 
-        return self._issue(lambda: _what("reduce_scatter", out, red, "composed: allreduce"), [(_AR, w, op)],
+        return self._issue(lambda: _describe("reduce_scatter", out, red, "composed: allreduce"), [(_AR, w, op)],
                            [out], finish, (w,))
 
     def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
@@ -417,7 +417,7 @@ class ProcessGroupDdplug(ProcessGroup):
             for r, o in enumerate(outs):
                 o.copy_(flat[r * n:(r + 1) * n].view_as(o))
 
-        return self._issue(lambda: _what("gather", t, f"dst {dst}, composed: allgather"), [(_AG, src, flat)],
+        return self._issue(lambda: _describe("gather", t, f"dst {dst}, composed: allgather"), [(_AG, src, flat)],
                            outs, finish if outs else None, (src, flat))
 
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
@@ -443,7 +443,7 @@ class ProcessGroupDdplug(ProcessGroup):
         def finish() -> None:
             out.copy_(w[me * n:(me + 1) * n].view_as(out))
 
-        return self._issue(lambda: _what("scatter", out, f"src {src}, composed: broadcast"), [(_BC, w, src)],
+        return self._issue(lambda: _describe("scatter", out, f"src {src}, composed: broadcast"), [(_BC, w, src)],
                            [out], finish, (w,))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
@@ -454,9 +454,9 @@ class ProcessGroupDdplug(ProcessGroup):
         ws, me = self._ws, self._me
         rows = input.size(0) if input.dim() else input.numel()
         row = input.numel() // rows if rows else (input[0].numel() if input.dim() > 1 else 1)
-        in_splits = list(input_split_sizes) or _even(rows, ws, "input", self._where())
+        in_splits = list(input_split_sizes) or _even_splits(rows, ws, "input", self._where())
         out_rows = output.size(0) if output.dim() else output.numel()
-        out_splits = list(output_split_sizes) or _even(out_rows, ws, "output", self._where())
+        out_splits = list(output_split_sizes) or _even_splits(out_rows, ws, "output", self._where())
         if len(in_splits) != ws or len(out_splits) != ws or sum(in_splits) != rows or sum(out_splits) != out_rows:
             raise _errors.invalid(
                 f"all_to_all_single: split sizes {in_splits} (input, {rows} rows) and {out_splits} (output,"
@@ -772,7 +772,8 @@ class ProcessGroupDdplug(ProcessGroup):
         return t if self._direct(t) else t.to(self._target(t, "a collective")).contiguous()
 
 
-def _what(op: str, t: torch.Tensor, *more: Any) -> str:
+def _describe(op: str, t: torch.Tensor, *more: Any) -> str:
+    """How error messages name a collective: "all_reduce(4 x float32 on cpu, ReduceOp.SUM)"."""
     extra = "".join(f", {_op_label(m) if isinstance(m, _RedOpType) else m}" for m in more)
     return f"{op}({t.numel()} x {str(t.dtype).replace('torch.', '')} on {t.device}{extra})"
 
@@ -788,7 +789,9 @@ def _copy_back(t: torch.Tensor, w: torch.Tensor) -> Optional[Callable[[], None]]
     return finish
 
 
-def _even(rows: int, ws: int, which: str, where: str) -> list:
+def _even_splits(rows: int, ws: int, which: str, where: str) -> list:
+    """all_to_all_single's split sizes when none are given: ``rows`` in ``ws``
+    equal parts (refused when they do not divide)."""
     if rows % ws:
         raise _errors.invalid(f"all_to_all_single: the {which} has {rows} rows, not divisible by the world size"
                               f" {ws}; pass split sizes", where)

@@ -1,15 +1,17 @@
-"""What to say when user code asks ``torch.distributed`` for its ranks.
+"""What to say when user code asks ``torch.distributed`` for its ranks while the
+strategy was told to leave it uninitialised.
 
-ddplug runs without ``torch.distributed``: no process group is ever initialized.
-Samplers written for DDP often take their ranks from it when ``num_replicas`` /
+The strategies initialise ``torch.distributed`` on their run (backend "ddplug"),
+so samplers written for DDP that take their ranks from it when ``num_replicas`` /
 ``rank`` are not given (``torch.utils.data.DistributedSampler``, GPT-SoVITS' bucket
-sampler: ``dist.get_world_size()``, ``dist.get_rank()``), and torch then raises
-"Default process group has not been initialized". Answering those calls from
+sampler: ``dist.get_world_size()``, ``dist.get_rank()``) just work. With
+``torch_distributed=False`` no process group is initialized, and torch raises
+"Default process group has not been initialized" there. Answering those calls from
 ddplug instead (patching ``torch.distributed``) would make ``get_rank()`` work and
 the next ``dist.all_reduce`` fail, or make library code believe a process group
-exists; so the strategy stops with an error that names the sampler and the line,
-and says which arguments to pass — after which ddplug sees a rank-aware sampler and
-leaves the split to it.
+exists; so the Trainer strategy stops with an error that names the sampler and the
+line, and says which arguments to pass — after which ddplug sees a rank-aware
+sampler and leaves the split to it.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def explain(exc: BaseException, hook: str, *, rank: int, world_size: int,
                     if f.f_code.co_name == hook), None)
     detail = (
         f"{hook}(){f' ({in_hook})' if in_hook else ''}: {culprit} called {called}, but the ddplug strategy"
-        " runs without torch.distributed (no process group is initialized; ranks and collectives go through"
-        " ddplug). Pass the ranks to the sampler explicitly: num_replicas="
+        " runs without torch.distributed here (torch_distributed=False: no process group is initialized;"
+        " ranks and collectives go through ddplug). Pass the ranks to the sampler explicitly: num_replicas="
         f"{rank_source}.world_size, rank={rank_source}.global_rank (here {world_size} and {rank}), or"
         f" **{rank_source}.distributed_sampler_kwargs. ddplug then sees a rank-aware sampler and lets it split"
         " the data (owner user)."

@@ -79,9 +79,9 @@ class Aborted(DdplugError):
 
 class TorchDistributedNotInitialized(Unsupported):
     """User code asked ``torch.distributed`` for ranks (a sampler built without
-    ``num_replicas``/``rank``), which ddplug never initializes; raised by the
-    strategy with the culprit's name and what to pass instead. Every rank raises it
-    by itself."""
+    ``num_replicas``/``rank``) in a run whose strategy leaves it uninitialised
+    (``torch_distributed=False``); raised by the Trainer strategy with the
+    culprit's name and what to pass instead. Every rank raises it by itself."""
 
 
 class SplitConflict(DdplugError):

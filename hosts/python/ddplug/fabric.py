@@ -158,7 +158,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if torch_sync:
             module = _syncbn.convert_sync_batchnorm(module, only_torch_sync=True)
             self._log_rank_zero(f"{len(torch_sync)} torch.nn.SyncBatchNorm layer(s) synchronize through ddplug"
-                                " (torch's needs torch.distributed)")
+                                " (torch's needs GPU tensors and torch.distributed)")
         self._modules = [r for r in self._modules if r() is not None] + [weakref.ref(module)]
         broadcast_module(self._ctx, module)
         if any(p.requires_grad for p in module.parameters()):

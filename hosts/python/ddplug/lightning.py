@@ -382,7 +382,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         """``sync_batchnorm=True`` (Lightning's TorchSyncBatchNorm) becomes ddplug's
         layer sync; another LayerSync plugin is applied as given; torch.nn.SyncBatchNorm
         layers left in the model (the user's own, or from such a plugin) are replaced
-        too: without torch.distributed they would normalize per rank, silently."""
+        too: torch's refuses CPU tensors, and normalizes per rank, silently, without
+        torch.distributed (torch_distributed=False)."""
         assert self.model is not None
         if type(self._layer_sync) is TorchSyncBatchNorm:
             self._layer_sync = DdplugSyncBatchNorm()
@@ -393,7 +394,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self.model = _syncbn.convert_sync_batchnorm(self.model, only_torch_sync=True)
             shown = ", ".join(n or "(the model)" for n in torch_sync[:5]) + (" ..." if len(torch_sync) > 5 else "")
             self._log_rank_zero(f"{len(torch_sync)} torch.nn.SyncBatchNorm layer(s) ({shown}) synchronize"
-                                " through ddplug (torch's needs torch.distributed)")
+                                " through ddplug (torch's needs GPU tensors and torch.distributed)")
         self._bn_converted = _syncbn.has_sync_batchnorm(self.model)
         if self._bn_converted and isinstance(self._layer_sync, DdplugSyncBatchNorm):
             self._log_rank_zero("sync_batchnorm: batch norm statistics over every rank, through ddplug")

@@ -1,4 +1,4 @@
-"""Gradient synchronization without torch.distributed: bucketed, asynchronous
+"""Gradient synchronization through the run's context: bucketed, asynchronous
 allreduce started during backward, the way DDP's reducer does it — with the
 gradients living in their buckets (DDP's ``gradient_as_bucket_view``).
 

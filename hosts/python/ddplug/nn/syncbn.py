@@ -1,10 +1,12 @@
-"""Synchronized batch normalization through the ddplug context (no torch.distributed).
+"""Synchronized batch normalization through the run's ddplug context.
 
-``torch.nn.SyncBatchNorm`` needs an initialized ``torch.distributed`` process group;
-without one (ddplug never creates one) it silently behaves like ``BatchNorm``: every
-rank normalizes with its own batch statistics and its running statistics drift
-apart. :class:`SyncBatchNorm` computes the statistics over the batches of every rank
-through the run's context instead, with ``torch.nn.SyncBatchNorm``'s semantics:
+``torch.nn.SyncBatchNorm`` needs an initialized ``torch.distributed`` process group
+(the strategies initialise one on their run unless ``torch_distributed=False``) and
+GPU tensors: on CPU tensors it refuses, and without a process group it silently
+behaves like ``BatchNorm`` (every rank normalizes with its own batch statistics and
+its running statistics drift apart). :class:`SyncBatchNorm` computes the statistics
+over the batches of every rank through the run's context instead, on any device and
+with or without torch.distributed, with ``torch.nn.SyncBatchNorm``'s semantics:
 
 * forward (training): each rank gathers every rank's (count, mean, biased variance)
   per channel (one allgather of 2C+1 values; ranks may hold different batch sizes,

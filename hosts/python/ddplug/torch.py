@@ -48,13 +48,13 @@ What each piece does:
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import context as _context
+from ._c import _logbridge
 from .config import ConfigSource
 from .context import Context
 from .data.streams import DataSplit
@@ -117,8 +117,8 @@ def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Cont
     abort_on_uncaught_exception(ctx, ctx.rank)
     if ctx.rank == 0:
         p = ctx.plugin
-        print(f"ddplug: plugin {p['name']} {p['version']}, {ctx.world_size} ranks on {ctx.num_nodes} node(s)",
-              file=sys.stdout, flush=True)
+        _logbridge.report(f"ddplug: plugin {p['name']} {p['version']}, {ctx.world_size} ranks on {ctx.num_nodes}"
+                          " node(s)")
     return ctx
 
 
@@ -164,13 +164,13 @@ def _torch_sampler(loader: DataLoader) -> Any:
 def _log_rank_zero(line: str) -> None:
     ctx = _context.current()
     if ctx is None or ctx.rank == 0:
-        print(f"ddplug: {line}", file=sys.stdout, flush=True)
+        _logbridge.report(f"ddplug: {line}")
 
 
 def _on_report(stream: Any, report: Any) -> None:
     ctx = _context.current()
     if ctx is None or ctx.rank == 0:
-        print(report.text or report.summary, file=sys.stdout, flush=True)
+        _logbridge.report(report.text or report.summary)
 
 
 def shutdown() -> None:

@@ -1,52 +1,18 @@
-"""The ``ddplug`` strategy for ``lightning.pytorch.Trainer``.
+"""The ``ddplug`` strategy for ``lightning.pytorch.Trainer``::
 
     import ddplug.lightning                      # registers strategy="ddplug"
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddplug")   # config from DDPLUG_CONFIG
     trainer = Trainer(devices=2, strategy=ddplug.lightning.DdplugStrategy(config="ddplug.json"))
 
-Ranks come from Lightning's cluster environment (LightningEnvironment for
-``devices=N`` with Lightning's subprocess launcher, TorchElasticEnvironment under
-torchrun, SLURMEnvironment, ...) and are passed to ddplug explicitly, so both agree.
-Collectives, gradient allreduce and the data split go through libddplug (plugin
-"cpu" for CPU tensors, "nccl" for CUDA). torch.distributed is initialised on the
-same run with the backend "ddplug" (:mod:`ddplug.distributed`; ``torch_distributed=
-False`` leaves it alone), so torchmetrics, ``dist.get_rank()`` and samplers or
-WebDataset splitters that read torch.distributed work as under DDPStrategy.
-
-What it does that DDPStrategy does not:
-
-* every DataLoader (train, val, test, predict) gets exactly one split owner —
-  ``user`` when its sampler or batch sampler is already rank-aware (the
-  GPT-SoVITS double split is impossible), else ``plugin`` (ddplug's sampler) —
-  claimed through the runtime and agreed by all ranks; Lightning's own
-  DistributedSampler injection is turned off for the run
-  (``_DataConnector._requires_distributed_sampler`` reads
-  ``use_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py);
-* the split is audited per epoch from what each rank consumed, reported on rank 0's
-  stdout and to the loggers; a failed audit stops the run;
-* ``prepare_data`` runs once per node (or globally) while the others wait through
-  the store (Lightning's ``_InfiniteBarrier`` is a no-op without torch.distributed,
-  lightning/fabric/utilities/distributed.py);
-* ``Trainer(sync_batchnorm=True)`` synchronizes batch norm through ddplug
-  (:class:`ddplug.nn.syncbn.SyncBatchNorm`; torch's needs torch.distributed and would
-  silently normalize per rank), and so do ``torch.nn.SyncBatchNorm`` layers a model
-  brings; the original layer classes are restored after fitting;
-* a loader whose sampler or dataset splits by itself — by reading torch.distributed
-  or given the ranks — is user-owned: ddplug never adds a second split (with
-  ``torch_distributed=False``, a sampler that asks torch.distributed for its ranks
-  stops the run with an error naming it and the arguments to pass instead,
-  :mod:`ddplug._torchdist`);
-* the streams' epochs and positions are saved in checkpoints under the key
-  ``"ddplug"``, which other strategies ignore: a ddplug checkpoint resumes under
-  ``strategy="ddp"`` and a DDP checkpoint under ddplug (the loaders themselves stay
-  stateless for Lightning, whose loop state would otherwise demand them);
-* evaluation (val, test, predict) is exact: every sample once, uneven per-rank
-  counts, so predictions and synced sums over the whole set are the
-  single-process ones.
-
-``strategy="ddplug"`` by name needs ``import ddplug.lightning`` first (or
-``import ddplug`` after Lightning is imported): Lightning resolves strategy names
-from its registry and reads no entry points for strategies.
+Ranks come from Lightning's cluster environment and are passed to ddplug as
+they are; collectives, gradients and the data split go through the run's
+context, and torch.distributed is initialised on it (backend "ddplug"). What
+the strategy does beyond DDPStrategy (one split owner per DataLoader, the
+audit, run-once ``prepare_data``, synchronized batch norm, stream positions in
+checkpoints, exact evaluation) is described in the package's README
+(hosts/python/README.md). ``strategy="ddplug"`` by name needs ``import
+ddplug.lightning`` first (or ``import ddplug`` after Lightning is imported):
+Lightning reads no entry points for strategies.
 """
 
 from __future__ import annotations

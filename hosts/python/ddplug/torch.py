@@ -1,49 +1,19 @@
-"""ddplug for plain-PyTorch trainers (no Lightning): coqui-style and
-SpeechBrain-style scripts that call torch.distributed themselves.
+"""ddplug for plain-PyTorch trainers (no Lightning), which call torch.distributed
+themselves::
 
     import ddplug.torch as dt
 
-    ctx = dt.init()                          # joins the run (torchrun, SLURM, Lightning's launcher,
-                                             # an explicit config) and initialises torch.distributed
-                                             # with the backend "ddplug": one call on every rank
-    loader = dt.prepare_dataloader(DataLoader(ds, batch_size=32, shuffle=True))   # split once, audited
+    ctx = dt.init()                     # the run, and torch.distributed (backend "ddplug") on it
+    loader = dt.prepare_dataloader(DataLoader(ds, batch_size=32, shuffle=True))   # one split owner, audited
     model = torch.nn.parallel.DistributedDataParallel(model)                      # torch's DDP over ddplug
-    for epoch in range(epochs):
-        loader.sampler.set_epoch(epoch)      # optional: each pass over the loader is the next epoch
-        for batch in loader:
-            ...
-    dt.run_once(download, scope="node")      # one process per node downloads, the others wait
+    dt.run_once(download, scope="node")  # one process per node downloads, the others wait
     dt.shutdown()
 
-What each piece does:
-
-* :func:`init` opens the ddplug context (world discovery: explicit config >
-  torchrun > Lightning's launcher > SLURM > one process; the ``nccl`` plugin when
-  the process sees a GPU and the config names none), makes it the process's
-  current run, aborts the run on every rank when this rank dies of an uncaught
-  exception, and initialises torch.distributed's default group on it. Scripts
-  that call ``torch.distributed.init_process_group(backend="ddplug")``
-  themselves need none of this (the backend opens its own context), but lose
-  :func:`prepare_dataloader` and :func:`run_once`'s context until they call
-  :func:`init` — which then reuses what they initialised.
-* :func:`prepare_dataloader` gives the loader exactly one split owner (the
-  ``data_split`` config; ``auto``: a sampler or batch sampler that is already
-  rank-aware — a ``DistributedSampler``, one exposing ``num_replicas``/``rank``,
-  or one built from ``dist.get_rank()`` — keeps the split; otherwise ddplug's
-  sampler splits), claims it through the runtime, agrees it with every rank,
-  checks that every rank has the same number of batches, and audits each epoch
-  from what this rank consumed. A loader over an ``IterableDataset`` (WebDataset)
-  splits itself (``split_by_node`` reads torch.distributed, which :func:`init`
-  initialised): it is user-owned and returned as it is. ``set_epoch`` reaches
-  ddplug's sampler and the user's (``loader.sampler.set_epoch(e)``, or each pass
-  over the loader counts as the next epoch).
-* Gradients: torch's own ``DistributedDataParallel`` over the ddplug process
-  group (``device_ids`` as usual on GPUs). ddplug's bucketed gradient sync of the
-  Lightning strategies is not offered here: it was not measurably better than
-  DDP over the ddplug backend (bench/torch_backend_perf.py, README).
-* :func:`run_once` / :func:`once`: work exactly one process per scope does while
-  the others wait on the store (no collective barrier to bypass), failures
-  reaching every rank (:class:`ddplug.RunOnceFailed`).
+Each function's doc says what it does; "Plain PyTorch: ddplug.torch" in the
+package's README (hosts/python/README.md) shows them together. Gradients go
+through torch's own DistributedDataParallel: the strategies' bucketed gradient
+sync was not measurably faster than DDP over the ddplug backend
+(bench/torch_backend_perf.py).
 """
 
 from __future__ import annotations
@@ -70,6 +40,12 @@ def init(config: ConfigSource = None, *, timeout_s: Optional[float] = None, devi
          torch_distributed: Optional[bool] = None) -> Context:
     """Join the run and initialise torch.distributed on it (collective: every
     rank calls it). Idempotent: a second call returns the same context.
+
+    The world is discovered (explicit config > torchrun > Lightning's launcher >
+    SLURM > one process); the context becomes the process's current run, and an
+    uncaught exception on this rank aborts it on every rank. A script that
+    called ``torch.distributed.init_process_group(backend="ddplug")`` first
+    gets the run that group opened.
 
     Args:
         config: a path, JSON text, dict or :class:`ddplug.Config`; None reads
@@ -132,7 +108,16 @@ def context() -> Context:
 
 def prepare_dataloader(loader: Any, stream: str = "train", *, training: Optional[bool] = None) -> Any:
     """The loader with exactly one split owner for ``stream`` (collective: every
-    rank prepares its loaders in the same order). See the module doc.
+    rank prepares its loaders in the same order): a sampler or batch sampler
+    that is already rank-aware (a ``DistributedSampler``, one exposing
+    ``num_replicas``/``rank``) keeps the split, else ddplug's sampler splits
+    (the ``data_split`` config decides otherwise). The owner is claimed and
+    agreed by every rank, every rank must have the same number of batches, and
+    each epoch is audited from what this rank consumed. ``set_epoch`` on
+    ``loader.sampler`` reaches ddplug's sampler and the user's (else each pass
+    over the loader is the next epoch). A loader over an ``IterableDataset``
+    splits itself (WebDataset's ``split_by_node`` reads torch.distributed): it
+    is returned as it is.
 
     Args:
         loader: a ``torch.utils.data.DataLoader`` (other iterables are user-owned

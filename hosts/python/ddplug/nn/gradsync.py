@@ -480,21 +480,26 @@ class GradientSync:
             elif not _is_view(g, reduced):
                 g.copy_(reduced)
         handled = {id(s) for s in missing}
-        for b in self.buckets:  # the copy path: the result back into .grad
+        # One pass over every slot: the copy path's result back into .grad, and
+        # each slot's state for the next round (what _reset does, and whether
+        # .grad is its bucket view now).
+        self._next, self._round = 0, False
+        for b in self.buckets:
+            b.pending = len(b.slots)
             if b.solo:
-                continue
+                b.work = None
             for slot in b.slots:
                 g = slot.param.grad
-                if g is not None and id(slot) not in handled and not _is_view(g, b.view(slot)):
-                    g.copy_(b.view(slot))
-        self._reset()
+                view = b.view(slot) if b.flat is not None else None
+                if view is not None and not b.solo and g is not None and id(slot) not in handled \
+                        and not _is_view(g, view):
+                    g.copy_(view)
+                slot.installed = view is not None and _is_view(g, view)
+                slot.ready = False
+                slot.check = True
         self.syncs += 1
         if self._order is not None and not self.rebuilt:
             self._follow_backward_order()
-        for b in self.buckets:
-            for slot in b.slots:
-                slot.installed = b.flat is not None and _is_view(slot.param.grad, b.view(slot))
-                slot.check = True
 
     def _follow_backward_order(self) -> None:
         """Collective, once: rebuild the buckets in the order rank 0's first
@@ -519,17 +524,18 @@ class GradientSync:
                 if g is not None and b.flat is not None and _is_view(g, b.view(s)):
                     grads[id(s.param)] = g  # installed views move to the new buckets
         self._plan([self.params[i] for i in arr.tolist()])
-        for b in self.buckets:
+        for b in self.buckets:  # new slots: their views, and their state for the next round
             for s in b.slots:
                 g = grads.get(id(s.param))
-                if g is None:
-                    continue
-                if b.flat is None:
-                    s.param.grad = g.clone()
-                else:
-                    view = b.view(s)
-                    view.copy_(g)
-                    s.param.grad = view
+                if g is not None:
+                    if b.flat is None:
+                        s.param.grad = g.clone()
+                    else:
+                        view = b.view(s)
+                        view.copy_(g)
+                        s.param.grad = view
+                s.installed = b.flat is not None and _is_view(s.param.grad, b.view(s))
+                s.check = True
         # The old buckets and their slots refer to each other: only the cyclic
         # collector would free them, and with them the old buckets' registered
         # memory (still allocated when the context closes, the plugin warns).

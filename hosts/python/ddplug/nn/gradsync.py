@@ -95,6 +95,9 @@ class _Bucket:
     pending: int = 0
     request: Optional[Request] = None
     work: Optional[torch.Tensor] = None  # what is being reduced this round
+    # a solo bucket's contribution when its parameter has no gradient: kept
+    # from round to round while no rank sends one (not handed out as .grad)
+    zeros: Optional[torch.Tensor] = None
 
     def view(self, slot: _Slot) -> torch.Tensor:
         assert self.flat is not None
@@ -326,6 +329,7 @@ class GradientSync:
         """Give every gradient that views a bucket its own memory, and drop the
         buckets (registered memory is freed once nothing views it)."""
         for b in self.buckets:
+            b.zeros = None
             if b.flat is None:
                 continue
             for s in b.slots:
@@ -438,8 +442,12 @@ class GradientSync:
         if bucket.solo:
             if bucket.work is None:  # no gradient this round: contribute what .grad holds, or zeros
                 g = bucket.slots[0].param.grad
-                bucket.work = g.contiguous().clone() if g is not None else torch.zeros_like(
-                    bucket.slots[0].param, memory_format=torch.contiguous_format)
+                if g is not None:
+                    bucket.work = g.contiguous().clone()
+                elif bucket.zeros is not None:  # the last round's, no rank had a gradient then either
+                    bucket.work, bucket.zeros = bucket.zeros.zero_(), None
+                else:
+                    bucket.work = torch.zeros_like(bucket.slots[0].param, memory_format=torch.contiguous_format)
         else:
             bucket.work = bucket.flat
         bucket.request = self.ctx.iallreduce(bucket.work, self.op)
@@ -477,6 +485,8 @@ class GradientSync:
             if g is None:
                 if bool(reduced.any()):
                     slot.param.grad = reduced  # another rank produced a gradient
+                elif b.solo:
+                    b.zeros = reduced  # nobody did: the next such round reuses the buffer
             elif not _is_view(g, reduced):
                 g.copy_(reduced)
         handled = {id(s) for s in missing}
@@ -540,7 +550,7 @@ class GradientSync:
         # collector would free them, and with them the old buckets' registered
         # memory (still allocated when the context closes, the plugin warns).
         for b in old:
-            b.flat = b.work = b.request = None
+            b.flat = b.work = b.request = b.zeros = None
         log.debug("ddplug: gradient buckets now follow the backward order (%d buckets)", len(self.buckets))
 
     def _reset(self) -> None:

@@ -392,9 +392,7 @@ class GradientSync:
         self._round = True
         if self._order is not None and not self.rebuilt:
             self._order.append(slot.index)
-        grad = param.grad
-        if grad is None:
-            return
+        grad = param.grad  # set: torch runs this hook after accumulating into .grad
         if grad.is_sparse:
             raise RuntimeError("ddplug: sparse gradients are not supported by the gradient sync")
         bucket = slot.bucket
@@ -476,7 +474,7 @@ class GradientSync:
             req, bucket.request = bucket.request, None
             if req is not None:
                 req.wait()
-            if self.average and self.op == "sum" and bucket.work is not None:
+            if self.average and self.op == "sum":  # _start gave every bucket its work above
                 bucket.work.div_(self.ctx.world_size)
         for slot in missing:
             b = slot.bucket

@@ -6,6 +6,7 @@ meaning for 0/1 values).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -41,6 +42,22 @@ def dtype_code(name: str) -> int:
 
 def torch_dtype_name(dtype: Any) -> str:
     return str(dtype).replace("torch.", "")
+
+
+@functools.lru_cache(maxsize=None)
+def torch_dtype_codes() -> dict:
+    """{torch dtype: ddplug dtype code} for every torch dtype with a ddplug
+    equivalent: the library's dtypes by name, and the aliases above."""
+    import torch
+
+    codes = _names.dtypes()
+    out = {}
+    for name in list(codes) + list(_DTYPE_ALIASES):
+        d = getattr(torch, name, None)
+        code = codes.get(_DTYPE_ALIASES.get(name, name))
+        if isinstance(d, torch.dtype) and code is not None:
+            out[d] = code
+    return out
 
 
 def of(x: Any) -> Buffer:

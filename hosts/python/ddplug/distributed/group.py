@@ -56,7 +56,7 @@ import torch
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 from torch.distributed import ReduceOp
 
-from .._c import _names
+from .._c import _buffers, _names
 from .._c._capi import F
 from ..context import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY, Context
 from ..errors import status_code
@@ -76,12 +76,6 @@ _test = F.ddplug_request_test
 _free = F.ddplug_request_free
 
 
-# torch dtype -> ddplug dtype name; bool travels as uint8.
-_DTYPE_NAMES = {
-    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-    torch.bfloat16: "bfloat16", torch.int8: "int8", torch.uint8: "uint8",
-    torch.int32: "int32", torch.int64: "int64", torch.bool: "uint8",
-}
 _INTEGER = {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
 
 # torch ReduceOp -> ddplug op name; None: refused (see _refused_op).
@@ -128,9 +122,8 @@ class ProcessGroupDdplug(ProcessGroup):
         self._dev_ok = bool(caps & CAP_DEVICE_MEMORY)
         self._op_mask = int(ctx.plugin["op_mask"])
         self._dtype_mask = int(ctx.plugin["dtype_mask"])
-        codes = _names.dtypes()
-        self._dtypes = {d: codes[n] for d, n in _DTYPE_NAMES.items()
-                        if n in codes and self._dtype_mask & (1 << codes[n])}
+        # torch dtype -> ddplug code, for the dtypes this plugin takes (bool as uint8)
+        self._dtypes = {d: c for d, c in _buffers.torch_dtype_codes().items() if self._dtype_mask & (1 << c)}
         self._ops: dict = {}  # (RedOpType, is_bool) -> ddplug op code
         sum_code = _names.ops()["sum"]
         self._sum = sum_code if self._op_mask & (1 << sum_code) else 0

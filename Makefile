@@ -14,8 +14,9 @@ CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 # Pinned: torch 2.13.0 CPU build (on disk here); never an unpinned torch.
 # torchmetrics and webdataset: real clients of the torch.distributed backend in
 # the Python tests (tests/python/test_torch_backend.py); jsonschema: the config schema
-# checked by an independent validator (tests/data/config/schema_check.py).
-PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0
+# checked by an independent validator (tests/data/config/schema_check.py);
+# import-linter: the Python package's layers (pyproject.toml, ctest python-layers).
+PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0 import-linter==2.16
 # Only `make bench` needs these (the plots); make test does not.
 BENCH_DEPS := matplotlib==3.11.2
 BENCH_OUT ?= out/bench
@@ -66,19 +67,24 @@ deps: .deps/system .deps/python
 	fi
 	@touch $@
 
-# The project's own virtual environment, with the Python package installed
-# in editable mode.
-.deps/python: hosts/lightning/pyproject.toml Makefile
+# The project's own virtual environment, with this checkout's Python package
+# (hosts/python) on its path: a .pth file in its site-packages names the
+# folder, so edits take effect at once and no second pyproject is needed.
+.deps/python: pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
-	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
+	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema, importlinter; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
 	   || ! "$(PY)" -c "import nvidia.nccl" 2>/dev/null; then \
 	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \
 	fi
 	@if [ -L "$(VENV)" ]; then \
-	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/lightning through PYTHONPATH)"; \
+	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/python through PYTHONPATH)"; \
 	else \
-	  "$(PY)" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e hosts/lightning; \
+	  if "$(PY)" -m pip show ddplug 2>/dev/null | grep -q '^Editable project location:'; then \
+	    "$(PY)" -m pip uninstall -q -y --disable-pip-version-check ddplug; \
+	  fi; \
+	  site=$$("$(PY)" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  echo "$(CURDIR)/hosts/python" >"$$site/ddplug-checkout.pth"; \
 	fi
 	@touch $@

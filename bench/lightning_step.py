@@ -47,8 +47,9 @@ With --keep-grads the model's optimizer_zero_grad keeps the gradients
 plugin's plugin_options.progress_thread: whether a helper thread reduces buckets
 during backward, or the caller at the end of it); with --before TREE also
 "ddplug (cpu), before": the same step with the ddplug package and build of
-another source tree (TREE/hosts/lightning/src, TREE/build), e.g. the commit
-before a change, for before/after rows from one run.
+another source tree (TREE/hosts/python, or TREE/hosts/lightning/src in older
+trees; TREE/build), e.g. the commit before a change, for before/after rows from
+one run.
 "gloo at its best" is the fastest ddp row. The table gives the median and mean step
 time and the ratio to the default ddp row, and "cpu ms": rank 0's CPU time per step
 (every thread of the process), less sensitive to other load than the wall time. The
@@ -69,6 +70,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_src(tree: Path) -> Path:
+    """Where a source tree keeps the ddplug package (hosts/lightning/src before
+    it moved to hosts/python), for --before trees of either age."""
+    new = tree / "hosts" / "python"
+    return new if (new / "ddplug").is_dir() else tree / "hosts" / "lightning" / "src"
 
 CONFIGS = [
     ("ddp (gloo), default", "ddp", {}),
@@ -103,7 +111,8 @@ def bare_worker(args: argparse.Namespace) -> None:
     import torch
 
     import ddplug
-    from ddplug import _names, registered
+    from ddplug import registered_memory as registered
+    from ddplug._c import _names
 
     torch.set_num_threads(1)
     kwargs = json.loads(args.kwargs)
@@ -194,7 +203,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.strategy == "single":  # the floor: the same step without any gradient exchange
         strategy, devices = "auto", 1
     elif args.strategy == "ddplug":
-        sys.path.insert(0, os.environ.get("DDPLUG_BENCH_SRC", str(ROOT / "hosts" / "lightning" / "src")))
+        sys.path.insert(0, os.environ.get("DDPLUG_BENCH_SRC", str(python_src(ROOT))))
         import ddplug.lightning
 
         strategy = ddplug.lightning.DdplugStrategy(**kwargs)
@@ -202,7 +211,7 @@ def worker(args: argparse.Namespace) -> None:
         from lightning.pytorch.strategies import DDPStrategy
 
         if kwargs.get("process_group_backend") == "ddplug":
-            sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+            sys.path.insert(0, str(python_src(ROOT)))
             import ddplug  # noqa: F401  (registers torch.distributed's backend "ddplug")
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
     timer = Timer()
@@ -251,7 +260,7 @@ def main() -> None:
 
     env = dict(os.environ)
     env.setdefault("DDPLUG_BUILD_DIR", str(ROOT / "build"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "hosts" / "lightning" / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(python_src(ROOT)), env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -289,7 +298,7 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
     if strategy == "ddplug-before":  # the same step with another tree's package and build
         kwargs = dict(kwargs)
         tree = Path(kwargs.pop("tree")).resolve()
-        env["DDPLUG_BENCH_SRC"] = str(tree / "hosts" / "lightning" / "src")
+        env["DDPLUG_BENCH_SRC"] = str(python_src(tree))
         env["DDPLUG_BUILD_DIR"] = str(tree / "build")
         env["PYTHONPATH"] = os.pathsep.join([env["DDPLUG_BENCH_SRC"], env.get("PYTHONPATH", "")])
         env.pop("DDPLUG_PLUGIN_PATH", None)

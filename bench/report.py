@@ -329,7 +329,7 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("DDPLUG_BUILD_DIR", a.build)
     env.setdefault("DDPLUG_PLUGIN_PATH", str(Path(a.build) / "lib"))
-    env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT / "hosts" / "lightning" / "src"),
+    env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT / "hosts" / "python"),
                                                     env.get("PYTHONPATH", "")] if x)
     m = machine()
     only = set(a.only.split(","))

@@ -60,7 +60,7 @@ def worker(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+    sys.path.insert(0, str(ROOT / "hosts" / "python"))
     import ddplug  # noqa: F401  (registers the backend)
     from ddplug.distributed import context_of
 
@@ -130,10 +130,10 @@ def profile(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT / "hosts" / "lightning" / "src"))
+    sys.path.insert(0, str(ROOT / "hosts" / "python"))
     import ddplug  # noqa: F401
-    from ddplug import _names
-    from ddplug._capi import F
+    from ddplug._c import _names
+    from ddplug._c._capi import F
     from ddplug.distributed import context_of
 
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 export DDPLUG_BUILD_DIR="$(cd "$BUILD" && pwd)"
 export DDPLUG_PLUGIN_PATH="$DDPLUG_BUILD_DIR/lib${DDPLUG_PLUGIN_PATH:+:$DDPLUG_PLUGIN_PATH}"
 # The package from this checkout, also when it is not installed in VENV.
-export PYTHONPATH="$PWD/hosts/lightning/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/hosts/python${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
 exec "$VENV/bin/python" examples/lightning/train.py --config examples/lightning/ddplug.json "${@:3}"

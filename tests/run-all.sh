@@ -12,7 +12,7 @@ ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
 if compgen -G "tests/python/test_*.py" >/dev/null; then
   echo "== Python tests (pytest)"
   # This checkout's package, whatever the environment has installed.
-  PYTHONPATH="$PWD/hosts/lightning/src${PYTHONPATH:+:$PYTHONPATH}" \
+  PYTHONPATH="$PWD/hosts/python${PYTHONPATH:+:$PYTHONPATH}" \
     DDPLUG_BUILD_DIR="$(cd "$BUILD" && pwd)" "$VENV/bin/python" -m pytest -q tests/python
 fi
 # The C tests again under AddressSanitizer + UndefinedBehaviorSanitizer

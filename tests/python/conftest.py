@@ -1,6 +1,6 @@
 """pytest setup for the Python host adapter tests (real Lightning, real processes).
 
-The package under test is imported from this checkout (hosts/lightning/src), also
+The package under test is imported from this checkout (hosts/python), also
 in the subprocesses the tests and Lightning's launcher start (PYTHONPATH), and the
 library from the build tree (DDPLUG_BUILD_DIR, set by tests/run-all.sh; default
 <repo>/build). Plugins are found beside libddplug.so.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = ROOT / "hosts" / "lightning" / "src"
+SRC = ROOT / "hosts" / "python"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 sys.path.insert(0, str(SRC))
@@ -149,7 +149,7 @@ def out(tmp_path: Path) -> Path:
 
 def lib_available() -> bool:
     try:
-        import ddplug._capi as L
+        import ddplug._c._capi as L
 
         L.load()
         return True

@@ -13,8 +13,9 @@ import pytest
 from conftest import ROOT
 
 import ddplug
-from ddplug import _capi, _names, errors
-from ddplug import _capi as S
+from ddplug import errors
+from ddplug._c import _capi, _names
+from ddplug._c import _capi as S
 
 HEADERS = ROOT / "abi" / "include"
 
@@ -48,7 +49,8 @@ def test_struct_layouts_match_the_headers(tmp_path: Path) -> None:
 
 
 def test_header_constants(tmp_path: Path) -> None:
-    from ddplug import _runtime, audit, registered, runonce, samplers
+    from ddplug import context, registered_memory, runonce
+    from ddplug.data import audit, samplers
 
     c = _compile_and_run(tmp_path, """
   printf("OK %d\\n", DDPLUG_OK);
@@ -69,18 +71,18 @@ def test_header_constants(tmp_path: Path) -> None:
 """)
     assert c["OK"] == 0 == errors.status_code("OK")
     assert c["TIMEOUT_DEFAULT"] == -1  # the Python layer passes -1 for "configured"
-    assert c["CAP_HOST"] == _runtime.CAP_HOST_MEMORY
-    assert c["CAP_DEVICE"] == _runtime.CAP_DEVICE_MEMORY
-    assert c["CAP_REGISTERED"] == registered.CAP_REGISTERED_MEMORY
+    assert c["CAP_HOST"] == context.CAP_HOST_MEMORY
+    assert c["CAP_DEVICE"] == context.CAP_DEVICE_MEMORY
+    assert c["CAP_REGISTERED"] == context.CAP_REGISTERED_MEMORY
     assert (c["REACH_STAGED"], c["REACH_SINGLE_COPY"], c["REACH_REGISTERED"]) == (
-        registered.REACH_STAGED, registered.REACH_SINGLE_COPY, registered.REACH_REGISTERED)
+        registered_memory.REACH_STAGED, registered_memory.REACH_SINGLE_COPY, registered_memory.REACH_REGISTERED)
     assert c["SAMPLER_DISTRIBUTED"] == samplers.KIND_DISTRIBUTED
     assert c["SAMPLER_BUCKET"] == samplers.KIND_BUCKET
     assert c["SCOPE_GLOBAL"] == runonce.SCOPE_GLOBAL
     assert c["SCOPE_NODE"] == runonce.SCOPE_NODE
     assert c["STREAM_NAME_MAX"] == 63  # the rule the key table's pattern and ownership share
     assert c["OP_AVG"] == _names.ops()["avg"]
-    assert c["OP_BIT_AVG"] == 1 << _names.ops()["avg"]  # how _runtime tests op_mask
+    assert c["OP_BIT_AVG"] == 1 << _names.ops()["avg"]  # how GradientSync.from_context tests op_mask
     assert c["VERSION_3_7"] == (3 << 16) | 7  # how the strategies print versions
     assert audit.verdict_name(1) == "PASS"
 

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddplug import _buffers, _runtime, errors
+from ddplug import _join, errors
+from ddplug._c import _buffers
 from ddplug.config import load
 
 
 def _plugin_for(source, device: str) -> object:
     cfg = load(source)
     try:
-        return _runtime.plugin_for(cfg, torch.device(device))
+        return _join.plugin_for(cfg, torch.device(device))
     finally:
         cfg.close()
 
@@ -50,7 +51,7 @@ def test_a_cuda_device_asks_for_nccl_unless_the_config_chooses(tmp_path: Path,
 
 
 def _open(device: torch.device, config=None):
-    return _runtime.open_context(config, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+    return _join.open_context(config, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                               main_address=None, main_port=None, device=device, framework="test")
 
 

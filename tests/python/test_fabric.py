@@ -53,7 +53,7 @@ def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
             mean = 0.9 * mean + 0.1 * batch.mean(0)
             var = 0.9 * var + 0.1 * batch.var(0, unbiased=True)
     for r in ranks:
-        assert r["bn"]["class"] == "ddplug.syncbn.SyncBatchNorm"
+        assert r["bn"]["class"] == "ddplug.nn.syncbn.SyncBatchNorm"
         assert r["bn"]["running_mean"] == pytest.approx(mean.tolist(), abs=1e-5)
         assert r["bn"]["running_var"] == pytest.approx(var.tolist(), abs=1e-5)
     assert "torch.nn.SyncBatchNorm layer(s) synchronize through ddplug" in run.stdout

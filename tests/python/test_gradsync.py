@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ddplug
-from ddplug.gradsync import GradientSync
+from ddplug.nn.gradsync import GradientSync
 
 from conftest import TEST_PLUGIN, config, run_ranks
 
@@ -124,7 +124,7 @@ def test_a_replaced_grad_takes_the_copy_path(ctx: ddplug.Context, caplog: pytest
     mine = {id(p): torch.zeros_like(p) for p in model.parameters()}
     for p in model.parameters():
         p.grad = mine[id(p)]  # what an optimizer replacing .grad does
-    with caplog.at_level("DEBUG", logger="ddplug.gradsync"):
+    with caplog.at_level("DEBUG", logger="ddplug.nn.gradsync"):
         for _ in range(2):
             model(torch.randn(3, 8)).sum().backward()
             gs.finish()

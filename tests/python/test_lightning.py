@@ -21,7 +21,7 @@ def flat(steps: list) -> list:
 def expected_order(rank: int, world: int, epoch: int, seed: int = 0, shuffle: bool = True) -> list:
     """ddplug's standalone DistributedSampler gives the order a plugin-owned train
     stream must follow (same desc, seed and epoch on every machine)."""
-    from ddplug.samplers import DistributedSampler
+    from ddplug.data.samplers import DistributedSampler
 
     s = DistributedSampler(N, rank=rank, num_replicas=world, shuffle=shuffle, seed=seed, batch_size=B)
     s.set_epoch(epoch)

@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Subset
 
 import ddplug
-from ddplug import errors, ownership
-from ddplug.declarations import allowance, declare
-from ddplug.streams import DataSplit, StreamBatchSampler
+from ddplug import errors
+from ddplug.data import ownership
+from ddplug.data.declarations import allowance, declare
+from ddplug.data.streams import DataSplit, StreamBatchSampler
 
 from conftest import TEST_PLUGIN, config, run_ranks
 
@@ -276,7 +277,7 @@ def test_sampler_settings_per_stream_and_exact_evaluation() -> None:
 
 
 def test_shard_splits_by_rank_and_worker() -> None:
-    from ddplug.iterable import shard
+    from ddplug.data.iterable import shard
 
     src = list(range(23))
     parts = [list(shard(src, rank=r, world_size=3)) for r in range(3)]
@@ -323,7 +324,7 @@ def test_a_webdatasets_key_is_found_where_its_pipeline_puts_it(ctx: ddplug.Conte
 
     import torch
     import webdataset as wds
-    from ddplug.iterable import key_of, webdataset_key
+    from ddplug.data.iterable import key_of, webdataset_key
 
     tar = str(tmp_path / "s.tar")
     with wds.TarWriter(tar) as sink:

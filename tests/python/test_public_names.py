@@ -43,7 +43,7 @@ def test_all_names_resolve() -> None:
 
 
 def test_the_readme_names_exist() -> None:
-    text = (ROOT / "hosts" / "lightning" / "README.md").read_text()
+    text = (ROOT / "hosts" / "python" / "README.md").read_text()
     names = set(re.findall(r"(?<![\w\"'/.-])ddplug\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", text))
     assert {"Aborted", "lightning.DdplugStrategy", "run_once"} <= names
     for name in sorted(names):

@@ -1,4 +1,4 @@
-"""Synchronized batch norm without torch.distributed (ddplug.syncbn): the layer
+"""Synchronized batch norm without torch.distributed (ddplug.nn.syncbn): the layer
 against BatchNorm over every rank's batch in one process — torch.nn.SyncBatchNorm's
 definition — and Trainer(sync_batchnorm=True) under the ddplug strategy."""
 
@@ -16,7 +16,7 @@ N, B = 96, 4
 
 
 def test_convert_and_revert_keep_parameters_and_classes() -> None:
-    from ddplug.syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm, synced_buffers
+    from ddplug.nn.syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm, synced_buffers
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4),
                                 torch.nn.SyncBatchNorm(4, momentum=None), torch.nn.BatchNorm1d(2, affine=False))
@@ -39,7 +39,7 @@ def test_convert_and_revert_keep_parameters_and_classes() -> None:
 
 def test_outside_a_run_it_is_batchnorm() -> None:
     """No context (or a world of one): plain batch norm, as torch's does."""
-    from ddplug.syncbn import convert_sync_batchnorm
+    from ddplug.nn.syncbn import convert_sync_batchnorm
 
     ref = torch.nn.BatchNorm1d(3)
     mine = convert_sync_batchnorm(torch.nn.BatchNorm1d(3))
@@ -93,6 +93,6 @@ def test_trainer_sync_batchnorm(out: Path) -> None:
         assert bn["batches"] == steps == N // (B * world)
         assert bn["running_mean"] == pytest.approx(mean.tolist(), abs=1e-5)
         assert bn["running_var"] == pytest.approx(var.tolist(), abs=1e-5)
-        assert bn["class_in_fit"] == "ddplug.syncbn.SyncBatchNorm" and bn["class_after"] == "BatchNorm1d"
+        assert bn["class_in_fit"] == "ddplug.nn.syncbn.SyncBatchNorm" and bn["class_after"] == "BatchNorm1d"
         assert r["params"] == ranks[0]["params"]
     assert "sync_batchnorm: batch norm statistics over every rank, through ddplug" in run.stdout

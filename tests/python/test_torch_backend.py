@@ -84,6 +84,11 @@ def test_plain_pytorch_adapter(out: Path) -> None:
     assert sorted(i for r in results for i in r["val_seen"]) == list(range(42))
     out0 = outs[0]
     assert "stream 'val': owner user (auto: sampler DistributedSampler" in out0
+    # ddplug.torch reports through the "ddplug" logger (rank 0 only), as the strategies do
+    lines = results[0]["reports"]
+    assert any(line.startswith("ddplug: stream 'val': owner user (auto: sampler DistributedSampler") for line in lines)
+    assert any("verdict: PASS" in line for line in lines), lines
+    assert all(r["reports"] == [] for r in results[1:])
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -193,7 +198,7 @@ def test_errors_are_torch_types_and_ddplug_classes() -> None:
     import torch.distributed as dist
 
     import ddplug
-    from ddplug._backend import errors as E
+    from ddplug.distributed import errors as E
     from ddplug.errors import make, status_code
 
     lost = E.backend_error(make(status_code("PEER_LOST"), "rank 1 (pid 7) exited or was killed", "rank 0"))

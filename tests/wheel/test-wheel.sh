@@ -40,10 +40,11 @@ x=$WORK/unpacked
 rm -rf "$x" && mkdir -p "$x"
 "$PY" -m zipfile -e "$whl" "$x"
 for f in ddplug/_lib/libddplug.so.1 ddplug/_lib/ddplug/libddplug-cpu.so ddplug/_lib/bin/ddplug \
-         ddplug/__init__.py ddplug/lightning.py ddplug/_command.py; do
+         ddplug/__init__.py ddplug/lightning.py ddplug/_c/_command.py ddplug/_c/_capi.py \
+         ddplug/data/streams.py ddplug/nn/gradsync.py ddplug/distributed/group.py; do
   test -f "$x/$f" || fail "the wheel has no $f"
 done
-grep -qx 'ddplug = ddplug._command:main' "$x"/ddplug-*.dist-info/entry_points.txt \
+grep -qx 'ddplug = ddplug._c._command:main' "$x"/ddplug-*.dist-info/entry_points.txt \
   || fail "the wheel declares no ddplug console script"
 # glibc's own libraries; anything else must be in the wheel (found through a
 # $ORIGIN RPATH) or come from a declared package (libnccl.so.2: the nccl extra).

@@ -70,7 +70,7 @@ def collectives(ctx: ddplug.Context) -> dict:
     res["store_add"] = ctx.store.add("counter", r + 1)
     ctx.barrier()
     res["store_total"] = ctx.store.add("counter", 0)
-    from ddplug import _names
+    from ddplug._c import _names
 
     if ctx.plugin["dtype_mask"] & (1 << _names.dtypes()["bfloat16"]):
         bf = torch.full((7,), 0.5 * (r + 1), dtype=torch.bfloat16)
@@ -101,7 +101,7 @@ def errors(ctx: ddplug.Context) -> dict:
 def gradsync(ctx: ddplug.Context) -> dict:
     import torch
 
-    from ddplug.gradsync import GradientSync, broadcast_module
+    from ddplug.nn.gradsync import GradientSync, broadcast_module
 
     torch.manual_seed(100 + ctx.rank)  # different init per rank: the broadcast fixes it
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
@@ -175,7 +175,7 @@ def bucketviews(ctx: ddplug.Context) -> dict:
     buckets) and the copy path — and compare the final weights bit for bit."""
     import torch
 
-    from ddplug.gradsync import GradientSync, broadcast_module
+    from ddplug.nn.gradsync import GradientSync, broadcast_module
 
     def make():
         torch.manual_seed(7)
@@ -252,8 +252,8 @@ def syncbn(ctx: ddplug.Context) -> dict:
     definition. Ranks hold different batch sizes (an empty one with 3 ranks)."""
     import torch
 
-    from ddplug.gradsync import GradientSync, broadcast_module, check_parameters_equal
-    from ddplug.syncbn import SyncBatchNorm, convert_sync_batchnorm, synced_buffers
+    from ddplug.nn.gradsync import GradientSync, broadcast_module, check_parameters_equal
+    from ddplug.nn.syncbn import SyncBatchNorm, convert_sync_batchnorm, synced_buffers
 
     w, r = ctx.world_size, ctx.rank
     sizes = [5, 3] if w == 2 else [5, 0, 4]
@@ -425,7 +425,7 @@ def iterable_stop(ctx: ddplug.Context) -> dict:
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from ddplug.iterable import IdAudit
+    from ddplug.data.iterable import IdAudit
 
     class Items(IterableDataset):
         def __iter__(self):

@@ -95,7 +95,7 @@ def main() -> None:
         extra["bn"] = {"class": f"{type(bn).__module__}.{type(bn).__name__}", "running_mean": bn.running_mean.tolist(),
                        "running_var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked)}
     C.write_result(fabric.global_rank, {
-        **extra, "per_step": per_step, "buckets": len(s._grad_sync.buckets),
+        **extra, "per_step": per_step, "buckets": len(s.gradient_sync.buckets),
         "rank": fabric.global_rank, "seen": seen, "eval_seen": eval_seen, "eval_total": float(total),
         "gathered": gathered.flatten().tolist(), "params": C.params_list(model),
         "streams": C.streams_summary(s), "rank_kwargs": s.rank_kwargs,

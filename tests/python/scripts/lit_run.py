@@ -143,7 +143,7 @@ class CountSyncs(pl.Callback):
             return start(*args, **kwargs)
 
         ctx.iallreduce = counting
-        self.buckets = len(trainer.strategy._grad_sync.buckets)
+        self.buckets = len(trainer.strategy.gradient_sync.buckets)
 
     def on_after_backward(self, trainer, module):
         self.in_backward.append(self.calls)
@@ -153,7 +153,7 @@ class CountSyncs(pl.Callback):
         self.calls = 0
 
     def on_train_end(self, trainer, module):
-        self.rounds = trainer.strategy._grad_sync.syncs
+        self.rounds = trainer.strategy.gradient_sync.syncs
 
     def result(self) -> dict:
         return {"per_step": self.per_step, "in_backward": self.in_backward, "buckets": self.buckets,

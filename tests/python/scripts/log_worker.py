@@ -17,7 +17,7 @@ import os
 import sys
 
 import ddplug
-from ddplug import _logbridge
+from ddplug._c import _logbridge
 
 OUT = os.environ["DDPLUG_TEST_OUT"]
 RANK = int(os.environ["RANK"])
@@ -42,13 +42,13 @@ def main() -> None:
     ctx = ddplug.Context(None, framework="test")
     if RANK == 1:
         # A warning of the library's own: a plugin file whose name differs.
-        from ddplug import _capi
+        from ddplug._c import _capi
 
         src = ctx.plugin["path"]
         dst = os.path.join(OUT, "libddplug-renamed.so")
         with open(src, "rb") as f, open(dst, "wb") as g:
             g.write(f.read())
-        from ddplug import _capi as S
+        from ddplug._c import _capi as S
 
         info = S.new(S.PluginInfo)
         _capi.F.ddplug_plugin_inspect(dst.encode(), ctypes.byref(info))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import signal
 import sys
@@ -425,10 +426,24 @@ class Indexed(torch.utils.data.Dataset):
         self.epochs.append(e)
 
 
+class Reports(logging.Handler):
+    """The reports (owner lines, audit reports) the "ddplug" logger receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "ddplug_source", None) == "report":
+            self.lines.append(record.getMessage())
+
+
 def adapter() -> None:
     import ddplug.torch as dt
 
     ctx = dt.init()
+    reports = Reports()  # beside the logger's own handler, which prints them
+    logging.getLogger("ddplug").addHandler(reports)
     result["torch_distributed"] = [dist.is_initialized(), dist.get_backend(), dist.get_rank(), dist.get_world_size()]
     ds = Indexed(40)
     loader = dt.prepare_dataloader(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True))
@@ -460,6 +475,7 @@ def adapter() -> None:
     })
     dt.shutdown()
     result["closed"] = ctx.closed and not dist.is_initialized()
+    result["reports"] = reports.lines
 
 
 # ---- failures ----------------------------------------------------------------------------

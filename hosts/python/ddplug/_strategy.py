@@ -1,0 +1,255 @@
+"""What the Trainer strategy (:mod:`ddplug.lightning`) and the Fabric strategy
+(:mod:`ddplug.fabric`) share, as a mixin placed before Lightning's
+``ParallelStrategy`` in their bases: the ranks from the cluster environment, the
+context opened with them, the properties every ParallelStrategy has, and the
+collectives in Lightning's conventions, and torch.distributed initialised on that
+context (backend "ddplug", :mod:`ddplug.distributed`) so that code speaking
+torch.distributed — torchmetrics, samplers and WebDataset splitters asking
+``dist.get_rank()``, ``dist.barrier()`` in user code — runs on the same run.
+Each strategy keeps its own lifecycle methods (their signatures differ between
+Trainer and Fabric)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from . import _abort, _join
+from ._c import _logbridge
+from .config import ConfigSource
+from .context import Context
+from .data.streams import DataSplit
+from .nn import functional
+from .nn.gradsync import GradientSync, check_parameters_equal
+
+
+class DdplugParallel:
+    """Mixin: needs ``parallel_devices``, ``cluster_environment``, ``local_rank``,
+    ``node_rank``, ``global_rank`` and ``world_size`` from ParallelStrategy."""
+
+    parallel_devices: Any
+    cluster_environment: Any
+    local_rank: int
+    node_rank: int
+    global_rank: int
+    world_size: int
+
+    def _ddplug_init(self, config: ConfigSource, timeout_s: Optional[float],
+                     torch_distributed: Optional[bool] = None) -> None:
+        self._config_source = config
+        self._timeout_s = timeout_s
+        self._torch_distributed = torch_distributed
+        self._torch_dist_ours = False
+        self._num_nodes = 1
+        self._ctx: Optional[Context] = None
+        self._grad_sync: Optional[GradientSync] = None
+        self._data: Optional[DataSplit] = None
+        self._optimizer_steps = 0
+
+    # ---- properties every ParallelStrategy has -------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def rank_kwargs(self) -> dict:
+        """{"num_replicas", "rank"} with global ranks, for a user's own rank-aware
+        sampler."""
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def context(self) -> Optional[Context]:
+        """The ddplug context of this run (None before setup_environment)."""
+        return self._ctx
+
+    @property
+    def gradient_sync(self) -> Optional[GradientSync]:
+        """The gradient sync of the model (Trainer) or module (Fabric) set up
+        for training; None before."""
+        return self._grad_sync
+
+    @property
+    def streams(self) -> dict:
+        """{stream name: StreamBatchSampler} of the managed DataLoaders."""
+        return dict(self._data.streams) if self._data is not None else {}
+
+    # ---- ranks and the context -------------------------------------------------
+    def _assign_world_ranks(self) -> None:
+        """Global rank and world size from node rank, local rank and processes per
+        node, as Lightning's DDPStrategy does; every rank_zero_only learns it."""
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rz
+        from lightning_utilities.core.rank_zero import rank_zero_only as utils_rz
+
+        fabric_rz.rank = utils_rz.rank = self.global_rank
+        pl_rz = sys.modules.get("lightning.pytorch.utilities.rank_zero")
+        if pl_rz is not None:
+            pl_rz.rank_zero_only.rank = self.global_rank
+
+    def _open_context(self, framework: str) -> Context:
+        """Join the run (once; later runs of the same strategy reuse it)."""
+        if self._ctx is None or self._ctx.closed:
+            env = self.cluster_environment
+            many = self.world_size > 1
+            self._ctx = _join.open_context(
+                self._config_source,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                local_world_size=self.num_processes,
+                node_rank=self.node_rank,
+                main_address=getattr(env, "main_address", None) if many else None,
+                main_port=getattr(env, "main_port", None) if many else None,
+                device=self.root_device,
+                framework=framework,
+                timeout_s=self._timeout_s,
+            )
+            if self.global_rank == 0:
+                p = self._ctx.plugin
+                self._print(
+                    f"ddplug: plugin {p['name']} {p['version']} (plugin ABI {_abi(p['plugin_abi_version'])}),"
+                    f" {self.world_size} ranks on {self._ctx.num_nodes} node(s), library {_lib_version()}"
+                )
+            self._init_torch_distributed()
+        return self._ctx
+
+    def _wants_torch_distributed(self) -> bool:
+        """The strategy's ``torch_distributed`` argument, else the config's
+        "torch_distributed" key (default true)."""
+        if self._torch_distributed is not None:
+            return bool(self._torch_distributed)
+        assert self._ctx is not None
+        return bool(self._ctx.config.get("torch_distributed", True))
+
+    def _init_torch_distributed(self) -> None:
+        """torch.distributed's default group on this run's context (collective)."""
+        ctx = self._ctx
+        assert ctx is not None
+        if not self._wants_torch_distributed():
+            self._log_rank_zero("torch.distributed is left uninitialised (torch_distributed=False): code that asks"
+                                " it for ranks or collectives fails; pass ranks from the strategy instead")
+            return
+        import torch.distributed as dist
+
+        from . import distributed as ddist
+
+        if dist.is_available() and dist.is_initialized():
+            if ddist.context_of() is not ctx:
+                self._log_rank_zero(f"torch.distributed was already initialised (backend {dist.get_backend()}):"
+                                    " left as it is; torch.distributed calls do not go through this run")
+            return
+        self._torch_dist_ours = ddist.init_from_context(ctx, timeout_s=None)
+        if self._torch_dist_ours:
+            self._log_rank_zero(f"torch.distributed initialised with backend \"ddplug\" on this run ({ctx.world_size}"
+                                " ranks): torch.distributed calls (torchmetrics, samplers, dist.barrier) go through"
+                                " ddplug")
+
+    def _destroy_torch_distributed(self) -> None:
+        ctx = self._ctx
+        if self._torch_dist_ours and ctx is not None and not ctx.closed:
+            from . import distributed as ddist
+
+            ddist.destroy_for_context(ctx)
+        self._torch_dist_ours = False
+
+    def _abort_for(self, exception: BaseException) -> None:
+        """Abort the run everywhere so the other ranks fail now, with this rank's
+        error, instead of waiting for a collective timeout (not for errors every
+        rank raises by itself)."""
+        _abort.abort_for(self._ctx, self.global_rank, exception)
+
+    def _live(self) -> Optional[Context]:
+        ctx = self._ctx
+        return ctx if ctx is not None and not ctx.closed else None
+
+    # ---- collectives in Lightning's conventions (Trainer and Fabric alike) ------
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Any = "mean") -> Any:
+        """In place, like DDPStrategy.reduce: "mean"/"avg" averages, "sum" sums,
+        ReduceOp values map to ddplug's ops. Non-tensors come back unchanged.
+        (Fabric calls it all_reduce.)"""
+        ctx = self._live()
+        if not isinstance(tensor, Tensor) or ctx is None:
+            return tensor
+        return functional.reduce(ctx, tensor, reduce_op)
+
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        """Shape (world_size, *tensor.shape), rank order."""
+        ctx = self._live()
+        if ctx is None:
+            return tensor.unsqueeze(0)
+        return functional.all_gather(ctx, tensor, sync_grads)
+
+    def barrier(self, name: Optional[str] = None) -> None:
+        ctx = self._live()
+        if ctx is not None:
+            ctx.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        ctx = self._live()
+        return obj if ctx is None else ctx.broadcast_object(obj, src)
+
+    def _finish_pending_sync(self) -> None:
+        """Finish a gradient round a backward outside the framework's started."""
+        gs = self._grad_sync
+        if gs is not None and gs.enabled and gs.round_open:
+            gs.finish()
+
+    def _after_optimizer_step(self, params: Any, buffers: Any = ()) -> None:
+        """Every "checks.param_sync_every" optimizer steps: check that every rank
+        holds the same parameters and synchronized buffers (collective)."""
+        self._optimizer_steps += 1
+        ctx = self._live()
+        if ctx is None:
+            return
+        every = getattr(self, "_param_sync_every", None)
+        if every is None:
+            every = self._param_sync_every = int(ctx.config.get("checks.param_sync_every", 0) or 0)
+        if every > 0 and self._optimizer_steps % every == 0:
+            check_parameters_equal(ctx, params, self._optimizer_steps, buffers)
+
+    def close(self) -> None:
+        """Leave the run now (else at interpreter exit, so that several runs of one
+        Trainer/Fabric share the context); the managed loaders' samplers are
+        released with it."""
+        if self._ctx is not None:
+            self._destroy_torch_distributed()
+            self._ctx.close()
+            self._ctx = None
+        self._data = None
+
+    # ---- output -------------------------------------------------------------------
+    def _log_rank_zero(self, line: str) -> None:
+        if self.global_rank == 0:
+            self._print(f"ddplug: {line}")
+
+    @staticmethod
+    def _print(text: str) -> None:
+        _logbridge.report(text)  # the "ddplug" logger (stdout unless logging is configured)
+
+
+def _abi(v: int) -> str:
+    return f"{v >> 16}.{v & 0xFFFF}"
+
+
+def _lib_version() -> str:
+    from ._c._capi import F
+
+    return f"{F.ddplug_version_string().decode()} (host ABI {_abi(F.ddplug_abi_version())})"

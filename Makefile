@@ -70,6 +70,9 @@ deps: .deps/system .deps/python
 # The project's own virtual environment, with this checkout's Python package
 # (hosts/python) on its path: a .pth file in its site-packages names the
 # folder, so edits take effect at once and no second pyproject is needed.
+# (An older editable install is removed first. grep, not grep -q, reads all of
+# pip's output: under pipefail, grep -q would end the pipe early and pip's
+# SIGPIPE would make the test false.)
 .deps/python: pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
@@ -81,7 +84,7 @@ deps: .deps/system .deps/python
 	@if [ -L "$(VENV)" ]; then \
 	  echo "ddplug: $(VENV) is a link to a shared environment; not re-pointing its ddplug install (tests use this checkout's hosts/python through PYTHONPATH)"; \
 	else \
-	  if "$(PY)" -m pip show ddplug 2>/dev/null | grep -q '^Editable project location:'; then \
+	  if "$(PY)" -m pip show ddplug 2>/dev/null | grep '^Editable project location:' >/dev/null; then \
 	    "$(PY)" -m pip uninstall -q -y --disable-pip-version-check ddplug; \
 	  fi; \
 	  site=$$("$(PY)" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \

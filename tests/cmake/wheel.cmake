@@ -9,5 +9,10 @@ if(DDPLUG_PYTHON AND NOT DDPLUG_SANITIZE)
   add_test(NAME wheel-install
     COMMAND ${PROJECT_SOURCE_DIR}/tests/wheel/test-wheel.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_BINARY_DIR}/wheel ${DDPLUG_PYTHON})
-  set_tests_properties(wheel-install PROPERTIES TIMEOUT 900)
+  # The CMake that configured this build, by absolute path: scikit-build-core
+  # asks a CMake for its version with a timeout of its own (10 s), and a
+  # CMake found on PATH may be a wrapper script (pyenv's shims) slow enough
+  # under load to miss it ("Could not find CMake with version >=3.20").
+  set_tests_properties(wheel-install PROPERTIES TIMEOUT 900
+    ENVIRONMENT "CMAKE_EXECUTABLE=${CMAKE_COMMAND}")
 endif()

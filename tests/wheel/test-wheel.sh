@@ -29,7 +29,9 @@ pip=("$PY" -m pip --disable-pip-version-check -q)
 # 1. the wheel
 step "building the wheel"
 rm -rf "$WORK/dist"
-nice "${pip[@]}" wheel "$SRC" --no-deps -w "$WORK/dist" \
+# Not under nice: scikit-build-core times its probe of CMake (10 s), and a
+# niced build on a loaded machine can be starved past it.
+"${pip[@]}" wheel "$SRC" --no-deps -w "$WORK/dist" \
   --config-settings=build-dir="$WORK/cmake-build" >"$WORK/wheel.log" 2>&1 \
   || { tail -40 "$WORK/wheel.log"; fail "pip wheel failed (log: $WORK/wheel.log)"; }
 whl=$(ls "$WORK"/dist/ddplug-*.whl)

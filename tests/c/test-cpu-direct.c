@@ -381,6 +381,7 @@ TEST(single_copy_auto_measures_the_kernel_copy) {
 typedef struct kill_arg {
   int victim;
   int cma; /* ordinary malloc'd buffers, reached with process_vm_readv/writev */
+  _Atomic int *warmed; /* ranks done with the first allreduce */
 } kill_arg;
 
 static void *die_soon(void *arg) {
@@ -403,6 +404,13 @@ static void kill_inside(hd_rank *r, void *arg) {
   }
   CHECK_OK(hd_coll(r, DDPLUG_COLL_ALLREDUCE, buf, buf, 1000, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                    20000));
+  /* The victim goes on once every rank has finished that first allreduce
+   * (one still finishing it when the victim dies may rightly fail it). */
+  atomic_fetch_add(ka->warmed, 1);
+  for (int i = 0; r->rank == ka->victim && atomic_load(ka->warmed) < r->w->world; i++) {
+    CHECK_MSG(i < 45000, "the victim: the others never finished the first allreduce");
+    usleep(1000);
+  }
   ddplug_plugin_request *req = NULL;
   CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, buf, buf, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                     &req));
@@ -440,7 +448,7 @@ static void kill_inside(hd_rank *r, void *arg) {
 }
 
 TEST_T(kill_inside_registered_allreduce_is_peer_lost, 60) {
-  kill_arg ka = {1, 0};
+  kill_arg ka = {1, 0, hd_shared_page(4096)};
   int st[HD_MAX_RANKS];
   CHECK_EQ_INT(hd_run_world(3, NULL, NULL, kill_inside, &ka, 60, st), 1);
   CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
@@ -450,7 +458,7 @@ TEST_T(kill_inside_registered_allreduce_is_peer_lost, 60) {
  * process_vm_readv/writev into the dead rank fail (ESRCH) or its slice never
  * comes; either way PEER_LOST naming it. */
 TEST_T(kill_inside_single_copy_allreduce_is_peer_lost, 60) {
-  kill_arg ka = {1, 1};
+  kill_arg ka = {1, 1, hd_shared_page(4096)};
   int st[HD_MAX_RANKS];
   int failed = hd_run_world(3, NULL, "{\"cma\": \"on\", \"cma_min_bytes\": 0}", kill_inside,
                             &ka, 60, st);

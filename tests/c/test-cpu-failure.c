@@ -34,6 +34,7 @@
 
 typedef struct shared {
   _Atomic uint64_t event_ns; /* when the victim died / the abort was called */
+  _Atomic int warmed;        /* ranks done with warmup() */
 } shared;
 
 static uint64_t mono_ns(void) { return (uint64_t)(hd_now_s() * 1e9); }
@@ -72,6 +73,15 @@ static void *kill_soon(void *arg) {
 static void kill_rank(hd_rank *r, void *arg) {
   kill_case *kc = arg;
   warmup(r);
+  /* The victim goes on only once every rank has finished the warmup: a
+   * rank still finishing the last warmup collective when the victim dies
+   * may rightly fail it (the group fails at the loss), and the warmup is
+   * not what is checked. */
+  atomic_fetch_add(&kc->sh->warmed, 1);
+  for (int i = 0; r->rank == kc->victim && atomic_load(&kc->sh->warmed) < r->w->world; i++) {
+    CHECK_MSG(i < 45000, "the victim: the others never finished the warmup");
+    usleep(1000);
+  }
   uint64_t bytes = kc->count * 4 + 4;
   uint64_t rbytes = kc->kind == DDPLUG_COLL_ALLGATHER ? kc->count * 4 * (uint64_t)r->w->world + 4
                                                       : bytes;

@@ -67,6 +67,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from free_port import free_port  # noqa: E402
+
 SOAK = False
 BUILD = ""
 RNG = random.Random()
@@ -82,27 +85,6 @@ def mono() -> int:
 
 def secs(ns: int) -> float:
     return ns / 1e9
-
-
-def free_port() -> int:
-    """A port free a moment ago on 127.0.0.1, below the kernel's ephemeral
-    range (no outgoing connection, a rank's own retrying one included, can be
-    given it meanwhile)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    pick = random.Random()  # not RNG: a scenario's random choices stay the seed's
-    candidates = [pick.randrange(low - 10000, low - 3) for _ in range(200)] if low - 10000 >= 1024 else []
-    for port in candidates + [0]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise OSError("no free port on 127.0.0.1")
 
 
 def secret() -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from free_port import free_port  # noqa: F401 (the tests import it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "hosts" / "python"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -42,31 +44,6 @@ def config(**sections: dict) -> str:
     data: dict = {"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}
     data.update(sections)
     return json.dumps(data)
-
-
-def free_port() -> int:
-    """A port free a moment ago on 127.0.0.1, below the kernel's ephemeral
-    range: a port from that range can be handed to any process's outgoing
-    connection before the ranks bind it, and a rank retrying its connection to
-    it before rank 0 listens can be given it as its own local port (a TCP
-    self-connect). Leaves room for port + 1 and + 2 (a second store)."""
-    import random
-    import socket
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    candidates = [random.randrange(low - 10000, low - 3) for _ in range(200)] if low - 10000 >= 1024 else []
-    for port in candidates + [0]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise OSError("no free port on 127.0.0.1")
 
 
 class Run:

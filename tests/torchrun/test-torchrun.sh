@@ -24,24 +24,7 @@ trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/run.json" <<'JSON'
 {"plugin": "cpu", "log_level": "warn", "rendezvous": {"timeout_s": 60}, "timeouts": {"collective_s": 60}}
 JSON
-# Below the kernel's ephemeral range: no outgoing connection (a rank's own,
-# retrying before rank 0 listens, included) can be given the port meanwhile.
-free_port() { "$PY" - <<'PY'
-import random, socket
-try:
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-except (OSError, ValueError, IndexError):
-    low = 32768
-for port in ([random.randrange(low - 10000, low - 3) for _ in range(200)] if low - 10000 >= 1024 else []) + [0]:
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    print(s.getsockname()[1])
-    break
-PY
-}
+free_port() { "$PY" "$(dirname "$0")/../python/free_port.py"; }
 fails=0
 
 # check NAME WANT_RANKS WANT_NODES RANK0_LOG LOG...: every launch exited 0

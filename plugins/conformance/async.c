@@ -8,10 +8,26 @@
 #include <string.h>
 
 #include "conformance.h"
+#include "ddplug/store.h"
 
 #define COUNT 1031
 #define INFLIGHT 6
-#define LATE_MS 400
+
+/* "Late" ranks start their collective only once rank 0 has looked at its
+ * request (a key in the scenario's store, under "user/"), so nothing can
+ * complete before that, however long anything takes. A request_test or a
+ * short request_wait that blocked instead of returning would keep them
+ * waiting: the scenario's limit reports it as a call that blocked. */
+#define LATE_WAIT_MS (10 * 60 * 1000)
+
+static void let_the_late_ranks_start(ddplug_context *ctx, const char *key) {
+  (void)ddplug_store_set(ddplug_context_store(ctx), key, "1", 1);
+}
+
+static int wait_for_rank0(ddplug_context *ctx, const char *key) {
+  const char *keys[1] = {key};
+  return ddplug_store_wait(ddplug_context_store(ctx), keys, 1, LATE_WAIT_MS);
+}
 
 /* The dtype and op the request checks use: float32 sum where advertised. */
 static void pick(const ddplug_plugin_info *in, int *dtype, int *op) {
@@ -90,23 +106,30 @@ static void inflight(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead)
   cf_report(r, "async.inflight", REQ_SLOTS, s || bad ? CF_FAIL : CF_PASS, T, "%s", why);
 }
 
-/* Rank 0 starts; the others start LATE_MS later. */
+/* Rank 0 starts and tests; the others start once it has tested. */
 static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) {
   const char *T = "async: request_test never blocks and reports a pending request";
+  static const char *const tested = "user/conformance/async/pending-tested";
   size_t es = ddplug_dtype_size(dt);
   char *buf = malloc(COUNT * es), why[1024] = "";
   ddplug_request *req = NULL;
   int bad = 0;
   fill(dt, op, r->rank, buf, 11);
-  if (r->rank != 0) cf_sleep_ms(LATE_MS);
-  int s = ddplug_iallreduce(ctx, buf, buf, COUNT, dt, op, NULL, &req);
+  int s = r->rank != 0 ? wait_for_rank0(ctx, tested) : DDPLUG_OK;
+  if (s)
+    snprintf(why, sizeof why, "waiting for rank 0 to test its request: %s: %s",
+             ddplug_status_name(s), ddplug_last_error());
+  else
+    s = ddplug_iallreduce(ctx, buf, buf, COUNT, dt, op, NULL, &req);
   if (s) {
-    snprintf(why, sizeof why, "iallreduce: %s: %s", ddplug_status_name(s), cf_error(ctx));
+    if (!*why)
+      snprintf(why, sizeof why, "iallreduce: %s: %s", ddplug_status_name(s), cf_error(ctx));
   } else if (r->rank == 0) {
     int done = 0, calls = 0;
     double slowest = 0, t0 = cf_now();
     s = ddplug_request_test(req, &done);
     slowest = cf_now() - t0;
+    let_the_late_ranks_start(ctx, tested);
     if (!s && done) {
       snprintf(why, sizeof why,
                "request_test says done although the other ranks had not started yet");
@@ -124,9 +147,6 @@ static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) 
       snprintf(why, sizeof why, "request_test: %s: %s", ddplug_status_name(s), cf_error(ctx));
     else if (!bad && !done)
       snprintf(why, sizeof why, "still pending after 30 s of request_test"), bad = 1;
-    else if (!bad && slowest > 0.5)
-      snprintf(why, sizeof why, "one request_test call took %.2f s: it must never block",
-               slowest), bad = 1;
     else if (!bad && !verify(dt, op, r->world, buf, 11, why, sizeof why))
       snprintf(why, sizeof why, "pending for %d polls (slowest %.1f ms), then done", calls,
                slowest * 1e3);
@@ -147,25 +167,26 @@ static void pending(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) 
 
 static void short_wait(cf_rank *r, ddplug_context *ctx, int dt, int op, int *dead) {
   const char *T = "async: request_wait with a short timeout returns TIMEOUT, the request stays usable";
+  static const char *const waited = "user/conformance/async/short-waited";
   size_t es = ddplug_dtype_size(dt);
   char *buf = malloc(COUNT * es), why[1024] = "";
   ddplug_request *req = NULL;
   int bad = 0;
   fill(dt, op, r->rank, buf, 23);
-  if (r->rank != 0) cf_sleep_ms(LATE_MS);
-  int s = ddplug_iallreduce(ctx, buf, buf, COUNT, dt, op, NULL, &req);
+  int s = r->rank != 0 ? wait_for_rank0(ctx, waited) : DDPLUG_OK;
+  if (s)
+    snprintf(why, sizeof why, "waiting for rank 0's short wait: %s: %s", ddplug_status_name(s),
+             ddplug_last_error());
+  else
+    s = ddplug_iallreduce(ctx, buf, buf, COUNT, dt, op, NULL, &req);
   if (!s && r->rank == 0) {
-    double t0 = cf_now();
     int w = ddplug_request_wait(req, 50);
-    double took = cf_now() - t0;
+    let_the_late_ranks_start(ctx, waited);
     if (w != DDPLUG_E_TIMEOUT) {
       snprintf(why, sizeof why, "request_wait(50 ms) while the others were late returned %s, "
                "expected TIMEOUT%s%s", ddplug_status_name(w), w ? ": " : "", w ? cf_error(ctx) : "");
       bad = 1;
       if (w != DDPLUG_OK) s = w;
-    } else if (took > 2.0) {
-      snprintf(why, sizeof why, "request_wait(50 ms) took %.2f s", took);
-      bad = 1;
     }
   }
   if (!s && !bad) {

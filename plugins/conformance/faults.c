@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "conformance.h"
+#include "ddplug/store.h"
 
 #define FAULT_TIMEOUT_S (r->plan->fault_timeout_s)
 #define PROMPT_S ((double)r->plan->fault_timeout_s / 3.0)
@@ -68,6 +69,14 @@ static int need_host_memory(cf_rank *r, const char *id, const char *title) {
   cf_report(r, id, 0, CF_SKIP, title,
             "the plugin takes device buffers only; this suite passes host buffers");
   return 0;
+}
+
+/* Wait (in the store, up to a hang guard) until the run's failure is on
+ * record: ddplug/abort, written by the rank that aborted or, for a rank
+ * that died, by the store when its connection dropped. */
+static int wait_for_the_run_to_end(ddplug_context *ctx) {
+  const char *keys[1] = {"ddplug/abort"};
+  return ddplug_store_wait(ddplug_context_store(ctx), keys, 1, 10 * 60 * 1000);
 }
 
 /* ---- abort from another thread ------------------------------------------- */
@@ -127,9 +136,11 @@ void cf_abort_rank(cf_rank *r) {
       cf_report(r, "abort.local", slots, CF_PASS, T_LOCAL, "%s %.2f s after ddplug_abort",
                 ddplug_status_name(s), after);
   } else {
-    cf_sleep_ms(1500);
+    /* after rank 0's abort (its record in the store), not after a sleep:
+     * joined earlier, this allreduce would complete rank 0's */
+    s = wait_for_the_run_to_end(ctx);
     double t0 = cf_now();
-    s = allreduce(r, ctx, why, sizeof why);
+    if (s == DDPLUG_OK) s = allreduce(r, ctx, why, sizeof why);
     double took = cf_now() - t0;
     if (s != DDPLUG_E_ABORTED)
       cf_report(r, "abort.remote", slots, CF_FAIL, T_REMOTE,
@@ -155,12 +166,15 @@ static void *kill_later(void *arg) {
 }
 
 static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char *title,
-                     int delay_ms) {
+                     int after_the_death) {
   char why[1024] = "";
   int victim = r->world - 1;
-  if (delay_ms) cf_sleep_ms(delay_ms);
+  /* A victim killed inside its own collective: join it only once the death
+   * is on record (the store publishes it when the victim's connection
+   * drops), else this allreduce could complete the victim's first. */
+  int s = after_the_death ? wait_for_the_run_to_end(ctx) : DDPLUG_OK;
   double t0 = cf_now();
-  int s = allreduce(r, ctx, why, sizeof why);
+  if (s == DDPLUG_OK) s = allreduce(r, ctx, why, sizeof why);
   double took = cf_now() - t0;
   uint64_t slots = CF_COLL_SLOTS;
   if (s != DDPLUG_E_PEER_LOST)
@@ -177,7 +191,7 @@ static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char
     /* Later calls fail at once with the same status. */
     double t1 = cf_now();
     int again = allreduce(r, ctx, why, sizeof why);
-    if (again != DDPLUG_E_PEER_LOST || cf_now() - t1 > 2.0)
+    if (again != DDPLUG_E_PEER_LOST || cf_now() - t1 > PROMPT_S)
       cf_report(r, id, slots, CF_FAIL, title,
                 "the next call returned %s after %.1f s: after a peer is lost every call "
                 "fails at once with PEER_LOST", ddplug_status_name(again), cf_now() - t1);
@@ -214,7 +228,7 @@ static void killed(cf_rank *r, const char *id, const char *title, int inside) {
     allreduce(r, ctx, why, sizeof why);
     raise(SIGKILL);
   }
-  survivor(r, ctx, id, title, inside ? 600 : 0);
+  survivor(r, ctx, id, title, inside);
   ddplug_close(ctx);
 }
 

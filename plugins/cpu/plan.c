@@ -280,8 +280,13 @@ static void handshake_enter(ddcpu_group *g, ddcpu_req *r) {
 
 /* Local index j left through group_destroy (with nothing pending) before
  * arriving at r: it never will, and no collective of the group can
- * complete without it. The group fails with PEER_LOST naming it. */
+ * complete without it. The group fails with PEER_LOST naming it, unless it
+ * has failed already: then the departure is that failure's consequence (the
+ * rank that aborted, or that saw the failure, destroyed its group), which
+ * stays the cause, as for a goodbye on the ring (ddcpu_ring_broken). Only a
+ * death upgrades an abort to PEER_LOST. */
 static int departed(ddcpu_group *g, ddcpu_req *r, int j) {
+  if (ddcpu_fail_status(g)) return ddcpu_fail_report(g);
   int peer = g->local_ranks[j];
   char d[160];
   ddcpu_desc desc;

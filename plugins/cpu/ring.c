@@ -162,7 +162,24 @@ static int do_send(ddcpu_group *g, ddcpu_ring *r, int *moved) {
   return 0;
 }
 
-static int recv_bytes(ddcpu_group *g, void *p, uint64_t len, uint64_t *got) {
+/* The connection from the previous leader ended where this collective's
+ * first record from it belongs, after exactly a goodbye record: that leader
+ * closed its group between collectives (tcp.c sends the goodbye forward too,
+ * and a collective's first bytes on the ring are its handshake record,
+ * which is longer). The idle progress thread reads such a goodbye when it
+ * comes first; a collective that started before it did must reach the same
+ * verdict, not blame a lost connection. */
+static int said_goodbye(const ddcpu_group *g, const ddcpu_ring *r) {
+  if (r->op != DDCPU_RING_RECORDS || r->recv_step != 0 || r->rcvd != sizeof(ddcpu_ctl_msg))
+    return 0;
+  ddcpu_ctl_msg m;
+  uint64_t len;
+  memcpy(&m, span(g, r, recv_seg(g, r, 0), 0, &len), sizeof m);
+  return m.magic == DDCPU_TCP_MAGIC && m.type == DDCPU_MSG_BYE && m.run_hash == g->run_hash;
+}
+
+static int recv_bytes(ddcpu_group *g, const ddcpu_ring *r, void *p, uint64_t len,
+                      uint64_t *got) {
   *got = 0;
   for (;;) {
     ssize_t n = recv(g->prev_fd, p, len, MSG_DONTWAIT);
@@ -173,6 +190,7 @@ static int recv_bytes(ddcpu_group *g, void *p, uint64_t len, uint64_t *got) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n == 0 && said_goodbye(g, r)) g->prev_bye = 1;
     return lost(g, (g->node + g->num_nodes - 1) % g->num_nodes,
                 n == 0 ? "its connection closed in the middle of a collective"
                        : "receiving from it failed",
@@ -188,7 +206,7 @@ static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
       while (r->red < total) {
         uint64_t want = DDCPU_MIN(g->opt.tcp_chunk_bytes, total - r->red);
         if (r->fill < want) {
-          int st = recv_bytes(g, g->ring_tmp + r->fill, want - r->fill, &got);
+          int st = recv_bytes(g, r, g->ring_tmp + r->fill, want - r->fill, &got);
           if (st) return st;
           if (got == 0) return 0;
           r->fill += got;
@@ -208,7 +226,7 @@ static int do_recv(ddcpu_group *g, ddcpu_ring *r, int *moved) {
       while (r->rcvd < total) {
         uint64_t len;
         unsigned char *p = span(g, r, seg, r->rcvd, &len);
-        int st = recv_bytes(g, p, len, &got);
+        int st = recv_bytes(g, r, p, len, &got);
         if (st) return st;
         if (got == 0) return 0;
         r->rcvd += got;

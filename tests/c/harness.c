@@ -236,20 +236,45 @@ int main(int argc, char **argv) {
 
 /* ---- multi-process ------------------------------------------------------ */
 
-int dt_free_port(void) {
+/* Bind 127.0.0.1:port (0: any) and close again; the port, or -1. */
+static int try_port(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   struct sockaddr_in a = {0};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_port = htons((uint16_t)port);
   socklen_t len = sizeof a;
-  int port = -1;
+  int got = -1;
   if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
       getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
+    got = ntohs(a.sin_port);
   close(fd);
-  return port;
+  return got;
+}
+
+/* Below the kernel's ephemeral range, not in it: a port from that range
+ * can be handed to any process's outgoing connection before the test binds
+ * it, and a rank that retries connecting to it before rank 0 listens can
+ * be given it as its own local port (a TCP self-connect: the rank talks to
+ * itself and rank 0 cannot bind). Random, checked by binding. */
+int dt_free_port(void) {
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    fclose(f);
+  }
+  int top = lo - 4, bottom = lo - 10000; /* room for port + 1, + 2 (a second store) */
+  if (bottom >= 1024) {
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int i = 0; i < 200; i++) {
+      seed = seed * 1103515245u + 12345u;
+      int port = bottom + (int)((seed >> 8) % (unsigned)(top - bottom + 1));
+      if (try_port(port) == port) return port;
+    }
+  }
+  return try_port(0);
 }
 
 int dt_run_ranks(int world, dt_rank_fn fn, void *arg,

@@ -106,7 +106,9 @@ void dt_fds_kept_by_process(const char *why);
 
 /* ---- multi-process helpers ---------------------------------------------- */
 
-/* A TCP port that was free a moment ago on 127.0.0.1. */
+/* A TCP port that was free a moment ago on 127.0.0.1, chosen below the
+ * kernel's ephemeral port range (so no outgoing connection, a rank's own
+ * included, can be given it meanwhile). */
 int dt_free_port(void);
 
 /* Run fn(rank, world, arg) in `world` forked children with the environment

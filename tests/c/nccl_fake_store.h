@@ -22,7 +22,15 @@ typedef struct fake_store {
   char *vals[FS_MAX];
   uint64_t lens[FS_MAX];
   int run_status; /* non-OK: the "runtime" aborted the run (waits end) */
+  int timeouts;   /* FS_TIMEOUTS_*: how a wait for a missing key ends      */
 } fake_store;
+
+/* fake_store.timeouts: by the clock (the default); never, until the test
+ * says (store_expire_timeouts); or at once, as if every deadline had
+ * passed. A test whose ranks must time out on a key that never comes holds
+ * the timeouts until what it checks is in place, so the outcome does not
+ * depend on how long its threads take to get there. */
+enum { FS_TIMEOUTS_CLOCK = 0, FS_TIMEOUTS_HELD, FS_TIMEOUTS_EXPIRED };
 
 typedef struct fake_rank {
   fake_store *st;
@@ -81,7 +89,12 @@ static inline int fs_get(void *host, const char *key, void *buf, uint64_t cap,
   pthread_mutex_lock(&s->mu);
   int i;
   while ((i = fs_find(s, key)) < 0) {
-    if (timeout_ms <= 0 || pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0) {
+    if (timeout_ms > 0 && s->timeouts == FS_TIMEOUTS_HELD) {
+      pthread_cond_wait(&s->cv, &s->mu);
+      continue;
+    }
+    if (timeout_ms <= 0 || s->timeouts == FS_TIMEOUTS_EXPIRED ||
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0) {
       if ((i = fs_find(s, key)) >= 0) break;
       pthread_mutex_unlock(&s->mu);
       r->svc.set_error(r, DDPLUG_E_TIMEOUT, "fake store: key missing");
@@ -190,6 +203,20 @@ static inline void store_free(fake_store *s) {
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
   free(s);
+}
+
+static inline void store_hold_timeouts(fake_store *s) {
+  pthread_mutex_lock(&s->mu);
+  s->timeouts = FS_TIMEOUTS_HELD;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Every wait for a missing key, held or to come, times out now. */
+static inline void store_expire_timeouts(fake_store *s) {
+  pthread_mutex_lock(&s->mu);
+  s->timeouts = FS_TIMEOUTS_EXPIRED;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
 }
 
 static inline int store_has(fake_store *s, const char *key) {

@@ -6,6 +6,7 @@
  * completion, a request freed while pending still executes in order, and
  * a trainer-like overlap (compute while gradients reduce) is measured and
  * printed. One node and two simulated nodes. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "harness.h"
 #include "cpu_data.h"
 #include "cpu_driver.h"
+#include "internal.h"
 
 #define MIB (1ull << 20)
 
@@ -40,14 +42,21 @@ static void background(hd_rank *r, void *arg) {
   ddplug_plugin_request *req = NULL;
   CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                     &req));
+  /* look without progressing: request_test would advance it itself, the
+   * request's completion flag does not (white box); the limit is only a
+   * hang guard */
+  const ddcpu_req *q = (const ddcpu_req *)req;
   double t0 = hd_now_s();
+  while (!atomic_load(&q->done)) {
+    CHECK_MSG(hd_now_s() - t0 < 45, "rank %d: a 16 MiB allreduce did not complete in the "
+              "background in %.0f s", r->rank, hd_now_s() - t0);
+    usleep(1000);
+  }
+  CHECK_MSG(atomic_load(&q->by_thread) == 1, "rank %d: completed, but not by the progress thread",
+            r->rank);
   int32_t done = 0;
-  /* look without progressing: request_test would advance it itself, so
-   * only sleep, then test once */
-  usleep(1500 * 1000);
   CHECK_OK(r->p->request_test(r->g, req, &done));
-  CHECK_MSG(done == 1, "rank %d: a 16 MiB allreduce did not complete in the background in "
-            "%.1f s", r->rank, hd_now_s() - t0);
+  CHECK_EQ_INT(done, 1);
   check_sum(r, recv, n, "background allreduce");
   hd_free(r, req);
   free(send);
@@ -67,28 +76,36 @@ TEST_T(progresses_without_the_caller_two_nodes, 60) {
 }
 
 /* progress_thread "off": a started collective waits for its caller; a
- * request_test (never blocking) or a wait runs it. */
+ * request_test (never blocking) or a wait runs it. Rank 1 waits only once
+ * rank 0 has tested (a shared flag), so rank 0's test cannot find it done
+ * unless rank 1's progress thread ran rank 1's part. */
 static void caller_runs(hd_rank *r, void *arg) {
-  (void)arg;
+  _Atomic int *rank0_tested = arg;
   uint64_t n = 1 * MIB;
   float *send = malloc(n * 4), *recv = malloc(n * 4);
   hdata_fill(send, DDPLUG_FLOAT32, DDPLUG_OP_SUM, r->rank, n);
   ddplug_plugin_request *req = NULL;
   CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                     &req));
-  /* both threads had time to claim it, were they allowed to; rank 1
-   * only waits later, so rank 0's test (which runs its own part) cannot
-   * find it done unless rank 1's thread ran it */
-  usleep(300 * 1000);
   if (r->rank == 0) {
+    /* time for a progress thread to claim it, were one allowed to (only
+     * what the check can catch depends on this, never its outcome) */
+    usleep(300 * 1000);
     int32_t done = 0;
     CHECK_OK(r->p->request_test(r->g, req, &done));
     CHECK_MSG(done == 0, "rank 1's progress thread ran a collective although "
               "progress_thread is off");
+    atomic_store(rank0_tested, 1);
   } else {
-    usleep(300 * 1000);
+    for (int i = 0; !atomic_load(rank0_tested); i++) {
+      CHECK_MSG(i < 45000, "rank 1: rank 0 never tested its request");
+      usleep(1000);
+    }
   }
   CHECK_OK(hd_wait(r, req, 20000));
+  CHECK_MSG(atomic_load(&((const ddcpu_req *)req)->by_thread) == 0,
+            "rank %d: the progress thread ran a collective although progress_thread is off",
+            r->rank);
   check_sum(r, recv, n, "allreduce run by its caller");
   hd_free(r, req);
   free(send);
@@ -96,8 +113,8 @@ static void caller_runs(hd_rank *r, void *arg) {
 }
 
 TEST_T(progress_thread_off_leaves_collectives_to_their_caller, 60) {
-  CHECK_EQ_INT(hd_run_world(2, NULL, "{\"progress_thread\": \"off\"}", caller_runs, NULL, 60,
-                            NULL), 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, "{\"progress_thread\": \"off\"}", caller_runs,
+                            hd_shared_page(4096), 60, NULL), 0);
 }
 
 /* Many in flight, waited in reverse order; mixed kinds. */
@@ -171,17 +188,22 @@ TEST_T(request_test_polling, 60) {
   CHECK_EQ_INT(hd_run_world(2, NULL, NULL, polling, NULL, 60, NULL), 0);
 }
 
-/* A request freed while pending still runs, in order. */
+/* A request freed while pending still runs, in order: rank 1 starts only
+ * once rank 0 has freed its request (a shared flag), so it is pending then. */
 static void freed_pending(hd_rank *r, void *arg) {
-  (void)arg;
+  _Atomic int *rank0_freed = arg;
   uint64_t n = 1000;
   float *send = malloc(n * 4), *recv1 = malloc(n * 4), *recv2 = malloc(n * 4);
   hdata_fill(send, DDPLUG_FLOAT32, DDPLUG_OP_SUM, r->rank, n);
-  if (r->rank == 1) usleep(200 * 1000);
+  for (int i = 0; r->rank == 1 && !atomic_load(rank0_freed); i++) {
+    CHECK_MSG(i < 45000, "rank 1: rank 0 never freed its request");
+    usleep(1000);
+  }
   ddplug_plugin_request *req = NULL;
   CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv1, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                     &req));
-  hd_free(r, req); /* pending on rank 0 (rank 1 is late) */
+  hd_free(r, req); /* pending on rank 0 (rank 1 has not started) */
+  if (r->rank == 0) atomic_store(rank0_freed, 1);
   CHECK_OK(hd_coll(r, DDPLUG_COLL_ALLREDUCE, send, recv2, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                    20000));
   check_sum(r, recv1, n, "freed pending allreduce");
@@ -192,7 +214,7 @@ static void freed_pending(hd_rank *r, void *arg) {
 }
 
 TEST_T(freed_pending_request_still_runs_in_order, 60) {
-  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, freed_pending, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, freed_pending, hd_shared_page(4096), 60, NULL), 0);
 }
 
 /* A trainer's step: start gradient buckets, compute, wait. Measured. */

@@ -34,6 +34,7 @@
 
 typedef struct shared {
   _Atomic uint64_t event_ns; /* when the victim died / the abort was called */
+  _Atomic int warmed;        /* ranks done with warmup() */
 } shared;
 
 static uint64_t mono_ns(void) { return (uint64_t)(hd_now_s() * 1e9); }
@@ -72,6 +73,15 @@ static void *kill_soon(void *arg) {
 static void kill_rank(hd_rank *r, void *arg) {
   kill_case *kc = arg;
   warmup(r);
+  /* The victim goes on only once every rank has finished the warmup: a
+   * rank still finishing the last warmup collective when the victim dies
+   * may rightly fail it (the group fails at the loss), and the warmup is
+   * not what is checked. */
+  atomic_fetch_add(&kc->sh->warmed, 1);
+  for (int i = 0; r->rank == kc->victim && atomic_load(&kc->sh->warmed) < r->w->world; i++) {
+    CHECK_MSG(i < 45000, "the victim: the others never finished the warmup");
+    usleep(1000);
+  }
   uint64_t bytes = kc->count * 4 + 4;
   uint64_t rbytes = kc->kind == DDPLUG_COLL_ALLGATHER ? kc->count * 4 * (uint64_t)r->w->world + 4
                                                       : bytes;
@@ -84,12 +94,16 @@ static void kill_rank(hd_rank *r, void *arg) {
       /* run it (inline, in request_wait) and die 3 ms into it, half done:
        * the collective moves tens of MiB per rank, and a wait that makes
        * progress does not stop at its timeout, so the death comes from
-       * another thread */
+       * another thread. Should the collective end before that thread runs
+       * (a loaded machine), the next one is started: the others repeat it
+       * until they see the loss. */
       pthread_t killer;
       pthread_create(&killer, NULL, kill_soon, kc);
-      int s = hd_wait(r, req, 30000);
-      dt_fail(__FILE__, __LINE__, "victim: the collective finished before the victim died (%s)",
-              ddplug_status_name(s));
+      for (;;) {
+        CHECK_OK(hd_wait(r, req, 30000));
+        hd_free(r, req);
+        CHECK_OK(start_kind(r, kc, send, recv, &req));
+      }
     } else {
       usleep(200 * 1000);
     }
@@ -98,12 +112,16 @@ static void kill_rank(hd_rank *r, void *arg) {
   }
   ddplug_plugin_request *req = NULL;
   /* the loss may already be known when this rank starts (then start says
-   * so), or be noticed while it waits */
-  int s = start_kind(r, kc, send, recv, &req);
-  if (s == DDPLUG_OK) {
-    s = hd_wait(r, req, 4000);
-    hd_free(r, req);
-  }
+   * so), or be noticed while it waits; a victim that dies inside may have
+   * completed some before (as many as it did, then the one it died in) */
+  int s;
+  do {
+    s = start_kind(r, kc, send, recv, &req);
+    if (s == DDPLUG_OK) {
+      s = hd_wait(r, req, 30000); /* a hang guard: the loss ends the wait */
+      hd_free(r, req);
+    }
+  } while (s == DDPLUG_OK && kc->inside);
   double lat = (double)(mono_ns() - atomic_load(&kc->sh->event_ns)) / 1e6;
   char needle[32];
   snprintf(needle, sizeof needle, "rank %d (", kc->victim);
@@ -180,8 +198,14 @@ TEST_T(kill_before_broadcast_one_rank_per_node, 60) {
 typedef struct late_case {
   int late;
   const char *expect_rank0; /* what rank 0's TIMEOUT sentence names */
+  _Atomic int *timed_out;   /* punctual ranks done with their timeouts */
 } late_case;
 
+/* The late rank starts only once every other rank has timed out waiting
+ * for it (a shared counter), so their TIMEOUT does not depend on how long
+ * anything takes. A TIMEOUT names the ranks that had not arrived at that
+ * moment: rank 0 repeats its wait while another punctual rank is named
+ * too, until the sentence it checks names the late rank alone. */
 static void late_rank(hd_rank *r, void *arg) {
   late_case *lc = arg;
   uint64_t n = 1000;
@@ -190,18 +214,25 @@ static void late_rank(hd_rank *r, void *arg) {
   hdata_fill(send, DDPLUG_FLOAT32, DDPLUG_OP_SUM, r->rank, n);
   hdata_ref(ref, DDPLUG_FLOAT32, DDPLUG_OP_SUM, r->w->world);
   if (r->rank == lc->late) {
-    usleep(1500 * 1000);
+    for (int i = 0; atomic_load(lc->timed_out) < r->w->world - 1; i++) {
+      CHECK_MSG(i < 45000, "the late rank: the others never timed out");
+      usleep(1000);
+    }
     CHECK_OK(hd_coll(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                      20000));
   } else {
     ddplug_plugin_request *req = NULL;
     CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                       &req));
-    CHECK_STATUS(hd_wait(r, req, 300), DDPLUG_E_TIMEOUT);
+    for (int tries = 0;; tries++) {
+      CHECK_STATUS(hd_wait(r, req, 300), DDPLUG_E_TIMEOUT);
+      CHECK_CONTAINS(r->error, "collective #1 ");
+      CHECK_CONTAINS(r->error, "still pending");
+      if (r->rank != 0 || strstr(r->error, lc->expect_rank0)) break;
+      CHECK_MSG(tries < 100, "rank 0: the other ranks never arrived: %s", r->error);
+    }
     dt_note("rank %d: %s", r->rank, r->error);
-    CHECK_CONTAINS(r->error, "collective #1 ");
-    CHECK_CONTAINS(r->error, "still pending");
-    if (r->rank == 0) CHECK_CONTAINS(r->error, lc->expect_rank0);
+    atomic_fetch_add(lc->timed_out, 1);
     /* the request stays pending and completes once the late rank comes */
     CHECK_OK(hd_wait(r, req, 20000));
     hd_free(r, req);
@@ -214,12 +245,12 @@ static void late_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(timeout_names_seq_and_missing_rank, 60) {
-  late_case lc = {1, "rank 1 has not arrived"};
+  late_case lc = {1, "rank 1 has not arrived", hd_shared_page(4096)};
   CHECK_EQ_INT(hd_run_world(3, NULL, NULL, late_rank, &lc, 60, NULL), 0);
 }
 
 TEST_T(timeout_names_ranks_of_other_node, 60) {
-  late_case lc = {3, "ranks on other nodes not heard from yet: 2, 3"};
+  late_case lc = {3, "ranks on other nodes not heard from yet: 2, 3", hd_shared_page(4096)};
   CHECK_EQ_INT(hd_run_world(4, two_nodes, NULL, late_rank, &lc, 60, NULL), 0);
 }
 
@@ -279,8 +310,11 @@ TEST_T(mismatch_every_field_two_nodes, 60) {
 typedef struct abort_case {
   int aborter;
   shared *sh;
+  _Atomic int *started; /* ranks that started the allreduce */
 } abort_case;
 
+/* The aborter aborts once every other rank has started the allreduce (a
+ * shared counter), which cannot complete without it. */
 static void abort_rank(hd_rank *r, void *arg) {
   abort_case *ac = arg;
   warmup(r);
@@ -289,14 +323,23 @@ static void abort_rank(hd_rank *r, void *arg) {
   char needle[64];
   snprintf(needle, sizeof needle, "aborted by rank %d: test says stop", ac->aborter);
   if (r->rank == ac->aborter) {
-    usleep(200 * 1000);
+    for (int i = 0; atomic_load(ac->started) < r->w->world - 1; i++) {
+      CHECK_MSG(i < 45000, "rank %d: the others never started", r->rank);
+      usleep(1000);
+    }
     atomic_store(&ac->sh->event_ns, mono_ns());
     CHECK_OK(r->p->group_abort(r->g, "test says stop"));
     CHECK_STATUS(hd_coll(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32,
-                         DDPLUG_OP_SUM, 0, 5000), DDPLUG_E_ABORTED);
+                         DDPLUG_OP_SUM, 0, 30000), DDPLUG_E_ABORTED);
   } else {
-    int s = hd_coll(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
-                    5000);
+    ddplug_plugin_request *req = NULL;
+    int s = hd_start(r, DDPLUG_COLL_ALLREDUCE, send, recv, n, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
+                     &req);
+    atomic_fetch_add(ac->started, 1);
+    if (s == DDPLUG_OK) {
+      s = hd_wait(r, req, 30000); /* a hang guard: the abort ends the wait */
+      hd_free(r, req);
+    }
     double lat = (double)(mono_ns() - atomic_load(&ac->sh->event_ns)) / 1e6;
     CHECK_MSG(s == DDPLUG_E_ABORTED, "rank %d: expected ABORTED, got %s: %s", r->rank,
               ddplug_status_name(s), r->error);
@@ -308,7 +351,7 @@ static void abort_rank(hd_rank *r, void *arg) {
 }
 
 static void run_abort(int world, const int *layout, int aborter) {
-  abort_case ac = {aborter, hd_shared_page(4096)};
+  abort_case ac = {aborter, hd_shared_page(4096), hd_shared_page(4096)};
   CHECK_EQ_INT(hd_run_world(world, layout, NULL, abort_rank, &ac, 60, NULL), 0);
 }
 
@@ -319,28 +362,47 @@ TEST_T(abort_from_leader_reaches_other_nodes, 60) {
   run_abort(6, layout, 1);
 }
 
-/* group_abort from another thread unblocks a rank stuck in a collective. */
+/* group_abort from another thread unblocks a rank stuck in a collective.
+ * Rank 1 joins only after rank 0's abort (a shared flag), so rank 0's
+ * allreduce cannot complete before it. */
+typedef struct abort_thread_case {
+  hd_rank *r;
+  _Atomic int started, aborted;
+} abort_thread_case;
+
 static void *abort_later(void *p) {
-  hd_rank *r = p;
-  usleep(200 * 1000);
-  r->p->group_abort(r->g, "watcher thread");
+  abort_thread_case *ac = p;
+  while (!atomic_load(&ac->started)) usleep(1000);
+  usleep(200 * 1000); /* most likely blocked in its wait by now (not required) */
+  ac->r->p->group_abort(ac->r->g, "watcher thread");
+  atomic_store(&ac->aborted, 1);
   return NULL;
 }
 
 static void abort_thread_rank(hd_rank *r, void *arg) {
-  (void)arg;
+  abort_thread_case *ac = arg;
   float x = 1, y = 0;
   if (r->rank == 1) {
-    usleep(1000 * 1000); /* never joins in time; then finds the group aborted */
+    for (int i = 0; !atomic_load(&ac->aborted); i++) {
+      CHECK_MSG(i < 45000, "rank 1: rank 0 never aborted");
+      usleep(1000);
+    }
     CHECK_STATUS(hd_coll(r, DDPLUG_COLL_ALLREDUCE, &x, &y, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
-                         5000), DDPLUG_E_ABORTED);
+                         30000), DDPLUG_E_ABORTED);
     CHECK_CONTAINS(r->error, "aborted by rank 0: watcher thread");
     return;
   }
+  ac->r = r;
   pthread_t t;
-  pthread_create(&t, NULL, abort_later, r);
+  pthread_create(&t, NULL, abort_later, ac);
   double t0 = hd_now_s();
-  int s = hd_coll(r, DDPLUG_COLL_ALLREDUCE, &x, &y, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, 5000);
+  ddplug_plugin_request *req = NULL;
+  int s = hd_start(r, DDPLUG_COLL_ALLREDUCE, &x, &y, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req);
+  atomic_store(&ac->started, 1);
+  if (s == DDPLUG_OK) {
+    s = hd_wait(r, req, 30000); /* a hang guard: the abort ends the wait */
+    hd_free(r, req);
+  }
   pthread_join(t, NULL);
   CHECK_STATUS(s, DDPLUG_E_ABORTED);
   dt_note("rank 0: blocked allreduce returned ABORTED %.1f ms after it started (abort at 200 ms)",
@@ -348,26 +410,35 @@ static void abort_thread_rank(hd_rank *r, void *arg) {
 }
 
 TEST_T(abort_from_another_thread_unblocks, 60) {
-  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, abort_thread_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, abort_thread_rank, hd_shared_page(4096), 60, NULL),
+               0);
 }
 
-/* Destroying a group with a collective pending aborts the others. */
+/* Destroying a group with a collective pending aborts the others. Rank 1
+ * starts only once rank 0 has destroyed its group (a shared flag): before
+ * that, its barrier would meet rank 0's allreduce (a mismatch). */
 static void destroy_pending_rank(hd_rank *r, void *arg) {
-  (void)arg;
+  _Atomic int *destroyed = arg;
   float x = 1, y = 0;
   if (r->rank == 0) {
     ddplug_plugin_request *req = NULL;
     CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, &x, &y, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req));
-    return; /* hd_close destroys with req pending */
+    hd_close(r); /* destroys the group with req pending */
+    atomic_store(destroyed, 1);
+    return;
   }
-  usleep(300 * 1000);
-  int s = hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 5000);
+  for (int i = 0; !atomic_load(destroyed); i++) {
+    CHECK_MSG(i < 45000, "rank 1: rank 0 never destroyed its group");
+    usleep(1000);
+  }
+  int s = hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 30000);
   CHECK_MSG(s == DDPLUG_E_ABORTED, "got %s: %s", ddplug_status_name(s), r->error);
   CHECK_CONTAINS(r->error, "rank 0 destroyed its group with 1 collective(s) still pending");
 }
 
 TEST_T(destroy_with_pending_collective, 60) {
-  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, destroy_pending_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(hd_run_world(2, NULL, NULL, destroy_pending_rank, hd_shared_page(4096), 60, NULL),
+               0);
 }
 
 /* ---- a rank that closed its group cleanly ------------------------------------ */
@@ -375,22 +446,42 @@ TEST_T(destroy_with_pending_collective, 60) {
 typedef struct leave_case {
   int leaver;
   const char *needle; /* what the survivors' sentence says about it */
+  _Atomic int *early, *left; /* survivors started before it left; it left */
 } leave_case;
 
 /* The leaver runs a few collectives with everyone, then destroys its group
- * with nothing pending (hd_close) and exits. The others go on to a
- * collective it never joins: PEER_LOST saying it closed its group, well
- * before the timeout (which would say "has not arrived"). One survivor
- * starts at once (it is already waiting when the rank leaves), the others
- * a little later (the rank has left by then). */
+ * with nothing pending and exits. The others go on to a collective it never
+ * joins: PEER_LOST saying it closed its group (a TIMEOUT would say "has not
+ * arrived"; the wait's limit is only a hang guard). The odd survivors start
+ * before it leaves (it waits for them: they are already waiting when it
+ * leaves), the even ones after it left (they wait for it: shared flags). */
 static void leave_rank(hd_rank *r, void *arg) {
   leave_case *lc = arg;
   warmup(r);
-  if (r->rank == lc->leaver) return;
-  if (r->rank % 2 == 0) usleep(300 * 1000);
+  if (r->rank == lc->leaver) {
+    int odd = 0;
+    for (int k = 1; k < r->w->world; k += 2) odd += k != lc->leaver;
+    for (int i = 0; atomic_load(lc->early) < odd; i++) {
+      CHECK_MSG(i < 45000, "the leaver: the odd ranks never started");
+      usleep(1000);
+    }
+    hd_close(r);
+    atomic_store(lc->left, 1);
+    return;
+  }
+  for (int i = 0; r->rank % 2 == 0 && !atomic_load(lc->left); i++) {
+    CHECK_MSG(i < 45000, "rank %d: rank %d never left", r->rank, lc->leaver);
+    usleep(1000);
+  }
   double t0 = hd_now_s();
   float x[4] = {1, 2, 3, 4}, y[4];
-  int s = hd_coll(r, DDPLUG_COLL_ALLREDUCE, x, y, 4, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, 15000);
+  ddplug_plugin_request *req = NULL;
+  int s = hd_start(r, DDPLUG_COLL_ALLREDUCE, x, y, 4, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req);
+  if (r->rank % 2 == 1) atomic_fetch_add(lc->early, 1);
+  if (s == DDPLUG_OK) {
+    s = hd_wait(r, req, 30000);
+    hd_free(r, req);
+  }
   CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank %d: expected PEER_LOST after rank %d left, got %s: %s",
             r->rank, lc->leaver, ddplug_status_name(s), r->error);
   char who[32];
@@ -399,28 +490,24 @@ static void leave_rank(hd_rank *r, void *arg) {
   CHECK_CONTAINS(r->error, lc->needle);
   dt_note("rank %d: PEER_LOST after %.1f ms: %s", r->rank, (hd_now_s() - t0) * 1e3, r->error);
   /* and the group stays failed */
-  ddplug_plugin_request *req = NULL;
   CHECK_STATUS(hd_start(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, &req),
                DDPLUG_E_PEER_LOST);
 }
 
-TEST_T(departed_rank_is_peer_lost_one_node, 60) {
-  leave_case lc = {2, "closed its group"};
-  CHECK_EQ_INT(hd_run_world(4, NULL, NULL, leave_rank, &lc, 60, NULL), 0);
+static void run_leave(int world, const int *layout, int leaver) {
+  leave_case lc = {leaver, "closed its group", hd_shared_page(4096), hd_shared_page(4096)};
+  CHECK_EQ_INT(hd_run_world(world, layout, NULL, leave_rank, &lc, 60, NULL), 0);
 }
-TEST_T(departed_node_member_is_peer_lost_two_nodes, 60) {
-  leave_case lc = {3, "closed its group"};
-  CHECK_EQ_INT(hd_run_world(4, two_nodes, NULL, leave_rank, &lc, 60, NULL), 0);
-}
+
+TEST_T(departed_rank_is_peer_lost_one_node, 60) { run_leave(4, NULL, 2); }
+TEST_T(departed_node_member_is_peer_lost_two_nodes, 60) { run_leave(4, two_nodes, 3); }
 TEST_T(departed_node_leader_is_peer_lost_two_nodes, 60) {
   const int layout[] = {0, 1, 0, 1};
-  leave_case lc = {1, "closed its group"};
-  CHECK_EQ_INT(hd_run_world(4, layout, NULL, leave_rank, &lc, 60, NULL), 0);
+  run_leave(4, layout, 1);
 }
 TEST_T(departed_leader_is_peer_lost_one_rank_per_node, 60) {
   const int layout[] = {0, 1, 2};
-  leave_case lc = {1, "closed its group"};
-  CHECK_EQ_INT(hd_run_world(3, layout, NULL, leave_rank, &lc, 60, NULL), 0);
+  run_leave(3, layout, 1);
 }
 
 /* ---- a ring stream out of step ---------------------------------------------------- */
@@ -448,7 +535,7 @@ static void out_of_step_rank(hd_rank *r, void *arg) {
     ddplug_plugin_request *req = NULL;
     s = hd_start(r, DDPLUG_COLL_ALLREDUCE, x, y, 8, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req);
     if (s == DDPLUG_OK) {
-      s = hd_wait(r, req, 10000);
+      s = hd_wait(r, req, 30000); /* a hang guard: the failure ends the wait */
       hd_free(r, req);
     }
   }
@@ -475,6 +562,7 @@ TEST_T(ring_stream_out_of_step_fails_the_group_one_rank_per_node, 60) {
 typedef struct test_case {
   _Atomic int go;   /* node 0 is ready for the end of its connection   */
   _Atomic int shut; /* node 1's leader has shut its sending side */
+  _Atomic int seen; /* node 0 has seen the allreduce end in PEER_LOST   */
 } test_case;
 
 /* Node 1's leader shuts the sending side of its ring connection to node
@@ -484,7 +572,10 @@ typedef struct test_case {
  * it returns done == 0 and the wait goes on in the background, until
  * PEER_LOST. (Node 0's idle progress thread would notice the end first and
  * settle it in the background; the test hides it from that thread, as a
- * running ring phase does, so that the caller's request_test meets it.) */
+ * running ring phase does, so that the caller's request_test meets it.)
+ * Node 1's leader starts its own collective only once node 0 is done (a
+ * shared flag): its own view of the broken ring, sent round, must not be
+ * what node 0 reports. */
 static void test_nonblocking_rank(hd_rank *r, void *arg) {
   test_case *tc = arg;
   ddcpu_group *g = (ddcpu_group *)r->g;
@@ -493,24 +584,29 @@ static void test_nonblocking_rank(hd_rank *r, void *arg) {
     while (!atomic_load(&tc->go)) usleep(1000);
     CHECK_EQ_INT(shutdown(g->next_fd, SHUT_WR), 0);
     atomic_store(&tc->shut, 1);
+    while (!atomic_load(&tc->seen)) usleep(1000);
     /* node 0's verdict reaches this rank through the ring's control channel */
-    usleep(1000 * 1000);
-    int s = hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 10000);
+    int s = hd_coll(r, DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, 30000);
     CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank 1: got %s: %s", ddplug_status_name(s), r->error);
     return;
   }
+  /* The progress thread decides what to watch while it holds the executor
+   * role: holding it while the flag changes makes every later decision see
+   * it (a poll already under way that wakes for the connection's end looks
+   * again, with the flag, before it reads anything). */
+  while (!ddcpu_exec_try(g)) usleep(1000);
   g->ring_active = 1; /* the progress thread stops watching prev_fd */
-  usleep(50 * 1000);  /* (it may be in a poll that started before) */
+  ddcpu_exec_release(g);
   atomic_store(&tc->go, 1);
   while (!atomic_load(&tc->shut)) usleep(1000);
-  usleep(100 * 1000); /* the end of the connection has arrived */
   float x[16] = {0}, y[16];
   ddplug_plugin_request *req = NULL;
   CHECK_OK(hd_start(r, DDPLUG_COLL_ALLREDUCE, x, y, 16, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0, &req));
   int32_t done = 0;
   int s = DDPLUG_OK, not_done = 0;
-  double longest = 0, t_end = hd_now_s() + 20;
-  /* the first call runs the collective inline and meets the end at once */
+  double longest = 0, t_end = hd_now_s() + 40;
+  /* the first call runs the collective inline and meets the end at once
+   * (on loopback the end is there as soon as shutdown returned) */
   double t0 = hd_now_s();
   s = r->p->request_test(r->g, req, &done);
   longest = hd_now_s() - t0;
@@ -529,6 +625,7 @@ static void test_nonblocking_rank(hd_rank *r, void *arg) {
   CHECK_MSG(done, "rank 0: the allreduce never completed");
   CHECK_MSG(s == DDPLUG_E_PEER_LOST, "rank 0: got %s: %s", ddplug_status_name(s), r->error);
   CHECK_CONTAINS(r->error, "rank 1 (leader of node 1");
+  atomic_store(&tc->seen, 1);
   dt_note("rank 0: %d request_test calls said not done; the longest took %.2f ms; then %s",
           not_done, longest * 1e3, r->error);
   hd_free(r, req);

@@ -9,6 +9,7 @@
  * length. CPU time, not wall-clock time, is asserted: a loaded machine
  * makes the wait longer, never the CPU time larger. */
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,6 +52,7 @@ static void pin_to_one_cpu(void) {
 typedef struct wait_case {
   int pin;  /* every rank pinned to one CPU before the group is created */
   int late; /* the rank that comes late */
+  _Atomic int *waiting; /* ranks already in the collective the late one joins */
 } wait_case;
 
 static void pinned_open(hd_rank *r, const hd_world *w, int rank, int pin) {
@@ -79,7 +81,6 @@ typedef struct wait_arg {
 
 static void wait_rank(int rank, int world, void *p) {
   wait_arg *a = p;
-  (void)world;
   hd_rank r;
   pinned_open(&r, a->w, rank, a->wc->pin);
   check_spin(&r);
@@ -89,12 +90,19 @@ static void wait_rank(int rank, int world, void *p) {
   for (int i = 0; i < 3; i++)
     CHECK_OK(hd_coll(&r, DDPLUG_COLL_ALLREDUCE, x, y, 64, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                      20000));
+  /* The late rank counts its lateness from the moment every other rank is
+   * waiting (a shared counter), so each of them waits at least LATE_US. */
   if (rank == a->wc->late) {
+    for (int i = 0; atomic_load(a->wc->waiting) < world - 1; i++) {
+      CHECK_MSG(i < 45000, "the late rank: the others never started");
+      usleep(1000);
+    }
     usleep(LATE_US);
     CHECK_OK(hd_coll(&r, DDPLUG_COLL_ALLREDUCE, x, y, 64, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                      20000));
   } else {
     double c0 = cpu_s(), t0 = hd_now_s();
+    atomic_fetch_add(a->wc->waiting, 1);
     CHECK_OK(hd_coll(&r, DDPLUG_COLL_ALLREDUCE, x, y, 64, DDPLUG_FLOAT32, DDPLUG_OP_SUM, 0,
                      20000));
     double cpu = cpu_s() - c0, wall = hd_now_s() - t0;
@@ -111,7 +119,7 @@ static void wait_rank(int rank, int world, void *p) {
 
 static void run(int world, const int *layout, int pin, int late) {
   hd_world w;
-  wait_case wc = {pin, late};
+  wait_case wc = {pin, late, hd_shared_page(4096)};
   hd_world_init(&w, world, layout, NULL);
   wait_arg a = {&w, &wc};
   int failed = dt_run_ranks(world, wait_rank, &a, NULL, 60, NULL);

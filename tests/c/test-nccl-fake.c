@@ -264,6 +264,9 @@ static int host_allreduce(frank *f, float *buf, size_t n, int32_t mem,
 }
 
 static void staging_body(frank *f) {
+  /* The group was created with a long timeout (only a hang guard: both
+   * ranks come); what this body times out is bounded by the short one. */
+  f->g->timeout_ms = 400;
   const size_t big = 100000; /* 400 KB: outgrows the first 64 KiB stage */
   float *h = malloc(big * sizeof *h);
   ddplug_plugin_request *req = NULL;
@@ -314,7 +317,7 @@ TEST(staging_buffers_grow_are_reused_and_fenced) {
   fake_reset();
   frank f[2];
   fake_world w;
-  fake_store *s = run_ranks(f, &w, 2, "{}", 400, staging_body, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, staging_body, NULL);
   all_created(f, 2);
   store_free(s);
 }
@@ -432,7 +435,7 @@ TEST(init_failure_is_reported) {
   fake.init_result = ncclSystemError;
   frank f[2];
   fake_world w;
-  fake_store *s = run_ranks(f, &w, 2, "{}", 3000, NULL, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(f[r].created, DDPLUG_E_SYSTEM);
     CHECK_CONTAINS(f[r].fr.err, "ncclCommInitRankConfig failed on rank");
@@ -448,7 +451,7 @@ TEST(two_ranks_on_one_gpu_are_refused_then_allowed) {
   frank f[2];
   fake_world w;
   unsetenv("NCCL_MULTI_RANK_GPU_ENABLE");
-  fake_store *s = run_ranks(f, &w, 2, "{}", 3000, NULL, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(f[r].created, DDPLUG_E_CONFIG);
     CHECK_CONTAINS(f[r].fr.err, "ranks 0 and 1 are bound to the same GPU "
@@ -458,7 +461,7 @@ TEST(two_ranks_on_one_gpu_are_refused_then_allowed) {
   }
   store_free(s);
 
-  s = run_ranks(f, &w, 2, "{\"allow_shared_gpu\": true}", 3000, NULL, NULL);
+  s = run_ranks(f, &w, 2, "{\"allow_shared_gpu\": true}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(f[r].created, DDPLUG_E_CONFIG);
     CHECK_CONTAINS(f[r].fr.err, "runs without NCCL_MULTI_RANK_GPU_ENABLE=1");
@@ -471,7 +474,7 @@ TEST(two_ranks_on_one_gpu_are_refused_then_allowed) {
   store_free(s);
 
   fake.nccl_version = 22703; /* NCCL 2.27: cannot share */
-  s = run_ranks(f, &w, 2, "{\"allow_shared_gpu\": true}", 3000, NULL, NULL);
+  s = run_ranks(f, &w, 2, "{\"allow_shared_gpu\": true}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) CHECK_EQ_INT(f[r].created, DDPLUG_E_UNSUPPORTED);
   CHECK_CONTAINS(f[1].fr.err, "runs NCCL 2.27.3, which cannot put two ranks on one GPU");
   store_free(s);
@@ -484,7 +487,7 @@ TEST(config_duplicate_gpu_warn_or_allow_lets_ranks_share) {
   fake_world w;
   setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
   g_duplicate_gpu = DDPLUG_CHECK_ERROR; /* the default: refused */
-  fake_store *s = run_ranks(f, &w, 2, "{}", 3000, NULL, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) CHECK_EQ_INT(f[r].created, DDPLUG_E_CONFIG);
   store_free(s);
   const int32_t policies[] = {DDPLUG_CHECK_WARN, DDPLUG_CHECK_ALLOW};
@@ -506,7 +509,7 @@ TEST(device_map_picks_the_device) {
                             one_allreduce, NULL);
   all_created(f, 2);
   store_free(s);
-  s = run_ranks(f, &w, 2, "{\"device_map\": [3, 4]}", 3000, NULL, NULL);
+  s = run_ranks(f, &w, 2, "{\"device_map\": [3, 4]}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(f[r].created, DDPLUG_E_CONFIG);
     CHECK_CONTAINS(f[r].fr.err, "rank 1: plugin_options.device_map[1] = 4, but "
@@ -530,6 +533,9 @@ static ddplug_plugin_request *lonely_allreduce(frank *f) {
 }
 
 static void watchdog_body(frank *f) {
+  /* The group was created with a long timeout (only a hang guard: both
+   * ranks come); what this body times out is bounded by the short one. */
+  f->g->timeout_ms = 300;
   if (f->rank == 0) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     /* A short wait: TIMEOUT, still pending. */
@@ -561,7 +567,7 @@ TEST(collective_timeout_aborts_the_group_and_tells_the_peer) {
   fake_reset();
   frank f[2];
   fake_world w;
-  fake_store *s = run_ranks(f, &w, 2, "{}", 300, watchdog_body, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, watchdog_body, NULL);
   all_created(f, 2);
   CHECK_EQ_INT(fake_live_comms(), 0);
   store_free(s);
@@ -622,6 +628,9 @@ TEST(an_asynchronous_nccl_error_is_peer_lost) {
  * up at the collective timeout with the same sentence the watchdog uses, so
  * callers and peers see one wording whichever path timed out. */
 static void stuck_enqueue_body(frank *f) {
+  /* The group was created with a long timeout (only a hang guard: both
+   * ranks come); what this body times out is bounded by the short one. */
+  f->g->timeout_ms = 300;
   if (f->rank == 0) {
     CHECK(cudaMalloc((void **)&g_buf[0], 64 * sizeof(float)) == cudaSuccess);
     fake_stall_next_collective(0);
@@ -651,7 +660,7 @@ TEST(a_collective_stuck_in_nccl_times_out_in_collective_start) {
   fake_reset();
   frank f[2];
   fake_world w;
-  fake_store *s = run_ranks(f, &w, 2, "{}", 300, stuck_enqueue_body, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, stuck_enqueue_body, NULL);
   all_created(f, 2);
   CHECK_EQ_INT(fake_live_comms(), 0);
   store_free(s);
@@ -811,7 +820,7 @@ TEST(no_device_through_the_fake) {
   fake.devices = 0;
   frank f[2];
   fake_world w;
-  fake_store *s = run_ranks(f, &w, 2, "{}", 3000, NULL, NULL);
+  fake_store *s = run_ranks(f, &w, 2, "{}", 60000, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(f[r].created, DDPLUG_E_UNSUPPORTED);
     CHECK_CONTAINS(f[r].fr.err, "no CUDA device visible");

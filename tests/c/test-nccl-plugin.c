@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -303,7 +304,7 @@ static fake_store *agree_run(agree_arg *a, int world, int arrive,
 TEST(agree_reports_a_failure_on_every_rank) {
   agree_arg a[3];
   const int status[3] = {DDPLUG_OK, DDPLUG_E_UNSUPPORTED, DDPLUG_OK};
-  fake_store *s = agree_run(a, 3, 3, 10000, status);
+  fake_store *s = agree_run(a, 3, 3, 60000, status);
   for (int r = 0; r < 3; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_UNSUPPORTED);
     CHECK_EQ_STR(a[r].msg, "rank 1: broken on purpose (1)");
@@ -313,13 +314,13 @@ TEST(agree_reports_a_failure_on_every_rank) {
 
 TEST(agree_all_ok_and_two_failures) {
   agree_arg a[3];
-  fake_store *s = agree_run(a, 3, 3, 10000, NULL);
+  fake_store *s = agree_run(a, 3, 3, 60000, NULL);
   for (int r = 0; r < 3; r++) CHECK_OK(a[r].result);
   CHECK(!store_has(s, "t/left-all")); /* success needs no second round */
   store_free(s);
 
   const int status[3] = {DDPLUG_OK, DDPLUG_E_CONFIG, DDPLUG_E_CONFIG};
-  s = agree_run(a, 3, 3, 10000, status);
+  s = agree_run(a, 3, 3, 60000, status);
   CHECK_EQ_INT(a[0].result, DDPLUG_E_CONFIG);
   CHECK_CONTAINS(a[0].msg, "(and 1 more rank failed)");
   CHECK_EQ_STR(a[1].msg, "rank 1: broken on purpose (1)"); /* own cause */
@@ -329,7 +330,25 @@ TEST(agree_all_ok_and_two_failures) {
 
 TEST(agree_names_ranks_that_never_arrive) {
   agree_arg a[3];
-  fake_store *s = agree_run(a, 3, 2, 300, NULL); /* rank 2 never comes */
+  /* Rank 2 never comes. The waits time out once both other ranks have
+   * announced themselves (the store holds the timeouts until then), so each
+   * names rank 2 alone however late the other thread started. */
+  fake_store *s = store_new();
+  store_hold_timeouts(s);
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    rank_init(&a[r].fr, s, r);
+    a[r].world = 3;
+    a[r].timeout_ms = 60000;
+    CHECK(pthread_create(&t[r], NULL, agree_thread, &a[r]) == 0);
+  }
+  for (int i = 0; !store_has(s, "t/in/0") || !store_has(s, "t/in/1"); i++) {
+    CHECK_MSG(i < 30000, "ranks 0 and 1 never announced themselves");
+    usleep(1000);
+  }
+  store_expire_timeouts(s);
+  for (int r = 0; r < 2; r++) CHECK(pthread_join(t[r], NULL) == 0);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(a[r].result, DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(a[r].msg, "nccl setup (t): rank 2 did not arrive in time");
@@ -360,7 +379,7 @@ static void *create_thread(void *p) {
 static fake_store *create_run(create_arg *a, fake_world *w, int world,
                               const char *options, const ddplug_plugin *table) {
   fake_store *s = store_new();
-  world_init(w, world, options, 5000);
+  world_init(w, world, options, 60000); /* a hang guard */
   for (int r = 0; r < world; r++) {
     memset(&a[r], 0, sizeof a[r]);
     rank_init(&a[r].fr, s, r);
@@ -560,7 +579,7 @@ static void mm_free(mm_arg *m, int n, fake_store *s) {
 
 TEST(mismatch_check_names_the_rank_and_both_calls) {
   mm_arg m[3];
-  fake_store *s = mm_init(m, 3, 3, 5000);
+  fake_store *s = mm_init(m, 3, 3, 60000); /* a hang guard: every rank comes */
   /* seq 1 agrees */
   for (int r = 0; r < 3; r++) m[r].a = allreduce_args(1, 10);
   run_threads(3, mm_thread, m, sizeof m[0]);
@@ -591,16 +610,27 @@ TEST(mismatch_check_names_the_rank_and_both_calls) {
 
 TEST(mismatch_check_times_out_naming_the_missing_rank) {
   mm_arg m[2];
-  /* Rank 2 never calls. Rank 0 gives up on it after the timeout and
-   * publishes that verdict; rank 1 waits for the verdict up to twice the
-   * timeout. The timeout is long enough for rank 0's verdict to reach rank
-   * 1 inside that margin on a loaded machine (with 0.3 s it did not). */
-  fake_store *s = mm_init(m, 2, 3, 2000);
+  /* Rank 2 never calls. Rank 0 gives up on it after its timeout and
+   * publishes that verdict; rank 1 waits for the verdict. The outcome
+   * depends on no clock: rank 0 starts only once rank 1's description is
+   * in the store (so rank 2 is the only one missing when rank 0 gives up),
+   * and rank 1's own timeout, a minute, is only a hang guard (the verdict
+   * comes); rank 0's can be short, since waiting for a rank that never
+   * comes always times out. */
+  fake_store *s = mm_init(m, 2, 3, 300);
+  m[1].g->timeout_ms = 60000;
   for (int r = 0; r < 2; r++) m[r].a = allreduce_args(1, 10);
-  run_threads(2, mm_thread, m, sizeof m[0]);
+  pthread_t t0, t1;
+  CHECK(pthread_create(&t1, NULL, mm_thread, &m[1]) == 0);
+  for (int i = 0; !store_has(s, "mm/1/1"); i++) {
+    CHECK_MSG(i < 30000, "rank 1 never published its description");
+    usleep(1000);
+  }
+  CHECK(pthread_create(&t0, NULL, mm_thread, &m[0]) == 0);
+  CHECK(pthread_join(t0, NULL) == 0 && pthread_join(t1, NULL) == 0);
   for (int r = 0; r < 2; r++) {
     CHECK_EQ_INT(m[r].result, DDPLUG_E_TIMEOUT);
-    CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 2.0 s");
+    CHECK_CONTAINS(m[r].fr.err, "collective seq 1: rank 2 did not reach it within 0.3 s");
   }
   mm_free(m, 2, s);
 }

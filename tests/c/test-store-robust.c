@@ -281,7 +281,7 @@ TEST(a_connection_that_never_authenticates_is_dropped) {
   CHECK_EQ_INT(raw_recv_frame(idle, buf, sizeof buf), 33);
   int authed = raw_connect(port); /* authenticates, then idles: stays */
   raw_auth(authed);
-  CHECK(raw_closed_within(idle, 5000));
+  CHECK(raw_closed_within(idle, 25000));
   CHECK(!raw_closed_within(authed, 400));
   close(idle);
   close(authed);
@@ -321,7 +321,7 @@ TEST(a_connection_that_has_not_authenticated_costs_a_few_hundred_bytes) {
     raw_send(fds[i], junk, sizeof junk);
   }
   for (int i = 0; i < N; i++) {
-    CHECK_MSG(raw_closed_within(fds[i], 3000),
+    CHECK_MSG(raw_closed_within(fds[i], 10000),
               "connection %d announced a %u-byte frame before authenticating "
               "and was not closed", i, DDPLUG__STORE_LEN_MAX);
     close(fds[i]);
@@ -358,7 +358,9 @@ TEST_T(a_silent_connection_is_dropped_within_seconds, 30) {
   ddplug_store_server *srv = st_serve(NULL);
   int fd = raw_connect(ddplug_store_server_port(srv));
   double t0 = st_now_s();
-  CHECK(raw_closed_within(fd, 10000));
+  /* dropped at all (25 s: a hang guard; the rendezvous timeout would be
+   * minutes), and not before the handshake deadline (load only delays) */
+  CHECK(raw_closed_within(fd, 25000));
   double took = st_now_s() - t0;
   dt_note("a connection that never authenticated was dropped after %.1f s", took);
   CHECK(took >= 2.0);
@@ -380,6 +382,9 @@ static void flooded_server(void *arg) {
   int p = ddplug_store_serve("127.0.0.1", 0, "s3cret", &srv) == DDPLUG_OK
               ? ddplug_store_server_port(srv)
               : -1;
+  /* The idle connections never time out here: only making room for the
+   * newest can let the client in, however long anything takes. */
+  if (p > 0) ddplug__store_server_set_handshake_timeout(srv, 600000);
   if (write(ports[0], &p, sizeof p) != (ssize_t)sizeof p) _exit(4);
   pause();
   _exit(0);
@@ -401,7 +406,7 @@ TEST_T(idle_connections_cannot_keep_a_joining_client_out, 60) {
   ddplug__sleep_ms(200);
   double t0 = st_now_s();
   ddplug_store *st = NULL;
-  int rc = ddplug_store_connect("127.0.0.1", port, "s3cret", 4000, &st);
+  int rc = ddplug_store_connect("127.0.0.1", port, "s3cret", 30000, &st); /* a hang guard */
   double took = st_now_s() - t0;
   kill(pid, SIGKILL);
   int status;

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """faults.py — the fault-injection suite: real processes, real sockets and,
 where root allows, network namespaces. Each scenario reproduces a failure a
-run must survive and checks its bound:
+run must survive and checks how it ends. How long that takes is printed
+(detection), never asserted: a scenario waits for the outcome up to a hang
+guard set well below every longer timeout that would otherwise end it, so a
+run that fell back on one of those fails the scenario whatever the load.
 
-  frozen-rank0      rank 0 SIGSTOPped mid-collective: the others error within
-                    collective_s + 2 s (the abort's publication to the frozen
-                    store has its own short deadline) and exit soon after
+  frozen-rank0      rank 0 SIGSTOPped mid-collective: the others error at
+                    their collective timeout (the abort's publication to the
+                    frozen store has its own short deadline, not the
+                    rendezvous timeout) and exit soon after
   network-cut       two nodes in their own network namespaces, the link cut
-                    mid-allreduce: both sides error within collective_s + 2 s
-                    naming the silent rank and the stalled connection
+                    mid-allreduce: both sides error at their collective
+                    timeout naming the silent rank and the stalled connection
   kill-rank         a rank SIGKILLed mid-loop: the others error (PEER_LOST)
+                    through liveness, not after the (ten-minute) timeout
   join-<stage>      a rank killed at a stage of joining (claim, join record,
                     verdict, shared-memory attach, ring setup, ready): the
-                    others report it within 2 s, not after a timeout
+                    others report it, not after a (ten-minute) timeout
   preauth-memory    100 connections announce maximum-size frames before
                     authenticating: each is closed at once, rank 0 does not
                     grow, the run goes on
@@ -37,7 +42,7 @@ run must survive and checks its bound:
   stale-empty-shm   a zero-byte /dev/shm segment of a job killed at startup
                     is removed by the next run
 
-Default (make test): each scenario once, with short timeouts. --soak runs
+Default (make test): each scenario once. --soak runs
 --trials of each (random world sizes 2-4, random fault times and victims)
 and prints a table: scenario, trials, passed, detection min/median/max.
 
@@ -62,6 +67,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from free_port import free_port  # noqa: E402
+
 SOAK = False
 BUILD = ""
 RNG = random.Random()
@@ -77,12 +85,6 @@ def mono() -> int:
 
 def secs(ns: int) -> float:
     return ns / 1e9
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def secret() -> str:
@@ -253,19 +255,17 @@ def frozen_rank0() -> Result:
         t0 = mono()
         ranks[0].signal(signal.SIGSTOP)
         worst = 0.0
+        # hang guards: collective_s + 15 s, below the rendezvous timeout (30 s)
+        # that a publication or close waiting on the frozen store would take
         for r in ranks[1:]:
             line = r.wait_line("error", COLL_S + 15)
             if not line:
                 return Result(False, note=f"{r.name} did not error:\n    " + describe(ranks))
             worst = max(worst, secs(event_t(line) - t0))
-        bound = COLL_S + 2.0
         for r in ranks[1:]:
-            if r.wait(10) is None:
+            if r.wait(20) is None:
                 return Result(False, worst, f"{r.name} did not exit after its error")
-        exited = secs(mono() - t0)
-        ok = worst <= bound and exited <= bound + 3.0
-        return Result(ok, worst, "" if ok else f"errors after {worst:.2f} s (bound {bound} s), "
-                      f"exit after {exited:.2f} s:\n    " + describe(ranks))
+        return Result(True, worst)
     finally:
         close_all(ranks)
 
@@ -273,7 +273,7 @@ def frozen_rank0() -> Result:
 def kill_rank() -> Result:
     world = RNG.choice([2, 3, 4]) if SOAK else 3
     victim = RNG.randrange(world) if SOAK else 1
-    cfg = {"timeouts": {"collective_s": 60}, "rendezvous": {"timeout_s": 30}}
+    cfg = {"timeouts": {"collective_s": 600}, "rendezvous": {"timeout_s": 30}}
     port, sec = free_port(), secret()
     ranks = [start_rank(r, world, port, cfg, sec) for r in range(world)]
     try:
@@ -286,12 +286,12 @@ def kill_rank() -> Result:
         for i, r in enumerate(ranks):
             if i == victim:
                 continue
-            line = r.wait_line("error", 10)
+            line = r.wait_line("error", 30)  # a hang guard, far below collective_s
             if not line or f"rank {victim} " not in line:
                 return Result(False, note=f"{r.name}: no error naming rank {victim}:\n    " +
                               describe(ranks))
             worst = max(worst, secs(event_t(line) - t0))
-        return Result(worst <= 2.0, worst)
+        return Result(True, worst)
     finally:
         close_all(ranks)
 
@@ -339,16 +339,14 @@ def network_cut() -> Result:
         worst = 0.0
         for me in range(world):
             other = per * (1 - me // per)  # the other node's leader
-            line = ranks[me].wait_line("error", COLL_S + 15)
+            line = ranks[me].wait_line("error", COLL_S + 15)  # below TCP's own timeouts
             if not line:
                 return Result(False, note=f"rank {me} did not error:\n    " + describe(ranks))
             worst = max(worst, secs(event_t(line) - t0))
             if "stalled" not in line or f"rank {other} " not in line:
                 return Result(False, worst, f"rank {me}'s error does not name rank {other} and "
                               f"the stalled connection: {line}")
-        bound = COLL_S + 2.0
-        return Result(worst <= bound, worst,
-                      "" if worst <= bound else f"errors after {worst:.2f} s (bound {bound} s)")
+        return Result(True, worst)
     finally:
         close_all(ranks)
         for n in (na, nb):
@@ -404,7 +402,7 @@ def join_death(stage: str) -> Result:
             "ring": ["ddplug/verdict", f"p/{{run}}/cpu/tcp/{victim}"],
             "ready": [f"ddplug/ready/{victim}"]}[stage]
     store = Store(sec, keys)
-    cfg = {"rendezvous": {"external": True, "timeout_s": 60}, "timeouts": {"collective_s": 60}}
+    cfg = {"rendezvous": {"external": True, "timeout_s": 600}, "timeouts": {"collective_s": 600}}
     hosts = (lambda r: f"node{r}") if stage == "ring" else (lambda r: "node0")
     local = (lambda r: (0, 1)) if stage == "ring" else (lambda r: (r, world))
     ranks = [start_rank(r, world, store.port, cfg, sec, host=hosts(r), local=local(r))
@@ -444,7 +442,7 @@ def join_death(stage: str) -> Result:
         worst = 0.0
         for r in ranks[:victim]:
             line = None
-            end = time.monotonic() + 65
+            end = time.monotonic() + 45  # a hang guard, far below the timeouts
             while time.monotonic() < end and not line and not r.first("done"):
                 line = r.first("open-error", "error")
                 time.sleep(0.005)
@@ -452,8 +450,7 @@ def join_death(stage: str) -> Result:
                 return Result(False, note=f"{r.name} did not report the death:\n    " +
                               describe(ranks))
             worst = max(worst, secs(event_t(line) - t0))
-        return Result(worst <= 2.0, worst, "" if worst <= 2.0 else
-                      f"reported after {worst:.2f} s (bound 2 s):\n    " + describe(ranks))
+        return Result(True, worst)
     finally:
         close_all(ranks)
         store.close()
@@ -491,14 +488,14 @@ def preauth_memory() -> Result:
             except OSError:
                 pass
             socks.append(s)
-        time.sleep(1.0)
-        grown = rss_kib(ranks[0].pid) - before
+        # every connection closed by rank 0 (20 s: a hang guard), then its memory
+        end = time.monotonic() + 20
         open_left = 0
         for s in socks:
             s.setblocking(True)
-            s.settimeout(0.05)
             try:
                 while True:
+                    s.settimeout(max(0.001, end - time.monotonic()))
                     b = s.recv(65536)
                     if not b:
                         break
@@ -507,6 +504,7 @@ def preauth_memory() -> Result:
             except OSError:
                 pass
         closed_s = secs(mono() - t0)
+        grown = rss_kib(ranks[0].pid) - before
         ok_run = ranks[0].first("error") is None and ranks[1].first("error") is None
         ok = grown < 16 * 1024 and open_left == 0 and ok_run
         return Result(ok, closed_s, "" if ok else
@@ -765,12 +763,12 @@ def tamper() -> Result:
             return Result(False, note="ranks did not start:\n    " + describe(ranks))
         time.sleep(0.3)
         relay.armed.set()
-        line = r1.wait_line("error", 10)
+        line = r1.wait_line("error", 15)  # a hang guard, below the 30 s timeouts
         if not line or relay.flipped_at is None:
             return Result(False, note="no error after a flipped byte:\n    " + describe(ranks))
         took = secs(event_t(line) - relay.flipped_at)
         said = "integrity check" in line and "integrity check" in r1.stderr()
-        ok = said and took <= 2.0
+        ok = said
         return Result(ok, took, "" if ok else f"after {took:.2f} s: {line}\n    " +
                       describe(ranks))
     finally:
@@ -809,7 +807,7 @@ def launcher_sigkill() -> Result:
         time.sleep(RNG.uniform(0, 0.5) if SOAK else 0.1)
         t0 = mono()
         l.signal(signal.SIGKILL)
-        end = time.monotonic() + 5
+        end = time.monotonic() + 20  # a hang guard: orphaned ranks would run on
         while time.monotonic() < end and any(alive(p) for p in pids.values()):
             time.sleep(0.005)
         left = [r for r, p in pids.items() if alive(p)]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from free_port import free_port  # noqa: F401 (the tests import it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "hosts" / "python"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -42,14 +44,6 @@ def config(**sections: dict) -> str:
     data: dict = {"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}
     data.update(sections)
     return json.dumps(data)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Run:

@@ -24,7 +24,7 @@ trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/run.json" <<'JSON'
 {"plugin": "cpu", "log_level": "warn", "rendezvous": {"timeout_s": 60}, "timeouts": {"collective_s": 60}}
 JSON
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$PY" "$(dirname "$0")/../python/free_port.py"; }
 fails=0
 
 # check NAME WANT_RANKS WANT_NODES RANK0_LOG LOG...: every launch exited 0

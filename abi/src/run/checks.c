@@ -116,7 +116,8 @@ static int read_joins(ddplug_context *ctx, joins *j) {
   for (int r = 0; r < j->n; r++) {
     void *v = NULL;
     uint64_t len = 0;
-    int s = ddplug_store_get(ctx->store, j->keys[r], 0, &v, &len);
+    int s = ddplug__wait_get(ctx, ctx->store, j->keys[r], ctx->open_deadline_ns,
+                             "reading the join records", 0, &v, &len);
     if (s != DDPLUG_OK) return s;
     join_rec *rec = &j->recs[r];
     json_error_t jerr;
@@ -166,7 +167,9 @@ static int check_world_size(ddplug_context *ctx, joins *j) {
 static int check_process_count(ddplug_context *ctx, joins *j) {
   void *v = NULL;
   uint64_t len = 0;
-  if (ddplug_store_get(ctx->store, "ddplug/joined", 0, &v, &len) != DDPLUG_OK)
+  /* Present: every rank counted itself in before publishing its record. */
+  if (ddplug__wait_get(ctx, ctx->store, "ddplug/joined", ctx->open_deadline_ns,
+                       "reading the number of joined processes", 0, &v, &len) != DDPLUG_OK)
     return DDPLUG_OK;
   long joined = strtol(v, NULL, 10);
   ddplug_free(v);

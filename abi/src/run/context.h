@@ -180,6 +180,15 @@ int ddplug__ctx_capture_error(ddplug_context *ctx, int status);
 int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
                       const char *const *keys, uint32_t nkeys,
                       uint64_t deadline_ns, const char *what, int in_plugin);
+/* ddplug__wait_keys for one key, and read it: *value (release with
+ * ddplug_free) and *len, as ddplug_store_get gives them. The read is the
+ * wait (a GET that waits in the server answers with the value), never a
+ * second call after it: a second call would be bounded by the store's
+ * short reply grace alone, so a loaded rank 0 that answered it late would
+ * fail a wait whose key was there, long before the wait's deadline. */
+int ddplug__wait_get(ddplug_context *ctx, ddplug_store *st, const char *key,
+                     uint64_t deadline_ns, const char *what, int in_plugin,
+                     void **value, uint64_t *len);
 
 /* ---- join.c ------------------------------------------------------------- */
 

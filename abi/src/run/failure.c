@@ -92,16 +92,18 @@ int ddplug__ctx_capture_error(ddplug_context *ctx, int status) {
   return status;
 }
 
-/* See context.h. */
-int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
-                      const char *const *keys, uint32_t nkeys,
-                      uint64_t deadline_ns, const char *what, int in_plugin) {
+/* The wait of ddplug__wait_keys; with value, the wait is a GET of keys[0]
+ * (nkeys 1), whose answer carries the value. */
+static int wait_loop(ddplug_context *ctx, ddplug_store *st, const char *const *keys,
+                     uint32_t nkeys, uint64_t deadline_ns, const char *what,
+                     int in_plugin, void **value, uint64_t *len) {
   for (;;) {
     int s = ddplug__ctx_check(ctx);
     if (s != DDPLUG_OK) return s;
     int64_t left = ddplug__remaining_ms(deadline_ns);
     int64_t slice = DDPLUG__MIN(left, (int64_t)DDPLUG__WAIT_SLICE_MS);
-    s = ddplug_store_wait(st, keys, nkeys, slice);
+    s = value ? ddplug_store_get(st, keys[0], slice, value, len)
+              : ddplug_store_wait(st, keys, nkeys, slice);
     if (s == DDPLUG_OK) return DDPLUG_OK;
     if (s != DDPLUG_E_TIMEOUT) return s;
     char missing[DDPLUG__ERRMSG_MAX]; /* the store names the missing keys */
@@ -110,8 +112,8 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
      * directly (the watcher may not run yet during startup). Inside a plugin
      * slot, only record it: the watcher tells the plugin. */
     void *val = NULL;
-    uint64_t len = 0;
-    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &len) ==
+    uint64_t vlen = 0;
+    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &vlen) ==
         DDPLUG_OK) {
       ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);
@@ -119,4 +121,18 @@ int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
     }
     if (left <= slice) return ddplug__err(DDPLUG_E_TIMEOUT, "%s: %s", what, missing);
   }
+}
+
+/* See context.h. */
+int ddplug__wait_keys(ddplug_context *ctx, ddplug_store *st,
+                      const char *const *keys, uint32_t nkeys,
+                      uint64_t deadline_ns, const char *what, int in_plugin) {
+  return wait_loop(ctx, st, keys, nkeys, deadline_ns, what, in_plugin, NULL, NULL);
+}
+
+/* See context.h. */
+int ddplug__wait_get(ddplug_context *ctx, ddplug_store *st, const char *key,
+                     uint64_t deadline_ns, const char *what, int in_plugin,
+                     void **value, uint64_t *len) {
+  return wait_loop(ctx, st, &key, 1, deadline_ns, what, in_plugin, value, len);
 }

@@ -145,18 +145,17 @@ static int read_verdict(ddplug_context *ctx) {
   const char *key = "ddplug/verdict";
   /* Rank 0 publishes its verdict (possibly "ranks 2, 3 never joined") when
    * the same timeout expires there: wait a little longer than it does. */
-  int s = ddplug__wait_keys(ctx, ctx->store, &key, 1,
-                            ctx->open_deadline_ns + ddplug__open_grace_ns(ctx), "verdict", 0);
+  void *val = NULL;
+  uint64_t len = 0;
+  int s = ddplug__wait_get(ctx, ctx->store, key,
+                           ctx->open_deadline_ns + ddplug__open_grace_ns(ctx), "verdict", 0,
+                           &val, &len);
   if (s == DDPLUG_E_TIMEOUT)
     return ddplug__err(DDPLUG_E_TIMEOUT,
                        "rank 0 did not finish the startup checks within %.1f s "
                        "(is rank 0 running, at %s:%d?)",
                        (double)ctx->rdzv_timeout_ms / 1000.0, ctx->store_addr,
                        ctx->store_port);
-  if (s != DDPLUG_OK) return s;
-  void *val = NULL;
-  uint64_t len = 0;
-  s = ddplug_store_get(ctx->store, key, 0, &val, &len);
   if (s != DDPLUG_OK) return s;
   json_t *v = json_loadb(val, len, 0, NULL);
   ddplug_free(val);
@@ -339,12 +338,10 @@ static int compare_world_size(ddplug_context *ctx) {
   char mine[16];
   int n = snprintf(mine, sizeof mine, "%d", ctx->world.world_size);
   if (ctx->world.rank == 0) return ddplug_store_set(ctx->store, key, mine, (uint64_t)n);
-  int s = ddplug__wait_keys(ctx, ctx->store, &key, 1, ctx->open_deadline_ns,
-                            "rank 0's world size", 0);
-  if (s != DDPLUG_OK) return s;
   void *val = NULL;
   uint64_t len = 0;
-  s = ddplug_store_get(ctx->store, key, 0, &val, &len);
+  int s = ddplug__wait_get(ctx, ctx->store, key, ctx->open_deadline_ns,
+                           "rank 0's world size", 0, &val, &len);
   if (s != DDPLUG_OK) return s;
   int64_t ws0 = 0;
   int same = len < sizeof mine && ddplug__parse_i64(val, &ws0) == 0 &&

@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "run/context.h"
+#include "store/store.h"
 
 #define RUNONCE_NAME_MAX 160
 #define RUNONCE_MESSAGE_MAX (512u * 1024u)
@@ -287,11 +288,10 @@ void ddplug__runonce_forget(const ddplug_context *ctx) {
 }
 
 /* Wait until the outcome key exists (in slices that also notice an abort of
- * the run) or the deadline passes; then read it. */
+ * the run) or the deadline passes, and read it. */
 static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
                         const char *who, int64_t timeout_ms, const char *limit_by,
                         void **value) {
-  const char *keys[1] = {key};
   char bkey[BEAT_KEY_MAX];
   beat_key(bkey, key);
   uint64_t start = ddplug__now_ns();
@@ -300,14 +300,15 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
   uint64_t last_change = start;
   for (;;) {
     uint64_t slice = ddplug__deadline_ns(SLICE_MS);
-    int rc = ddplug__wait_keys(ctx, ctx->store, keys, 1, DDPLUG__MIN(slice, deadline), desc, 0);
+    uint64_t len = 0;
+    int rc = ddplug__wait_get(ctx, ctx->store, key, DDPLUG__MIN(slice, deadline), desc, 0,
+                              value, &len);
     uint64_t now = ddplug__now_ns();
-    if (rc == DDPLUG_OK) break;
+    if (rc == DDPLUG_OK) return DDPLUG_OK;
     if (!ddplug__own_timeout(ctx, rc)) {
       /* The run failed while we waited (e.g. the runner died and the runtime
        * noticed first): its own record, if it got there, says more. */
       char why[DDPLUG__ERRMSG_MAX];
-      uint64_t len = 0;
       ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
       if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK) return DDPLUG_OK;
       ddplug__set_last_error(why);
@@ -341,11 +342,6 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
                          "network): giving up after %.1f s",
                          desc, who, (double)(now - last_change) / 1e9, waited);
   }
-  uint64_t len = 0;
-  int rc = ddplug_store_get(ctx->store, key, 0, value, &len);
-  if (rc != DDPLUG_OK)
-    return ddplug__err_prefix(rc, "%s: reading the outcome of %s", desc, who);
-  return DDPLUG_OK;
 }
 
 /* Who runs scope, for messages: "rank 0" / "local rank 0 of node 1". */
@@ -381,7 +377,9 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
   void *value = NULL;
   uint64_t len = 0;
   if (is_runner(&w, scope)) {
-    st = ddplug_store_get(store, key, 0, &value, &len);
+    /* The store's answer decides (a loaded rank 0 may give it later than
+     * a poll's reply grace, and no answer must not read as "not run yet"). */
+    st = ddplug__store_get_within(store, key, 0, ctx->rdzv_timeout_ms, &value, &len);
     if (st == DDPLUG_OK) { /* already recorded: once per run */
       st = deliver(value, desc, message);
       ddplug_free(value);

@@ -51,21 +51,21 @@ static int svc_store_get(void *host, const char *key, void *buf, uint64_t cap,
   int s = full_key(ctx, key, k, sizeof k);
   if (s != DDPLUG_OK) return svc_fail(ctx, s);
   if (timeout_ms < 0) timeout_ms = ctx->coll_timeout_ms;
-  const char *kp = k;
+  void *val = NULL;
+  uint64_t vlen = 0;
   if (timeout_ms > 0) {
-    s = ddplug__wait_keys(ctx, ctx->plugin_store, &kp, 1,
-                          ddplug__deadline_ns(timeout_ms), "plugin store get", 1);
+    s = ddplug__wait_get(ctx, ctx->plugin_store, k, ddplug__deadline_ns(timeout_ms),
+                         "plugin store get", 1, &val, &vlen);
     if (ddplug__own_timeout(ctx, s))
       ddplug__err(s, "waited %.1f s for store key '%s' (plugin %s)",
                   (double)timeout_ms / 1000.0, key, ctx->plugin->table.name);
     if (s != DDPLUG_OK) return svc_fail(ctx, s);
+  } else {
+    s = ddplug_store_get(ctx->plugin_store, k, 0, &val, &vlen);
+    /* A poll (timeout 0) that finds nothing is not a failure to explain. */
+    if (s == DDPLUG_E_TIMEOUT) return s;
+    if (s != DDPLUG_OK) return svc_fail(ctx, s);
   }
-  void *val = NULL;
-  uint64_t vlen = 0;
-  s = ddplug_store_get(ctx->plugin_store, k, 0, &val, &vlen);
-  /* A poll (timeout 0) that finds nothing is not a failure to explain. */
-  if (s == DDPLUG_E_TIMEOUT && timeout_ms == 0) return s;
-  if (s != DDPLUG_OK) return svc_fail(ctx, s);
   if (len) *len = vlen;
   if (vlen > cap) {
     ddplug_free(val);

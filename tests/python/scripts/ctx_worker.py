@@ -365,17 +365,19 @@ def _functional(model, params: list):
 
 def runonce(ctx: ddplug.Context, scope: str, fail: bool) -> dict:
     calls = os.path.join(OUT, f"calls-{scope}.txt")
+    done = os.path.join(OUT, f"done-{scope}-{ctx.node_rank if scope == 'node' else 0}.txt")
 
     def work() -> dict:
         with open(calls, "a") as f:
             f.write(f"{ctx.rank}\n")
-        time.sleep(1.0)
+        time.sleep(1.0)  # the others are most likely waiting by now (what is checked does not need it)
         if fail:
             raise KeyError(f"no shard for node {ctx.node_rank}")
+        with open(done, "w") as f:
+            f.write("x")
         return {"node": ctx.node_rank, "runner": ctx.rank}
 
     res: dict = {"node_rank": ctx.node_rank, "local_rank": ctx.local_rank, "num_nodes": ctx.num_nodes}
-    t0 = time.monotonic()
     try:
         res["value"] = ddplug.run_once(work, scope=scope, name=f"work-{scope}")
     except ddplug.RunOnceFailed as e:
@@ -383,7 +385,8 @@ def runonce(ctx: ddplug.Context, scope: str, fail: bool) -> dict:
         res["runner_text"] = e.runner_text
     except KeyError as e:
         res["raised_here"] = repr(e)
-    res["waited"] = time.monotonic() - t0
+    # returned only once the work was done: its last act is there to see
+    res["work_done_seen"] = os.path.exists(done)
     # a name that completed returns its recorded outcome at once, work not repeated
     try:
         res["again"] = ddplug.run_once(work, scope=scope, name=f"work-{scope}")

@@ -95,7 +95,7 @@ class Data(pl.LightningDataModule):
         self.args = args
 
     def prepare_data(self) -> None:
-        if self.args.scenario == "stream":  # a download that outlives timeouts.collective_s
+        if self.args.scenario == "stream":  # a slow download: the other ranks wait for it
             time.sleep(3.0)
             with open(os.path.join(os.environ["DDPLUG_TEST_OUT"], "prepared.txt"), "w") as f:
                 f.write("ready")

@@ -44,6 +44,15 @@ def check(name: str, ok: bool, detail: object = "") -> None:
     checks[name] = [bool(ok), str(detail)[:500]]
 
 
+def wait_for_file(path: str, limit_s: float = 120.0) -> None:
+    """Until another rank has written path (limit_s: a hang guard)."""
+    end = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
+
+
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
 
@@ -219,10 +228,12 @@ def works() -> None:
     fut = dist.all_reduce(t, async_op=True).get_future()
     val = fut.then(lambda f: f.value()[0] * 2).wait()
     check("get_future", close(val, torch.full((3,), 2.0 * WORLD)) and close(t, torch.full((3,), float(WORLD))), val)
-    # rank 0 waits 100 ms for an allreduce the others join 0.5 s later: its own
-    # wait times out, the collective stays pending and completes on the next wait
+    # rank 0 waits 100 ms for an allreduce the others join only once that wait
+    # has timed out (a marker file): the collective stays pending and completes
+    # on the next wait
+    timed_out = os.path.join(OUT, "async-wait-timed-out")
     if r != 0:
-        time.sleep(0.5)
+        wait_for_file(timed_out)
     t = torch.ones(2)
     w = dist.all_reduce(t, async_op=True)
     if r == 0:
@@ -232,6 +243,8 @@ def works() -> None:
             check("wait timeout", False, "no timeout")
         except dist.DistBackendError as e:
             check("wait timeout", pending and isinstance(e, TimeoutError) and "still pending" in str(e), e)
+        with open(timed_out, "w") as f:
+            f.write("x")
     check("wait after timeout", w.wait() and close(t, torch.full((2,), float(WORLD))), t)
 
 

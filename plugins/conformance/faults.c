@@ -141,6 +141,15 @@ void cf_abort_rank(cf_rank *r) {
     s = wait_for_the_run_to_end(ctx);
     double t0 = cf_now();
     if (s == DDPLUG_OK) s = allreduce(r, ctx, why, sizeof why);
+    if (s == DDPLUG_OK) {
+      /* This rank's context had not yet heard of the abort (its watcher
+       * reads the record on a connection of its own) and the plugin
+       * finished the collective from what rank 0 had put in before it
+       * aborted (allreduce checked the values). The next call waits for
+       * rank 0, so it must meet the abort. */
+      t0 = cf_now();
+      s = allreduce(r, ctx, why, sizeof why);
+    }
     double took = cf_now() - t0;
     if (s != DDPLUG_E_ABORTED)
       cf_report(r, "abort.remote", slots, CF_FAIL, T_REMOTE,
@@ -175,6 +184,13 @@ static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char
   int s = after_the_death ? wait_for_the_run_to_end(ctx) : DDPLUG_OK;
   double t0 = cf_now();
   if (s == DDPLUG_OK) s = allreduce(r, ctx, why, sizeof why);
+  if (s == DDPLUG_OK && after_the_death) {
+    /* The victim had put in all of its share before it died, and the plugin
+     * finished the collective from it (allreduce checked the values): no
+     * data was lost. The next call must find the death. */
+    t0 = cf_now();
+    s = allreduce(r, ctx, why, sizeof why);
+  }
   double took = cf_now() - t0;
   uint64_t slots = CF_COLL_SLOTS;
   if (s != DDPLUG_E_PEER_LOST)

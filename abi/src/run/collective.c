@@ -11,17 +11,6 @@
 #include "run/context.h"
 #include "store/store.h"
 
-struct ddplug_request {
-  ddplug_context *ctx;           /* NULL once its context was closed        */
-  ddplug_plugin_request *preq;
-  struct ddplug_request *prev, *next; /* ctx->live                          */
-  uint64_t seq;
-  int kind;
-  int finished; /* 1 once the plugin reported completion or final failure */
-  int status;   /* final status when finished                             */
-  char what[128];
-};
-
 static const char *kind_name(int kind) {
   switch (kind) {
     case DDPLUG_COLL_ALLREDUCE: return "allreduce";
@@ -95,7 +84,7 @@ static int validate(ddplug_context *ctx, const ddplug_coll_args *a, const char *
  * usable) leave the run going; anything else that left a collective
  * unstarted or unfinished ends it, with this rank's explanation (the last
  * error) for everyone. */
-static void end_run_if_broken(ddplug_context *ctx, int s) {
+void ddplug__end_run_if_broken(ddplug_context *ctx, int s) {
   if (s == DDPLUG_OK || s == DDPLUG_E_MISMATCH || s == DDPLUG_E_INVALID_ARGUMENT ||
       s == DDPLUG_E_UNSUPPORTED || atomic_load(&ctx->state) != DDPLUG__CTX_OPEN)
     return;
@@ -138,17 +127,21 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
     int run = ddplug__ctx_check(ctx);
     if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
     ddplug__plugin_err_take(ctx, s, "collective_start");
-    end_run_if_broken(ctx, s);
+    ddplug__end_run_if_broken(ctx, s);
     return ddplug__ctx_capture_error(ctx, s);
   }
   ctx->seq = a->seq;
+  ddplug__request_link(ctx, req);
+  *out = req;
+  return DDPLUG_OK;
+}
+
+void ddplug__request_link(ddplug_context *ctx, ddplug_request *req) {
   pthread_mutex_lock(&ctx->mu);
   req->next = ctx->live;
   if (ctx->live) ctx->live->prev = req;
   ctx->live = req;
   pthread_mutex_unlock(&ctx->mu);
-  *out = req;
-  return DDPLUG_OK;
 }
 
 void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group) {
@@ -318,8 +311,11 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
-  s = ddplug_request_wait(req, timeout_ms);
-  end_run_if_broken(ctx, s);
+  return ddplug__request_finish_blocking(ctx, req, ddplug_request_wait(req, timeout_ms));
+}
+
+int ddplug__request_finish_blocking(ddplug_context *ctx, ddplug_request *req, int s) {
+  ddplug__end_run_if_broken(ctx, s);
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
   ddplug_request_free(req);

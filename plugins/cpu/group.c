@@ -1,8 +1,8 @@
 /*
  * group.c — the cpu plugin's group slots: group_create (the topology from
  * the runtime's arrays, the node segment, liveness, the single-copy probe,
- * the TCP ring between node leaders, the progress thread), group_destroy
- * and group_abort.
+ * the TCP ring between node leaders, point-to-point, the progress thread),
+ * group_destroy and group_abort.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -236,6 +236,7 @@ static int setup_shm(ddcpu_group *g, uint64_t deadline) {
 
 static void teardown(ddcpu_group *g) {
   ddcpu_engine_stop(g);
+  ddcpu_p2p_destroy(g);
   if (g->next_fd >= 0 || g->prev_fd >= 0) ddcpu_tcp_ring_close(g);
   if (g->has_shm) {
     atomic_store(&g->shm.procs[g->local_rank].departed, 1);
@@ -343,6 +344,7 @@ int ddcpu_group_create(const ddplug_group_init *init, const ddplug_host_services
     }
     if ((st = ddcpu_tcp_ring_setup(g, deadline)) != DDPLUG_OK) goto fail;
   }
+  if ((st = ddcpu_p2p_create(g)) != DDPLUG_OK) goto fail;
   if ((st = ddcpu_engine_start(g)) != DDPLUG_OK) goto fail;
   ddcpu_log(g, DDPLUG_LOG_DEBUG,
             "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "

@@ -283,18 +283,23 @@ static void self(p2p_env *e) {
   }
 }
 
-/* Rank 1's receive from rank 0 times out (rank 0 waits for a word from rank
- * 1 before it sends), stays pending, then completes. */
+/* Rank 1's receive from rank 0, which never sends, times out and stays
+ * pending. The last check: freeing that receive while pending ends the run
+ * (ddplug_request_free), as it would for a collective. (Completing it with
+ * a late send needs rank 1 to tell rank 0 when, and a device plugin runs
+ * that message behind the pending receive on one stream.) */
 static void timeout(p2p_env *e) {
   const char *T = "point-to-point: a receive nobody sends to times out and stays pending";
   cf_rank *r = e->r;
   char why[1024] = "";
   int s = DDPLUG_OK, bad = 0;
-  unsigned char b[SMALL * 8] = {0}, go[8 * 8] = {0};
+  unsigned char b[SMALL * 8] = {0};
   if (r->rank == 1) {
     ddplug_request *q = NULL;
     s = ddplug_irecv(e->ctx, b, SMALL, e->dt, 0, 0, NULL, &q);
-    if (!s) {
+    if (s) {
+      snprintf(why, sizeof why, "irecv: %s: %s", ddplug_status_name(s), cf_error(e->ctx));
+    } else {
       int w = ddplug_request_wait(q, 300), done = 1;
       int t = w == DDPLUG_E_TIMEOUT ? ddplug_request_test(q, &done) : DDPLUG_OK;
       if (w != DDPLUG_E_TIMEOUT || t != DDPLUG_OK || done) {
@@ -303,23 +308,10 @@ static void timeout(p2p_env *e) {
                  w == DDPLUG_E_TIMEOUT ? " but request_test says it is not pending" : "");
         bad = 1;
       }
-      if (!bad || w == DDPLUG_E_TIMEOUT) {
-        s = ddplug_send(e->ctx, go, 1, e->dt, 0, 0, NULL, WAIT_MS);
-        if (!s) s = ddplug_request_wait(q, WAIT_MS);
-        if (!s && !bad && unpattern(b, SMALL * e->es, 70, why, sizeof why)) bad = 1;
-        if (s)
-          snprintf(why, sizeof why, "after the timeout: %s: %s", ddplug_status_name(s),
-                   cf_error(e->ctx));
-      }
-      ddplug_request_free(q);
+      ddplug_request_free(q); /* pending: ends the run */
     }
-  } else if (r->rank == 0) {
-    s = ddplug_recv(e->ctx, go, 1, e->dt, 1, 0, NULL, WAIT_MS, NULL);
-    pattern(b, SMALL * e->es, 70);
-    if (!s) s = ddplug_send(e->ctx, b, SMALL, e->dt, 1, 0, NULL, WAIT_MS);
-    if (s) snprintf(why, sizeof why, "%s: %s", ddplug_status_name(s), cf_error(e->ctx));
   }
-  if (s) e->dead = 1;
+  e->dead = 1;
   cf_report(r, "p2p.timeout", P2P_SLOTS | CF_BIT(request_test),
             s || bad ? CF_FAIL : CF_PASS, T, "%s", why);
 }

@@ -106,7 +106,7 @@ static int wait_request(ddcpu_group *g, ddcpu_req *r, int64_t timeout_ms) {
   ddcpu_hs_missing(g, r->k, why, sizeof why);
   return ddcpu_err(DDPLUG_E_TIMEOUT,
                    "collective #%llu %s on rank %d did not complete within %lld ms: "
-                   "%s (the request is still pending; wait again or abort)",
+                   "%s (the request is still pending)",
                    (unsigned long long)r->args.seq, d, g->rank,
                    (long long)DDCPU_MAX(timeout_ms, 0), why);
 }

@@ -230,7 +230,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   }
   if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
-    ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", req->what,
+    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", req->what,
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_capture_error(ctx, s);
   }

@@ -16,8 +16,10 @@ The group needs a ddplug context whose rank and world size are the group's:
   ``MASTER_ADDR``/``MASTER_PORT`` (or ``init_method``, or ``store=``) has to be
   set. (A port is picked by binding port 0 and released before libddplug
   binds it; another process taking it in between fails rank 0's open with a
-  clear error.) A ``timeout`` other than torch's default becomes the
-  collective timeout. Without a plugin named in the config, a process that
+  clear error.) The collective timeout is torch's: the ``timeout=`` given,
+  else the config's ``timeouts.collective_s`` where set, else torch's default
+  for CPU backends (30 minutes); a dead peer is still found at once
+  (liveness), not by the timeout. Without a plugin named in the config, a process that
   sees a CUDA device uses ``nccl``, else the config's default (``cpu``).
 
 A context the backend opened is the process's current one (``ddplug.run_once``
@@ -90,7 +92,7 @@ def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.
         elif members or not cfg.is_set("rendezvous.port"):
             addr = cfg.get_str("rendezvous.addr") if cfg.is_set("rendezvous.addr") else None
             rendezvous = _exchange(store, rank, addr, group)
-        coll_s = timeout.total_seconds() if timeout is not None and _explicit(timeout) else None
+        coll_s = _collective_timeout_s(timeout, cfg)
         if parent is not None and not parent.closed:
             plugin = parent.plugin["path"] or parent.plugin["name"]  # a subgroup runs on its parent's plugin
         else:
@@ -105,12 +107,19 @@ def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.
         cfg.close()
 
 
-def _explicit(timeout: datetime.timedelta) -> bool:
-    """Whether torch's timeout is the user's (not torch's default, which would
-    replace ddplug's configured collective timeout by 30 minutes)."""
+def _collective_timeout_s(timeout: Optional[datetime.timedelta], cfg: Any) -> Optional[float]:
+    """The group's collective timeout, as torch means it: the ``timeout=`` the
+    user gave init_process_group / new_group (0 is 0: every wait times out at
+    once — ddplug's shortest, 1 ms); without one (torch passes its default),
+    the config's ``timeouts.collective_s`` where the config sets it, else
+    torch's default for CPU backends (30 minutes). None: the config's."""
     from torch.distributed.constants import default_pg_timeout
 
-    return timeout != default_pg_timeout and timeout.total_seconds() > 0
+    if timeout is not None and timeout != default_pg_timeout:
+        return max(timeout.total_seconds(), 0.001)
+    if cfg.is_set("timeouts.collective_s"):
+        return None
+    return default_pg_timeout.total_seconds()
 
 
 def _cuda_visible() -> bool:

@@ -26,6 +26,12 @@ from .nn import functional
 from .nn.gradsync import GradientSync, check_parameters_equal
 
 
+# Where Lightning keeps rank_zero_only's rank, in the unified package and in the
+# standalone ones (pytorch_lightning, lightning_fabric).
+_RANK_ZERO_MODULES = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero",
+                      "lightning_fabric.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero")
+
+
 class DdplugParallel:
     """Mixin: needs ``parallel_devices``, ``cluster_environment``, ``local_rank``,
     ``node_rank``, ``global_rank`` and ``world_size`` from ParallelStrategy."""
@@ -96,13 +102,13 @@ class DdplugParallel:
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rz
         from lightning_utilities.core.rank_zero import rank_zero_only as utils_rz
 
-        fabric_rz.rank = utils_rz.rank = self.global_rank
-        pl_rz = sys.modules.get("lightning.pytorch.utilities.rank_zero")
-        if pl_rz is not None:
-            pl_rz.rank_zero_only.rank = self.global_rank
+        utils_rz.rank = self.global_rank
+        for spelling in _RANK_ZERO_MODULES:  # both spellings of Lightning, where imported
+            mod = sys.modules.get(spelling)
+            if mod is not None:
+                mod.rank_zero_only.rank = self.global_rank
 
     def _open_context(self, framework: str) -> Context:
         """Join the run (once; later runs of the same strategy reuse it)."""

@@ -34,6 +34,7 @@ import atexit
 import datetime
 import os
 import socket
+import sys
 import threading
 import weakref
 from typing import Any, Optional
@@ -68,7 +69,15 @@ def create(opts: Any, backend_options: Any = None) -> ProcessGroupDdplug:
                 f"rank {ctx.rank}")
         return ProcessGroupDdplug(ctx, owned=False)
     parent = current() if not default else None
+    foreign = _foreign_strategy() if default else None
     ctx = open_for_group(store, rank, size, opts.timeout, members, parent, str(getattr(opts, "group_id", "")))
+    if foreign and rank == 0:
+        from .._c import _logbridge
+
+        _logbridge.report(
+            f"ddplug: the torch.distributed backend \"ddplug\" runs under {foreign}, not ddplug's strategy:"
+            " Lightning splits the data itself (its DistributedSampler, around any sampler the loader has) and"
+            " ddplug's data-split ownership and audit are off; for them, use strategy=\"ddplug\"")
     pg = ProcessGroupDdplug(ctx, owned=True)
     if default and current() is None:
         set_current(ctx)
@@ -120,6 +129,25 @@ def _collective_timeout_s(timeout: Optional[datetime.timedelta], cfg: Any) -> Op
     if cfg.is_set("timeouts.collective_s"):
         return None
     return default_pg_timeout.total_seconds()
+
+
+def _foreign_strategy() -> Optional[str]:
+    """The Lightning strategy (not ddplug's) initialising torch.distributed
+    with backend "ddplug" — DDPStrategy(process_group_backend="ddplug") —
+    found among the callers' frames; None otherwise."""
+    f = sys._getframe(1)
+    for _ in range(48):
+        if f is None:
+            break
+        obj = f.f_locals.get("self")
+        mod = type(obj).__module__ if obj is not None else ""
+        if mod.split(".")[0] in _LIGHTNING and ".strategies" in mod:
+            return f"Lightning's {type(obj).__name__} ({mod})"
+        f = f.f_back
+    return None
+
+
+_LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 
 
 def _cuda_visible() -> bool:

@@ -217,6 +217,17 @@ def test_torchs_timeout_semantics_for_the_group() -> None:
         configured.close()
 
 
+def test_the_torch_autoload_entry_point_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch turns an exception of a torch.backends entry point into a failing
+    `import torch`; ddplug's warns instead (the entry point itself is tested
+    where it exists: the installed wheel, tests/wheel/test-wheel.sh)."""
+    import ddplug._autoload as autoload
+
+    monkeypatch.setitem(sys.modules, "ddplug", None)  # `import ddplug` now fails
+    with pytest.warns(RuntimeWarning, match="could not register the torch.distributed backend"):
+        autoload.autoload()
+
+
 def test_the_plain_pytorch_example_runs(out: Path) -> None:
     """examples/pytorch/train.py, as the README shows it (torchrun-style ranks)."""
     from conftest import ROOT

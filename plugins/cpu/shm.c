@@ -209,8 +209,8 @@ int ddcpu_shm_attach(ddcpu_shm *s, const char *name, const ddcpu_shm_params *p) 
   s->fd = -1;
   snprintf(s->name, sizeof s->name, "%s", name);
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0)
-    return ddcpu_err_errno(DDPLUG_E_SYSTEM, errno,
+  if (fd < 0) /* NOT_FOUND: its creator removed it (setup_shm says why) */
+    return ddcpu_err_errno(errno == ENOENT ? DDPLUG_E_NOT_FOUND : DDPLUG_E_SYSTEM, errno,
                            "cannot open the node's shared memory %s", name);
   struct stat stt;
   if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(ddcpu_shm_hdr)) {

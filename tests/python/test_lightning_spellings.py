@@ -24,9 +24,12 @@ AUDIT = {"data_split": {"audit": "every_epoch", "on_violation": "error"}}
 @pytest.mark.parametrize("n,world", [(961, 2), (1000, 3)])
 def test_gpt_sovits_setup_pads_like_torch_without_a_declaration(out: Path, n: int, world: int) -> None:
     run = run_script("sovits_pl.py", "--n", str(n), "--devices", str(world), out_dir=out,
-                     env={"DDPLUG_CONFIG": config(**AUDIT)}).ok()
+                     env={"DDPLUG_CONFIG": config(**AUDIT), "DDPLUG_SECRET": ""}).ok()
     pad = world * math.ceil(n / world) - n
-    for r in run.ranks(world):
+    ranks = run.ranks(world)
+    # Lightning's launcher started the ranks: they share a per-run secret it did not have
+    assert ranks[0]["secret"] and all(r["secret"] == ranks[0]["secret"] for r in ranks), ranks
+    for r in ranks:
         assert "error" not in r, r.get("traceback")
         assert r["strategy"] == "ddplug.pytorch_lightning.DdplugStrategy"
         assert "owner user" in r["owner_line"] and "DistributedBucketSampler" in r["owner_line"]
@@ -65,8 +68,9 @@ def test_lightnings_ddp_strategy_with_the_ddplug_backend_says_so_once(out: Path)
 
 
 def test_standalone_lightning_fabric_by_name(out: Path) -> None:
-    run = run_script("fabric_pl.py", out_dir=out).ok()
+    run = run_script("fabric_pl.py", out_dir=out, env={"DDPLUG_SECRET": ""}).ok()
     ranks = run.ranks(2)
+    assert ranks[0]["secret"] and ranks[1]["secret"] == ranks[0]["secret"], "Fabric's launcher passed a secret on"
     for r in ranks:
         assert r["strategy"] == "ddplug.lightning_fabric.DdplugStrategy"
         assert r["sum"] == 3.0

@@ -95,6 +95,32 @@ class DdplugParallel:
         """{stream name: StreamBatchSampler} of the managed DataLoaders."""
         return dict(self._data.streams) if self._data is not None else {}
 
+    # ---- the launcher's secret ---------------------------------------------------
+    def _secret_for_launched_ranks(self) -> None:
+        """Before Lightning's (or Fabric's) launcher starts this node's other
+        ranks from this process: put a fresh per-run secret in the config's
+        ``rendezvous.secret_env`` variable (DDPLUG_SECRET) unless one is set, so
+        the children inherit it and the rendezvous store refuses outsiders (a
+        local process could otherwise forge an abort). Not with several nodes:
+        each node's launcher would make its own — set the same secret on every
+        node (README, "Secrets"); nor when something else starts the processes
+        (torchrun, SLURM: they bring their own environment)."""
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally or self.num_nodes > 1 or self.num_processes < 2:
+            return
+        import os
+        import secrets
+
+        from .config import load
+
+        cfg = load(self._config_source)
+        try:
+            var = cfg.get("rendezvous.secret_env", "DDPLUG_SECRET") or "DDPLUG_SECRET"
+        finally:
+            cfg.close()
+        if not os.environ.get(var):
+            os.environ[var] = secrets.token_hex(32)
+
     # ---- ranks and the context -------------------------------------------------
     def _assign_world_ranks(self) -> None:
         """Global rank and world size from node rank, local rank and processes per

@@ -1,9 +1,10 @@
 """The standalone lightning_fabric package with strategy="ddplug" by name (after
 `import ddplug`): a module set up, a few steps on a loader split by ddplug,
-Fabric's all_reduce. Each rank writes $DDPLUG_TEST_OUT/rank<r>.json."""
+Fabric's all_reduce, and the per-run secret the launcher passed on. Each rank writes $DDPLUG_TEST_OUT/rank<r>.json."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -30,7 +31,9 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
     total = fabric.all_reduce(torch.tensor([float(fabric.global_rank + 1)]), reduce_op="sum")
+    secret = os.environ.get("DDPLUG_SECRET", "")
     out = {"strategy": f"{type(fabric.strategy).__module__}.{type(fabric.strategy).__name__}",
+           "secret": hashlib.sha256(secret.encode()).hexdigest()[:16] if secret else "",
            "seen": seen, "sum": float(total), "params": [p.detach().flatten().tolist() for p in model.parameters()]}
     with open(os.path.join(os.environ["DDPLUG_TEST_OUT"], f"rank{fabric.global_rank}.json"), "w") as f:
         json.dump(out, f)

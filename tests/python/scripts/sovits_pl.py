@@ -18,6 +18,7 @@ ddp         pytorch_lightning's own DDPStrategy(process_group_backend="ddplug")
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -152,6 +153,8 @@ def main() -> None:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
     result["rank"] = trainer.global_rank
+    secret = os.environ.get("DDPLUG_SECRET", "")
+    result["secret"] = hashlib.sha256(secret.encode()).hexdigest()[:16] if secret else ""
     result["seen"] = model.seen
     streams = getattr(trainer.strategy, "streams", {})
     if "train" in streams:

@@ -25,6 +25,12 @@ typedef struct layout {
   int nodes; /* simulated nodes: rank r is on node r % nodes */
 } layout;
 
+/* world ranks running fn, on `nodes` simulated nodes; every rank must pass. */
+static void in_layout(int world, int nodes, dt_rank_fn fn, int timeout_s) {
+  layout l = {nodes};
+  CHECK_EQ_INT(dt_run_ranks(world, fn, &l, NULL, timeout_s, NULL), 0);
+}
+
 static ddplug_context *open_rank(int rank, int nodes, int coll_s) {
   char json[256];
   snprintf(json, sizeof json,
@@ -99,15 +105,9 @@ static void pairs_rank(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(p2p_every_pair_one_node_3_ranks, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(3, pairs_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_every_pair_one_node_3_ranks, 60) { in_layout(3, 1, pairs_rank, 60); }
 
-TEST_T(p2p_every_pair_two_nodes_2_ranks_each, 60) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(4, pairs_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_every_pair_two_nodes_2_ranks_each, 60) { in_layout(4, 2, pairs_rank, 60); }
 
 /* ---- order within a tag, tags out of order, any source -------------------------- */
 
@@ -174,15 +174,9 @@ static void order_rank(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(p2p_order_per_tag_tags_and_any_source_one_node, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(3, order_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_order_per_tag_tags_and_any_source_one_node, 60) { in_layout(3, 1, order_rank, 60); }
 
-TEST_T(p2p_order_per_tag_tags_and_any_source_two_nodes, 60) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(4, order_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_order_per_tag_tags_and_any_source_two_nodes, 60) { in_layout(4, 2, order_rank, 60); }
 
 /* ---- large messages both ways at once, zero count -------------------------------- */
 
@@ -217,15 +211,9 @@ static void large_rank(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(p2p_large_both_ways_and_zero_count_one_node, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(2, large_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_large_both_ways_and_zero_count_one_node, 60) { in_layout(2, 1, large_rank, 60); }
 
-TEST_T(p2p_large_both_ways_and_zero_count_two_nodes, 90) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(4, large_rank, &l, NULL, 90, NULL), 0);
-}
+TEST_T(p2p_large_both_ways_and_zero_count_two_nodes, 90) { in_layout(4, 2, large_rank, 90); }
 
 /* ---- mismatches, refused arguments -------------------------------------------------- */
 
@@ -286,15 +274,9 @@ static void mismatch_rank(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(p2p_count_mismatch_and_refused_arguments_one_node, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(2, mismatch_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_count_mismatch_and_refused_arguments_one_node, 60) { in_layout(2, 1, mismatch_rank, 60); }
 
-TEST_T(p2p_count_mismatch_two_nodes, 60) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(2, mismatch_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_count_mismatch_two_nodes, 60) { in_layout(2, 2, mismatch_rank, 60); }
 
 /* ---- timeouts ------------------------------------------------------------------------ */
 
@@ -336,15 +318,9 @@ static void timeout_rank(int rank, int world, void *arg) {
   ddplug_close(ctx);
 }
 
-TEST_T(p2p_receive_times_out_and_stays_pending, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(2, timeout_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_receive_times_out_and_stays_pending, 60) { in_layout(2, 1, timeout_rank, 60); }
 
-TEST_T(p2p_receive_times_out_two_nodes, 60) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(2, timeout_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_receive_times_out_two_nodes, 60) { in_layout(2, 2, timeout_rank, 60); }
 
 /* ---- a dead peer ------------------------------------------------------------------------ */
 
@@ -410,15 +386,9 @@ static void beside_rank(int rank, int world, void *arg) {
   free(in);
 }
 
-TEST_T(p2p_beside_a_collective_and_pending_at_close, 60) {
-  layout l = {1};
-  CHECK_EQ_INT(dt_run_ranks(3, beside_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_beside_a_collective_and_pending_at_close, 60) { in_layout(3, 1, beside_rank, 60); }
 
-TEST_T(p2p_beside_a_collective_two_nodes, 60) {
-  layout l = {2};
-  CHECK_EQ_INT(dt_run_ranks(4, beside_rank, &l, NULL, 60, NULL), 0);
-}
+TEST_T(p2p_beside_a_collective_two_nodes, 60) { in_layout(4, 2, beside_rank, 60); }
 
 /* ---- a plugin without point-to-point ------------------------------------------------------------ */
 

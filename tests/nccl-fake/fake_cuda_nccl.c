@@ -675,6 +675,17 @@ const char *ncclGetLastError(ncclComm_t comm) {
   return "fake NCCL: see the test";
 }
 
+/* Under mu: a call while the previous one is still ncclInProgress, which
+ * NCCL refuses; counted, and mu released. */
+static int misused(ncclComm_t comm) {
+  if (comm_state(comm, 0) != ncclInProgress) return 0;
+  misuses++;
+  pthread_mutex_unlock(&mu);
+  fprintf(stderr, "fake nccl: rank %d used its communicator before the "
+                  "previous operation returned ncclSuccess\n", comm->rank);
+  return 1;
+}
+
 /* Queues this rank's part of collective number comm->seq. */
 static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count,
                             ncclDataType_t dt, ncclRedOp_t op, int root,
@@ -683,13 +694,7 @@ static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count
   size_t es = dt_size(dt);
   size_t rbytes = (kind == 2 ? count * (size_t)comm->cl->nranks : count) * es;
   pthread_mutex_lock(&mu);
-  if (comm_state(comm, 0) == ncclInProgress) {
-    misuses++;
-    pthread_mutex_unlock(&mu);
-    fprintf(stderr, "fake nccl: rank %d used its communicator before the "
-                    "previous operation returned ncclSuccess\n", comm->rank);
-    return ncclInvalidUsage;
-  }
+  if (misused(comm)) return ncclInvalidUsage;
   int sends = kind != 1 || comm->rank == root;
   if ((sends && count && !is_device(send, count * es, comm->dev)) ||
       (count && !is_device(recv, rbytes, comm->dev))) {
@@ -785,13 +790,7 @@ static ncclResult_t p2p(int send, void *buf, size_t count, ncclDataType_t dt, in
   if (!comm || peer < 0 || peer >= comm->cl->nranks || peer == comm->rank)
     return ncclInvalidArgument;
   pthread_mutex_lock(&mu);
-  if (comm_state(comm, 0) == ncclInProgress) {
-    misuses++;
-    pthread_mutex_unlock(&mu);
-    fprintf(stderr, "fake nccl: rank %d used its communicator before the "
-                    "previous operation returned ncclSuccess\n", comm->rank);
-    return ncclInvalidUsage;
-  }
+  if (misused(comm)) return ncclInvalidUsage;
   if (count && !is_device(buf, count * dt_size(dt), comm->dev)) {
     pthread_mutex_unlock(&mu);
     fprintf(stderr, "fake nccl: rank %d passed a %s buffer that is not device "

@@ -94,22 +94,43 @@ void ddplug__end_run_if_broken(ddplug_context *ctx, int s) {
   ddplug__set_last_error(msg);
 }
 
-static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
-                 ddplug_request **out) {
+int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out) {
+  ddplug_request *req = ddplug__calloc(1, sizeof *req);
+  if (!req) return ddplug__ctx_capture_error(
+      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  req->ctx = ctx;
+  *out = req;
+  return DDPLUG_OK;
+}
+
+int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
+                                 const char *slot) {
+  ddplug__free(req);
+  int run = ddplug__ctx_check(ctx);
+  if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
+  ddplug__plugin_err_take(ctx, s, slot);
+  return s;
+}
+
+int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out) {
   if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
   if (!out) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                                      "%s: req must not be NULL", fn));
   int s = ddplug__ctx_check(ctx);
-  if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
+  return s != DDPLUG_OK ? ddplug__ctx_capture_error(ctx, s) : DDPLUG_OK;
+}
+
+static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
+                 ddplug_request **out) {
+  int s = ddplug__start_check(ctx, fn, out);
+  if (s != DDPLUG_OK) return s;
   s = validate(ctx, a, fn);
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
-  ddplug_request *req = ddplug__calloc(1, sizeof *req);
-  if (!req) return ddplug__ctx_capture_error(
-      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  ddplug_request *req = NULL;
+  if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) return s;
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->seq = ctx->seq + 1;
-  req->ctx = ctx;
   req->seq = a->seq;
   req->kind = a->kind;
   if (a->kind == DDPLUG_COLL_BARRIER)
@@ -123,10 +144,7 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
-    ddplug__free(req);
-    int run = ddplug__ctx_check(ctx);
-    if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
-    ddplug__plugin_err_take(ctx, s, "collective_start");
+    if (ddplug__request_start_failed(ctx, req, s, "collective_start") != s) return s;
     ddplug__end_run_if_broken(ctx, s);
     return ddplug__ctx_capture_error(ctx, s);
   }

@@ -256,6 +256,16 @@ struct ddplug_request {
  * context; the plugin's side of finished ones is freed now, of pending ones
  * by group_destroy. Freeing a request later frees only its wrapper. */
 void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group);
+/* The checks every start makes first (ctx and out given, the run still
+ * going): OK, or the status with ctx's last error set. */
+int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out);
+/* A zeroed request of ctx into *out (NO_MEMORY naming fn). */
+int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out);
+/* The plugin's start slot failed with s: free req; the run's status when
+ * the run has ended meanwhile (ctx's last error set), else s with the
+ * plugin's explanation (or one naming slot) as the last error. */
+int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
+                                 const char *slot);
 /* Add a started request to ctx's live list (freed or orphaned later). */
 void ddplug__request_link(ddplug_context *ctx, struct ddplug_request *req);
 /* After a blocking call's wait failed with s: a caller error or a mismatch

@@ -58,18 +58,13 @@ static int validate(ddplug_context *ctx, const ddplug_p2p_args *a, const char *f
 }
 
 static int start(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn, ddplug_request **out) {
-  if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
-  if (!out) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                                                     "%s: req must not be NULL", fn));
-  int s = ddplug__ctx_check(ctx);
-  if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
+  int s = ddplug__start_check(ctx, fn, out);
+  if (s != DDPLUG_OK) return s;
   s = validate(ctx, a, fn);
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
-  ddplug_request *req = ddplug__calloc(1, sizeof *req);
-  if (!req) return ddplug__ctx_capture_error(
-      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  ddplug_request *req = NULL;
+  if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) return s;
   const int recv = a->kind == DDPLUG_P2P_RECV;
-  req->ctx = ctx;
   req->kind = recv ? DDPLUG__REQ_RECV : DDPLUG__REQ_SEND;
   req->source = -1;
   char peer[32];
@@ -84,10 +79,7 @@ static int start(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn, ddplug
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.p2p_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
-    ddplug__free(req);
-    int run = ddplug__ctx_check(ctx);
-    if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
-    ddplug__plugin_err_take(ctx, s, "p2p_start");
+    if (ddplug__request_start_failed(ctx, req, s, "p2p_start") != s) return s;
     ddplug__err_prefix(s, "%s", fn);
     ddplug__end_run_if_broken(ctx, s);
     return ddplug__ctx_capture_error(ctx, s);

@@ -319,17 +319,22 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
  * did not complete leaves the group unusable: abort the run with the reason. */
 static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                         int64_t timeout_ms) {
-  if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT && timeout_ms <= 0)
-    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                                             "%s: timeout %lld ms: a blocking collective "
-                                             "needs a positive timeout or "
-                                             "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
-                                             "and ddplug_request_test)",
-                                             fn, (long long)timeout_ms));
+  if (ddplug__blocking_timeout_check(ctx, fn, timeout_ms, "collective") != DDPLUG_OK)
+    return DDPLUG_E_INVALID_ARGUMENT;
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
   return ddplug__request_finish_blocking(ctx, req, ddplug_request_wait(req, timeout_ms));
+}
+
+int ddplug__blocking_timeout_check(ddplug_context *ctx, const char *fn, int64_t timeout_ms,
+                                   const char *what) {
+  if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT || timeout_ms > 0) return DDPLUG_OK;
+  return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                                           "%s: timeout %lld ms: a blocking %s needs a positive "
+                                           "timeout or DDPLUG_TIMEOUT_DEFAULT (to poll, use the "
+                                           "i-form and ddplug_request_test)",
+                                           fn, (long long)timeout_ms, what));
 }
 
 int ddplug__request_finish_blocking(ddplug_context *ctx, ddplug_request *req, int s) {

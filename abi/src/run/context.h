@@ -272,6 +272,10 @@ void ddplug__request_link(ddplug_context *ctx, struct ddplug_request *req);
  * leaves the run going; anything else ends it on every rank, with this
  * rank's last error as the reason. */
 void ddplug__end_run_if_broken(ddplug_context *ctx, int s);
+/* A blocking call's timeout: > 0 or DDPLUG_TIMEOUT_DEFAULT; otherwise
+ * INVALID_ARGUMENT naming fn and what ("collective", "send or receive"). */
+int ddplug__blocking_timeout_check(ddplug_context *ctx, const char *fn, int64_t timeout_ms,
+                                   const char *what);
 /* A blocking call's end: free req, keeping the wait's last error. */
 int ddplug__request_finish_blocking(ddplug_context *ctx, struct ddplug_request *req, int s);
 

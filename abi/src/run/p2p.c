@@ -106,12 +106,8 @@ static ddplug_p2p_args make_args(int kind, const void *buf, uint64_t count, int 
 
 static int run_blocking(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn,
                         int64_t timeout_ms, int *source) {
-  if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT && timeout_ms <= 0)
-    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                                             "%s: timeout %lld ms: a blocking send or receive "
-                                             "needs a positive timeout or DDPLUG_TIMEOUT_DEFAULT "
-                                             "(to poll, use the i-form and ddplug_request_test)",
-                                             fn, (long long)timeout_ms));
+  if (ddplug__blocking_timeout_check(ctx, fn, timeout_ms, "send or receive") != DDPLUG_OK)
+    return DDPLUG_E_INVALID_ARGUMENT;
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;

@@ -516,7 +516,7 @@ static int progress_stream(fk_stream *s) {
           fk_msg *m = op->part[i];
           if (!m->done && m->send_posted && m->recv_posted && m->send_dt == m->recv_dt &&
               m->send_count == m->recv_count) {
-            memcpy(m->recv, m->send, m->send_count * dt_size(m->send_dt));
+            if (m->send_count) memcpy(m->recv, m->send, m->send_count * dt_size(m->send_dt));
             m->done = 1;
             completed++;
           }

@@ -2,7 +2,7 @@
 """torch_backend_perf.py — ``torch.distributed.all_reduce`` on the "ddplug"
 backend and on gloo, side by side in one run, with ddplug's own Python path
 (``ddplug.Context.allreduce``, no torch.distributed) as the reference the
-backend should reach.
+backend should reach; and ``send``/``recv`` on both backends in the same run.
 
     .venv/bin/python bench/torch_backend_perf.py [-n 2] [-b 8] [-e 64M] [--repeat 3] [--json FILE]
     .venv/bin/python bench/torch_backend_perf.py --profile      # where an 8-byte call's time goes
@@ -16,6 +16,14 @@ on the group's own context; destroys it; initialises gloo and times
 slowest rank's mean time per call is kept, and the best of the repeats
 (the machine is shared: the minimum is the least disturbed run). Prints one
 table and, with --json, writes it.
+
+Point-to-point (--p2p-sizes, default 8 B and 16 MiB; ranks 0 and 1): a
+ping-pong of ``dist.send``/``dist.recv`` (rank 0 sends, rank 1 sends it back),
+one-way time = half a round trip, on ddplug and on gloo; beside it, on ddplug,
+a 16 MiB ``dist.broadcast`` from rank 0, whose bus bandwidth (bytes / time) is
+what moving 16 MiB between ranks costs the plugin's collectives: a second
+table compares the two (goals: 8 B at most 10 us one way, 16 MiB at least
+80 % of the broadcast's bandwidth).
 
 --profile (8 bytes, one backend): the layers of one call, each timed the same
 way — the C call through ctypes, ddplug's Python path, the backend's
@@ -117,8 +125,82 @@ def worker(a: argparse.Namespace) -> None:
                         row["wrong"] += 1
             dist.destroy_process_group()
     out["rows"] = list(rows.values())
+    out["p2p"] = p2p_rows(a, rank, ws, store, timed)
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+
+
+def p2p_rows(a: argparse.Namespace, rank: int, ws: int, store, timed) -> list:
+    """send/recv one-way times (µs) per size and backend, and on ddplug the
+    broadcast of the largest size (the bandwidth anchor): see the module doc."""
+    import torch
+    import torch.distributed as dist
+
+    sizes = [parse_size(x) for x in a.p2p_sizes.split(",") if x]
+    rows = {n: {"size": n, "wrong": 0} for n in sizes}
+    for rep in range(a.repeat):
+        for backend in ("ddplug", "gloo"):
+            dist.init_process_group(backend, store=dist.PrefixStore(f"p2p-{backend}/{rep}", store), rank=rank,
+                                    world_size=ws)
+            for nbytes in sizes:
+                t = torch.full((max(1, nbytes // 4),), float(rank))
+
+                def pingpong() -> None:
+                    if rank == 0:
+                        dist.send(t, 1)
+                        dist.recv(t, 1)
+                    elif rank == 1:
+                        dist.recv(t, 0)
+                        dist.send(t, 0)
+
+                sec, k = timed(pingpong)
+                row = rows[nbytes]
+                row[backend] = min(row.get(backend, float("inf")), sec / 2 * 1e6)
+                row[f"{backend}_calls"] = k
+                if rank < 2:  # one checked round: rank 1 sends back what it got
+                    t.fill_(float(rank))
+                    pingpong()
+                    if not bool((t == 0.0).all()):
+                        row["wrong"] += 1
+            if backend == "ddplug" and sizes:
+                big = torch.full((max(1, sizes[-1] // 4),), float(rank))
+                sec, _ = timed(lambda: dist.broadcast(big, src=0))
+                rows[sizes[-1]]["bcast"] = min(rows[sizes[-1]].get("bcast", float("inf")), sec * 1e6)
+            dist.destroy_process_group()
+    return list(rows.values())
+
+
+def print_p2p(per_rank: list, n: int, plugin: str) -> list:
+    """The point-to-point table (the slowest rank's time per size) and its goals."""
+    rows = []
+    for i, row in enumerate(per_rank[0]):
+        merged = dict(row)
+        for col in ("ddplug", "gloo", "bcast"):
+            if col in row:
+                merged[col] = max(pr[i][col] for pr in per_rank)
+        merged["wrong"] = sum(pr[i]["wrong"] for pr in per_rank)
+        rows.append(merged)
+    print(f"\ntorch.distributed.send/recv (one way: half a ping-pong between ranks 0 and 1), float32, {n} ranks,"
+          f" plugin {plugin}\n")
+    print(f"| {'size':>8} | {'ddplug us':>10} | {'gloo us':>10} | {'gloo / ddplug':>13} | {'ddplug GB/s':>11} |"
+          f" {'wrong':>5} |")
+    print(f"|{'-' * 10}|{'-' * 12}|{'-' * 12}|{'-' * 15}|{'-' * 13}|{'-' * 7}|")
+    for r in rows:
+        r["ddplug_gbs"] = r["size"] / (r["ddplug"] * 1e-6) / 1e9
+        print(f"| {human(r['size']):>8} | {r['ddplug']:10.1f} | {r['gloo']:10.1f} |"
+              f" {r['gloo'] / r['ddplug']:12.1f}x | {r['ddplug_gbs']:11.2f} | {r['wrong']:5d} |")
+    print("\ngoals (send/recv):")
+    small = next((r for r in rows if r["size"] == 8), None)
+    if small:
+        print(f"  8 B at most 10 us one way: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
+    big = rows[-1] if rows and "bcast" in rows[-1] else None
+    if big:
+        bcast_gbs = big["size"] / (big["bcast"] * 1e-6) / 1e9
+        share = big["ddplug_gbs"] / bcast_gbs
+        big["bcast_busbw_gbs"], big["share_of_bcast"] = bcast_gbs, share
+        print(f"  {human(big['size'])} at least 80 % of the plugin's broadcast bus bandwidth ({bcast_gbs:.2f} GB/s):"
+              f" {big['ddplug_gbs']:.2f} GB/s = {100 * share:.0f} % -> {'met' if share >= 0.8 else 'NOT met'}")
+    return rows
 
 
 def profile(a: argparse.Namespace) -> None:
@@ -207,6 +289,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of every size; the best is kept")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per size, backend and run")
     ap.add_argument("--json", default=None, help="also write the table here")
+    ap.add_argument("--p2p-sizes", default="8,16M", help="send/recv sizes (comma-separated; the last is also"
+                    " the broadcast anchor; empty: none)")
     ap.add_argument("--profile", action="store_true", help="break an 8-byte call down into its layers")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -228,7 +312,8 @@ def main() -> None:
         e = dict(env, RANK=str(r), WORLD_SIZE=str(a.n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(a.n),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, __file__, "--worker", "--out", tmp, "-b", a.b, "-e", a.e, "-f", a.f,
-               "--repeat", str(a.repeat), "--budget", str(a.budget)] + (["--profile"] if a.profile else [])
+               "--repeat", str(a.repeat), "--budget", str(a.budget), "--p2p-sizes", a.p2p_sizes] \
+            + (["--profile"] if a.profile else [])
         procs.append(subprocess.Popen(cmd, env=e))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -268,10 +353,11 @@ def main() -> None:
               f" {100 * (worst['vs_own'] - 1):+.1f} % -> {'met' if worst['vs_own'] <= 1.05 else 'NOT met'}")
     if small:
         print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
+    p2p = print_p2p([res["p2p"] for res in results], a.n, plugin) if a.n >= 2 and results[0]["p2p"] else []
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows}, f,
-                      indent=2)
+            json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows,
+                       "p2p": p2p}, f, indent=2)
 
 
 if __name__ == "__main__":

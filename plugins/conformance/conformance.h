@@ -17,6 +17,9 @@
  *   faults.c    abort from another thread, a killed rank, mismatched
  *               collectives, failure in group_create
  *   sampler.c   the plugin's sampler slots
+ *   p2p.c       point-to-point: order per tag, tags, any source, zero
+ *               count, count mismatch, self refused, a receive that times
+ *               out, a dead peer; UNSUPPORTED without the slot
  *   fault/      the wrapper plugin that makes one rank's group_create fail
  *               (or die) on purpose
  * A scenario runs in fresh rank processes (each opens its own context with
@@ -126,6 +129,12 @@ const char *cf_error(ddplug_context *ctx);
  * failing status (the context is then aborted) with why. */
 int cf_coll_once(ddplug_context *ctx, int rank, int world, int kind, int dtype, int op, int root,
                  uint64_t count, int inplace, char *why, size_t cap);
+/* faults.c, for every scenario: the dtype checks use (float32 where the
+ * plugin has it); whether text names "rank <rank>"; whether the plugin
+ * takes host buffers (else the row id is reported skipped, and 0). */
+int cf_first_dtype(const ddplug_plugin_info *in);
+int cf_mentions_rank(const char *text, int rank);
+int cf_need_host_memory(cf_rank *r, const char *id, const char *title);
 /* Monotonic seconds. */
 double cf_now(void);
 void cf_sleep_ms(int ms);
@@ -187,6 +196,8 @@ void cf_mismatch_rank(cf_rank *r);
 void cf_create_fails_rank(cf_rank *r);
 void cf_create_dies_rank(cf_rank *r);
 void cf_sampler_rank(cf_rank *r);      /* sampler.c         */
+void cf_p2p_rank(cf_rank *r);          /* p2p.c             */
+void cf_p2p_dead_rank(cf_rank *r);
 
 /* ---- values.c ------------------------------------------------------------ */
 /* Element i of rank r's input for op (0 = broadcast/allgather data). */

@@ -23,7 +23,8 @@
 #define PROMPT_S ((double)r->plan->fault_timeout_s / 3.0)
 #define COUNT 1031
 
-static int first_dtype(const ddplug_plugin_info *in) {
+/* See conformance.h. */
+int cf_first_dtype(const ddplug_plugin_info *in) {
   if (in->dtype_mask & DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32)) return DDPLUG_FLOAT32;
   for (int d = 1; d < DDPLUG_DTYPE_COUNT_; d++)
     if (in->dtype_mask & DDPLUG_DTYPE_BIT(d)) return d;
@@ -39,12 +40,13 @@ static int first_op(const ddplug_plugin_info *in, int dt) {
 
 /* A checked allreduce with the suite's values. */
 static int allreduce(cf_rank *r, ddplug_context *ctx, char *why, size_t cap) {
-  int dt = first_dtype(&r->plan->info);
+  int dt = cf_first_dtype(&r->plan->info);
   return cf_coll_once(ctx, r->rank, r->world, DDPLUG_COLL_ALLREDUCE, dt,
                       first_op(&r->plan->info, dt), 0, COUNT, 0, why, cap);
 }
 
-static int mentions_rank(const char *text, int rank) {
+/* See conformance.h. */
+int cf_mentions_rank(const char *text, int rank) {
   char needle[32];
   snprintf(needle, sizeof needle, "rank %d", rank);
   const char *p = text;
@@ -64,7 +66,8 @@ static int open_or_report(cf_rank *r, const char *id, ddplug_context **ctx) {
   return s;
 }
 
-static int need_host_memory(cf_rank *r, const char *id, const char *title) {
+/* See conformance.h. */
+int cf_need_host_memory(cf_rank *r, const char *id, const char *title) {
   if (r->plan->info.caps & DDPLUG_CAP_HOST_MEMORY) return 1;
   cf_report(r, id, 0, CF_SKIP, title,
             "the plugin takes device buffers only; this suite passes host buffers");
@@ -99,7 +102,7 @@ static void *abort_later(void *arg) {
 void cf_abort_rank(cf_rank *r) {
   const char *T_LOCAL = "abort from another thread ends a blocked collective";
   const char *T_REMOTE = "an abort on one rank fails the others' calls, with its reason";
-  if (!need_host_memory(r, "abort.local", T_LOCAL)) return;
+  if (!cf_need_host_memory(r, "abort.local", T_LOCAL)) return;
   if (!(r->plan->info.caps & DDPLUG_CAP_ABORT) || r->world < 2) {
     const char *why = r->world < 2 ? "needs 2 ranks (-n)"
                                    : "the plugin does not declare DDPLUG_CAP_ABORT (group_abort "
@@ -196,7 +199,7 @@ static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char
   if (s != DDPLUG_E_PEER_LOST)
     cf_report(r, id, slots, CF_FAIL, title, "the allreduce returned %s, expected PEER_LOST%s%s",
               ddplug_status_name(s), s ? ": " : "", s ? why : "");
-  else if (!mentions_rank(cf_error(ctx), victim))
+  else if (!cf_mentions_rank(cf_error(ctx), victim))
     cf_report(r, id, slots, CF_FAIL, title, "PEER_LOST does not name rank %d: %s", victim,
               cf_error(ctx));
   else if (took > PROMPT_S)
@@ -218,7 +221,7 @@ static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char
 }
 
 static void killed(cf_rank *r, const char *id, const char *title, int inside) {
-  if (!need_host_memory(r, id, title)) return;
+  if (!cf_need_host_memory(r, id, title)) return;
   if (r->world < 2) {
     cf_report(r, id, 0, CF_SKIP, title, "needs 2 ranks (-n)");
     return;
@@ -300,7 +303,7 @@ void cf_mismatch_rank(cf_rank *r) {
   };
   const int n = (int)(sizeof cases / sizeof cases[0]);
   const ddplug_plugin_info *in = &r->plan->info;
-  if (!need_host_memory(r, cases[0].id, cases[0].title)) return;
+  if (!cf_need_host_memory(r, cases[0].id, cases[0].title)) return;
   if (!(in->caps & DDPLUG_CAP_MISMATCH_CHECK) || r->world < 2) {
     for (int c = 0; c < n; c++)
       cf_report(r, cases[c].id, 0, CF_SKIP, cases[c].title, "%s",
@@ -308,7 +311,7 @@ void cf_mismatch_rank(cf_rank *r) {
                              : "the plugin does not declare DDPLUG_CAP_MISMATCH_CHECK");
     return;
   }
-  int dt = first_dtype(in), op = first_op(in, dt), dt2 = 0, op2 = 0;
+  int dt = cf_first_dtype(in), op = first_op(in, dt), dt2 = 0, op2 = 0;
   for (int d = 1; d < DDPLUG_DTYPE_COUNT_ && !dt2; d++)
     if (d != dt && (in->dtype_mask & DDPLUG_DTYPE_BIT(d)) && cf_op_valid(d, op)) dt2 = d;
   for (int o = 1; o < DDPLUG_OP_COUNT_ && !op2; o++)
@@ -390,7 +393,7 @@ static void create_fault(cf_rank *r, const char *mode, const char *id, const cha
               "ddplug_open returned %s only after %.1f s (the collective timeout is %d s): "
               "group_create must end its waits when a store call returns early "
               "(docs/writing-a-backend.md): %s", ddplug_status_name(s), took, FAULT_TIMEOUT_S, err);
-  } else if (!mentions_rank(err, victim)) {
+  } else if (!cf_mentions_rank(err, victim)) {
     cf_report(r, id, CF_BIT(group_create), CF_FAIL, title,
               "the error does not name rank %d: %s", victim, err);
   } else {

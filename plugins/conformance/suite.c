@@ -19,6 +19,8 @@ const cf_scenario cf_scenarios[] = {
     {"create-fails", cf_create_fails_rank, 0, 1, 90, 0},
     {"create-dies", cf_create_dies_rank, 0, 1, 90, 1},
     {"sampler", cf_sampler_rank, 0, 1, 120, 0},
+    {"p2p", cf_p2p_rank, 0, 1, 120, 0},
+    {"p2p-peer", cf_p2p_dead_rank, 0, 1, 90, 1},
 };
 const int cf_scenario_count = (int)(sizeof cf_scenarios / sizeof cf_scenarios[0]);
 

@@ -106,7 +106,7 @@ static int wait_request(ddcpu_group *g, ddcpu_req *r, int64_t timeout_ms) {
   ddcpu_hs_missing(g, r->k, why, sizeof why);
   return ddcpu_err(DDPLUG_E_TIMEOUT,
                    "collective #%llu %s on rank %d did not complete within %lld ms: "
-                   "%s (the request is still pending; wait again or abort)",
+                   "%s (the request is still pending)",
                    (unsigned long long)r->args.seq, d, g->rank,
                    (long long)DDCPU_MAX(timeout_ms, 0), why);
 }
@@ -168,10 +168,13 @@ int ddcpu_collective_start(ddplug_plugin_group *g, const ddplug_coll_args *args,
   return ddcpu_report(g->svc, submit(g, &a, req));
 }
 
-/* Wait for a request (see plugin.h); TIMEOUT leaves it pending. */
+/* Wait for a request (see plugin.h); TIMEOUT leaves it pending. Sends and
+ * receives are p2p.c's. */
 int ddcpu_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *req,
                        int64_t timeout_ms) {
   if (!g || !req) return DDPLUG_E_INVALID_ARGUMENT;
+  if (ddcpu_req_kind(req) == DDCPU_REQ_P2P)
+    return ddcpu_report(g->svc, ddcpu_p2p_wait(g, (ddcpu_p2p_op *)req, timeout_ms));
   return ddcpu_report(g->svc, wait_request(g, req, timeout_ms));
 }
 
@@ -179,6 +182,8 @@ int ddcpu_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *req,
 int ddcpu_request_test(ddplug_plugin_group *g, ddplug_plugin_request *req,
                        int32_t *done) {
   if (!g || !req || !done) return DDPLUG_E_INVALID_ARGUMENT;
+  if (ddcpu_req_kind(req) == DDCPU_REQ_P2P)
+    return ddcpu_report(g->svc, ddcpu_p2p_test(g, (ddcpu_p2p_op *)req, done));
   return ddcpu_report(g->svc, test_request(g, req, done));
 }
 
@@ -187,6 +192,10 @@ int ddcpu_request_test(ddplug_plugin_group *g, ddplug_plugin_request *req,
  * when it completes or when the group is destroyed. */
 void ddcpu_request_free(ddplug_plugin_group *g, ddplug_plugin_request *r) {
   if (!g || !r) return;
+  if (ddcpu_req_kind(r) == DDCPU_REQ_P2P) {
+    ddcpu_p2p_free(g, (ddcpu_p2p_op *)r);
+    return;
+  }
   int release = 0;
   pthread_mutex_lock(&g->q_mu);
   if (atomic_load(&r->done)) {

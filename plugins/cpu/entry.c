@@ -3,7 +3,8 @@
  * ddplug_plugin_entry_v1.
  *
  * libddplug-cpu.so: the CPU backend. Shared memory inside a node, a TCP
- * ring between nodes, hierarchical when both; asynchronous requests with a
+ * ring between nodes, hierarchical when both; point-to-point sends and
+ * receives (rings in a node, TCP between nodes); asynchronous requests with a
  * progress thread; peer loss, abort and mismatched collectives reported on
  * every rank. See README.md beside this file for the design, the options
  * and the guarantees, and internal.h for where each part lives.
@@ -21,7 +22,8 @@ static const ddplug_plugin ddcpu_table = {
                    "ring between nodes, async requests, failure and mismatch "
                    "detection",
     .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE |
-            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT | DDPLUG_CAP_REGISTERED_MEMORY,
+            DDPLUG_CAP_MISMATCH_CHECK | DDPLUG_CAP_ABORT | DDPLUG_CAP_REGISTERED_MEMORY |
+            DDPLUG_CAP_P2P | DDPLUG_CAP_P2P_ANY_SOURCE,
     .dtype_mask = DDPLUG_DTYPE_BIT(DDPLUG_FLOAT32) | DDPLUG_DTYPE_BIT(DDPLUG_FLOAT64) |
                   DDPLUG_DTYPE_BIT(DDPLUG_FLOAT16) | DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16) |
                   DDPLUG_DTYPE_BIT(DDPLUG_INT8) | DDPLUG_DTYPE_BIT(DDPLUG_UINT8) |
@@ -42,6 +44,7 @@ static const ddplug_plugin ddcpu_table = {
     .mem_alloc = ddcpu_mem_alloc,
     .mem_free = ddcpu_mem_free,
     .mem_query = ddcpu_mem_query,
+    .p2p_start = ddcpu_p2p_start,
 };
 
 /* The plugin's only exported symbol. Returns the table for an ABI 1.x

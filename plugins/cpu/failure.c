@@ -122,12 +122,14 @@ void ddcpu_wake_all(ddcpu_group *g) {
       ddcpu_ctr_wake(&c->copied_in);
       ddcpu_ctr_wake(&c->reduced);
       ddcpu_ctr_wake(&c->copied_out);
+      ddcpu_p2p_bell_ring(&g->shm.bell[j]);
     }
     ddcpu_ctr_wake(&g->shm.hdr->attached);
     ddcpu_ctr_wake(&g->shm.hdr->verdict);
   }
   atomic_fetch_add(&g->ev.val, 1);
   ddcpu_ctr_wake(&g->ev);
+  if (g->p2p) ddcpu_p2p_bell_ring(g->p2p->bell); /* point-to-point waiters */
 }
 
 /* Record a failure: shared memory first (so the node agrees), then the

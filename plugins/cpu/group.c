@@ -1,8 +1,8 @@
 /*
  * group.c — the cpu plugin's group slots: group_create (the topology from
  * the runtime's arrays, the node segment, liveness, the single-copy probe,
- * the TCP ring between node leaders, the progress thread), group_destroy
- * and group_abort.
+ * the TCP ring between node leaders, point-to-point, the progress thread),
+ * group_destroy and group_abort.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -152,6 +153,36 @@ static int topology(ddcpu_group *g, const ddplug_group_init *in) {
   return DDPLUG_OK;
 }
 
+/* The node's segment was published but is gone when this rank attaches:
+ * its creator removed it, which it does only when its group_create failed —
+ * because the run failed (a rank died while joining) or it did itself. The
+ * run's failure, which names the cause, reaches this rank within moments:
+ * wait for it (at most 2 s, within deadline), or for the creator's death,
+ * rather than report the missing file. The sentence of the attach stays in
+ * the thread's buffer when neither comes. */
+#define DDCPU_GONE_WAIT_NS (2000ull * 1000 * 1000)
+static int segment_gone(ddcpu_group *g, const char *key, uint64_t deadline) {
+  char attach[DDCPU_MSG_MAX];
+  snprintf(attach, sizeof attach, "%s", ddcpu_errmsg());
+  int creator = g->local_ranks[0];
+  uint64_t until = DDCPU_MIN(deadline, ddcpu_now_ns() + DDCPU_GONE_WAIT_NS), next_probe = 0;
+  while (ddcpu_now_ns() < until) {
+    int st = ddcpu_startup_check(g, key, "attaching to the node's shared memory", &next_probe);
+    if (st != DDPLUG_OK) return st;
+    if (!ddcpu_proc_alive(g->pid_of[creator], 0))
+      return ddcpu_err(DDPLUG_E_PEER_LOST,
+                       "rank %d (pid %lld, local rank 0 of node %d) exited while the node's "
+                       "ranks attached to its shared memory: killed or crashed while joining "
+                       "(noticed by rank %d)", creator, (long long)g->pid_of[creator], g->node,
+                       g->rank);
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return ddcpu_err(DDPLUG_E_SYSTEM, "%s: rank %d (local rank 0 of node %d) removed it before "
+                   "every rank attached (its group_create failed: its log says why)", attach,
+                   creator, g->node);
+}
+
 /* Create or attach the node's segment; wait until every local rank is in,
  * then unlink its name. */
 static int setup_shm(ddcpu_group *g, uint64_t deadline) {
@@ -180,7 +211,9 @@ static int setup_shm(ddcpu_group *g, uint64_t deadline) {
                        "published the node's shared memory (store key %s)",
                        g->rank, g->local_ranks[0], g->node, key);
     name[len] = '\0';
-    if ((st = ddcpu_shm_attach(&g->shm, name, &p)) != DDPLUG_OK) return st;
+    if ((st = ddcpu_shm_attach(&g->shm, name, &p)) == DDPLUG_E_NOT_FOUND)
+      st = segment_gone(g, key, deadline);
+    if (st != DDPLUG_OK) return st;
     g->has_shm = 1;
   }
   ddcpu_shm_register(&g->shm, g->local_rank);
@@ -236,6 +269,7 @@ static int setup_shm(ddcpu_group *g, uint64_t deadline) {
 
 static void teardown(ddcpu_group *g) {
   ddcpu_engine_stop(g);
+  ddcpu_p2p_destroy(g);
   if (g->next_fd >= 0 || g->prev_fd >= 0) ddcpu_tcp_ring_close(g);
   if (g->has_shm) {
     atomic_store(&g->shm.procs[g->local_rank].departed, 1);
@@ -343,6 +377,7 @@ int ddcpu_group_create(const ddplug_group_init *init, const ddplug_host_services
     }
     if ((st = ddcpu_tcp_ring_setup(g, deadline)) != DDPLUG_OK) goto fail;
   }
+  if ((st = ddcpu_p2p_create(g)) != DDPLUG_OK) goto fail;
   if ((st = ddcpu_engine_start(g)) != DDPLUG_OK) goto fail;
   ddcpu_log(g, DDPLUG_LOG_DEBUG,
             "cpu plugin: rank %d of %d, local %d of %d on node %d of %d; "

@@ -76,6 +76,9 @@ typedef struct ddcpu_shm {
   unsigned char *small;       /* [local_world][2][small_bytes]              */
   unsigned char *stage;       /* [slots][local_world][chunk_bytes]          */
   unsigned char *arena;       /* [local_world][arena_bytes]                 */
+  ddcpu_ctr *bell;            /* [local_world] point-to-point doorbells     */
+  ddcpu_p2p_ring_ctl *p2p_ctl; /* [local_world][local_world]                */
+  unsigned char *p2p;         /* [local_world][local_world][p2p_ring_bytes] */
 } ddcpu_shm;
 
 /* ---- the group -------------------------------------------------------------- */
@@ -175,6 +178,9 @@ struct ddplug_plugin_group {
   int cma_all;                 /* every local rank's verdict is DDCPU_SC_YES */
   unsigned char *dscratch;     /* executor only: blocks read from peers   */
   uint64_t dblock;             /* bytes per block of the single copy      */
+
+  /* point-to-point (p2p.c, p2p_link.c) */
+  struct ddcpu_p2p *p2p;
 
   /* registered memory (mem.c) */
   pthread_mutex_t mem_mu;

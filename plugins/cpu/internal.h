@@ -10,7 +10,9 @@
  *   request.h     a collective's execution state: the request, its phases
  *   shm_layout.h  the node segment's bytes, shared across processes, with
  *                 its version and the rule for bumping it
- *   wire.h        the records node leaders send each other over TCP
+ *   wire.h        the records node leaders send each other over TCP, and
+ *                 the point-to-point frames
+ *   p2p.h         point-to-point: ops, unexpected messages, links
  *   kernels.h     reductions, the bulk copy, float16/bfloat16 (no group)
  * The files, by job (the same names as in every plugin):
  *   entry.c       the table and the exported entry point
@@ -24,6 +26,8 @@
  *                 runtime, logging
  *   mem.c         registered memory: per-rank arenas in the node segment,
  *                 mem_alloc / mem_free / mem_query
+ *   p2p.c         point-to-point: p2p_start, the protocol (eager messages,
+ *                 RTS/CTS for large ones), matching, the engine
  * and by mechanism:
  *   plan.c        a collective as phases, and the driver that runs them
  *   handshake.c   per-collective descriptors, mismatch detection, verdicts
@@ -40,6 +44,8 @@
  *                 (pidfds of same-node peers, ring sockets), propagation
  *   reduce.c      dtype x op kernels (fp16/bf16 accumulate in float32)
  *   copy.c        the bulk copy
+ *   p2p_link.c    point-to-point transports: a byte ring per pair of a
+ *                 node's ranks, a TCP connection per pair across nodes
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -55,6 +61,7 @@
 #include "ddplug/plugin.h"
 #include "group.h"
 #include "kernels.h"
+#include "p2p.h"
 #include "request.h"
 #include "shm_layout.h"
 #include "wire.h"
@@ -179,6 +186,15 @@ void ddcpu_tcp_local_addr(const char *opt, char *out, size_t cap);
 int ddcpu_tcp_send_all(int fd, const void *buf, size_t len, uint64_t deadline);
 /* Tune a connected socket: TCP_NODELAY, buffers, keepalive, O_NONBLOCK. */
 void ddcpu_tcp_tune(int fd);
+/* HMAC-SHA256 under key over label || nonce || hello (the ring's and the
+ * point-to-point connections' proof of the run's key). 0 on success. */
+int ddcpu_tcp_mac(const uint8_t key[32], const char *label, const uint8_t nonce[32],
+                  const ddcpu_ctl_msg *hello, uint8_t out[32]);
+/* n bytes as 2n lowercase hex digits (and a NUL) into out. */
+void ddcpu_hex_encode(const uint8_t *b, size_t n, char *out);
+/* "a.b.c.d:port/<64 hex>" into an address and a key; 0 on success. */
+struct sockaddr_in;
+int ddcpu_tcp_parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[32]);
 /* Build the ring: publish this leader's address and a ring key made for
  * the run, connect to the next node's leader and accept the previous one's,
  * each proving the key (strangers are logged and dropped, never fail
@@ -306,6 +322,66 @@ unsigned char *ddcpu_small_slot(ddcpu_group *g, int local, uint64_t k);
 /* ring.c */
 void ddcpu_ring_init(ddcpu_group *g, ddcpu_ring *r);
 int ddcpu_ring_step(ddcpu_group *g, ddcpu_ring *r, ddcpu_wait_target *wt);
+
+/* ---- point-to-point (p2p.c: the protocol and engine; p2p_link.c: the
+ * rings and sockets; p2p.h: the state) ------------------------------------- */
+
+/* Bytes of one point-to-point ring for a node of local_world ranks (0 for
+ * one rank): 1 MiB, less when there are many pairs (64 MiB of address
+ * space for all of them), never under 64 KiB. */
+uint64_t ddcpu_p2p_ring_bytes(int local_world);
+/* group_create, after the node segment: the state, the links, and with
+ * several nodes this rank's listener, published under p2p/<rank>. */
+int ddcpu_p2p_create(ddcpu_group *g);
+/* teardown (the progress thread stopped): goodbyes, sockets, every op. */
+void ddcpu_p2p_destroy(ddcpu_group *g);
+/* The slot (see plugin.h) and its ops' side of the request slots. */
+int ddcpu_p2p_start(ddplug_plugin_group *g, const ddplug_p2p_args *args,
+                    ddplug_plugin_request **req);
+int ddcpu_p2p_wait(ddcpu_group *g, ddcpu_p2p_op *op, int64_t timeout_ms);
+int ddcpu_p2p_test(ddcpu_group *g, ddcpu_p2p_op *op, int32_t *done);
+void ddcpu_p2p_free(ddcpu_group *g, ddcpu_p2p_op *op);
+/* Move everything that can move (holds p2p->mu); fails every pending op
+ * once the group failed. Returns the group's failure status. */
+int ddcpu_p2p_progress(ddcpu_group *g);
+/* The progress thread, while ops are pending and nobody waits: progress,
+ * then wait at most ms for something to move. */
+void ddcpu_p2p_background(ddcpu_group *g, int ms);
+/* For p2p_link.c: a frame's header arrived; where its payload goes (NULL:
+ * discarded), remembered in rx. Then the payload is in: act on the frame. */
+unsigned char *ddcpu_p2p_rx_begin(ddcpu_group *g, ddcpu_p2p_link *l, const ddcpu_frame *h,
+                                  ddcpu_p2p_rx *rx);
+void ddcpu_p2p_rx_end(ddcpu_group *g, ddcpu_p2p_link *l, const ddcpu_frame *h,
+                      ddcpu_p2p_rx *rx);
+/* A frame of op (NULL for answers) is written whole. */
+void ddcpu_p2p_tx_done(ddcpu_group *g, ddcpu_p2p_link *l, const ddcpu_frame *h,
+                       ddcpu_p2p_op *op);
+/* l's peer left: cleanly (its group closed: the ops that need it fail) or
+ * not (the group fails: PEER_LOST naming it; err: the socket's errno). */
+void ddcpu_p2p_peer_gone(ddcpu_group *g, ddcpu_p2p_link *l, int clean, int err);
+/* l cannot carry anything (no connection within the timeout): its ops fail
+ * with st and this thread's sentence. */
+void ddcpu_p2p_link_failed(ddcpu_group *g, ddcpu_p2p_link *l, int st);
+
+/* p2p_link.c */
+int ddcpu_p2p_link_setup(ddcpu_group *g);
+void ddcpu_p2p_link_close(ddcpu_group *g);
+/* Look up where l's peer listens and start connecting (several nodes; the
+ * first send to it). */
+int ddcpu_p2p_connect(ddcpu_group *g, ddcpu_p2p_link *l);
+/* Hand a frame (header h, len payload bytes at pay) to l's transport:
+ * DDPLUG_OK when taken (a ring: written; a socket: written or being
+ * written, ddcpu_p2p_tx_done follows), DDCPU_AGAIN when there is no room
+ * now, or a failure. answer: a CTS/NAK (on a socket pair: the in one). */
+int ddcpu_p2p_put(ddcpu_group *g, ddcpu_p2p_link *l, int answer, const ddcpu_frame *h,
+                  const void *pay, uint64_t len, ddcpu_p2p_op *op);
+/* Read every ring and socket, accept and prove connections, move partial
+ * frames. Returns how many frames arrived. */
+int ddcpu_p2p_link_io(ddcpu_group *g);
+/* The sockets to poll (listener, handshakes, connections); how many. */
+int ddcpu_p2p_fds(ddcpu_group *g, struct pollfd *pfd, int cap);
+/* Ring a doorbell (a peer's or this rank's). */
+void ddcpu_p2p_bell_ring(ddcpu_ctr *bell);
 
 /* ---- who executes the queue (progress.c) ---------------------------------- */
 

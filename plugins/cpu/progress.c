@@ -37,7 +37,9 @@
  *
  * The idle progress thread also watches liveness (same-node pidfds, ring
  * sockets) so a peer's death is noticed, and forwarded to other nodes, even
- * while this rank computes.
+ * while this rank computes. It also moves point-to-point sends and
+ * receives nobody waits for (p2p.c), and takes point-to-point connections
+ * and messages from other nodes while idle.
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -153,7 +155,7 @@ static void *thread_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL);
-  struct pollfd pfd[DDCPU_MAX_LOCAL + 8];
+  struct pollfd pfd[DDCPU_MAX_LOCAL + 8 + 64];
   while (!atomic_load(&g->stopping)) {
     uint64_t since = 0;
     int pending = oldest_pending(g, &since);
@@ -174,6 +176,16 @@ static void *thread_main(void *arg) {
       }
       continue;
     }
+    /* sends and receives nobody waits for: move them (a caller waiting in
+     * request_wait moves them itself) */
+    if (g->p2p && atomic_load(&g->p2p->pending) > 0 && atomic_load(&g->p2p->waiters) == 0) {
+      ddcpu_p2p_background(g, THREAD_SLICE_MS / 10);
+      if (!ddcpu_fail_status(g) && ddcpu_exec_try(g)) { /* and watch the peers meanwhile */
+        ddcpu_liveness_poll(g, 0);
+        ddcpu_exec_release(g);
+      }
+      continue;
+    }
     /* idle (or a fresh request its caller is about to run) */
     int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
     atomic_store(&g->thread_mode, light ? DDCPU_THREAD_NAPPING : DDCPU_THREAD_ASLEEP);
@@ -183,6 +195,15 @@ static void *thread_main(void *arg) {
     }
     int n = 0;
     pfd[n++] = (struct pollfd){g->wake_fd, POLLIN, 0};
+    /* point-to-point connections and messages arriving from other nodes
+     * are taken while idle too, so a sender's handshake and small sends
+     * complete before this rank posts its receive */
+    int first_p2p = n;
+    if (g->p2p && !pthread_mutex_trylock(&g->p2p->mu)) {
+      n += ddcpu_p2p_fds(g, pfd + n, 64);
+      pthread_mutex_unlock(&g->p2p->mu);
+    }
+    int end_p2p = n;
     int have = ddcpu_exec_try(g);
     if (have) {
       ddcpu_fail_status(g); /* adopts and forwards a failure of the node */
@@ -211,8 +232,14 @@ static void *thread_main(void *arg) {
       while (read(g->wake_fd, &v, sizeof v) > 0) {
       }
     }
-    int other = 0;
-    for (int i = 1; i < n; i++) {
+    int other = 0, p2p_ready = 0;
+    for (int i = first_p2p; i < end_p2p; i++)
+      if (pfd[i].revents) p2p_ready = 1;
+    if (p2p_ready && !pthread_mutex_trylock(&g->p2p->mu)) {
+      ddcpu_p2p_progress(g);
+      pthread_mutex_unlock(&g->p2p->mu);
+    }
+    for (int i = end_p2p; i < n; i++) {
       if (!pfd[i].revents) continue;
       int pid_event = 0;
       for (int j = 0; j < g->local_world; j++)

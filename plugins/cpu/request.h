@@ -19,6 +19,17 @@
 
 typedef struct ddplug_plugin_request ddcpu_req;
 
+/* The first member of every request the slots hand out: a collective (the
+ * struct below) or a send or receive (ddcpu_p2p_op, p2p.h). request_wait,
+ * request_test and request_free read kind through it. */
+typedef struct ddcpu_req_head {
+  int kind; /* DDCPU_REQ_*                                                */
+} ddcpu_req_head;
+enum { DDCPU_REQ_COLL = 0, DDCPU_REQ_P2P = 1 };
+static inline int ddcpu_req_kind(const void *req) {
+  return ((const ddcpu_req_head *)req)->kind;
+}
+
 /* Pipeline modes (shm_coll.c). */
 enum {
   DDCPU_PIPE_ALLREDUCE = 1, /* all copy in, reduce own slice, all copy out   */
@@ -110,6 +121,7 @@ typedef struct ddcpu_phase {
 #define DDCPU_MAX_PHASES 6
 
 struct ddplug_plugin_request {
+  ddcpu_req_head head;        /* kind DDCPU_REQ_COLL (0: calloc'd)       */
   ddplug_coll_args args;
   uint64_t k;                 /* internal collective index (1, 2, ...)    */
   uint64_t submit_ns;

@@ -10,7 +10,9 @@
  * the file is sized to hold them all, but only the fixed part before them is
  * reserved (posix_fallocate) at creation; an arena's pages are reserved when
  * they are allocated and released when freed, so the arenas cost address
- * space, not memory. Every process
+ * space, not memory. After the arenas come the point-to-point rings (one
+ * per ordered pair of local ranks), sparse too: a sender reserves its
+ * ring's pages before it writes its first frame (p2p_link.c). Every process
  * records its pid and start time in the segment. Once every local rank has
  * attached, the creator unlinks the name: the mappings stay valid and
  * nothing is left in /dev/shm even if the whole job is killed. A name can
@@ -54,9 +56,18 @@ static void layout(const ddcpu_shm_params *p, ddcpu_shm_hdr *h) {
   off = ALIGN_UP(off + 2 * p->small_bytes * (uint64_t)p->local_world, 4096);
   h->stage_off = off;
   off += (uint64_t)p->slots * (uint64_t)p->local_world * p->chunk_bytes;
+  h->bell_off = ALIGN_UP(off, 4096);
+  off = h->bell_off + sizeof(ddcpu_ctr) * (uint64_t)p->local_world;
+  h->p2p_ctl_off = ALIGN_UP(off, 64);
+  off = h->p2p_ctl_off +
+        sizeof(ddcpu_p2p_ring_ctl) * (uint64_t)p->local_world * (uint64_t)p->local_world;
   h->arena_off = ALIGN_UP(off, ARENA_ALIGN);
   h->arena_bytes = p->arena_bytes;
-  h->total_bytes = h->arena_off + (uint64_t)p->local_world * p->arena_bytes;
+  off = h->arena_off + (uint64_t)p->local_world * p->arena_bytes;
+  h->p2p_ring_bytes = ddcpu_p2p_ring_bytes(p->local_world);
+  h->p2p_off = ALIGN_UP(off, 4096);
+  h->total_bytes = h->p2p_off + (uint64_t)p->local_world * (uint64_t)p->local_world *
+                                    h->p2p_ring_bytes;
 }
 
 /* See internal.h. */
@@ -78,6 +89,9 @@ static void bind_pointers(ddcpu_shm *s) {
   s->small = b + s->hdr->small_off;
   s->stage = b + s->hdr->stage_off;
   s->arena = b + s->hdr->arena_off;
+  s->bell = (ddcpu_ctr *)(b + s->hdr->bell_off);
+  s->p2p_ctl = (ddcpu_p2p_ring_ctl *)(b + s->hdr->p2p_ctl_off);
+  s->p2p = b + s->hdr->p2p_off;
 }
 
 void ddcpu_shm_name(char *out, size_t cap, const char *run_id, int node) {
@@ -178,6 +192,10 @@ int ddcpu_shm_create(ddcpu_shm *s, const ddcpu_shm_params *p) {
   h->stage_off = proto.stage_off;
   h->arena_off = proto.arena_off;
   h->arena_bytes = proto.arena_bytes;
+  h->bell_off = proto.bell_off;
+  h->p2p_ctl_off = proto.p2p_ctl_off;
+  h->p2p_off = proto.p2p_off;
+  h->p2p_ring_bytes = proto.p2p_ring_bytes;
   atomic_store(&h->creator_pid, (int64_t)getpid());
   atomic_store(&h->creator_start, ddcpu_proc_start_time(getpid()));
   atomic_store_explicit(&h->magic, DDCPU_SHM_MAGIC, memory_order_release);
@@ -191,8 +209,8 @@ int ddcpu_shm_attach(ddcpu_shm *s, const char *name, const ddcpu_shm_params *p) 
   s->fd = -1;
   snprintf(s->name, sizeof s->name, "%s", name);
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0)
-    return ddcpu_err_errno(DDPLUG_E_SYSTEM, errno,
+  if (fd < 0) /* NOT_FOUND: its creator removed it (setup_shm says why) */
+    return ddcpu_err_errno(errno == ENOENT ? DDPLUG_E_NOT_FOUND : DDPLUG_E_SYSTEM, errno,
                            "cannot open the node's shared memory %s", name);
   struct stat stt;
   if (fstat(fd, &stt) != 0 || (uint64_t)stt.st_size < sizeof(ddcpu_shm_hdr)) {

@@ -14,7 +14,13 @@
  *                                     node (multi-node)
  *   small[local_world][2][small_bytes]  the one-shot path's data slots
  *   stage[slots][local_world][chunk_bytes]  the chunk pipeline's staging
+ *   ddcpu_ctr bell[local_world]       point-to-point doorbells (p2p.c)
+ *   ddcpu_p2p_ring_ctl ring[local_world][local_world]  the byte rings'
+ *                                     positions, ring[i][j]: i sends to j
  *   arena[local_world][arena_bytes]   registered memory (mem.c)
+ *   ring data[local_world][local_world][p2p_ring_bytes]  point-to-point
+ *                                     (sparse: a sender reserves its
+ *                                     ring's pages before its first frame)
  *
  * Version rule: bump DDCPU_SHM_VERSION whenever the bytes change: a field
  * added, removed, moved, resized or retyped in any struct of this file, a
@@ -34,7 +40,7 @@
 #include <stdint.h>
 
 #define DDCPU_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
-#define DDCPU_SHM_VERSION 2u
+#define DDCPU_SHM_VERSION 3u
 #define DDCPU_SHM_PREFIX "ddplug-cpu-"
 
 /* Longest human sentence the plugin produces (and stores in the segment). */
@@ -113,6 +119,17 @@ typedef struct ddcpu_rank_ctl {
                                  after a failure (writers skip it)       */
 } ddcpu_rank_ctl;
 
+/* A byte ring carrying point-to-point frames (wire.h, ddcpu_frame) from one
+ * local rank to another (p2p_link.c): the sender owns head, the receiver
+ * tail; head - tail bytes are in flight. Frames are written whole, padded to
+ * 64 bytes, and may wrap around the ring's end. */
+typedef struct ddcpu_p2p_ring_ctl {
+  _Alignas(64) _Atomic uint64_t head; /* bytes written so far (sender)     */
+  char pad0[56];
+  _Atomic uint64_t tail;              /* bytes consumed so far (receiver)  */
+  char pad1[56];
+} ddcpu_p2p_ring_ctl;
+
 /* A node leader's running ring phase, for TIMEOUT messages on every rank
  * of the node (read by other threads and processes): which collective,
  * whether it still waits to receive / to send, and when it last received /
@@ -143,6 +160,10 @@ typedef struct ddcpu_shm_hdr {
                            arena_off + j * arena_bytes (sparse: pages exist
                            only once allocated)                          */
   uint64_t arena_bytes;
+  uint64_t bell_off;    /* ddcpu_ctr[local_world], then the rings' ctl     */
+  uint64_t p2p_ctl_off; /* ddcpu_p2p_ring_ctl[local_world][local_world]    */
+  uint64_t p2p_off;     /* ring data, after the arenas (sparse)            */
+  uint64_t p2p_ring_bytes; /* bytes of one ring (a power of two; 0: none)  */
   ddcpu_ctr attached;   /* processes attached so far                    */
   ddcpu_ctr probed;     /* processes that published their cma verdict   */
   ddcpu_ctr verdict;    /* multi-node: collective index of the verdict  */

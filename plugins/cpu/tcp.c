@@ -179,12 +179,13 @@ typedef struct ring_setup {
   int refused;
 } ring_setup;
 
-static int ring_mac(const uint8_t key[DDCPU_RING_KEY_LEN], const uint8_t *nonce,
-                    const ddcpu_ctl_msg *hello, uint8_t out[DDCPU_RING_MAC_LEN]) {
-  unsigned char msg[sizeof DDCPU_RING_LABEL + DDCPU_RING_NONCE_LEN + sizeof(ddcpu_ctl_msg)];
-  size_t n = 0;
-  memcpy(msg, DDCPU_RING_LABEL, sizeof DDCPU_RING_LABEL - 1);
-  n += sizeof DDCPU_RING_LABEL - 1;
+/* See internal.h. */
+int ddcpu_tcp_mac(const uint8_t key[32], const char *label, const uint8_t nonce[32],
+                  const ddcpu_ctl_msg *hello, uint8_t out[32]) {
+  unsigned char msg[64 + DDCPU_RING_NONCE_LEN + sizeof(ddcpu_ctl_msg)];
+  size_t n = strlen(label);
+  if (n > 64) return -1;
+  memcpy(msg, label, n);
   memcpy(msg + n, nonce, DDCPU_RING_NONCE_LEN);
   n += DDCPU_RING_NONCE_LEN;
   memcpy(msg + n, hello, sizeof *hello);
@@ -196,7 +197,13 @@ static int ring_mac(const uint8_t key[DDCPU_RING_KEY_LEN], const uint8_t *nonce,
              : -1;
 }
 
-static void hex_encode(const uint8_t *b, size_t n, char *out) {
+static int ring_mac(const uint8_t key[DDCPU_RING_KEY_LEN], const uint8_t *nonce,
+                    const ddcpu_ctl_msg *hello, uint8_t out[DDCPU_RING_MAC_LEN]) {
+  return ddcpu_tcp_mac(key, DDCPU_RING_LABEL, nonce, hello, out);
+}
+
+/* See internal.h. */
+void ddcpu_hex_encode(const uint8_t *b, size_t n, char *out) {
   static const char d[] = "0123456789abcdef";
   for (size_t i = 0; i < n; i++) {
     out[2 * i] = d[b[i] >> 4];
@@ -215,8 +222,8 @@ static int hex_decode(const char *s, uint8_t *b, size_t n) {
   return s[2 * n] == '\0' ? 0 : -1;
 }
 
-/* "a.b.c.d:port/<64 hex>" into an address and a key. */
-static int parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[DDCPU_RING_KEY_LEN]) {
+/* See internal.h. */
+int ddcpu_tcp_parse_endpoint(const char *v, struct sockaddr_in *a, uint8_t key[32]) {
   char host[64];
   const char *colon = strrchr(v, ':'), *slash = strchr(v, '/');
   if (!colon || !slash || slash < colon || (size_t)(colon - v) >= sizeof host) return -1;
@@ -408,7 +415,7 @@ int ddcpu_tcp_ring_setup(ddcpu_group *g, uint64_t deadline) {
     goto out;
   }
   ddcpu_tcp_local_addr(g->opt.addr, addr, sizeof addr);
-  hex_encode(rs.my_key, sizeof rs.my_key, hex);
+  ddcpu_hex_encode(rs.my_key, sizeof rs.my_key, hex);
   snprintf(value, sizeof value, "%s:%d/%s", addr, port, hex);
   snprintf(key, sizeof key, "tcp/%d", g->node);
   st = g->svc->store_set(g->svc->host, key, value, strlen(value));
@@ -453,7 +460,7 @@ int ddcpu_tcp_ring_setup(ddcpu_group *g, uint64_t deadline) {
       st = g->svc->store_get(g->svc->host, peer_key, peer, sizeof peer - 1, &plen, 0);
       if (st == DDPLUG_OK) {
         peer[plen] = '\0';
-        if (parse_endpoint(peer, &rs.next_addr, rs.next_key) != 0) {
+        if (ddcpu_tcp_parse_endpoint(peer, &rs.next_addr, rs.next_key) != 0) {
           st = ddcpu_err(DDPLUG_E_INTERNAL, "rank %d: node %d's ring endpoint '%.80s' is "
                          "malformed (a different ddplug version on rank %d?)", g->rank, nn,
                          peer, g->leaders[nn]);

@@ -48,4 +48,33 @@ typedef struct ddcpu_hs_rec {
   char detail[DDCPU_MSG_MAX];
 } ddcpu_hs_rec;
 
+/* A point-to-point frame (p2p.c): between two ranks of one node through a
+ * byte ring of the node segment, between nodes over a TCP connection of
+ * the pair (p2p_link.c); a payload of len bytes follows the header. On a
+ * ring, frames are padded to a multiple of 64 bytes.
+ *   MSG   a whole message (eager: at most the eager size), payload = data
+ *   RTS   a large message announced (ready to send), no payload
+ *   CTS   the receiver matched message id: send it (clear to send)
+ *   NAK   the receiver matched message id but refuses it (count or dtype
+ *         differ: count/dtype are the receive's, status MISMATCH)
+ *   DATA  len bytes of message id at offset
+ *   BYE   the sender closed its group (TCP; on a ring the segment's
+ *         departed flag says it)                                          */
+#define DDCPU_FRAME_MAGIC 0x50325044u /* "DP2P" */
+enum { DDCPU_FR_MSG = 1, DDCPU_FR_RTS, DDCPU_FR_CTS, DDCPU_FR_NAK, DDCPU_FR_DATA, DDCPU_FR_BYE };
+
+typedef struct ddcpu_frame {
+  uint32_t magic;
+  uint32_t type;
+  int32_t from;         /* the rank that wrote the frame                  */
+  int32_t dtype;
+  uint64_t id;          /* message number on its (sender, receiver) pair  */
+  int64_t tag;
+  uint64_t count;       /* elements of the message (NAK: of the receive)  */
+  uint64_t len;         /* payload bytes after the header                 */
+  uint64_t offset;      /* DATA: where in the message                      */
+  int32_t status;       /* NAK: why                                        */
+  int32_t pad;
+} ddcpu_frame;
+
 #endif /* DDPLUG_CPU_WIRE_H */

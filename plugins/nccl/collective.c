@@ -56,9 +56,8 @@ typedef struct plan {
 
 static size_t align256(size_t n) { return (n + 255u) & ~(size_t)255u; }
 
-/* Where a buffer lives. Fills err and returns INVALID_ARGUMENT for device
- * memory of another GPU. */
-static int classify(ddplug_plugin_group *g, const void *ptr, int32_t mem,
+/* See internal.h. */
+int ddnccl_classify(ddplug_plugin_group *g, const void *ptr, int32_t mem,
                     const char *which, int *is_host, int *pinned, char *err,
                     size_t cap) {
   *pinned = 0;
@@ -161,10 +160,10 @@ static int make_plan(ddplug_plugin_group *g, const ddplug_coll_args *a,
     p->stream = stream ? (cudaStream_t)stream : g->stream;
     return DDPLUG_OK;
   }
-  int st = classify(g, p->recv, mem, "recv", &p->recv_host, &p->recv_pinned,
+  int st = ddnccl_classify(g, p->recv, mem, "recv", &p->recv_host, &p->recv_pinned,
                     err, cap);
   if (st == DDPLUG_OK && p->send_used && p->send != p->recv)
-    st = classify(g, p->send, mem, "send", &p->send_host, &p->send_pinned, err,
+    st = ddnccl_classify(g, p->send, mem, "send", &p->send_host, &p->send_pinned, err,
                   cap);
   else if (p->send_used) {
     p->send_host = p->recv_host;
@@ -200,7 +199,8 @@ static void describe(const ddplug_plugin_request *r, int32_t dtype, int32_t op,
                (unsigned long long)count, ddnccl_dtype_name(dtype));
 }
 
-static ddplug_plugin_request *request_new(ddplug_plugin_group *g) {
+/* See internal.h. */
+ddplug_plugin_request *ddnccl_request_new(ddplug_plugin_group *g) {
   ddplug_plugin_request *r = g->spare;
   if (r) {
     g->spare = r->next;
@@ -356,11 +356,14 @@ int ddnccl_collective_start(ddplug_plugin_group *g,
                        "nccl collective_start: args and req are required");
   if (atomic_load(&g->failed)) return ddnccl_group_failed_status(g, 0);
 
+  /* sends and receives started before keep their place in the order */
+  int fl = ddnccl_p2p_flush(g);
+  if (fl != DDPLUG_OK) return fl;
   if (g->opts.check_mismatch) {
     int st = ddnccl_check_mismatch(g, a);
     if (st != DDPLUG_OK) return st;
   }
-  ddplug_plugin_request *req = request_new(g);
+  ddplug_plugin_request *req = ddnccl_request_new(g);
   if (!req)
     return ddnccl_group_fail(g, DDPLUG_E_NO_MEMORY, 1,
                              "collective seq %llu: out of memory on rank %d",
@@ -480,6 +483,8 @@ int ddnccl_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r,
                         int64_t timeout_ms) {
   if (!g || !r) return DDPLUG_E_INVALID_ARGUMENT;
   if (r->state != DDNCCL_PENDING) return req_final(g, r);
+  int fl = ddnccl_p2p_flush(g);
+  if (fl != DDPLUG_OK) return req_fail_from_group(g, r, fl);
   if (timeout_ms < 0) timeout_ms = g->timeout_ms;
   if (timeout_ms > ((int64_t)1 << 40)) timeout_ms = (int64_t)1 << 40; /* no overflow */
   uint64_t start = ddnccl_now_ns();
@@ -526,6 +531,8 @@ int ddnccl_request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
     *done = st == DDPLUG_OK;
     return st;
   }
+  int fl = ddnccl_p2p_flush(g);
+  if (fl != DDPLUG_OK) return req_fail_from_group(g, r, fl);
   int st = poll_once(g, r);
   if (st == 1) {
     *done = 1;
@@ -544,6 +551,12 @@ int ddnccl_request_test(ddplug_plugin_group *g, ddplug_plugin_request *r,
  * the GPU is done with it; nothing is waited for here. */
 void ddnccl_request_free(ddplug_plugin_group *g, ddplug_plugin_request *r) {
   if (!g || !r) return;
+  for (int i = 0; i < g->p2p_n; i++) /* never launched: forgotten */
+    if (g->p2p_queue[i] == r) {
+      memmove(&g->p2p_queue[i], &g->p2p_queue[i + 1], (size_t)(g->p2p_n - i - 1) * sizeof r);
+      g->p2p_n--;
+      break;
+    }
   if (r->prev) r->prev->next = r->next;
   else if (g->live == r) g->live = r->next;
   if (r->next) r->next->prev = r->prev;

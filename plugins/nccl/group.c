@@ -544,6 +544,9 @@ int ddnccl_group_destroy(ddplug_plugin_group *g) {
     g->spare = r->next;
     free(r);
   }
+  free(g->p2p_queue); /* queued sends and receives never launched: dropped */
+  g->p2p_queue = NULL;
+  g->p2p_n = 0;
   ddnccl_event_put(&g->pool, g->last_event);
   g->last_event = NULL;
   if (g->stream) {

@@ -3,7 +3,8 @@
  * requests (ddplug_plugin_request), with the types they hold: the options,
  * this rank's device record, and the pools of CUDA events and staging
  * buffers (staging.c). group.c creates and destroys the group;
- * collective.c starts, waits for and frees the requests.
+ * collective.c starts, waits for and frees the requests (p2p.c starts the
+ * sends and receives).
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -77,6 +78,9 @@ typedef struct ddnccl_pool {
 /* ---- the group and its requests ---------------------------------------------- */
 
 enum { DDNCCL_PENDING = 0, DDNCCL_DONE = 1, DDNCCL_FAILED = 2 };
+/* ddplug_plugin_request.kind of a send and a receive (after the
+ * collectives' ddplug_coll_kind values). */
+enum { DDNCCL_KIND_SEND = 101, DDNCCL_KIND_RECV = 102 };
 
 struct ddplug_plugin_request {
   struct ddplug_plugin_request *next, *prev; /* the group's live list      */
@@ -91,6 +95,15 @@ struct ddplug_plugin_request {
   void *out_dst;             /* host recv buffer to fill when done         */
   const void *out_src;       /* pinned bytes to copy from                  */
   size_t out_bytes;
+  /* a send or receive (p2p.c) */
+  void *p2p_buf;             /* the caller's buffer                        */
+  void *p2p_dev;             /* what NCCL gets (p2p_buf or the staging)    */
+  uint64_t p2p_count;
+  size_t p2p_bytes;
+  ncclDataType_t p2p_ndt;
+  int32_t p2p_peer;
+  int p2p_host, p2p_pinned;  /* the buffer is host memory (pinned)        */
+  cudaStream_t p2p_stream;   /* the caller's, or NULL                      */
   uint64_t start_ns;
   char what[160];            /* "allreduce seq 7 (1024 x float32, sum)"    */
   char msg[DDNCCL_MSG_MAX]; /* the final failure's sentence          */
@@ -124,6 +137,9 @@ struct ddplug_plugin_group {
   cudaStream_t last_stream;
   ddplug_plugin_request *live;       /* requests not yet freed              */
   ddplug_plugin_request *spare;      /* freed requests kept for reuse       */
+  ddplug_plugin_request **p2p_queue; /* sends and receives not yet launched
+                                        (p2p.c), in the order started      */
+  int p2p_n, p2p_cap;
   uint64_t abort_poll_ns;            /* next time waits look at the store   */
 };
 

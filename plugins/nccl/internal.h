@@ -22,6 +22,8 @@
  *   agree.c       "did every rank succeed?" through the store (setup phases)
  *   staging.c     events and host↔device staging buffers (pools)
  *   mismatch.c    the optional cross-rank check of every collective
+ *   p2p.c         sends and receives: ncclSend / ncclRecv, queued and
+ *                 launched together as one NCCL group section
  * The semantics (what happens on timeout, abort, peer loss; what NCCL cannot
  * detect) are documented in README.md beside this file.
  *
@@ -221,7 +223,20 @@ int ddnccl_status_of(ncclResult_t r);
 int ddnccl_check_mismatch(ddplug_plugin_group *g,
                           const ddplug_coll_args *a);
 
-/* The slots (group.c, collective.c), for the table in entry.c. */
+/* collective.c: where a buffer lives (mem DEVICE/HOST, or asked of CUDA):
+ * *is_host, *pinned. Fills err and returns INVALID_ARGUMENT for device
+ * memory of another GPU. which names the buffer in err. */
+int ddnccl_classify(ddplug_plugin_group *g, const void *ptr, int32_t mem,
+                    const char *which, int *is_host, int *pinned, char *err,
+                    size_t cap);
+/* A request from the spare list or malloc, zeroed up to its texts; NULL
+ * when out of memory. */
+ddplug_plugin_request *ddnccl_request_new(ddplug_plugin_group *g);
+/* p2p.c: launch the queued sends and receives as one NCCL group section
+ * (collective_start, request_wait and request_test call it first). On
+ * failure the group is failed. */
+int ddnccl_p2p_flush(ddplug_plugin_group *g);
+/* The slots (group.c, collective.c, p2p.c), for the table in entry.c. */
 int ddnccl_group_create(const ddplug_group_init *init,
                         const ddplug_host_services *svc,
                         ddplug_plugin_group **out);
@@ -236,5 +251,7 @@ int ddnccl_request_test(ddplug_plugin_group *group,
                         ddplug_plugin_request *req, int32_t *done);
 void ddnccl_request_free(ddplug_plugin_group *group,
                          ddplug_plugin_request *req);
+int ddnccl_p2p_start(ddplug_plugin_group *group, const ddplug_p2p_args *args,
+                     ddplug_plugin_request **req);
 
 #endif /* DDPLUG_NCCL_INTERNAL_H */

@@ -636,3 +636,41 @@ TEST_T(request_test_does_not_block_on_a_broken_ring, 60) {
   test_case *tc = hd_shared_page(4096);
   CHECK_EQ_INT(hd_run_world(2, layout, NULL, test_nonblocking_rank, tc, 60, NULL), 0);
 }
+
+/* ---- a node segment removed before this rank attached ------------------------
+ * The startup race: a rank killed while the run joins fails every rank's
+ * group_create; the node's first rank then removes the segment it had
+ * published, and a rank still on its way finds no file. It must name the
+ * cause, not the missing file: here rank 0, the segment's creator, is dead
+ * (a process that exited), and rank 1 finds its published segment gone. */
+
+static void write_key(const hd_world *w, const char *key, const char *value) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/k_%s", w->dir, key);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  fputs(value, f);
+  fclose(f);
+}
+
+TEST_T(segment_gone_before_attach_names_the_dead_creator, 60) {
+  hd_world w;
+  hd_world_init(&w, 2, NULL, NULL);
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  CHECK(dead > 0);
+  int st = 0;
+  CHECK(waitpid(dead, &st, 0) == dead);
+  char pid[32], name[128];
+  snprintf(pid, sizeof pid, "%d", (int)dead);
+  write_key(&w, "drv_pid_0", pid);
+  ddcpu_shm_name(name, sizeof name, w.run_id, 0); /* published, never created */
+  write_key(&w, "shm_0", name);
+  hd_rank r;
+  int s = hd_open(&r, &w, 1);
+  dt_note("rank 1: %s", r.error);
+  CHECK_STATUS(s, DDPLUG_E_PEER_LOST);
+  CHECK_CONTAINS(r.error, "rank 0 (pid");
+  CHECK_CONTAINS(r.error, "exited while the node's ranks attached to its shared memory");
+  hd_world_cleanup(&w);
+}

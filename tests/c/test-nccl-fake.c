@@ -815,6 +815,148 @@ TEST(mismatch_check_leaves_the_group_usable) {
   store_free(s);
 }
 
+/* ---- point-to-point: ncclSend / ncclRecv --------------------------------- */
+
+static ddplug_p2p_args p2p_args(int kind, void *buf, uint64_t count, int dtype, int peer,
+                                int64_t tag, void *stream) {
+  ddplug_p2p_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+  a.kind = kind;
+  a.buf = buf;
+  a.count = count;
+  a.dtype = dtype;
+  a.peer = peer;
+  a.tag = tag;
+  a.stream = stream;
+  return a;
+}
+
+/* Both ranks send first and receive second (torch's batch_isend_irecv):
+ * the fake deadlocks a send and a receive waiting for each other unless
+ * they are one NCCL group section, which the plugin makes of operations
+ * started back to back. Device, pageable and pinned buffers; zero count;
+ * then a collective after a queued send keeps its place in the order. */
+static void p2p_exchange(frank *f) {
+  const size_t n = 1000;
+  int peer = 1 - f->rank;
+  void *dsend, *drecv, *pinned;
+  CHECK(cudaMalloc(&dsend, n * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&drecv, n * 4) == cudaSuccess);
+  CHECK(cudaHostAlloc(&pinned, n * 4, 0) == cudaSuccess);
+  float *host = malloc(n * 4), *hout = malloc(n * 4);
+  for (int kind = 0; kind < 3; kind++) {
+    float *src = kind == 0 ? dsend : kind == 1 ? host : pinned;
+    float *dst = kind == 0 ? drecv : hout;
+    for (size_t i = 0; i < n; i++) src[i] = (float)(100 * f->rank + i % 97);
+    memset(dst, 0, n * 4);
+    ddplug_p2p_args sa = p2p_args(DDPLUG_P2P_SEND, src, n, DDPLUG_FLOAT32, peer, 0, NULL);
+    ddplug_p2p_args ra = p2p_args(DDPLUG_P2P_RECV, dst, n, DDPLUG_FLOAT32, peer, 0, NULL);
+    ddplug_plugin_request *rs = NULL, *rr = NULL;
+    CHECK_OK(ddnccl_p2p_start(f->g, &sa, &rs));
+    CHECK_OK(ddnccl_p2p_start(f->g, &ra, &rr));
+    CHECK_OK(ddnccl_request_wait(f->g, rr, 5000));
+    CHECK_OK(ddnccl_request_wait(f->g, rs, 5000));
+    ddnccl_request_free(f->g, rs);
+    ddnccl_request_free(f->g, rr);
+    for (size_t i = 0; i < n; i++)
+      CHECK_MSG(dst[i] == (float)(100 * peer + i % 97), "rank %d kind %d element %zu is %g",
+                f->rank, kind, i, dst[i]);
+  }
+  /* zero elements */
+  ddplug_p2p_args z = p2p_args(f->rank ? DDPLUG_P2P_RECV : DDPLUG_P2P_SEND, NULL, 0,
+                               DDPLUG_INT32, peer, 0, NULL);
+  ddplug_plugin_request *rz = NULL;
+  CHECK_OK(ddnccl_p2p_start(f->g, &z, &rz));
+  CHECK_OK(ddnccl_request_wait(f->g, rz, 5000));
+  ddnccl_request_free(f->g, rz);
+  /* a send (receive) queued, then an allreduce on both: the queued one is
+   * launched first, as started (launched after the allreduce, rank 0's
+   * send and rank 1's allreduce would wait for each other) */
+  int32_t *d;
+  CHECK(cudaMalloc((void **)&d, 4 * sizeof *d) == cudaSuccess);
+  for (int i = 0; i < 4; i++) d[i] = f->rank + 1;
+  ddplug_plugin_request *r1 = NULL;
+  ddplug_p2p_args one = p2p_args(f->rank ? DDPLUG_P2P_RECV : DDPLUG_P2P_SEND, dsend, n,
+                                 DDPLUG_FLOAT32, peer, 0, NULL);
+  CHECK_OK(ddnccl_p2p_start(f->g, &one, &r1));
+  if (f->rank == 0) {
+    ddplug_coll_args ar = coll(DDPLUG_COLL_ALLREDUCE, d, d, 4, DDPLUG_INT32, DDPLUG_OP_SUM, 0, NULL);
+    ddplug_plugin_request *rc = NULL;
+    CHECK_OK(ddnccl_collective_start(f->g, &ar, &rc));
+    CHECK_OK(ddnccl_request_wait(f->g, rc, 5000));
+    ddnccl_request_free(f->g, rc);
+  } else {
+    /* rank 1 launches its receive by waiting for it first */
+    CHECK_OK(ddnccl_request_wait(f->g, r1, 5000));
+    RUN_OK(f, coll(DDPLUG_COLL_ALLREDUCE, d, d, 4, DDPLUG_INT32, DDPLUG_OP_SUM, 0, NULL));
+  }
+  CHECK_EQ_INT(d[3], 3);
+  CHECK_OK(ddnccl_request_wait(f->g, r1, 5000));
+  ddnccl_request_free(f->g, r1);
+  CHECK(cudaFree(d) == cudaSuccess);
+  CHECK(cudaFree(dsend) == cudaSuccess);
+  CHECK(cudaFree(drecv) == cudaSuccess);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  free(host);
+  free(hout);
+}
+
+TEST(p2p_sends_and_receives_started_together_are_fused_and_delivered) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 10000, p2p_exchange, NULL);
+  all_created(f, 2);
+  for (int r = 0; r < 2; r++) CHECK_OK(f[r].destroyed);
+  CHECK_EQ_INT(fake_misuses(), 0);
+  store_free(s);
+}
+
+/* A tag other than 0 is refused (NCCL matches by order); a receive nobody
+ * sends to times out in request_wait and stays pending; the send then
+ * completes it. */
+static void p2p_tag_and_timeout(frank *f) {
+  int32_t *d;
+  CHECK(cudaMalloc((void **)&d, 8 * sizeof *d) == cudaSuccess);
+  int peer = 1 - f->rank;
+  ddplug_plugin_request *r = NULL;
+  ddplug_p2p_args tagged = p2p_args(DDPLUG_P2P_SEND, d, 8, DDPLUG_INT32, peer, 3, NULL);
+  CHECK_STATUS(ddnccl_p2p_start(f->g, &tagged, &r), DDPLUG_E_UNSUPPORTED);
+  CHECK_CONTAINS(f->fr.err, "takes tag 0 only");
+  CHECK(r == NULL);
+  if (f->rank == 1) {
+    ddplug_p2p_args ra = p2p_args(DDPLUG_P2P_RECV, d, 8, DDPLUG_INT32, peer, 0, NULL);
+    CHECK_OK(ddnccl_p2p_start(f->g, &ra, &r));
+    CHECK_STATUS(ddnccl_request_wait(f->g, r, 100), DDPLUG_E_TIMEOUT);
+    CHECK_CONTAINS(f->fr.err, "receive of 8 x int32 from rank 0");
+    int32_t done = 1;
+    CHECK_OK(ddnccl_request_test(f->g, r, &done));
+    CHECK_EQ_INT(done, 0);
+  }
+  pthread_barrier_wait(&g_sync);
+  if (f->rank == 0) {
+    for (int i = 0; i < 8; i++) d[i] = 40 + i;
+    ddplug_p2p_args sa = p2p_args(DDPLUG_P2P_SEND, d, 8, DDPLUG_INT32, peer, 0, NULL);
+    CHECK_OK(ddnccl_p2p_start(f->g, &sa, &r));
+  }
+  CHECK_OK(ddnccl_request_wait(f->g, r, 5000));
+  ddnccl_request_free(f->g, r);
+  if (f->rank == 1) CHECK_EQ_INT(d[7], 47);
+  CHECK(cudaFree(d) == cudaSuccess);
+}
+
+TEST(p2p_tag_other_than_0_refused_and_a_late_send_completes_a_timed_out_receive) {
+  fake_reset();
+  frank f[2];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 2, "{}", 10000, p2p_tag_and_timeout, NULL);
+  all_created(f, 2);
+  CHECK_EQ_INT(fake_misuses(), 0);
+  store_free(s);
+}
+
 TEST(no_device_through_the_fake) {
   fake_reset();
   fake.devices = 0;

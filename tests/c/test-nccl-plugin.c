@@ -50,7 +50,7 @@ TEST(shared_object_loads_without_a_driver_and_describes_itself) {
   CHECK_EQ_INT(DDPLUG_VERSION_MAJOR_OF(t->abi_version), DDPLUG_PLUGIN_ABI_MAJOR);
   uint64_t want = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY |
                   DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_ABORT |
-                  DDPLUG_CAP_STREAMS;
+                  DDPLUG_CAP_STREAMS | DDPLUG_CAP_P2P;
   CHECK_EQ_INT(t->caps, want);
   for (int d = 1; d < DDPLUG_DTYPE_COUNT_; d++)
     CHECK_MSG(t->dtype_mask & DDPLUG_DTYPE_BIT(d), "dtype %d missing", d);

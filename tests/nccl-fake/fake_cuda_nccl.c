@@ -28,7 +28,16 @@
  *     issued its first one (lazy connection setup, NCCL_RUNTIME_CONNECT=1);
  *     a call while the previous one is still ncclInProgress is refused
  *     (ncclInvalidUsage) and counted (fake_misuses);
- *   - asynchronous errors can be injected per rank.
+ *   - asynchronous errors can be injected per rank;
+ *   - ncclSend / ncclRecv: between two ranks, the n-th send matches the n-th
+ *     receive (NCCL matches by order, it has no tags); one completes when its
+ *     partner has reached the head of its own stream, so a send and a
+ *     receive waiting for each other on two streams deadlock unless they are
+ *     fused in one ncclGroupStart / ncclGroupEnd section (as with NCCL for
+ *     messages beyond its buffers); a count or dtype that differ never
+ *     complete. Calls between ncclGroupStart and ncclGroupEnd are queued as
+ *     one operation; ncclGroupEnd launches it (ncclInProgress on a
+ *     non-blocking communicator, as for a collective).
  * One lock serialises the whole fake. */
 #include <pthread.h>
 #include <stdio.h>
@@ -246,6 +255,21 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 /* ---- streams and events --------------------------------------------------- */
 
+/* One message between two ranks (ncclSend / ncclRecv): the n-th send of
+ * src to dst meets the n-th receive of dst from src. */
+typedef struct fk_msg {
+  int src, dst;
+  uint64_t n;
+  const void *send;
+  void *recv;
+  size_t send_count, recv_count;
+  ncclDataType_t send_dt, recv_dt;
+  int send_posted, recv_posted; /* its side reached the head of its stream */
+  int has_send, has_recv;
+  int done;
+  struct fk_msg *next;
+} fk_msg;
+
 typedef struct fk_coll {
   uint64_t seq;
   int kind; /* 0 allreduce, 1 broadcast, 2 allgather */
@@ -266,11 +290,14 @@ typedef struct fk_clique {
   int connecting;        /* ranks that issued their first collective      */
   int aborted[MAX_RANKS];
   fk_coll *colls;
+  fk_msg *msgs;
+  uint64_t sends[MAX_RANKS][MAX_RANKS], recvs[MAX_RANKS][MAX_RANKS]; /* so far */
   struct fk_clique *next;
 } fk_clique;
 static fk_clique *cliques;
 
-enum { OP_COPY, OP_EVENT, OP_WAIT, OP_COLL };
+enum { OP_COPY, OP_EVENT, OP_WAIT, OP_COLL, OP_P2P };
+#define MAX_PARTS 64
 typedef struct fk_stream fk_stream;
 typedef struct fk_op {
   int kind;
@@ -282,6 +309,9 @@ typedef struct fk_op {
   fk_coll *coll;        /* OP_COLL: the collective, its clique, this rank */
   fk_clique *cl;
   int rank;
+  int nparts;           /* OP_P2P: the sends and receives fused in it      */
+  fk_msg *part[MAX_PARTS];
+  int part_send[MAX_PARTS];
   struct fk_op *next;
 } fk_op;
 
@@ -473,6 +503,27 @@ static int progress_stream(fk_stream *s) {
       memmove(op->dst, op->src, op->n);
     } else if (op->kind == OP_WAIT) {
       if (op->wst->done < op->wpos) break;
+    } else if (op->kind == OP_P2P) {
+      fk_clique *cl = op->cl;
+      if (!cl->aborted[op->rank]) {
+        int all = 1;
+        for (int i = 0; i < op->nparts; i++) {
+          fk_msg *m = op->part[i];
+          if (op->part_send[i]) m->send_posted = 1;
+          else m->recv_posted = 1;
+        }
+        for (int i = 0; i < op->nparts; i++) {
+          fk_msg *m = op->part[i];
+          if (!m->done && m->send_posted && m->recv_posted && m->send_dt == m->recv_dt &&
+              m->send_count == m->recv_count) {
+            if (m->send_count) memcpy(m->recv, m->send, m->send_count * dt_size(m->send_dt));
+            m->done = 1;
+            completed++;
+          }
+          if (!m->done) all = 0;
+        }
+        if (!all) break;
+      }
     } else if (op->kind == OP_COLL) {
       fk_coll *c = op->coll;
       fk_clique *cl = op->cl;
@@ -624,6 +675,17 @@ const char *ncclGetLastError(ncclComm_t comm) {
   return "fake NCCL: see the test";
 }
 
+/* Under mu: a call while the previous one is still ncclInProgress, which
+ * NCCL refuses; counted, and mu released. */
+static int misused(ncclComm_t comm) {
+  if (comm_state(comm, 0) != ncclInProgress) return 0;
+  misuses++;
+  pthread_mutex_unlock(&mu);
+  fprintf(stderr, "fake nccl: rank %d used its communicator before the "
+                  "previous operation returned ncclSuccess\n", comm->rank);
+  return 1;
+}
+
 /* Queues this rank's part of collective number comm->seq. */
 static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count,
                             ncclDataType_t dt, ncclRedOp_t op, int root,
@@ -632,13 +694,7 @@ static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count
   size_t es = dt_size(dt);
   size_t rbytes = (kind == 2 ? count * (size_t)comm->cl->nranks : count) * es;
   pthread_mutex_lock(&mu);
-  if (comm_state(comm, 0) == ncclInProgress) {
-    misuses++;
-    pthread_mutex_unlock(&mu);
-    fprintf(stderr, "fake nccl: rank %d used its communicator before the "
-                    "previous operation returned ncclSuccess\n", comm->rank);
-    return ncclInvalidUsage;
-  }
+  if (misused(comm)) return ncclInvalidUsage;
   int sends = kind != 1 || comm->rank == root;
   if ((sends && count && !is_device(send, count * es, comm->dev)) ||
       (count && !is_device(recv, rbytes, comm->dev))) {
@@ -691,6 +747,111 @@ static ncclResult_t enqueue(int kind, const void *send, void *recv, size_t count
   ncclResult_t r = comm_state(comm, 0);
   pthread_mutex_unlock(&mu);
   return r == ncclInProgress ? ncclInProgress : ncclSuccess;
+}
+
+/* ---- point-to-point ----------------------------------------------------------- */
+
+static __thread int group_depth;
+static __thread fk_op *group_op;        /* the section's fused operation   */
+static __thread ncclComm_t group_comm;
+static __thread cudaStream_t group_stream;
+
+ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+/* Under mu: the message src -> dst number n (made when first asked for). */
+static fk_msg *message(fk_clique *cl, int src, int dst, uint64_t n) {
+  for (fk_msg *m = cl->msgs; m; m = m->next)
+    if (m->src == src && m->dst == dst && m->n == n) return m;
+  fk_msg *m = calloc(1, sizeof *m);
+  m->src = src;
+  m->dst = dst;
+  m->n = n;
+  m->next = cl->msgs;
+  cl->msgs = m;
+  return m;
+}
+
+/* Launch op on stream (a fused section, or one call): like a collective's
+ * enqueue, ncclInProgress on a non-blocking communicator for a few polls. */
+static ncclResult_t launch_p2p(ncclComm_t comm, fk_op *op, cudaStream_t stream) {
+  pthread_mutex_lock(&mu);
+  push(resolve(stream), op);
+  if (!comm->blocking) comm->polls = fake.launch_polls;
+  ncclResult_t r = comm_state(comm, 0);
+  pthread_mutex_unlock(&mu);
+  return r == ncclInProgress ? ncclInProgress : ncclSuccess;
+}
+
+static ncclResult_t p2p(int send, void *buf, size_t count, ncclDataType_t dt, int peer,
+                        ncclComm_t comm, cudaStream_t stream) {
+  if (!comm || peer < 0 || peer >= comm->cl->nranks || peer == comm->rank)
+    return ncclInvalidArgument;
+  pthread_mutex_lock(&mu);
+  if (misused(comm)) return ncclInvalidUsage;
+  if (count && !is_device(buf, count * dt_size(dt), comm->dev)) {
+    pthread_mutex_unlock(&mu);
+    fprintf(stderr, "fake nccl: rank %d passed a %s buffer that is not device "
+                    "memory of device %d\n", comm->rank, send ? "send" : "receive", comm->dev);
+    return ncclInvalidArgument;
+  }
+  fk_clique *cl = comm->cl;
+  int src = send ? comm->rank : peer, dst = send ? peer : comm->rank;
+  uint64_t n = send ? cl->sends[src][dst]++ : cl->recvs[src][dst]++;
+  fk_msg *m = message(cl, src, dst, n);
+  if (send) {
+    m->has_send = 1;
+    m->send = buf;
+    m->send_count = count;
+    m->send_dt = dt;
+  } else {
+    m->has_recv = 1;
+    m->recv = buf;
+    m->recv_count = count;
+    m->recv_dt = dt;
+  }
+  fk_op *op = group_depth ? group_op : NULL;
+  if (!op) {
+    op = calloc(1, sizeof *op);
+    op->kind = OP_P2P;
+    op->cl = cl;
+    op->rank = comm->rank;
+  }
+  if (op->nparts == MAX_PARTS) {
+    pthread_mutex_unlock(&mu);
+    return ncclInvalidUsage;
+  }
+  op->part_send[op->nparts] = send;
+  op->part[op->nparts++] = m;
+  pthread_mutex_unlock(&mu);
+  if (group_depth) {
+    group_op = op;
+    group_comm = comm;
+    group_stream = stream;
+    return ncclSuccess;
+  }
+  return launch_p2p(comm, op, stream);
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth > 0) return ncclSuccess;
+  fk_op *op = group_op;
+  group_op = NULL;
+  if (!op) return ncclSuccess;
+  return launch_p2p(group_comm, op, group_stream);
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  return p2p(1, (void *)sendbuff, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  return p2p(0, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

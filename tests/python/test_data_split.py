@@ -84,12 +84,16 @@ def test_per_rank_datasets_and_exact_evaluation(out: Path, world: int) -> None:
     for r in ranks:
         s = r["streams"]["train"]
         assert s["owner"] == "user" and "already sharded per rank" in s["line"], s["line"]
-        assert "Trainer(use_distributed_sampler=False) changes nothing under ddplug" in s["line"]
+        # the loader is rank-aware (sharded): use_distributed_sampler=False is what happens, no notice
+        assert "use_distributed_sampler" not in s["line"], s["line"]
         rep = report(r, "train")
         assert rep["verdict"] == "PASS" and rep["num_samples"] == 1002 and rep["covered"] == 1002
         # validation: exact, uneven counts
         val = report(r, "val")
         assert val["verdict"] == "PASS" and val["covered"] == 1001 and val["deliveries"] == 1001
+        # the plain validation loader is split by ddplug: there, the notice says so
+        assert r["streams"]["val"]["owner"] == "plugin"
+        assert "use_distributed_sampler=False) does not keep this loader whole" in r["streams"]["val"]["line"]
         shards = report(r, "val.1")
         assert shards["verdict"] == "PASS" and shards["num_samples"] == 1001 and shards["covered"] == 1001
         assert r["streams"]["val.2"]["owner"] == "user"

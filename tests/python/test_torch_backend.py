@@ -181,6 +181,53 @@ def test_an_exception_on_one_rank_fails_the_others_barrier(out: Path, kind: str)
     assert f"rank {victim} aborted the run: rank {victim}: {error}" in other["error"]
 
 
+def test_a_zero_timeout_times_out_at_once_and_says_where_timeouts_come_from(out: Path) -> None:
+    """barrier(timeout=timedelta(0)) on rank 0 (0 is 0, not "the default"): it
+    times out at once, ending the run; rank 1, waiting to receive from rank 0,
+    gets rank 0's reason. Both messages say "timed out" and name timeout= and
+    timeouts.collective_s once."""
+    codes, outs = run_ranks("torch_run.py", 2, "failure", "--kind", "timeout0", out_dir=out)
+    results = ranks(out, 2)
+    all_checks_pass(results, outs, errors_expected=True)
+    assert results[0]["type"] == "Timeout", results[0]
+
+
+def test_torchs_timeout_semantics_for_the_group() -> None:
+    """The group's collective timeout: the user's timeout= (0 is 0: the
+    shortest, 1 ms); without one, the config's timeouts.collective_s where the
+    config sets it, else torch's default for CPU backends (30 minutes), not
+    ddplug's own default."""
+    import datetime
+
+    from torch.distributed.constants import default_pg_timeout
+
+    import ddplug
+    from ddplug.distributed.create import _collective_timeout_s
+
+    plain = ddplug.Config.from_dict({"plugin": "cpu"})
+    configured = ddplug.Config.from_dict({"plugin": "cpu", "timeouts": {"collective_s": 42}})
+    try:
+        assert _collective_timeout_s(default_pg_timeout, plain) == 1800.0
+        assert _collective_timeout_s(None, plain) == 1800.0
+        assert _collective_timeout_s(default_pg_timeout, configured) is None  # the config's 42 s
+        assert _collective_timeout_s(datetime.timedelta(seconds=5), configured) == 5.0
+        assert _collective_timeout_s(datetime.timedelta(0), plain) == 0.001
+    finally:
+        plain.close()
+        configured.close()
+
+
+def test_the_torch_autoload_entry_point_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch turns an exception of a torch.backends entry point into a failing
+    `import torch`; ddplug's warns instead (the entry point itself is tested
+    where it exists: the installed wheel, tests/wheel/test-wheel.sh)."""
+    import ddplug._autoload as autoload
+
+    monkeypatch.setitem(sys.modules, "ddplug", None)  # `import ddplug` now fails
+    with pytest.warns(RuntimeWarning, match="could not register the torch.distributed backend"):
+        autoload.autoload()
+
+
 def test_the_plain_pytorch_example_runs(out: Path) -> None:
     """examples/pytorch/train.py, as the README shows it (torchrun-style ranks)."""
     from conftest import ROOT

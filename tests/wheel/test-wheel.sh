@@ -10,8 +10,11 @@
 #   3. install it into a new venv with the pinned torch and lightning (taken
 #      from a wheelhouse in WORK, filled once from pip's cache);
 #   4. from a directory outside the checkout, with no DDPLUG_* variable and
-#      no PYTHONPATH: the `ddplug` console script (info, --version), and a
-#      2-rank Trainer.fit(strategy="ddplug") (tests/wheel/fit.py).
+#      no PYTHONPATH: the `ddplug` console script (info, --version), a
+#      2-rank Trainer.fit(strategy="ddplug") (tests/wheel/fit.py), and a
+#      2-rank init_process_group("ddplug") in a script that never imports
+#      ddplug (torch's autoload through the wheel's `torch.backends` entry
+#      point; off with TORCH_DEVICE_BACKEND_AUTOLOAD=0: tests/wheel/autoload.py).
 # usage: test-wheel.sh SOURCE_DIR WORK_DIR PYTHON
 #   PYTHON: the project's interpreter (its torch/lightning versions are the
 #   pinned ones; its pip builds the wheel).
@@ -120,4 +123,17 @@ for r in 0 1; do
     || { echo "$out" | tail -30; cat "wheel-fit-rank$r.txt" 2>/dev/null; fail "rank $r did not train from the wheel"; }
 done
 step "Trainer.fit: 2 ranks, 8 steps each, library and package from the venv"
+# torch's autoload: a script that never imports ddplug gets the backend
+grep -qx 'ddplug = ddplug._autoload:autoload' "$x"/ddplug-*.dist-info/entry_points.txt \
+  || fail "the wheel declares no torch.backends entry point"
+cp "$SRC/tests/wheel/autoload.py" .
+out=$("$venv/bin/python" autoload.py on 2>&1) || { echo "$out" | tail -30; fail "autoload: init_process_group(\"ddplug\") failed"; }
+for r in 0 1; do
+  grep -q "^autoload rank $r backend ddplug sum 3 recv \[$([[ $r == 1 ]] && echo '1.0, 2.0, 3.0' || echo '0.0, 0.0, 0.0')\] loaded_by_torch True$" \
+    "autoload-rank$r.txt" 2>/dev/null \
+    || { echo "$out" | tail -30; cat "autoload-rank$r.txt" 2>/dev/null; fail "autoload: rank $r"; }
+done
+out=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$venv/bin/python" autoload.py off 2>&1) \
+  || { echo "$out" | tail -30; fail "TORCH_DEVICE_BACKEND_AUTOLOAD=0 did not turn the autoload off"; }
+step "autoload: init_process_group(\"ddplug\") without importing ddplug; off with TORCH_DEVICE_BACKEND_AUTOLOAD=0"
 echo "ok: the wheel installs into a fresh venv and trains ($((SECONDS - t0)) s)"

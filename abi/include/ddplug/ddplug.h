@@ -71,7 +71,7 @@ extern "C" {
 
 /* Host API ABI version (independent of the plugin ABI version). */
 #define DDPLUG_ABI_MAJOR 1
-#define DDPLUG_ABI_MINOR 0
+#define DDPLUG_ABI_MINOR 1
 #define DDPLUG_ABI_VERSION DDPLUG_MAKE_VERSION(DDPLUG_ABI_MAJOR, DDPLUG_ABI_MINOR)
 
 /* ========================================================================
@@ -473,14 +473,91 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms);
 /* Never blocks: *done = 1 and OK when req completed, *done = 0 and OK while
  * it is pending, the failure status when it failed. Since 1.0. */
 DDPLUG_API int ddplug_request_test(ddplug_request *req, int *done);
-/* The request's sequence number on its context (1, 2, ...; 0 for NULL).
- * Never blocks; thread-safe. Since 1.0. */
+/* The request's sequence number on its context (1, 2, ...; 0 for NULL and
+ * for a send or receive, which are not collectives). Never blocks;
+ * thread-safe. Since 1.0. */
 DDPLUG_API uint64_t ddplug_request_seq(const ddplug_request *req);
 /* Release req. Freeing a pending request aborts the run (the collective
  * cannot be completed safely) — unless the plugin has no group_abort, then
  * it first waits (at most the collective timeout) for it to finish. A request
  * whose context was closed is just released. NULL is a no-op. Since 1.0. */
 DDPLUG_API void ddplug_request_free(ddplug_request *req);
+
+/* ========================================================================
+ * Point-to-point — one rank sends, one receives; the other ranks take no
+ * part. A plugin offers it with DDPLUG_CAP_P2P (and receives from any
+ * sender with DDPLUG_CAP_P2P_ANY_SOURCE); with any other plugin every call
+ * below is UNSUPPORTED naming the operation and the plugin ("plugin X has
+ * no point-to-point (send)"), nothing started, the run goes on.
+ *
+ * Matching: a receive takes the oldest message from its peer (any peer for
+ * DDPLUG_ANY_SOURCE) with its tag that no earlier receive took; between one
+ * sender and one receiver, messages of one tag arrive in the order they were
+ * sent. Receives are matched in the order they were posted. The count and
+ * dtype of a receive must equal the matched send's: otherwise the receive
+ * (and the send, where the plugin can tell) fails with MISMATCH naming both
+ * ranks, the tag and both counts, no data is delivered, and the run goes
+ * on. A send may complete before its receive is posted or only once it is
+ * (the cpu plugin buffers small messages, not large ones): never rely on
+ * either — two ranks that each send first and receive afterwards must use
+ * the i-forms, or order the calls.
+ *
+ * Point-to-point operations are not collectives: they take no sequence
+ * number (ddplug_request_seq is 0), do not count in the collectives' order,
+ * and may be pending while collectives run. The same thread rule holds (one
+ * thread at a time in a context's calls). Requests are waited for, tested
+ * and freed with ddplug_request_wait / _test / _free, whose rules apply:
+ * a wait's TIMEOUT leaves a send or receive pending; freeing a pending one
+ * ends the run (ddplug_request_free). A dead peer gives PEER_LOST naming it;
+ * an aborted run fails them all.
+ * ======================================================================== */
+
+/* Start sending count elements of dtype from buf to rank peer with tag
+ * (>= 0), and return a request in *req (released with ddplug_request_free,
+ * also after a failure). buf must stay valid and unchanged until the
+ * request completes. stream: as for the collectives (device plugins).
+ * Never waits for the peer where the plugin is asynchronous
+ * (DDPLUG_CAP_ASYNC). Errors, nothing started, *req untouched, the run goes
+ * on: INVALID_ARGUMENT (NULL ctx or req, buf NULL with count > 0, peer
+ * outside the world or this rank itself, a negative tag, a dtype outside
+ * ddplug's or the plugin's mask, a size that overflows); UNSUPPORTED (the
+ * plugin has no point-to-point, or refuses the arguments: nccl takes tag 0
+ * only); the run's status once it ended (ABORTED, PEER_LOST, ...). Not
+ * thread-safe (see above). Since 1.1. */
+DDPLUG_API int ddplug_isend(ddplug_context *ctx, const void *buf, uint64_t count, int dtype,
+                            int peer, int64_t tag, void *stream, ddplug_request **req);
+
+/* Start receiving count elements of dtype into buf from rank peer (or from
+ * any rank: DDPLUG_ANY_SOURCE, with DDPLUG_CAP_P2P_ANY_SOURCE) with tag
+ * (>= 0), and return a request in *req. buf must stay valid until the
+ * request completes; ddplug_request_source then names the sender. Errors as
+ * ddplug_isend, plus UNSUPPORTED for DDPLUG_ANY_SOURCE with a plugin that
+ * cannot match any sender; a MISMATCH (see above) ends the request, not the
+ * run. Since 1.1. */
+DDPLUG_API int ddplug_irecv(ddplug_context *ctx, void *buf, uint64_t count, int dtype,
+                            int peer, int64_t tag, void *stream, ddplug_request **req);
+
+/* Blocking forms: start, wait at most timeout_ms (> 0, or
+ * DDPLUG_TIMEOUT_DEFAULT: the collective timeout), free. A send or receive
+ * that does not complete in time ends the run on every rank (as a blocking
+ * collective's TIMEOUT does: the operation cannot be taken back), with a
+ * sentence naming the operation, the peer and the tag. ddplug_recv stores
+ * the sender's rank in *source (may be NULL) — of interest with
+ * DDPLUG_ANY_SOURCE. Errors as the i-forms, plus TIMEOUT, PEER_LOST and
+ * ABORTED (the run is over) and MISMATCH (it goes on). Since 1.1. */
+DDPLUG_API int ddplug_send(ddplug_context *ctx, const void *buf, uint64_t count, int dtype,
+                           int peer, int64_t tag, void *stream, int64_t timeout_ms);
+DDPLUG_API int ddplug_recv(ddplug_context *ctx, void *buf, uint64_t count, int dtype,
+                           int peer, int64_t tag, void *stream, int64_t timeout_ms,
+                           int *source);
+
+/* The rank whose message the receive request req matched, into *rank.
+ * Returns OK once the receive completed successfully; INVALID_ARGUMENT
+ * (*rank untouched) for NULL arguments, a request that is not a receive,
+ * or a receive that is still pending or failed (the last error says which:
+ * wait for it first). Never blocks; not concurrently with a wait on req.
+ * Since 1.1. */
+DDPLUG_API int ddplug_request_source(const ddplug_request *req, int *rank);
 
 /* ========================================================================
  * Registered memory — host buffers the plugin's collectives reach from

@@ -11,17 +11,6 @@
 #include "run/context.h"
 #include "store/store.h"
 
-struct ddplug_request {
-  ddplug_context *ctx;           /* NULL once its context was closed        */
-  ddplug_plugin_request *preq;
-  struct ddplug_request *prev, *next; /* ctx->live                          */
-  uint64_t seq;
-  int kind;
-  int finished; /* 1 once the plugin reported completion or final failure */
-  int status;   /* final status when finished                             */
-  char what[128];
-};
-
 static const char *kind_name(int kind) {
   switch (kind) {
     case DDPLUG_COLL_ALLREDUCE: return "allreduce";
@@ -95,7 +84,7 @@ static int validate(ddplug_context *ctx, const ddplug_coll_args *a, const char *
  * usable) leave the run going; anything else that left a collective
  * unstarted or unfinished ends it, with this rank's explanation (the last
  * error) for everyone. */
-static void end_run_if_broken(ddplug_context *ctx, int s) {
+void ddplug__end_run_if_broken(ddplug_context *ctx, int s) {
   if (s == DDPLUG_OK || s == DDPLUG_E_MISMATCH || s == DDPLUG_E_INVALID_ARGUMENT ||
       s == DDPLUG_E_UNSUPPORTED || atomic_load(&ctx->state) != DDPLUG__CTX_OPEN)
     return;
@@ -105,22 +94,43 @@ static void end_run_if_broken(ddplug_context *ctx, int s) {
   ddplug__set_last_error(msg);
 }
 
-static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
-                 ddplug_request **out) {
+int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out) {
+  ddplug_request *req = ddplug__calloc(1, sizeof *req);
+  if (!req) return ddplug__ctx_capture_error(
+      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  req->ctx = ctx;
+  *out = req;
+  return DDPLUG_OK;
+}
+
+int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
+                                 const char *slot) {
+  ddplug__free(req);
+  int run = ddplug__ctx_check(ctx);
+  if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
+  ddplug__plugin_err_take(ctx, s, slot);
+  return s;
+}
+
+int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out) {
   if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
   if (!out) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                                      "%s: req must not be NULL", fn));
   int s = ddplug__ctx_check(ctx);
-  if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
+  return s != DDPLUG_OK ? ddplug__ctx_capture_error(ctx, s) : DDPLUG_OK;
+}
+
+static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
+                 ddplug_request **out) {
+  int s = ddplug__start_check(ctx, fn, out);
+  if (s != DDPLUG_OK) return s;
   s = validate(ctx, a, fn);
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
-  ddplug_request *req = ddplug__calloc(1, sizeof *req);
-  if (!req) return ddplug__ctx_capture_error(
-      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  ddplug_request *req = NULL;
+  if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) return s;
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->seq = ctx->seq + 1;
-  req->ctx = ctx;
   req->seq = a->seq;
   req->kind = a->kind;
   if (a->kind == DDPLUG_COLL_BARRIER)
@@ -134,21 +144,22 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
-    ddplug__free(req);
-    int run = ddplug__ctx_check(ctx);
-    if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
-    ddplug__plugin_err_take(ctx, s, "collective_start");
-    end_run_if_broken(ctx, s);
+    if (ddplug__request_start_failed(ctx, req, s, "collective_start") != s) return s;
+    ddplug__end_run_if_broken(ctx, s);
     return ddplug__ctx_capture_error(ctx, s);
   }
   ctx->seq = a->seq;
+  ddplug__request_link(ctx, req);
+  *out = req;
+  return DDPLUG_OK;
+}
+
+void ddplug__request_link(ddplug_context *ctx, ddplug_request *req) {
   pthread_mutex_lock(&ctx->mu);
   req->next = ctx->live;
   if (ctx->live) ctx->live->prev = req;
   ctx->live = req;
   pthread_mutex_unlock(&ctx->mu);
-  *out = req;
-  return DDPLUG_OK;
 }
 
 void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group) {
@@ -237,7 +248,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   }
   if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
-    ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", req->what,
+    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", req->what,
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_capture_error(ctx, s);
   }
@@ -308,18 +319,26 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
  * did not complete leaves the group unusable: abort the run with the reason. */
 static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
                         int64_t timeout_ms) {
-  if (timeout_ms != DDPLUG_TIMEOUT_DEFAULT && timeout_ms <= 0)
-    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                                             "%s: timeout %lld ms: a blocking collective "
-                                             "needs a positive timeout or "
-                                             "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
-                                             "and ddplug_request_test)",
-                                             fn, (long long)timeout_ms));
+  if (ddplug__blocking_timeout_check(ctx, fn, timeout_ms, "collective") != DDPLUG_OK)
+    return DDPLUG_E_INVALID_ARGUMENT;
   ddplug_request *req = NULL;
   int s = start(ctx, a, fn, &req);
   if (s != DDPLUG_OK) return s;
-  s = ddplug_request_wait(req, timeout_ms);
-  end_run_if_broken(ctx, s);
+  return ddplug__request_finish_blocking(ctx, req, ddplug_request_wait(req, timeout_ms));
+}
+
+int ddplug__blocking_timeout_check(ddplug_context *ctx, const char *fn, int64_t timeout_ms,
+                                   const char *what) {
+  if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT || timeout_ms > 0) return DDPLUG_OK;
+  return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                                           "%s: timeout %lld ms: a blocking %s needs a positive "
+                                           "timeout or DDPLUG_TIMEOUT_DEFAULT (to poll, use the "
+                                           "i-form and ddplug_request_test)",
+                                           fn, (long long)timeout_ms, what));
+}
+
+int ddplug__request_finish_blocking(ddplug_context *ctx, ddplug_request *req, int s) {
+  ddplug__end_run_if_broken(ctx, s);
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
   ddplug_request_free(req);

@@ -17,6 +17,8 @@
  *   services.c    the host services table plugins get (store, log, clock,
  *                 typed options)
  *   collective.c  argument checks, sequence numbers, requests, waits
+ *   p2p.c         point-to-point: sends and receives through the plugin's
+ *                 p2p_start, their checks and blocking forms
  *   memory.c      registered memory through the plugin's mem slots
  *   world.c       world discovery from the config and the environment
  *   runonce.c     run-once: one rank does the work, the others wait for it
@@ -241,9 +243,49 @@ void ddplug__runonce_forget(const ddplug_context *ctx);
 
 /* ---- collective.c --------------------------------------------------------- */
 
+/* A started collective, send or receive (ddplug_request): the plugin's
+ * request and what the runtime says about it. */
+struct ddplug_request {
+  ddplug_context *ctx;           /* NULL once its context was closed        */
+  ddplug_plugin_request *preq;
+  struct ddplug_request *prev, *next; /* ctx->live                          */
+  uint64_t seq;                  /* collectives; 0 for a send or receive    */
+  int kind;                      /* ddplug_coll_kind, or DDPLUG__REQ_SEND /
+                                    DDPLUG__REQ_RECV                        */
+  int finished; /* 1 once the plugin reported completion or final failure */
+  int status;   /* final status when finished                             */
+  int32_t source; /* a receive: the matched sender (the plugin writes it)  */
+  char what[128];
+};
+/* ddplug_request.kind of point-to-point requests (after the collectives'). */
+#define DDPLUG__REQ_SEND 100
+#define DDPLUG__REQ_RECV 101
+
 /* At close, before group_destroy: requests not yet freed lose their
  * context; the plugin's side of finished ones is freed now, of pending ones
  * by group_destroy. Freeing a request later frees only its wrapper. */
 void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group);
+/* The checks every start makes first (ctx and out given, the run still
+ * going): OK, or the status with ctx's last error set. */
+int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out);
+/* A zeroed request of ctx into *out (NO_MEMORY naming fn). */
+int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out);
+/* The plugin's start slot failed with s: free req; the run's status when
+ * the run has ended meanwhile (ctx's last error set), else s with the
+ * plugin's explanation (or one naming slot) as the last error. */
+int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
+                                 const char *slot);
+/* Add a started request to ctx's live list (freed or orphaned later). */
+void ddplug__request_link(ddplug_context *ctx, struct ddplug_request *req);
+/* After a blocking call's wait failed with s: a caller error or a mismatch
+ * leaves the run going; anything else ends it on every rank, with this
+ * rank's last error as the reason. */
+void ddplug__end_run_if_broken(ddplug_context *ctx, int s);
+/* A blocking call's timeout: > 0 or DDPLUG_TIMEOUT_DEFAULT; otherwise
+ * INVALID_ARGUMENT naming fn and what ("collective", "send or receive"). */
+int ddplug__blocking_timeout_check(ddplug_context *ctx, const char *fn, int64_t timeout_ms,
+                                   const char *what);
+/* A blocking call's end: free req, keeping the wait's last error. */
+int ddplug__request_finish_blocking(ddplug_context *ctx, struct ddplug_request *req, int s);
 
 #endif /* DDPLUG_CONTEXT_H */

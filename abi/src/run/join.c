@@ -290,7 +290,7 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
                    "this port can read and change the run's keys, forge an "
                    "abort, or hold its connections. Set %s to the same random "
                    "value on every rank (ddplug run does this by itself; see "
-                   "the README, \"What the secret protects\")",
+                   "the README, \"Secrets\")",
                    ctx->store_port, var ? var : "DDPLUG_SECRET");
       ddplug_free(var);
     }

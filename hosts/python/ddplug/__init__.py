@@ -6,7 +6,9 @@ For Lightning users, one line::
     import ddplug.lightning
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddplug")
 
-``ddplug.fabric.DdplugStrategy`` does the same for Lightning Fabric. The rest of
+``ddplug.fabric.DdplugStrategy`` does the same for Lightning Fabric, and
+``ddplug.pytorch_lightning`` / ``ddplug.lightning_fabric`` for the standalone
+packages; ``strategy="ddplug"`` works in all four after ``import ddplug``. The rest of
 this package is the binding those strategies are built from: :class:`Context`
 (joining a run, collectives), :class:`~ddplug.config.Config`, the samplers, the
 audit and what a sampler declares to it (:func:`declare`), :func:`shard` for
@@ -117,18 +119,18 @@ __all__ = [
 ]
 
 
-def _register_with_loaded_lightning() -> None:
-    """``strategy="ddplug"`` by name: Lightning resolves strategy names from its
-    registry and reads no entry points for them, so registration needs an import.
-    When Lightning is already imported, ``import ddplug`` does it."""
-    import sys
+def _register_with_lightning() -> None:
+    """``strategy="ddplug"`` by name in every spelling of Lightning
+    (lightning.pytorch, pytorch_lightning, lightning.fabric, lightning_fabric):
+    Lightning resolves strategy names from its registries and reads no entry
+    points for them, so ``import ddplug`` registers (see :mod:`ddplug._flavours`:
+    at once where Lightning is imported, else as soon as it is)."""
+    try:
+        from . import _flavours
 
-    for framework, module in (("lightning.pytorch", "lightning"), ("lightning.fabric", "fabric")):
-        if framework in sys.modules:
-            try:
-                __import__(f"{__name__}.{module}")
-            except Exception:  # a broken torch install must not break the binding
-                pass
+        _flavours.install()
+    except Exception:  # a broken Lightning install must not break the binding
+        pass
 
 
-_register_with_loaded_lightning()
+_register_with_lightning()

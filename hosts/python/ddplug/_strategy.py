@@ -26,6 +26,12 @@ from .nn import functional
 from .nn.gradsync import GradientSync, check_parameters_equal
 
 
+# Where Lightning keeps rank_zero_only's rank, in the unified package and in the
+# standalone ones (pytorch_lightning, lightning_fabric).
+_RANK_ZERO_MODULES = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero",
+                      "lightning_fabric.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero")
+
+
 class DdplugParallel:
     """Mixin: needs ``parallel_devices``, ``cluster_environment``, ``local_rank``,
     ``node_rank``, ``global_rank`` and ``world_size`` from ParallelStrategy."""
@@ -89,6 +95,32 @@ class DdplugParallel:
         """{stream name: StreamBatchSampler} of the managed DataLoaders."""
         return dict(self._data.streams) if self._data is not None else {}
 
+    # ---- the launcher's secret ---------------------------------------------------
+    def _secret_for_launched_ranks(self) -> None:
+        """Before Lightning's (or Fabric's) launcher starts this node's other
+        ranks from this process: put a fresh per-run secret in the config's
+        ``rendezvous.secret_env`` variable (DDPLUG_SECRET) unless one is set, so
+        the children inherit it and the rendezvous store refuses outsiders (a
+        local process could otherwise forge an abort). Not with several nodes:
+        each node's launcher would make its own — set the same secret on every
+        node (README, "Secrets"); nor when something else starts the processes
+        (torchrun, SLURM: they bring their own environment)."""
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally or self.num_nodes > 1 or self.num_processes < 2:
+            return
+        import os
+        import secrets
+
+        from .config import load
+
+        cfg = load(self._config_source)
+        try:
+            var = cfg.get("rendezvous.secret_env", "DDPLUG_SECRET") or "DDPLUG_SECRET"
+        finally:
+            cfg.close()
+        if not os.environ.get(var):
+            os.environ[var] = secrets.token_hex(32)
+
     # ---- ranks and the context -------------------------------------------------
     def _assign_world_ranks(self) -> None:
         """Global rank and world size from node rank, local rank and processes per
@@ -96,13 +128,13 @@ class DdplugParallel:
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rz
         from lightning_utilities.core.rank_zero import rank_zero_only as utils_rz
 
-        fabric_rz.rank = utils_rz.rank = self.global_rank
-        pl_rz = sys.modules.get("lightning.pytorch.utilities.rank_zero")
-        if pl_rz is not None:
-            pl_rz.rank_zero_only.rank = self.global_rank
+        utils_rz.rank = self.global_rank
+        for spelling in _RANK_ZERO_MODULES:  # both spellings of Lightning, where imported
+            mod = sys.modules.get(spelling)
+            if mod is not None:
+                mod.rank_zero_only.rank = self.global_rank
 
     def _open_context(self, framework: str) -> Context:
         """Join the run (once; later runs of the same strategy reuse it)."""

@@ -130,6 +130,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
+        self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
         self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     @override

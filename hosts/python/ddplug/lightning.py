@@ -130,6 +130,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
+        self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
         self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def set_world_ranks(self) -> None:
@@ -208,10 +209,10 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             rewrap = _IndexBatchSamplerWrapper
         note = ""
         if self._user_use_distributed_sampler is False:
-            note = ("; Trainer(use_distributed_sampler=False) changes nothing under ddplug: ddplug decides each"
-                    " stream's owner — a loader that is not rank-aware is split by ddplug's sampler; to keep it"
-                    f" as it is, declare it ddplug.rank_aware(...) or set data_split.streams.{name}.owner ="
-                    " \"user\"")
+            # shown only where ddplug splits (a rank-aware loader keeps its own split either way)
+            note = ("; Trainer(use_distributed_sampler=False) does not keep this loader whole under ddplug: it is"
+                    " not rank-aware, so ddplug's sampler splits it; to keep it as it is, declare it"
+                    f" ddplug.rank_aware(...) or set data_split.streams.{name}.owner = \"user\"")
         return self._data.prepare(
             dataloader, name,
             framework_sampler=lambda dl, evaluation=False: self._lightning_sampler(dl, stage, evaluation),

@@ -201,17 +201,74 @@ def collectives() -> None:
     dist.barrier()
     check("barrier", True)
 
+    # all_gather_coalesced: output lists are [rank][input], as torch passes them (with as
+    # many inputs as ranks, the transposed layout gave a silently wrong result)
+    ins = [torch.full((2,), float(10 * r + i)) for i in range(w)]
+    outs = [[torch.zeros(2) for _ in range(w)] for _ in range(w)]
+    dist.all_gather_coalesced(outs, ins)
+    check("all_gather_coalesced", all(close(outs[j][i], torch.full((2,), float(10 * j + i)))
+                                      for j in range(w) for i in range(w)), outs)
+    # sparse tensors are summed as gloo does (indices and values gathered, coalesced)
+    sp = torch.sparse_coo_tensor(torch.tensor([[r, w]]), torch.tensor([1.0, float(r)]), (w + 1,))
+    dist.all_reduce(sp)
+    want = torch.zeros(w + 1)
+    want[:w] = 1.0
+    want[w] = float(sum(range(w)))
+    check("sparse all_reduce", sp.is_sparse and close(sp.to_dense(), want), sp)
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,)),
+                        op=dist.ReduceOp.MAX)
+        check("sparse MAX refused", False, "no error")
+    except dist.DistBackendError as e:
+        check("sparse MAX refused", isinstance(e, ddplug.Unsupported) and "ReduceOp.SUM" in str(e), e)
+
+    # point-to-point: a ring (send/recv), any source, tags out of order, isend/irecv and
+    # batch_isend_irecv of 1 MiB both ways (larger than the eager size)
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    got = torch.zeros(3)
+    if r % 2 == 0:
+        dist.send(torch.full((3,), float(r)), nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(torch.full((3,), float(r)), nxt)
+    check("send/recv ring", close(got, torch.full((3,), float(prv))), got)
+    if r == 0:
+        froms = sorted(dist.recv(torch.zeros(1)) for _ in range(w - 1))
+        check("recv from any source", froms == list(range(1, w)), froms)
+    else:
+        dist.send(torch.tensor([float(r)]), 0)
+    a, b = torch.zeros(2), torch.zeros(2)
+    if r == 0:
+        dist.send(torch.full((2,), 1.0), 1, tag=1)
+        dist.send(torch.full((2,), 2.0), 1, tag=2)
+    elif r == 1:
+        dist.recv(b, 0, tag=2)
+        dist.recv(a, 0, tag=1)
+        check("tags taken out of order", close(a, torch.full((2,), 1.0)) and close(b, torch.full((2,), 2.0)), (a, b))
+    big_out, big_in = torch.arange(1 << 18, dtype=torch.float32) + r, torch.zeros(1 << 18)
+    ops = [dist.P2POp(dist.isend, big_out, nxt), dist.P2POp(dist.irecv, big_in, prv)]
+    works = dist.batch_isend_irecv(ops)
+    for wk in works:
+        wk.wait()
+    check("batch_isend_irecv 1 MiB", close(big_in, torch.arange(1 << 18, dtype=torch.float32) + prv), big_in[:3])
+    x = torch.zeros(1)
+    wk = dist.irecv(x, src=prv, tag=9)
+    dist.isend(torch.tensor([float(r)]), nxt, tag=9).wait()
+    wk.wait()
+    check("isend/irecv", x.item() == float(prv) and wk.is_completed(), x)
+    try:
+        dist.send(torch.ones(1), dst=r)
+        check("send to itself refused", False, "no error")
+    except (ValueError, dist.DistBackendError) as e:
+        check("send to itself refused", "itself" in str(e) or "same as the rank" in str(e), e)
+
     # refusals: an error naming the op and what to use, never a wrong result
     try:
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BXOR)
         check("BXOR refused", False, "no error")
     except dist.DistBackendError as e:
         check("BXOR refused", isinstance(e, ddplug.Unsupported) and "torch.bitwise_xor" in str(e), e)
-    try:
-        dist.send(torch.ones(1), dst=(r + 1) % w)
-        check("send refused", False, "no error")
-    except dist.DistBackendError as e:
-        check("send refused", "point-to-point" in str(e) and "broadcast" in str(e), e)
     try:
         dist.all_reduce(torch.ones(2, dtype=torch.int16))
         check("int16 refused", False, "no error")
@@ -518,6 +575,26 @@ def failure(kind: str, victim: int) -> None:
         except Exception as e:
             check("future raised", f"rank {victim}" in str(e), e)
         return
+    if kind == "timeout0":  # barrier(timeout=0) times out at once; the message says where timeouts come from
+        if RANK == 0:
+            try:
+                dist.barrier(timeout=datetime.timedelta(0))
+                check("barrier timeout 0", False, "passed")
+            except dist.DistBackendError as e:
+                result["type"], result["error"] = type(e).__name__, str(e)
+                m = str(e)
+                check("barrier timeout 0", isinstance(e, TimeoutError) and "timed out" in m
+                      and m.count("timeout=") == 1 and m.count("timeouts.collective_s") == 1, m)
+        else:  # waits for rank 0, which never sends: the run rank 0 ended says why
+            try:
+                dist.recv(torch.zeros(1), src=0)
+                check("receive ended by rank 0's timeout", False, "received")
+            except dist.DistBackendError as e:
+                result["type"], result["error"] = type(e).__name__, str(e)
+                m = str(e)
+                check("receive ended by rank 0's timeout", "rank 0" in m and "timed out" in m
+                      and m.count("timeout=") == 1 and m.count("timeouts.collective_s") == 1, m)
+        return
     if kind == "raise":  # an exception on one rank reaches the others, in their barrier
         if RANK == victim:
             write()
@@ -548,7 +625,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("scenario", choices=["client", "adapter", "failure", "gpu"])
     p.add_argument("--init", default="coqui", choices=["coqui", "speechbrain"])
-    p.add_argument("--kind", default="kill", choices=["kill", "raise", "prepare"])
+    p.add_argument("--kind", default="kill", choices=["kill", "raise", "prepare", "timeout0"])
     p.add_argument("--victim", type=int, default=1)
     a = p.parse_args()
     try:

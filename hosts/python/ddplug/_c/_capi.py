@@ -418,6 +418,12 @@ PROTOTYPES: dict = {
     "ddplug_request_test": (c_int, [P, IP]),
     "ddplug_request_seq": (c_uint64, [P]),
     "ddplug_request_free": (None, [P]),
+    # point-to-point (host ABI 1.1)
+    "ddplug_isend": (c_int, [P, P, c_uint64, c_int, c_int, c_int64, P, PP]),
+    "ddplug_irecv": (c_int, [P, P, c_uint64, c_int, c_int, c_int64, P, PP]),
+    "ddplug_send": (c_int, [P, P, c_uint64, c_int, c_int, c_int64, P, c_int64]),
+    "ddplug_recv": (c_int, [P, P, c_uint64, c_int, c_int, c_int64, P, c_int64, IP]),
+    "ddplug_request_source": (c_int, [P, IP]),
     # registered memory
     "ddplug_mem_alloc": (c_int, [P, c_uint64, PP]),
     "ddplug_mem_free": (c_int, [P, P]),

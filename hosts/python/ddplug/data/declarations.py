@@ -21,6 +21,11 @@ declared for a stream ddplug did not split:
 * torch's own ``DistributedSampler`` (not a subclass that changes ``__iter__``):
   its documented padding ``world·ceil(N/world) - N``, or with ``drop_last`` its
   dropped ``N - world·floor(N/world)``;
+* any other rank-aware sampler: torch's padding rule, at most
+  ``G·ceil(N/G) - N`` repeats per epoch (G: the run's world size) — what every
+  sampler that pads like DistributedSampler (GPT-SoVITS' bucket sampler, most
+  rank-aware samplers) repeats, derived from N and G, never from the sampler's
+  own length; more than that needs :func:`declare`;
 * a batching that drops its last partial batch (``drop_last=True``): each rank's
   remainder, fewer than the batch size.
 
@@ -136,11 +141,14 @@ def _dropped_set(dropped: Dropped, n: int) -> tuple:
     return 0, np.unique(np.asarray(list(dropped), dtype=np.int64))
 
 
-def allowance(n: int, candidates: Sequence[Any], batching: Any, *, evaluation: bool) -> Allowance:
+def allowance(n: int, candidates: Sequence[Any], batching: Any, *, evaluation: bool,
+              world: int = 1) -> Allowance:
     """The declarations of a stream ddplug did not split: the first explicit
     :func:`declare` among ``candidates`` (sampler, batch sampler, dataset), else a
-    plain torch DistributedSampler's documented padding; plus the drop_last
-    remainder of ``batching`` (a BatchSampler with drop_last) on this rank."""
+    plain torch DistributedSampler's documented padding, else torch's padding
+    rule for ``world`` ranks (``world·ceil(N/world) - N`` repeats); plus the
+    drop_last remainder of ``batching`` (a BatchSampler with drop_last) on this
+    rank."""
     if evaluation:
         return Allowance(source="an evaluation stream declares nothing")
     out = Allowance()
@@ -157,6 +165,10 @@ def allowance(n: int, candidates: Sequence[Any], batching: Any, *, evaluation: b
                 out.padding, out.dropped = _torch_padding(obj, n)
                 out.source = f"torch's {type(obj).__name__} (N = {n}, {obj.num_replicas} ranks)"
                 break
+        else:
+            out.padding = world * -(-n // world) - n if world > 1 else 0
+            out.source = (f"torch's padding rule: at most {world}·ceil({n}/{world}) - {n} = {out.padding} repeats"
+                          f" (N = {n}, {world} ranks)")
     if isinstance(batching, BatchSampler) and batching.drop_last:
         try:
             out.local_dropped = len(batching.sampler) % int(batching.batch_size)

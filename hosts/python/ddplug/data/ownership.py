@@ -267,6 +267,33 @@ def resolve(ctx: Context, loader: Any, stream: str, *, iterable: bool = False,
     return Decision(stream, "plugin", "no rank-aware sampler: ddplug's sampler splits", None, None)
 
 
+def check_sampler_ranks(ctx: Context, decision: Decision) -> None:
+    """Stop a user-owned stream whose rank-aware sampler says another world or
+    another rank than the run (GPT-SoVITS' bucket sampler takes num_replicas=1,
+    rank=0 when it sees no CUDA), before the first step: such a split repeats or
+    leaves out samples on every rank, which the audit would find only after a
+    whole epoch. InvalidArgument naming what the sampler says and what the run is."""
+    obj = decision.aware_obj
+    if decision.owner != "user" or obj is None or decision.aware_where == "dataset":
+        return
+    if getattr(obj, _DECLARED, None) is not None:  # declared rank-aware by the user: their call
+        return
+    world, rank = ctx.world_size, ctx.rank
+    said = {a: getattr(obj, a) for a in _RANK_ATTRS if _has_plain_attr(obj, a)}
+    wrong = [a for a, v in said.items() if v != (rank if a == "rank" else world)]
+    if not wrong:
+        return
+    from ..errors import make, status_code
+
+    shown = ", ".join(f"{a}={v}" for a, v in said.items())
+    raise make(status_code("INVALID_ARGUMENT"),
+               f"the {decision.aware_where} {type(obj).__name__} says {shown}, but this run has {world} ranks and"
+               f" this process is rank {rank}: that split repeats or leaves out samples on every rank. Build it"
+               f" with num_replicas={world}, rank={rank} (torch.distributed.get_world_size() and get_rank(), or the"
+               " strategy's distributed_sampler_kwargs), or leave it out and let ddplug split the loader",
+               f"ddplug: stream '{decision.stream}'")
+
+
 def _torch_dist_ranks() -> str:
     """What a dataset that reads torch.distributed (WebDataset's split_by_node)
     learns there, for the owner line."""

@@ -434,10 +434,11 @@ def _rebuild(loader: DataLoader, batch_sampler: Any) -> DataLoader:
     """The same DataLoader (class, dataset, workers, collate_fn, ...) with
     ``batch_sampler`` — Lightning's re-instantiation (the one its sampler injection
     uses), with the batching arguments replaced wherever they were passed."""
-    try:
-        from lightning.fabric.utilities.data import _get_dataloader_init_args_and_kwargs
-    except ImportError:  # plain PyTorch (ddplug.torch) without Lightning installed
+    data = _lightning_data_utilities()
+    if data is None:  # plain PyTorch (ddplug.torch) without Lightning installed
         return _rebuild_plain(loader, batch_sampler)
+    _get_dataloader_init_args_and_kwargs = data._get_dataloader_init_args_and_kwargs
+    _reinstantiate_wrapped_cls = data._reinstantiate_wrapped_cls
 
     probe = copy.copy(loader)
     object.__setattr__(probe, "batch_sampler", None)  # resolve as a plain loader
@@ -451,9 +452,26 @@ def _rebuild(loader: DataLoader, batch_sampler: Any) -> DataLoader:
             kwargs.pop(key, None)
         else:
             kwargs[key] = value
-    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
-
     return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
+
+
+def _lightning_data_utilities() -> Any:
+    """Lightning Fabric's data utilities, from whichever spelling is imported
+    (lightning.fabric, or the standalone lightning_fabric), else the first that
+    imports; None without Lightning."""
+    import importlib
+    import sys
+
+    names = ("lightning.fabric.utilities.data", "lightning_fabric.utilities.data")
+    for name in names:
+        if name in sys.modules:
+            return sys.modules[name]
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
 
 
 def _rebuild_plain(loader: DataLoader, batch_sampler: Any) -> DataLoader:
@@ -547,7 +565,7 @@ class DataSplit:
             hint += (
                 "\n  The stream is owned by the user, but its sampler gives every rank the same samples."
                 " Make the sampler rank-aware (num_replicas/rank), or let ddplug split it:"
-                f" data_split.streams.{d.stream}.owner = \"plugin\" (or \"auto\")."
+                f" data_split.streams.{d.stream}.owner = \"plugin\"."
             )
         elif "double partitioning" in text:
             hint += "\n  Two layers split this stream; keep one owner (see data_split.owner)."
@@ -639,7 +657,8 @@ class DataSplit:
         training: whether the stream trains (in lockstep, shuffled, padded to equal
             lengths) or evaluates (exact); None: by name (val, test, predict, eval
             evaluate).
-        note: appended to the owner line (what a framework setting means here)."""
+        note: appended to the owner line of a stream ddplug splits (what a framework
+        setting means there)."""
         ownership.check_stream_name(stream)
         if training is None:
             training = not is_evaluation(stream)
@@ -654,7 +673,8 @@ class DataSplit:
         iterable = isinstance(loader.dataset, IterableDataset)
         per_rank = None if iterable else ownership.compare_datasets(self.ctx, loader.dataset)
         decision = ownership.resolve(self.ctx, loader, stream, iterable=iterable, per_rank=per_rank)
-        decision.note = note
+        decision.note = note if decision.owner == "plugin" else ""
+        ownership.check_sampler_ranks(self.ctx, decision)
         if iterable:
             return self._prepare_iterable(loader, decision, evaluation)
 
@@ -699,14 +719,16 @@ class DataSplit:
             inner = BatchSampler(index_sampler, batch_size, loader_drop_last)
             shuffle = _shuffled(index_sampler)
             candidates = (index_sampler, loader.dataset)
-            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation)
+            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation,
+                                               world=self.ctx.world_size)
         else:  # user
             user_bs = inner_bs if type(inner_bs) is not BatchSampler else None
             index_sampler = getattr(inner_bs, "sampler", None)
             inner = inner_bs
             shuffle = _shuffled(decision.aware_obj) or _shuffled(index_sampler)
             candidates = tuple(o for o in (user_bs, index_sampler, loader.dataset) if o is not None)
-            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation)
+            allowance = _declare.allowance(n, candidates, inner, evaluation=evaluation,
+                                               world=self.ctx.world_size)
             if decision.per_rank is not None:
                 if decision.per_rank.global_map is not None:
                     global_map, audit_n = decision.per_rank.global_map, decision.per_rank.global_n

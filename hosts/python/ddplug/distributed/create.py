@@ -16,8 +16,10 @@ The group needs a ddplug context whose rank and world size are the group's:
   ``MASTER_ADDR``/``MASTER_PORT`` (or ``init_method``, or ``store=``) has to be
   set. (A port is picked by binding port 0 and released before libddplug
   binds it; another process taking it in between fails rank 0's open with a
-  clear error.) A ``timeout`` other than torch's default becomes the
-  collective timeout. Without a plugin named in the config, a process that
+  clear error.) The collective timeout is torch's: the ``timeout=`` given,
+  else the config's ``timeouts.collective_s`` where set, else torch's default
+  for CPU backends (30 minutes); a dead peer is still found at once
+  (liveness), not by the timeout. Without a plugin named in the config, a process that
   sees a CUDA device uses ``nccl``, else the config's default (``cpu``).
 
 A context the backend opened is the process's current one (``ddplug.run_once``
@@ -32,6 +34,7 @@ import atexit
 import datetime
 import os
 import socket
+import sys
 import threading
 import weakref
 from typing import Any, Optional
@@ -66,7 +69,15 @@ def create(opts: Any, backend_options: Any = None) -> ProcessGroupDdplug:
                 f"rank {ctx.rank}")
         return ProcessGroupDdplug(ctx, owned=False)
     parent = current() if not default else None
+    foreign = _foreign_strategy() if default else None
     ctx = open_for_group(store, rank, size, opts.timeout, members, parent, str(getattr(opts, "group_id", "")))
+    if foreign and rank == 0:
+        from .._c import _logbridge
+
+        _logbridge.report(
+            f"ddplug: the torch.distributed backend \"ddplug\" runs under {foreign}, not ddplug's strategy:"
+            " Lightning splits the data itself (its DistributedSampler, around any sampler the loader has) and"
+            " ddplug's data-split ownership and audit are off; for them, use strategy=\"ddplug\"")
     pg = ProcessGroupDdplug(ctx, owned=True)
     if default and current() is None:
         set_current(ctx)
@@ -90,7 +101,7 @@ def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.
         elif members or not cfg.is_set("rendezvous.port"):
             addr = cfg.get_str("rendezvous.addr") if cfg.is_set("rendezvous.addr") else None
             rendezvous = _exchange(store, rank, addr, group)
-        coll_s = timeout.total_seconds() if timeout is not None and _explicit(timeout) else None
+        coll_s = _collective_timeout_s(timeout, cfg)
         if parent is not None and not parent.closed:
             plugin = parent.plugin["path"] or parent.plugin["name"]  # a subgroup runs on its parent's plugin
         else:
@@ -105,12 +116,38 @@ def open_for_group(store: Any, rank: int, size: int, timeout: Optional[datetime.
         cfg.close()
 
 
-def _explicit(timeout: datetime.timedelta) -> bool:
-    """Whether torch's timeout is the user's (not torch's default, which would
-    replace ddplug's configured collective timeout by 30 minutes)."""
+def _collective_timeout_s(timeout: Optional[datetime.timedelta], cfg: Any) -> Optional[float]:
+    """The group's collective timeout, as torch means it: the ``timeout=`` the
+    user gave init_process_group / new_group (0 is 0: every wait times out at
+    once — ddplug's shortest, 1 ms); without one (torch passes its default),
+    the config's ``timeouts.collective_s`` where the config sets it, else
+    torch's default for CPU backends (30 minutes). None: the config's."""
     from torch.distributed.constants import default_pg_timeout
 
-    return timeout != default_pg_timeout and timeout.total_seconds() > 0
+    if timeout is not None and timeout != default_pg_timeout:
+        return max(timeout.total_seconds(), 0.001)
+    if cfg.is_set("timeouts.collective_s"):
+        return None
+    return default_pg_timeout.total_seconds()
+
+
+def _foreign_strategy() -> Optional[str]:
+    """The Lightning strategy (not ddplug's) initialising torch.distributed
+    with backend "ddplug" — DDPStrategy(process_group_backend="ddplug") —
+    found among the callers' frames; None otherwise."""
+    f = sys._getframe(1)
+    for _ in range(48):
+        if f is None:
+            break
+        obj = f.f_locals.get("self")
+        mod = type(obj).__module__ if obj is not None else ""
+        if mod.split(".")[0] in _LIGHTNING and ".strategies" in mod:
+            return f"Lightning's {type(obj).__name__} ({mod})"
+        f = f.f_back
+    return None
+
+
+_LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 
 
 def _cuda_visible() -> bool:

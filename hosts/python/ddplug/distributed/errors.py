@@ -60,6 +60,20 @@ def _retype(err: DdplugError, torch_cls: type) -> DdplugError:
     return out
 
 
+def with_timeout_hint(err: DdplugError, hint: str) -> DdplugError:
+    """``err`` (a TIMEOUT) saying "timed out", with ``hint`` (where the time
+    limit comes from) appended once."""
+    text = str(err)
+    tail = f" [{err.name}]"
+    if text.endswith(tail):
+        text = text[: -len(tail)]
+    if "timeout=" in text:
+        return err
+    if "timed out" not in text:
+        text = "timed out: " + text
+    return _errors.make(err.status, text + hint, "")
+
+
 def make(status: int, detail: str, where: str) -> DdplugError:
     """A ``DistBackendError`` for a failed ddplug status."""
     return backend_error(_errors.make(status, detail, where))

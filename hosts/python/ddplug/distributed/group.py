@@ -30,9 +30,13 @@ uneven sizes
 coalesced forms             one request per tensor, one Work for all of them
 ==========================  ====================================================
 
+Point-to-point (``send``, ``recv`` from a rank or any rank, ``isend``,
+``irecv``, ``batch_isend_irecv``, tags) goes through the plugin's own sends
+and receives (:mod:`.p2p`).
+
 Refused, before anything starts, with an error naming the operation and what
-to use instead (never a wrong result): ``send``/``recv`` (ddplug's ABI has
-only collectives over every rank of the group), ``ReduceOp.BXOR`` and
+to use instead (never a wrong result): point-to-point on a plugin without it,
+tags other than 0 and receives from any rank on nccl, ``ReduceOp.BXOR`` and
 ``ReduceOp.PREMUL_SUM``, bitwise ops a plugin lacks (nccl has no BOR/BAND),
 dtypes ddplug has no equivalent for (e.g. int16, float8), several tensors per
 process, tensors on devices other than CPU and CUDA, ``split_group``.
@@ -50,6 +54,7 @@ lock (libddplug allows one thread at a time in a context's collectives).
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -59,11 +64,13 @@ from torch.distributed import ReduceOp
 from .._c import _buffers, _names
 from .._c._capi import F
 from ..context import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY, Context
-from ..errors import status_code
+from ..errors import DdplugError, status_code
 from . import errors as _errors
+from . import p2p as _p2p
 from .work import DdplugWork, Progress, chained, done
 
 _RedOpType = ReduceOp.RedOpType
+_log = logging.getLogger("ddplug")
 
 _iallreduce = F.ddplug_iallreduce
 _allreduce = F.ddplug_allreduce
@@ -73,7 +80,14 @@ _iallgather = F.ddplug_iallgather
 _ibarrier = F.ddplug_ibarrier
 _barrier = F.ddplug_barrier
 _test = F.ddplug_request_test
+_wait = F.ddplug_request_wait
 _free = F.ddplug_request_free
+
+_TIMEOUT = status_code("TIMEOUT")
+# What every timeout says, once: where the time limit comes from.
+_TIMEOUT_HINT = ("; raise the timeout with timeout= (init_process_group, new_group or the call itself; torch's"
+                 " default for CPU backends is 30 min) or, outside torch.distributed, timeouts.collective_s in"
+                 " ddplug's config")
 
 
 _INTEGER = {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
@@ -199,8 +213,48 @@ class ProcessGroupDdplug(ProcessGroup):
             if st:
                 raise self.error_for(st, lambda: _describe("all_reduce", t, ro.op))
             return self._track(DdplugWork(self, [req], [t], None, lambda: _describe("all_reduce", t, ro.op), (t,)))
+        if t.layout is torch.sparse_coo:
+            return self._sparse_allreduce(t, ro.op)
         w = self._workable(t, "all_reduce")
         return self._issue(lambda: _describe("all_reduce", t, ro.op), [(_AR, w, op)], [t], _copy_back(t, w), (w,))
+
+    def _sparse_allreduce(self, t: torch.Tensor, red: Any) -> DdplugWork:
+        """A sparse COO tensor, summed as gloo does: every rank's indices and
+        values are gathered (padded to the largest count of entries), the
+        concatenation is coalesced (duplicates added), and the result replaces
+        the tensor's contents. Other reductions are refused, as by gloo."""
+        if red != _RedOpType.SUM:
+            raise _errors.unsupported(
+                f"all_reduce of a sparse tensor with {_op_label(red)}: only ReduceOp.SUM is defined for sparse"
+                " tensors (as with gloo); use .to_dense() for the other reductions", self._where())
+        ws = self._ws
+        src = t.coalesce() if not t.is_coalesced() else t
+        idx, val = src.indices(), src.values()
+        nnz = torch.tensor([idx.size(1)], dtype=torch.int64)
+        every = torch.empty(ws, dtype=torch.int64)
+        what = lambda: _describe("all_reduce (sparse)", t, red)  # noqa: E731
+        self._issue(what, [(_AG, nnz, every)], [], None, (nnz, every)).wait()
+        counts = every.tolist()
+        longest = max(counts)
+        dims, dense = idx.size(0), tuple(val.shape[1:])
+        pidx = torch.zeros((dims, longest), dtype=torch.int64)
+        pidx[:, :idx.size(1)] = idx
+        pval = torch.zeros((longest,) + dense, dtype=val.dtype)
+        pval[:val.size(0)] = val.cpu()
+        pidx, pval = pidx.reshape(-1), pval.reshape(-1)
+        gidx = torch.empty(ws * pidx.numel(), dtype=torch.int64)
+        gval = torch.empty(ws * pval.numel(), dtype=val.dtype)
+
+        def finish() -> None:
+            gi, gv = gidx.view(ws, dims, longest), gval.view((ws, longest) + dense)
+            allidx = torch.cat([gi[r, :, :counts[r]] for r in range(ws)], dim=1)
+            allval = torch.cat([gv[r, :counts[r]] for r in range(ws)], dim=0)
+            out = torch.sparse_coo_tensor(allidx, allval, t.shape, dtype=t.dtype).coalesce()
+            with torch.no_grad():
+                t.copy_(out.to(t.device))
+
+        return self._issue(what, [(_AG, self._stage_device(pidx), gidx), (_AG, self._stage_device(pval), gval)],
+                           [t], finish, (pidx, pval, gidx, gval))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
         red = opts.reduceOp.op if opts is not None else _RedOpType.SUM
@@ -288,7 +342,17 @@ class ProcessGroupDdplug(ProcessGroup):
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
                             opts: Any = None) -> DdplugWork:
-        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_list)]
+        """``all_gather_coalesced``: output_lists[r][i] receives rank r's
+        input_list[i] (one list per rank, as torch passes them); one all_gather
+        per input."""
+        self._check_list(list(output_lists), "all_gather_coalesced", "output_tensor_lists")
+        n = len(input_list)
+        for r, outs in enumerate(output_lists):
+            if len(outs) != n:
+                raise _errors.invalid(
+                    f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, the input list {n}"
+                    " (one output list per rank, one tensor per input)", self._where())
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(input_list)]
         return self._merge(works, "all_gather_coalesced")
 
     def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
@@ -300,25 +364,46 @@ class ProcessGroupDdplug(ProcessGroup):
 
     def barrier(self, opts: Any = None) -> DdplugWork:
         if opts is not None and not opts.asyncOp:
-            ms = int(opts.timeout.total_seconds() * 1000)
-            h = self._handle()
-            with self.lock:
-                st = _barrier(h, ms if ms > 0 else -1)
-            if st:
-                raise self.error_for(st, "barrier")
+            self._blocking_barrier(_call_timeout_ms(opts.timeout), "barrier")
             return self._done
         return self._issue("barrier", [(_BAR, None, None)], [], None, ())
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A blocking barrier: on its timeout (default: the collective timeout)
-        it raises on every rank naming the ranks that did not arrive (ddplug
-        always names all of them: ``wait_all_ranks`` has no other meaning)."""
-        ms = -1 if timeout is None else int(timeout.total_seconds() * 1000)
+        """A blocking barrier: on its timeout (None: the group's) it raises on
+        every rank naming the ranks that did not arrive (ddplug always names all
+        of them: ``wait_all_ranks`` has no other meaning); a timeout of 0 times
+        out at once unless every rank is there."""
+        self._blocking_barrier(-1 if timeout is None else _call_timeout_ms(timeout),
+                               f"Rank {self._me} timed out in monitoredBarrier (monitored_barrier)")
+
+    def _blocking_barrier(self, ms: int, what: str) -> None:
+        """A barrier waited for at most ``ms`` (-1: the group's timeout; 0: it
+        times out at once unless every rank already arrived). Its TIMEOUT ends
+        the run, as any blocking collective's."""
         h = self._handle()
+        if ms != 0:
+            with self.lock:
+                st = _barrier(h, ms)
+            if st:
+                raise self.error_for(st, what)
+            return
+        req = ctypes.c_void_p()
         with self.lock:
-            st = _barrier(h, ms if ms > 0 else -1)
+            st = _ibarrier(h, ctypes.byref(req))
+            if not st:
+                st = _wait(req, 0)
+                if st == _TIMEOUT:
+                    # the run ends as after any blocking collective's timeout; the
+                    # reason every rank gets says where the timeout came from
+                    reason = (f"rank {self._me}: {what}: timed out at once (timeout 0): not every rank had"
+                              f" arrived{_TIMEOUT_HINT}")
+                    self._ctx.abort(reason)
+                    err = _errors.make(st, reason, "")
+                    _free(req)
+                    raise err
+                _free(req)
         if st:
-            raise self.error_for(st, "monitored_barrier")
+            raise self.error_for(st, what)
 
     # ---- composed collectives (see the module doc for their cost) ----------------------
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> DdplugWork:
@@ -471,15 +556,17 @@ class ProcessGroupDdplug(ProcessGroup):
         return self._all_to_all(flat_in, list(output_tensors), [t.numel() for t in input_tensors],
                                 [t.numel() for t in output_tensors], 1, "all_to_all", given=True)
 
-    # ---- what ddplug cannot do ------------------------------------------------------------
+    # ---- point-to-point (see .p2p) -------------------------------------------------------
     def send(self, tensors: Any, dst: int, tag: int = 0) -> DdplugWork:
-        raise self._p2p("send")
+        return _p2p.start(self, "send", tensors, dst, tag)
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> DdplugWork:
-        raise self._p2p("recv")
+        return _p2p.start(self, "recv", tensors, src, tag)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> DdplugWork:
-        raise self._p2p("recv")
+        return _p2p.start(self, "recv", tensors, _p2p.ANY_SOURCE, tag)
+
+    # ---- what ddplug cannot do ------------------------------------------------------------
 
     def split_group(self, *args: Any, **kwargs: Any) -> Any:
         raise _errors.unsupported(
@@ -498,7 +585,9 @@ class ProcessGroupDdplug(ProcessGroup):
     def shutdown(self) -> None:  # type: ignore[override]
         """``destroy_process_group``: stop the completion thread; close the
         context if this group opened it (collective: every rank of the group
-        shuts down). Idempotent."""
+        shuts down). Idempotent. Never raises for a run that failed: the
+        failure was raised by the call that met it (as with gloo, destroying a
+        group after a timeout or a lost peer is cleanup); it is logged."""
         if self._closed:
             return
         self._closed = True
@@ -510,7 +599,10 @@ class ProcessGroupDdplug(ProcessGroup):
 
             if current() is self._ctx:
                 set_current(None)
-            self._ctx.close()
+            try:
+                self._ctx.close()
+            except DdplugError as exc:
+                _log.info("destroy_process_group on rank %d: the ddplug run had ended: %s", self._me, exc)
 
     def abort(self) -> None:  # type: ignore[override]
         """Abort the ddplug run on every rank (thread-safe)."""
@@ -637,9 +729,13 @@ class ProcessGroupDdplug(ProcessGroup):
 
     def error_for(self, status: int, what: Any) -> BaseException:
         """torch's ``DistBackendError`` (also the ddplug class) for a failed
-        ``status`` of the collective ``what`` (a str, or a callable making it)."""
+        ``status`` of the collective ``what`` (a str, or a callable making it).
+        A TIMEOUT also says where the time limit comes from (timeout=)."""
         text = what() if callable(what) else str(what)
-        return _errors.backend_error(self._ctx.error_for(status, text))
+        err = self._ctx.error_for(status, text)
+        if status == _TIMEOUT:
+            err = _errors.with_timeout_hint(err, _TIMEOUT_HINT)
+        return _errors.backend_error(err)
 
     def _one(self, tensors: List[torch.Tensor], op: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -650,11 +746,6 @@ class ProcessGroupDdplug(ProcessGroup):
         return _errors.unsupported(
             f"{op}: ddplug takes one tensor per process (multi-device lists are deprecated in torch);"
             " run one process per device", self._where())
-
-    def _p2p(self, op: str) -> BaseException:
-        return _errors.unsupported(
-            f"{op}: ddplug's plugins only do collectives over every rank of the group, no point-to-point"
-            " transfers; use broadcast(tensor, src=sender) or all_gather to move data between ranks", self._where())
 
     def _root(self, root: int, op: str) -> int:
         if not 0 <= root < self._ws:
@@ -763,6 +854,13 @@ class ProcessGroupDdplug(ProcessGroup):
     def _stage_device(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor ddplug made for itself, moved where the plugin takes it."""
         return t if self._direct(t) else t.to(self._target(t, "a collective")).contiguous()
+
+
+def _call_timeout_ms(timeout: Any) -> int:
+    """A call's ``timeout`` (torch's options) in ms: negative (torch's "unset",
+    kUnsetTimeout) means the group's timeout (-1); 0 is 0."""
+    ms = int(timeout.total_seconds() * 1000)
+    return -1 if ms < 0 else ms
 
 
 def _describe(op: str, t: torch.Tensor, *more: Any) -> str:

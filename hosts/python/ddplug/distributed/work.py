@@ -168,9 +168,9 @@ class DdplugWork(Work):
                         continue
                     # the wait's own timeout: still pending, the run goes on
                     raise _errors.timeout_of_wait(
-                        f"{self.what} not complete after {ms / 1000:.3f} s (Work.wait timeout); it is still"
-                        " pending: wait again, or let the collective timeout (timeouts.collective_s) end it",
-                        f"rank {self._group.rank()}")
+                        f"{self.what} timed out after {ms / 1000:.3f} s in Work.wait (its own timeout); it is"
+                        " still pending: wait again, or let the group's timeout end it (timeout= of"
+                        " init_process_group, or timeouts.collective_s)", f"rank {self._group.rank()}")
             if st:
                 self._fail(self._group.error_for(st, self._what))
                 return

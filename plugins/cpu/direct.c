@@ -20,8 +20,10 @@
  *                system allows it: ptrace rules (kernel.yama.ptrace_scope,
  *                PR_SET_DUMPABLE, a container's seccomp profile) can refuse
  *                it. group_create probes every peer once (read a word, write
- *                it back) and every local rank publishes its verdict; the
- *                outcome is logged once at debug level.
+ *                it back) and every local rank publishes its verdict; with
+ *                cma "auto", local rank 0 alone also times the kernel's copy
+ *                against memcpy, in CPU time (below), and its verdict holds
+ *                for every rank. The outcome is logged once at debug level.
  * Every rank decides the same way after the handshake, from every rank's
  * published buffers (ddcpu_bufref) and verdicts: the direct path when each
  * rank's buffers are registered, or reachable through the kernel and the
@@ -49,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -321,11 +324,29 @@ static int probe_peer(ddcpu_group *g, int j, const char **which) {
   return 0;
 }
 
+/* CPU time of the calling thread, ns: what a copy costs, whether or not
+ * the thread was descheduled meanwhile. */
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* The kernel's copy between address spaces against memcpy, on this
  * process (process_vm_readv of itself takes the same path as of a peer):
- * bytes per second of the first over the second, best of a few rounds of
- * 1 MiB each (a few milliseconds). */
+ * bytes per second of CPU time of the first over the second, each the best
+ * of SPEED_ROUNDS interleaved rounds of 1 MiB (a few milliseconds).
+ *
+ * Why CPU time: timed on the wall clock, a rank descheduled during one
+ * round on a busy machine measured that copy arbitrarily slow, and the one
+ * probe at group_create decided the run's path for good, either way. A
+ * copy's CPU time does not count the time its thread waited for a CPU;
+ * what other processes still change (memory bandwidth, caches) slows both
+ * copies. Why rank 0 alone: two ranks measuring near the threshold could
+ * disagree; one measurement, adopted by every rank, gives one verdict and
+ * one sentence for the whole node. */
 #define SPEED_BYTES (1u << 20)
+#define SPEED_ROUNDS 7
 static double kernel_copy_share(void) {
   unsigned char *a = NULL, *b = NULL;
   if (posix_memalign((void **)&a, PAGE, SPEED_BYTES) != 0) return 0;
@@ -336,14 +357,14 @@ static double kernel_copy_share(void) {
   memset(a, 1, SPEED_BYTES);
   memset(b, 2, SPEED_BYTES);
   uint64_t best_k = UINT64_MAX, best_m = UINT64_MAX;
-  for (int round = 0; round < 5; round++) {
+  for (int round = 0; round < SPEED_ROUNDS; round++) {
     struct iovec l = {b, SPEED_BYTES}, rm = {a, SPEED_BYTES};
-    uint64_t t0 = ddcpu_now_ns();
+    uint64_t t0 = thread_cpu_ns();
     ssize_t n = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
-    uint64_t t1 = ddcpu_now_ns();
+    uint64_t t1 = thread_cpu_ns();
     memcpy(b, a, SPEED_BYTES);
     __asm__ volatile("" : : "r"(b) : "memory");
-    uint64_t t2 = ddcpu_now_ns();
+    uint64_t t2 = thread_cpu_ns();
     if (n != (ssize_t)SPEED_BYTES) break;
     best_k = DDCPU_MIN(best_k, t1 - t0);
     best_m = DDCPU_MIN(best_m, t2 - t1);
@@ -383,13 +404,13 @@ int ddcpu_direct_probe(ddcpu_group *g, uint64_t deadline) {
                      "security profile)"
                    : "");
     }
-    if (verdict == DDCPU_SC_YES && g->opt.cma == DDCPU_CMA_AUTO) {
+    if (verdict == DDCPU_SC_YES && g->opt.cma == DDCPU_CMA_AUTO && g->local_rank == 0) {
       double share = kernel_copy_share();
       if (share < DDCPU_CMA_MIN_SPEED) {
         verdict = DDCPU_SC_NO;
         snprintf(why, sizeof why, "allowed, but on rank %d the kernel's copy moves %.0f%% of "
-                 "memcpy's bytes per second, less than the %.0f%% that make it pay "
-                 "(plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
+                 "memcpy's bytes per second of CPU time, less than the %.0f%% that make it "
+                 "pay (plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
                  100.0 * DDCPU_CMA_MIN_SPEED);
       }
     }

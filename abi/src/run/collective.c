@@ -16,11 +16,31 @@ struct ddplug_request {
   ddplug_plugin_request *preq;
   struct ddplug_request *prev, *next; /* ctx->live                          */
   uint64_t seq;
-  int kind;
+  uint64_t count;
+  int kind, dtype, op;
   int finished; /* 1 once the plugin reported completion or final failure */
   int status;   /* final status when finished                             */
-  char what[128];
+  int on_stack; /* a blocking call's own request: not freed               */
 };
+
+static const char *kind_name(int kind);
+
+/* How error messages name a request: "collective #7 (allreduce of 2
+ * float32, sum)". Made only when a message needs it: formatting it for
+ * every collective cost about a third of a small blocking allreduce. */
+typedef struct { char s[128]; } what_buf;
+
+static what_buf what_of(const ddplug_request *req) {
+  what_buf w;
+  if (req->kind == DDPLUG_COLL_BARRIER)
+    snprintf(w.s, sizeof w.s, "collective #%llu (barrier)", (unsigned long long)req->seq);
+  else
+    snprintf(w.s, sizeof w.s, "collective #%llu (%s of %llu %s%s%s)",
+             (unsigned long long)req->seq, kind_name(req->kind), (unsigned long long)req->count,
+             ddplug_dtype_name(req->dtype), req->kind == DDPLUG_COLL_ALLREDUCE ? ", " : "",
+             req->kind == DDPLUG_COLL_ALLREDUCE ? ddplug_op_name(req->op) : "");
+  return w;
+}
 
 static const char *kind_name(int kind) {
   switch (kind) {
@@ -105,8 +125,10 @@ static void end_run_if_broken(ddplug_context *ctx, int s) {
   ddplug__set_last_error(msg);
 }
 
+/* Start a collective into *out: a new request, or with `mine` the caller's
+ * (a blocking call's, on its stack: no allocation). */
 static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
-                 ddplug_request **out) {
+                 ddplug_request **out, ddplug_request *mine) {
   if (!ctx) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
   if (!out) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                                                      "%s: req must not be NULL", fn));
@@ -114,27 +136,26 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
   s = validate(ctx, a, fn);
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
-  ddplug_request *req = ddplug__calloc(1, sizeof *req);
-  if (!req) return ddplug__ctx_capture_error(
-      ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  ddplug_request *req = mine;
+  if (req) {
+    memset(req, 0, sizeof *req);
+    req->on_stack = 1;
+  } else if (!(req = ddplug__calloc(1, sizeof *req))) {
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "%s: out of memory", fn));
+  }
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->seq = ctx->seq + 1;
   req->ctx = ctx;
   req->seq = a->seq;
   req->kind = a->kind;
-  if (a->kind == DDPLUG_COLL_BARRIER)
-    snprintf(req->what, sizeof req->what, "collective #%llu (barrier)",
-             (unsigned long long)a->seq);
-  else
-    snprintf(req->what, sizeof req->what, "collective #%llu (%s of %llu %s%s%s)",
-             (unsigned long long)a->seq, kind_name(a->kind), (unsigned long long)a->count,
-             ddplug_dtype_name(a->dtype), a->kind == DDPLUG_COLL_ALLREDUCE ? ", " : "",
-             a->kind == DDPLUG_COLL_ALLREDUCE ? ddplug_op_name(a->op) : "");
+  req->count = a->count;
+  req->dtype = a->dtype;
+  req->op = a->op;
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
-    ddplug__free(req);
+    if (!mine) ddplug__free(req);
     int run = ddplug__ctx_check(ctx);
     if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
     ddplug__plugin_err_take(ctx, s, "collective_start");
@@ -204,7 +225,7 @@ static int finish_failed(ddplug_request *req, int s, int can_block, const char *
     s = run;
   } else {
     ddplug__plugin_err_take(ctx, s, slot);
-    ddplug__err_prefix(s, "%s", req->what);
+    ddplug__err_prefix(s, "%s", what_of(req).s);
   }
   req->finished = 1;
   req->status = s;
@@ -218,7 +239,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   if (req->finished) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
-    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", req->what);
+    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", what_of(req).s);
     return ddplug__ctx_capture_error(ctx, run != DDPLUG_OK ? run : req->status);
   }
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
@@ -237,7 +258,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   }
   if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
-    ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", req->what,
+    ddplug__err_prefix(s, "%s not complete after %.3f s on rank %d", what_of(req).s,
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_capture_error(ctx, s);
   }
@@ -278,7 +299,7 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
   if (!req) return;
   ddplug_context *ctx = req->ctx;
   if (!ctx) { /* its context was closed; the plugin's side is gone */
-    ddplug__free(req);
+    if (!req->on_stack) ddplug__free(req);
     return;
   }
   pthread_mutex_lock(&ctx->mu);
@@ -296,12 +317,12 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
     if (s == DDPLUG_OK && !d) {
       char msg[256];
       snprintf(msg, sizeof msg, "rank %d freed %s before it completed", ctx->world.rank,
-               req->what);
+               what_of(req).s);
       ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     }
   }
   t->request_free(ctx->group, req->preq);
-  ddplug__free(req);
+  if (!req->on_stack) ddplug__free(req);
 }
 
 /* Blocking form: start, wait the collective timeout, free. A collective that
@@ -315,18 +336,20 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
                                              "DDPLUG_TIMEOUT_DEFAULT (to poll, use the i-form "
                                              "and ddplug_request_test)",
                                              fn, (long long)timeout_ms));
-  ddplug_request *req = NULL;
-  int s = start(ctx, a, fn, &req);
+  ddplug_request own, *req = NULL;
+  int s = start(ctx, a, fn, &req, &own);
   if (s != DDPLUG_OK) return s;
   s = ddplug_request_wait(req, timeout_ms);
   end_run_if_broken(ctx, s);
+  if (s == DDPLUG_OK) {
+    ddplug_request_free(req);
+    return s;
+  }
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
   ddplug_request_free(req);
-  if (s != DDPLUG_OK) {
-    ddplug__set_last_error(keep);
-    ddplug__ctx_capture_error(ctx, s);
-  }
+  ddplug__set_last_error(keep);
+  ddplug__ctx_capture_error(ctx, s);
   return s;
 }
 
@@ -350,26 +373,26 @@ DDPLUG_API int ddplug_iallreduce(ddplug_context *ctx, const void *send, void *re
                                  uint64_t count, int dtype, int op, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, stream);
-  return start(ctx, &a, "ddplug_iallreduce", req);
+  return start(ctx, &a, "ddplug_iallreduce", req, NULL);
 }
 
 DDPLUG_API int ddplug_ibroadcast(ddplug_context *ctx, const void *send, void *recv,
                                  uint64_t count, int dtype, int root, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_BROADCAST, send, recv, count, dtype, 0, root, stream);
-  return start(ctx, &a, "ddplug_ibroadcast", req);
+  return start(ctx, &a, "ddplug_ibroadcast", req, NULL);
 }
 
 DDPLUG_API int ddplug_iallgather(ddplug_context *ctx, const void *send, void *recv,
                                  uint64_t count, int dtype, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_ALLGATHER, send, recv, count, dtype, 0, 0, stream);
-  return start(ctx, &a, "ddplug_iallgather", req);
+  return start(ctx, &a, "ddplug_iallgather", req, NULL);
 }
 
 DDPLUG_API int ddplug_ibarrier(ddplug_context *ctx, ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
-  return start(ctx, &a, "ddplug_ibarrier", req);
+  return start(ctx, &a, "ddplug_ibarrier", req, NULL);
 }
 
 DDPLUG_API int ddplug_allreduce(ddplug_context *ctx, const void *send, void *recv,

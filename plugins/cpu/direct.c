@@ -24,16 +24,29 @@
  *                cma "auto", local rank 0 alone also times the kernel's copy
  *                against memcpy, in CPU time (below), and its verdict holds
  *                for every rank. The outcome is logged once at debug level.
+ *   push         two ranks whose outputs are registered but an input is not
+ *                (a gradient that torch allocated, reduced into its
+ *                registered bucket): each rank first copies the part of its
+ *                input that the other rank owns into that rank's output, at
+ *                that slice (a place nobody else writes before the result);
+ *                then the owner reduces its own input and what was pushed,
+ *                in local-rank order, into both outputs. 3·S bytes per rank
+ *                instead of the pipeline's copies through its slots, and no
+ *                per-chunk synchronisation.
  * Every rank decides the same way after the handshake, from every rank's
  * published buffers (ddcpu_bufref) and verdicts: the direct path when each
- * rank's buffers are registered, or reachable through the kernel and the
- * message has at least cma_min_bytes per rank; otherwise the phase turns
- * into the shared-memory pipeline (shm_coll.c).
+ * rank's buffers are registered; the push when there are two ranks and
+ * every output is registered; the kernel's copy when every rank is
+ * reachable through it and the message has at least cma_min_bytes per
+ * rank; otherwise the phase turns into the shared-memory pipeline
+ * (shm_coll.c).
  *
  * Synchronisation: the handshake (every rank arrived, so every buffer is
  * ready), then each rank writes its slice everywhere and posts `done`, and
  * returns once every rank's `done` says its output is complete. Two
- * synchronisations per allreduce.
+ * synchronisations per allreduce; the push posts `done` once more in
+ * between (pushed), so `done` counts two per collective index k: 2k-1
+ * pushed, 2k written.
  *
  * Failures: a rank that gives up on a collective after arriving (a peer
  * died, an abort) gets its buffer back while peers may still be writing
@@ -88,18 +101,32 @@ int ddcpu_direct_cma_for(ddcpu_group *g, uint64_t bytes) {
          bytes >= g->opt.cma_min_bytes && bytes > g->opt.small_msg_bytes;
 }
 
-/* The same answer on every rank: it reads only what every rank published. */
-static int use_direct(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
-  int all_registered = 1;
-  for (int j = 0; j < g->local_world; j++)
-    if (!registered(bufref(g, j, r->k))) all_registered = 0;
-  return all_registered || ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype));
+/* How this allreduce moves (DDCPU_DIRECT_*, request.h), the same answer on
+ * every rank: it reads only what every rank published. */
+static int direct_mode(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
+  int all_registered = 1, outputs_registered = 1;
+  for (int j = 0; j < g->local_world; j++) {
+    const ddcpu_bufref *b = bufref(g, j, r->k);
+    if (!registered(b)) all_registered = 0;
+    if (b->recv_off < 0) outputs_registered = 0;
+  }
+  if (all_registered) return DDCPU_DIRECT_ALL;
+  if (g->local_world == 2 && outputs_registered) return DDCPU_DIRECT_PUSH;
+  if (ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype))) return DDCPU_DIRECT_ALL;
+  return DDCPU_DIRECT_NO;
 }
+
+/* The values this rank posts on its `done` for collective index k. */
+static uint32_t pushed_mark(uint64_t k) { return (uint32_t)(2 * k - 1); }
+static uint32_t written_mark(uint64_t k) { return (uint32_t)(2 * k); }
 
 /* See internal.h. Executor only, after the handshake. */
 void ddcpu_direct_enter(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph) {
   ddcpu_direct d = ph->u.direct;
-  if (use_direct(g, r, &d)) {
+  int mode = direct_mode(g, r, &d);
+  if (mode != DDCPU_DIRECT_NO) {
+    ph->u.direct.mode = mode;
+    ph->u.direct.pushed = 0;
     ph->u.direct.wrote = 0;
     return;
   }
@@ -190,6 +217,9 @@ static int move(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint64_t of
     if (j == me) {
       in[j] = d->send;
       out[j] = d->recv;
+    } else if (d->mode == DDCPU_DIRECT_PUSH) {
+      in[j] = d->recv; /* its share of this rank's slice, pushed into this output */
+      out[j] = seg + ref[j]->recv_off;
     } else if (registered(ref[j])) {
       in[j] = seg + ref[j]->send_off;
       out[j] = seg + ref[j]->recv_off;
@@ -237,8 +267,26 @@ static int move(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint64_t of
   return DDPLUG_OK;
 }
 
-/* Write this rank's slice into every output, unless a peer has withdrawn. */
-static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
+/* The push: the part of this rank's input that each peer owns, into that
+ * peer's output at the same place. */
+static int push(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint32_t es) {
+  unsigned char *seg = g->shm.base;
+  const int stream = g->opt.nt_bytes > 0 && d->count * es >= g->opt.nt_bytes;
+  for (int j = 0; j < g->local_world; j++) {
+    if (j == g->local_rank) continue;
+    uint64_t off, len;
+    slice_of(g, d->count, es, j, &off, &len);
+    if (len)
+      ddcpu_copy(seg + bufref(g, j, r->k)->recv_off + off * es, d->send + off * es, len * es,
+                 stream);
+  }
+  ddcpu_copy_fence(stream);
+  return DDPLUG_OK;
+}
+
+/* Write into other ranks' outputs — this rank's reduced slice, or with
+ * `pushing` its shares of theirs — unless a peer has withdrawn. */
+static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, int pushing) {
   uint32_t es = ddcpu_dtype_size(d->dtype);
   uint64_t off, len;
   slice_of(g, d->count, es, g->local_rank, &off, &len);
@@ -254,29 +302,46 @@ static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
                                "rank %d abandoned collective #%llu after arriving",
                                g->local_ranks[j], (unsigned long long)r->args.seq);
   }
-  int st = len ? move(g, r, d, off, len, es) : DDPLUG_OK;
+  int st = pushing ? push(g, r, d, es) : len ? move(g, r, d, off, len, es) : DDPLUG_OK;
   atomic_store_explicit(&mine->writing, 0, memory_order_release);
   return st;
+}
+
+/* DDCPU_DONE once every local rank's `done` reached `mark`, else BLOCKED on
+ * the first that has not. */
+static int wait_all(ddcpu_group *g, uint32_t mark, ddcpu_wait_target *wt) {
+  for (int j = 0; j < g->local_world; j++) {
+    ddcpu_ctr *c = &g->shm.ctl[j].done;
+    if (ddcpu_ctr_ge(c, mark)) continue;
+    wt->kind = DDCPU_WAIT_CTR;
+    wt->ctr = c;
+    wt->until = mark;
+    return DDCPU_BLOCKED;
+  }
+  return DDCPU_DONE;
 }
 
 /* See internal.h. Executor only. */
 int ddcpu_direct_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_target *wt) {
   ddcpu_direct *d = &ph->u.direct;
+  ddcpu_ctr *mine = &g->shm.ctl[g->local_rank].done;
+  if (d->mode == DDCPU_DIRECT_PUSH && !d->wrote) {
+    if (!d->pushed) {
+      int st = write_slice(g, r, d, 1);
+      if (st != DDPLUG_OK) return st;
+      ddcpu_ctr_post(mine, pushed_mark(r->k));
+      d->pushed = 1;
+    }
+    int w = wait_all(g, pushed_mark(r->k), wt); /* every share of this rank's slice is here */
+    if (w != DDCPU_DONE) return w;
+  }
   if (!d->wrote) {
-    int st = write_slice(g, r, d);
+    int st = write_slice(g, r, d, 0);
     if (st != DDPLUG_OK) return st;
-    ddcpu_ctr_post(&g->shm.ctl[g->local_rank].done, (uint32_t)r->k);
+    ddcpu_ctr_post(mine, written_mark(r->k));
     d->wrote = 1;
   }
-  for (int j = 0; j < g->local_world; j++) {
-    ddcpu_ctr *c = &g->shm.ctl[j].done;
-    if (ddcpu_ctr_ge(c, (uint32_t)r->k)) continue;
-    wt->kind = DDCPU_WAIT_CTR;
-    wt->ctr = c;
-    wt->until = (uint32_t)r->k;
-    return DDCPU_BLOCKED;
-  }
-  return DDCPU_DONE;
+  return wait_all(g, written_mark(r->k), wt);
 }
 
 /* See internal.h. Executor only; keeps the thread's error sentence. */

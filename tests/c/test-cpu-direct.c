@@ -2,7 +2,8 @@
  * cpu plugin: mem_alloc/mem_free/mem_query (reuse, exhaustion with a clear
  * sentence, double free, ordinary memory with registered_bytes 0, buffers
  * still live at group_destroy stay readable); allreduces of registered,
- * unregistered and mixed buffers give the same bits, equal to a reference
+ * unregistered, mixed buffers and unregistered inputs into registered
+ * outputs (the push, on 2 ranks) give the same bits, equal to a reference
  * reduced here in rank order with the plugin's own kernel, for every dtype
  * x op, 2, 3 and 4 ranks, in place and out of place, odd sizes and odd
  * offsets, with the kernel's single copy allowed (every size takes it) and
@@ -167,8 +168,12 @@ TEST(registered_bytes_zero_gives_ordinary_memory) {
 
 /* ---- the same bits on every path --------------------------------------------- */
 
-enum { M_REGISTERED, M_PLAIN, M_MIXED, M_COUNT };
-static const char *const mode_name[] = {"registered", "unregistered", "mixed"};
+/* M_PUSH: unregistered inputs, registered outputs (out of place only): on 2
+ * ranks the push (each rank's shares copied into the owners' outputs first),
+ * on more the pipeline or the kernel's copy. */
+enum { M_REGISTERED, M_PLAIN, M_MIXED, M_PUSH, M_COUNT };
+static const char *const mode_name[] = {"registered", "unregistered", "mixed",
+                                        "unregistered-into-registered"};
 
 typedef struct bits_case {
   uint64_t counts[2];
@@ -198,6 +203,10 @@ static void one(hd_rank *r, unsigned char *reg, unsigned char *plain, int dt, in
   unsigned char *base = mine_registered ? reg : plain;
   unsigned char *send = base + 3 * es;
   unsigned char *recv = inplace ? send : base + bytes + 11 * es;
+  if (mode == M_PUSH) {
+    send = plain + 3 * es;
+    recv = reg + bytes + 11 * es;
+  }
   fill(send, dt, op, r->rank, count, seed);
   if (!inplace) memset(recv, 0x5a, bytes);
   memset(recv + bytes, 0xa5, GUARD);
@@ -239,7 +248,8 @@ static void same_bits(hd_rank *r, void *arg) {
         reference(r->w->world, dtypes[d], ops[o], bc->counts[c], seed, ref, tmp);
         for (int inplace = 0; inplace < 2; inplace++)
           for (int mode = 0; mode < M_COUNT; mode++)
-            one(r, reg, plain, dtypes[d], ops[o], bc->counts[c], inplace, mode, seed, ref, tmp);
+            if (!(inplace && mode == M_PUSH))
+              one(r, reg, plain, dtypes[d], ops[o], bc->counts[c], inplace, mode, seed, ref, tmp);
       }
     }
   CHECK_OK(r->p->mem_free(r->g, reg));

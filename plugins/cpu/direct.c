@@ -25,8 +25,8 @@
  *                against memcpy, in CPU time (below), and its verdict holds
  *                for every rank. The outcome is logged once at debug level.
  *   push         two ranks whose outputs are registered but an input is not
- *                (a gradient that torch allocated, reduced into its
- *                registered bucket): each rank first copies the part of its
+ *                (an ordinary buffer reduced out of place into registered
+ *                memory): each rank first copies the part of its
  *                input that the other rank owns into that rank's output, at
  *                that slice (a place nobody else writes before the result);
  *                then the owner reduces its own input and what was pushed,

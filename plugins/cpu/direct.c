@@ -104,14 +104,15 @@ int ddcpu_direct_cma_for(ddcpu_group *g, uint64_t bytes) {
 /* How this allreduce moves (DDCPU_DIRECT_*, request.h), the same answer on
  * every rank: it reads only what every rank published. */
 static int direct_mode(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
-  int all_registered = 1, outputs_registered = 1;
+  int all_registered = 1, outputs_apart = 1;
   for (int j = 0; j < g->local_world; j++) {
     const ddcpu_bufref *b = bufref(g, j, r->k);
     if (!registered(b)) all_registered = 0;
-    if (b->recv_off < 0) outputs_registered = 0;
+    /* the push writes into outputs before their owners read their inputs */
+    if (b->recv_off < 0 || b->recv == b->send) outputs_apart = 0;
   }
   if (all_registered) return DDCPU_DIRECT_ALL;
-  if (g->local_world == 2 && outputs_registered) return DDCPU_DIRECT_PUSH;
+  if (g->local_world == 2 && outputs_apart) return DDCPU_DIRECT_PUSH;
   if (ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype))) return DDCPU_DIRECT_ALL;
   return DDCPU_DIRECT_NO;
 }

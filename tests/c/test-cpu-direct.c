@@ -170,10 +170,12 @@ TEST(registered_bytes_zero_gives_ordinary_memory) {
 
 /* M_PUSH: unregistered inputs, registered outputs (out of place only): on 2
  * ranks the push (each rank's shares copied into the owners' outputs first),
- * on more the pipeline or the kernel's copy. */
-enum { M_REGISTERED, M_PLAIN, M_MIXED, M_PUSH, M_COUNT };
+ * on more the pipeline or the kernel's copy. M_PUSH_MIXED: the same, but
+ * rank 0 reduces its registered buffer in place (no push then). */
+enum { M_REGISTERED, M_PLAIN, M_MIXED, M_PUSH, M_PUSH_MIXED, M_COUNT };
 static const char *const mode_name[] = {"registered", "unregistered", "mixed",
-                                        "unregistered-into-registered"};
+                                        "unregistered-into-registered",
+                                        "registered-in-place-beside-unregistered-into-registered"};
 
 typedef struct bits_case {
   uint64_t counts[2];
@@ -203,12 +205,15 @@ static void one(hd_rank *r, unsigned char *reg, unsigned char *plain, int dt, in
   unsigned char *base = mine_registered ? reg : plain;
   unsigned char *send = base + 3 * es;
   unsigned char *recv = inplace ? send : base + bytes + 11 * es;
-  if (mode == M_PUSH) {
+  if (mode == M_PUSH || (mode == M_PUSH_MIXED && r->rank != 0)) {
     send = plain + 3 * es;
     recv = reg + bytes + 11 * es;
+  } else if (mode == M_PUSH_MIXED) { /* rank 0 in place: no push, it would overwrite its input */
+    send = recv = reg + 3 * es;
   }
+  const int apart = send != recv;
   fill(send, dt, op, r->rank, count, seed);
-  if (!inplace) memset(recv, 0x5a, bytes);
+  if (apart) memset(recv, 0x5a, bytes);
   memset(recv + bytes, 0xa5, GUARD);
   int s = hd_coll(r, DDPLUG_COLL_ALLREDUCE, send, recv, count, dt, op, 0, 60000);
   CHECK_MSG(s == DDPLUG_OK, "rank %d: %s allreduce %s %s count %llu: %s: %s", r->rank,
@@ -220,13 +225,13 @@ static void one(hd_rank *r, unsigned char *reg, unsigned char *plain, int dt, in
     dt_fail(__FILE__, __LINE__,
             "rank %d of %d: %s allreduce %s %s count %llu %s: element %llu differs from the "
             "rank-order reference", r->rank, W, mode_name[mode], ddplug_dtype_name(dt),
-            ddplug_op_name(op), (unsigned long long)count, inplace ? "in place" : "out of place",
+            ddplug_op_name(op), (unsigned long long)count, apart ? "out of place" : "in place",
             (unsigned long long)i);
   }
   for (int i = 0; i < GUARD; i++)
     CHECK_MSG(recv[bytes + i] == 0xa5, "%s allreduce wrote past the receive buffer",
               mode_name[mode]);
-  if (!inplace) {
+  if (apart) {
     fill(tmp, dt, op, r->rank, count, seed);
     CHECK_MSG(memcmp(send, tmp, bytes) == 0, "%s allreduce modified the send buffer",
               mode_name[mode]);
@@ -248,7 +253,7 @@ static void same_bits(hd_rank *r, void *arg) {
         reference(r->w->world, dtypes[d], ops[o], bc->counts[c], seed, ref, tmp);
         for (int inplace = 0; inplace < 2; inplace++)
           for (int mode = 0; mode < M_COUNT; mode++)
-            if (!(inplace && mode == M_PUSH))
+            if (!(inplace && (mode == M_PUSH || mode == M_PUSH_MIXED)))
               one(r, reg, plain, dtypes[d], ops[o], bc->counts[c], inplace, mode, seed, ref, tmp);
       }
     }

@@ -48,8 +48,12 @@ plugin's plugin_options.progress_thread: whether a helper thread reduces buckets
 during backward, or the caller at the end of it); with --before TREE also
 "ddplug (cpu), before": the same step with the ddplug package and build of
 another source tree (TREE/hosts/python, or TREE/hosts/lightning/src in older
-trees; TREE/build), e.g. the commit before a change, for before/after rows from
-one run.
+trees; TREE/build, or --before-build), e.g. the commit before a change, for
+before/after rows from one run.
+With --phases every rank also cuts each step into phases (forward, zero_grad,
+backward, the exchange's copy-in, start, wait and copy-out, optimizer) and the
+run prints a phase table per model with wall and CPU time, page faults, and the
+operators that touch gradient-sized tensors (bench/step_phases.py).
 "gloo at its best" is the fastest ddp row. The table gives the median and mean step
 time and the ratio to the default ddp row, and "cpu ms": rank 0's CPU time per step
 (every thread of the process), less sensitive to other load than the wall time. The
@@ -215,11 +219,25 @@ def worker(args: argparse.Namespace) -> None:
             import ddplug  # noqa: F401  (registers torch.distributed's backend "ddplug")
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
     timer = Timer()
+    callbacks: list = [timer]
+    rec = None
+    if args.phases:  # every rank cuts its steps into phases (bench/step_phases.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import step_phases
+
+        rec = step_phases.Recorder()
+        step_phases.install(rec)
+        callbacks.append(step_phases.callback(rec, max(0, args.warmup - 1)))
     model = Net()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps + args.warmup,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[timer])
+                         enable_model_summary=False, callbacks=callbacks)
     trainer.fit(model, DataLoader(data, batch_size=args.batch, shuffle=True))
+    if rec is not None:
+        skip = max(0, args.warmup - 1)  # the counting step (the last warm-up step) left no times
+        with open(f"{args.out}.phases{trainer.global_rank}", "w") as f:
+            json.dump({"phases": step_phases.summarize(rec.steps[skip:], rec.step_cpu[skip:],
+                                                                 rec.step_helpers[skip:]), "ops": rec.ops}, f)
     if trainer.global_rank == 0:
         params = sum(p.numel() for p in model.parameters())
         with open(args.out, "w") as f:
@@ -243,11 +261,16 @@ def main() -> None:
     p.add_argument("--overlap", action="store_true", help="also ddplug with the progress thread on and off")
     p.add_argument("--before", default=None,
                    help="other source trees (comma-separated) whose ddplug runs as 'before' rows")
+    p.add_argument("--before-build", default=None,
+                   help="the build folder of the --before tree (comma-separated, one per tree; default TREE/build)")
     p.add_argument("--devices", type=int, default=2, help="ranks (processes) of the multi-rank configurations")
     p.add_argument("--keep-grads", action="store_true",
                    help="zero_grad(set_to_none=False): gradients persist from step to step")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, interleaved; report each one's best round")
+    p.add_argument("--phases", action="store_true",
+                   help="also cut every rank's steps into phases (forward, zero_grad, backward, copy-in, start,"
+                        " wait, copy-out, optimizer; bench/step_phases.py) and print their tables")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
@@ -269,9 +292,12 @@ def main() -> None:
         configs[4:4] = OVERLAP
     if args.before:
         trees = args.before.split(",")
-        for i, tree in enumerate(reversed(trees)):
+        builds = args.before_build.split(",") if args.before_build else [str(Path(t) / "build") for t in trees]
+        if len(builds) != len(trees):
+            raise SystemExit("--before-build: one build folder per --before tree")
+        for tree, build in reversed(list(zip(trees, builds))):
             name = BEFORE[0] if len(trees) == 1 else f"{BEFORE[0]} ({Path(tree).name})"
-            configs.insert(4, (name, BEFORE[1], {"tree": tree}))
+            configs.insert(4, (name, BEFORE[1], {"tree": tree, "build": build}))
     if args.only:
         keys = args.only.split(";")
         configs = [c for c in configs if any(k in c[0] for k in keys)]
@@ -288,6 +314,11 @@ def main() -> None:
             rows.append(best)
         report["models"][model] = rows
         print_table(args, model, rows)
+        if args.phases:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import step_phases
+
+            step_phases.print_tables(model, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -298,8 +329,9 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
     if strategy == "ddplug-before":  # the same step with another tree's package and build
         kwargs = dict(kwargs)
         tree = Path(kwargs.pop("tree")).resolve()
+        build = Path(kwargs.pop("build", tree / "build")).resolve()
         env["DDPLUG_BENCH_SRC"] = str(python_src(tree))
-        env["DDPLUG_BUILD_DIR"] = str(tree / "build")
+        env["DDPLUG_BUILD_DIR"] = str(build)
         env["PYTHONPATH"] = os.pathsep.join([env["DDPLUG_BENCH_SRC"], env.get("PYTHONPATH", "")])
         env.pop("DDPLUG_PLUGIN_PATH", None)
         strategy = "ddplug"
@@ -311,6 +343,8 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
                "--layers", str(args.layers), "--vocab", str(args.vocab), "--devices", str(args.devices)]
         if args.keep_grads:
             cmd.append("--keep-grads")
+        if args.phases:
+            cmd.append("--phases")
         print(f"running {model}: {name} ...", file=sys.stderr, flush=True)
         if strategy == "single" and kwargs.get("concurrent"):  # the floor, --devices jobs at once
             procs = []
@@ -342,13 +376,21 @@ def run_config(args: argparse.Namespace, env: dict, model: str, name: str, strat
             raise SystemExit(f"{model}: {name}: failed (exit {proc.returncode})")
         with open(out) as f:
             data = json.load(f)
+        phases, ops = {}, {}
+        for r in range(args.devices):
+            path = f"{out}.phases{r}"
+            if os.path.exists(path):
+                with open(path) as f:
+                    ph = json.load(f)
+                phases[str(r)], ops[str(r)] = ph["phases"], ph["ops"]
     t = data["times"]
     c = data.get("cpu") or [0.0]
     return {"cpu_ms": 1e3 * statistics.median(c), "config": name, "strategy": "bare" if strategy == "bare" else
             ("ddplug-before" if "DDPLUG_BENCH_SRC" in env else strategy),
             "kwargs": kwargs, "params": data["params"], "steps": len(t),
             "median_ms": 1e3 * statistics.median(t), "mean_ms": 1e3 * statistics.mean(t),
-            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "memory": data.get("memory")}
+            "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "memory": data.get("memory"),
+            **({"phases": phases, "ops": ops} if phases else {})}
 
 
 def _free_port() -> int:

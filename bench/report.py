@@ -3,7 +3,8 @@
 machine, then JSON, PNG plots (matplotlib) and a short markdown report.
 
     .venv/bin/python bench/report.py --build build --out out/bench [--publish docs/perf]
-        [--only allreduce,sampler,lightning,nccl] [--quick] [--note TEXT]
+        [--only allreduce,sampler,lightning,torch,nccl] [--quick] [--note TEXT]
+        [--before TREE --before-build DIR]
 
 Benchmarks (each prints its own table as it runs, beside its anchor):
   allreduce  bench/compare_allreduce.py: the cpu plugin against torch gloo (TCP,
@@ -14,16 +15,24 @@ Benchmarks (each prints its own table as it runs, beside its anchor):
              (DistributedSampler), world 8, one rank measured, N = 1e5 .. 3e7
              -> sampler.json, sampler.png (epoch-start time and extra memory
              against N)
-  lightning  bench/lightning_step.py: step time of the ddplug strategy against
-             DDPStrategy (gloo) configurations and the 1-rank floor
+  lightning  bench/lightning_step.py --phases: step time of the ddplug strategy
+             against DDPStrategy (gloo) configurations and the 1-rank floor,
+             and where each step's time goes on every rank (the phase tables)
              -> lightning_step.json, lightning_step.png (median step time per
              configuration)
+  torch      bench/torch_backend_perf.py: torch.distributed.all_reduce on the
+             ddplug backend against gloo and ddplug's own Python path, 8 B ..
+             64 MiB, and --profile: the layers of an 8-byte call
+             -> torch_backend.json
   nccl       ddplug-nccl-overhead (the nccl plugin against direct
              ncclAllReduce), only where a GPU is visible; otherwise listed as
              skipped with the reason
 The report (report.md) names the machine (CPU model, cores, memory, torch), the
 commit and the commands; --note adds a sentence (e.g. that the machine was
-shared). --publish copies the PNGs and report.md to a directory (the README's
+shared). --before TREE (with --before-build DIR when its build is not
+TREE/build) adds that tree's rows beside this one's in the same run: its
+ddplug strategy in the Lightning tables, its ddplug-allreduce-perf in the
+allreduce table. --publish copies the PNGs and report.md to a directory (the README's
 performance section shows docs/perf). --quick makes every benchmark short (a
 smoke run of the whole pipeline, not numbers to quote).
 """
@@ -105,6 +114,8 @@ def bench_allreduce(a, env, out: Path) -> dict | None:
     e = "1M" if a.quick else "64M"
     cmd = [sys.executable, HERE / "compare_allreduce.py", "--build", a.build, "-n", "2", "-b", "8", "-e", e,
            "--out", d]
+    if a.before:
+        cmd += ["--before", before_build(a)]
     if run(cmd, env, out / "allreduce.log") != 0 or not (d / "summary.json").exists():
         return None
     s = json.loads((d / "summary.json").read_text())
@@ -130,14 +141,38 @@ def bench_sampler(a, env, out: Path) -> dict | None:
             "command": shown([perf, "-N N -w 8 --ranks 1; bench/torch_sampler_perf.py -N N -w 8 --ranks 1"])}
 
 
+def before_build(a) -> str:
+    return str(Path(a.before_build or Path(a.before) / "build").resolve())
+
+
 def bench_lightning(a, env, out: Path) -> dict | None:
     j = out / "lightning_step.raw.json"
-    steps = ["--steps", "4", "--warmup", "1", "--models", "mlp"] if a.quick else ["--steps", "20", "--warmup", "3"]
-    cmd = [sys.executable, HERE / "lightning_step.py", *steps, "--json", j]
+    steps = ["--steps", "4", "--warmup", "2", "--models", "mlp"] if a.quick else \
+        ["--steps", "20", "--warmup", "3", "--rounds", "2"]
+    cmd = [sys.executable, HERE / "lightning_step.py", *steps, "--phases", "--json", j]
+    if a.before:
+        cmd += ["--before", str(Path(a.before).resolve()), "--before-build", before_build(a)]
     if run(cmd, env, out / "lightning_step.log") != 0 or not j.exists():
         return None
     r = json.loads(j.read_text())
     r["command"] = shown(cmd[1:])
+    return r
+
+
+def bench_torch(a, env, out: Path) -> dict | None:
+    j = out / "torch_backend.raw.json"
+    sizes = ["-b", "8", "-e", "1M", "-f", "16", "--repeat", "1"] if a.quick else ["-b", "8", "-e", "64M"]
+    cmd = [sys.executable, HERE / "torch_backend_perf.py", *sizes, "--json", j]
+    if run(cmd, env, out / "torch_backend.log") != 0 or not j.exists():
+        return None
+    r = json.loads(j.read_text())
+    r["command"] = shown(cmd[1:])
+    prof = [sys.executable, HERE / "torch_backend_perf.py", "--profile", "--repeat", "1" if a.quick else "3"]
+    p = subprocess.run([str(c) for c in prof], env=env, capture_output=True, text=True)
+    (out / "torch_backend_profile.log").write_text(p.stdout + p.stderr)
+    lines = p.stdout.splitlines()
+    r["profile"] = [ln for ln in lines if ln.startswith("|")] if p.returncode == 0 else []
+    r["profile_command"] = shown(prof[1:])
     return r
 
 
@@ -298,15 +333,48 @@ def markdown(res: dict, m: dict, note: str) -> str:
                 vd = f"{r['vs_ddp_default']:.2f}x" if r.get("vs_ddp_default") else "-"
                 L.append(f"| {r['config']} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {vd} |")
             L.append("")
+            L += phase_table(model, rows)
+    t = res.get("torch")
+    if t:
+        L += ["## torch.distributed.all_reduce on the ddplug backend", "", f"`{t['command']}`", "",
+              "| size | ddplug µs | own path µs | gloo µs | vs own | wrong |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in t["rows"]:
+            L.append(f"| {r['size']} | {r['ddplug']:.1f} | {r['own']:.1f} | {r['gloo']:.1f} | {r['vs_own']:.2f}x |"
+                     f" {r['wrong']} |")
+        L.append("")
+        if t.get("profile"):
+            L += [f"An 8-byte call, layer by layer (`{t['profile_command']}`):", ""] + t["profile"] + [""]
     n = res.get("nccl")
     if n is not None:
         L += ["## GPU allreduce overhead (nccl plugin against ncclAllReduce)", ""]
         L.append(f"Skipped: {n['skipped']}." if "skipped" in n else f"`{n['command']}`; see nccl_overhead.json.")
         L.append("")
-    for k in ("allreduce", "sampler", "lightning"):
+    for k in ("allreduce", "sampler", "lightning", "torch"):
         if k in res and res[k] is None:
             L.append(f"{k}: the benchmark failed; see its log in this directory.")
     return "\n".join(L) + "\n"
+
+
+PHASES = ["forward", "zero_grad", "backward", "copy-in", "start", "wait", "copy-out", "sync", "optimizer"]
+
+
+def phase_table(model: str, rows: list) -> list:
+    """Where a step's time goes (bench/lightning_step.py --phases): a row per
+    configuration and rank, wall ms per phase; CPU ms and page faults per step."""
+    if not any(r.get("phases") for r in rows):
+        return []
+    cols = [c for c in PHASES if any(c in ph for r in rows for ph in r.get("phases", {}).values())]
+    L = [f"Phases of a {model} step, median wall ms per phase on each rank; per step the process's CPU ms,"
+         " the main thread's page faults and the other threads' (progress, completion) CPU ms:", "",
+         "| configuration, rank | " + " | ".join(cols) + " | total | CPU | faults | helpers CPU |",
+         "|---|" + "---:|" * (len(cols) + 4)]
+    for r in rows:
+        for rank, ph in sorted(r.get("phases", {}).items()):
+            cells = " | ".join(f"{ph[c]['wall_ms']:.1f}" if c in ph else "" for c in cols)
+            t = ph["total"]
+            L.append(f"| {r['config']}, r{rank} | {cells} | {t['wall_ms']:.1f} | {t['cpu_ms']:.1f} |"
+                     f" {t['faults']:.0f} | {t.get('helpers_cpu_ms', 0):.1f} |")
+    return L + [""]
 
 
 def main() -> int:
@@ -314,9 +382,11 @@ def main() -> int:
     p.add_argument("--build", default="build")
     p.add_argument("--out", default="out/bench")
     p.add_argument("--publish", default=None, help="also copy the plots and report.md here")
-    p.add_argument("--only", default="allreduce,sampler,lightning,nccl")
+    p.add_argument("--only", default="allreduce,sampler,lightning,torch,nccl")
     p.add_argument("--quick", action="store_true", help="short runs: a smoke test of the pipeline")
     p.add_argument("--note", default="", help="a sentence for the report (e.g. the machine was shared)")
+    p.add_argument("--before", default=None, help="another source tree whose rows run beside this one's")
+    p.add_argument("--before-build", default=None, help="its build folder (default TREE/build)")
     a = p.parse_args()
     import matplotlib
 
@@ -338,13 +408,15 @@ def main() -> int:
     for name, run, plot, png, js in (
             ("allreduce", bench_allreduce, plot_allreduce, "allreduce_busbw.png", "allreduce.json"),
             ("sampler", bench_sampler, plot_sampler, "sampler.png", "sampler.json"),
-            ("lightning", bench_lightning, plot_lightning, "lightning_step.png", "lightning_step.json")):
+            ("lightning", bench_lightning, plot_lightning, "lightning_step.png", "lightning_step.json"),
+            ("torch", bench_torch, None, None, "torch_backend.json")):
         if name not in only:
             continue
         res[name] = run(a, env, out)
         if res[name]:
-            plot(plt, res[name], out / png, m)
-            plots.append(png)
+            if plot is not None:
+                plot(plt, res[name], out / png, m)
+                plots.append(png)
             (out / js).write_text(json.dumps(res[name], indent=1))
     if "nccl" in only:
         res["nccl"] = bench_nccl(a, env, out)
@@ -358,7 +430,7 @@ def main() -> int:
         for f in plots + ["report.md"]:
             shutil.copy(out / f, dest / f)
         print(f"bench: copied {', '.join(plots + ['report.md'])} to {dest}")
-    failed = [k for k in ("allreduce", "sampler", "lightning") if k in res and res[k] is None]
+    failed = [k for k in ("allreduce", "sampler", "lightning", "torch") if k in res and res[k] is None]
     return 1 if failed else 0
 
 

@@ -20,18 +20,33 @@
  *                system allows it: ptrace rules (kernel.yama.ptrace_scope,
  *                PR_SET_DUMPABLE, a container's seccomp profile) can refuse
  *                it. group_create probes every peer once (read a word, write
- *                it back) and every local rank publishes its verdict; the
- *                outcome is logged once at debug level.
+ *                it back) and every local rank publishes its verdict; with
+ *                cma "auto", local rank 0 alone also times the kernel's copy
+ *                against memcpy, in CPU time (below), and its verdict holds
+ *                for every rank. The outcome is logged once at debug level.
+ *   push         two ranks whose outputs are registered but an input is not
+ *                (an ordinary buffer reduced out of place into registered
+ *                memory): each rank first copies the part of its
+ *                input that the other rank owns into that rank's output, at
+ *                that slice (a place nobody else writes before the result);
+ *                then the owner reduces its own input and what was pushed,
+ *                in local-rank order, into both outputs. 3·S bytes per rank
+ *                instead of the pipeline's copies through its slots, and no
+ *                per-chunk synchronisation.
  * Every rank decides the same way after the handshake, from every rank's
  * published buffers (ddcpu_bufref) and verdicts: the direct path when each
- * rank's buffers are registered, or reachable through the kernel and the
- * message has at least cma_min_bytes per rank; otherwise the phase turns
- * into the shared-memory pipeline (shm_coll.c).
+ * rank's buffers are registered; the push when there are two ranks and
+ * every output is registered; the kernel's copy when every rank is
+ * reachable through it and the message has at least cma_min_bytes per
+ * rank; otherwise the phase turns into the shared-memory pipeline
+ * (shm_coll.c).
  *
  * Synchronisation: the handshake (every rank arrived, so every buffer is
  * ready), then each rank writes its slice everywhere and posts `done`, and
  * returns once every rank's `done` says its output is complete. Two
- * synchronisations per allreduce.
+ * synchronisations per allreduce; the push posts `done` once more in
+ * between (pushed), so `done` counts two per collective index k: 2k-1
+ * pushed, 2k written.
  *
  * Failures: a rank that gives up on a collective after arriving (a peer
  * died, an abort) gets its buffer back while peers may still be writing
@@ -49,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -85,18 +101,33 @@ int ddcpu_direct_cma_for(ddcpu_group *g, uint64_t bytes) {
          bytes >= g->opt.cma_min_bytes && bytes > g->opt.small_msg_bytes;
 }
 
-/* The same answer on every rank: it reads only what every rank published. */
-static int use_direct(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
-  int all_registered = 1;
-  for (int j = 0; j < g->local_world; j++)
-    if (!registered(bufref(g, j, r->k))) all_registered = 0;
-  return all_registered || ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype));
+/* How this allreduce moves (DDCPU_DIRECT_*, request.h), the same answer on
+ * every rank: it reads only what every rank published. */
+static int direct_mode(ddcpu_group *g, const ddcpu_req *r, const ddcpu_direct *d) {
+  int all_registered = 1, outputs_apart = 1;
+  for (int j = 0; j < g->local_world; j++) {
+    const ddcpu_bufref *b = bufref(g, j, r->k);
+    if (!registered(b)) all_registered = 0;
+    /* the push writes into outputs before their owners read their inputs */
+    if (b->recv_off < 0 || b->recv == b->send) outputs_apart = 0;
+  }
+  if (all_registered) return DDCPU_DIRECT_ALL;
+  if (g->local_world == 2 && outputs_apart) return DDCPU_DIRECT_PUSH;
+  if (ddcpu_direct_cma_for(g, d->count * ddcpu_dtype_size(d->dtype))) return DDCPU_DIRECT_ALL;
+  return DDCPU_DIRECT_NO;
 }
+
+/* The values this rank posts on its `done` for collective index k. */
+static uint32_t pushed_mark(uint64_t k) { return (uint32_t)(2 * k - 1); }
+static uint32_t written_mark(uint64_t k) { return (uint32_t)(2 * k); }
 
 /* See internal.h. Executor only, after the handshake. */
 void ddcpu_direct_enter(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph) {
   ddcpu_direct d = ph->u.direct;
-  if (use_direct(g, r, &d)) {
+  int mode = direct_mode(g, r, &d);
+  if (mode != DDCPU_DIRECT_NO) {
+    ph->u.direct.mode = mode;
+    ph->u.direct.pushed = 0;
     ph->u.direct.wrote = 0;
     return;
   }
@@ -187,6 +218,9 @@ static int move(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint64_t of
     if (j == me) {
       in[j] = d->send;
       out[j] = d->recv;
+    } else if (d->mode == DDCPU_DIRECT_PUSH) {
+      in[j] = d->recv; /* its share of this rank's slice, pushed into this output */
+      out[j] = seg + ref[j]->recv_off;
     } else if (registered(ref[j])) {
       in[j] = seg + ref[j]->send_off;
       out[j] = seg + ref[j]->recv_off;
@@ -234,8 +268,26 @@ static int move(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint64_t of
   return DDPLUG_OK;
 }
 
-/* Write this rank's slice into every output, unless a peer has withdrawn. */
-static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
+/* The push: the part of this rank's input that each peer owns, into that
+ * peer's output at the same place. */
+static int push(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, uint32_t es) {
+  unsigned char *seg = g->shm.base;
+  const int stream = g->opt.nt_bytes > 0 && d->count * es >= g->opt.nt_bytes;
+  for (int j = 0; j < g->local_world; j++) {
+    if (j == g->local_rank) continue;
+    uint64_t off, len;
+    slice_of(g, d->count, es, j, &off, &len);
+    if (len)
+      ddcpu_copy(seg + bufref(g, j, r->k)->recv_off + off * es, d->send + off * es, len * es,
+                 stream);
+  }
+  ddcpu_copy_fence(stream);
+  return DDPLUG_OK;
+}
+
+/* Write into other ranks' outputs — this rank's reduced slice, or with
+ * `pushing` its shares of theirs — unless a peer has withdrawn. */
+static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d, int pushing) {
   uint32_t es = ddcpu_dtype_size(d->dtype);
   uint64_t off, len;
   slice_of(g, d->count, es, g->local_rank, &off, &len);
@@ -251,29 +303,46 @@ static int write_slice(ddcpu_group *g, ddcpu_req *r, const ddcpu_direct *d) {
                                "rank %d abandoned collective #%llu after arriving",
                                g->local_ranks[j], (unsigned long long)r->args.seq);
   }
-  int st = len ? move(g, r, d, off, len, es) : DDPLUG_OK;
+  int st = pushing ? push(g, r, d, es) : len ? move(g, r, d, off, len, es) : DDPLUG_OK;
   atomic_store_explicit(&mine->writing, 0, memory_order_release);
   return st;
+}
+
+/* DDCPU_DONE once every local rank's `done` reached `mark`, else BLOCKED on
+ * the first that has not. */
+static int wait_all(ddcpu_group *g, uint32_t mark, ddcpu_wait_target *wt) {
+  for (int j = 0; j < g->local_world; j++) {
+    ddcpu_ctr *c = &g->shm.ctl[j].done;
+    if (ddcpu_ctr_ge(c, mark)) continue;
+    wt->kind = DDCPU_WAIT_CTR;
+    wt->ctr = c;
+    wt->until = mark;
+    return DDCPU_BLOCKED;
+  }
+  return DDCPU_DONE;
 }
 
 /* See internal.h. Executor only. */
 int ddcpu_direct_step(ddcpu_group *g, ddcpu_req *r, ddcpu_phase *ph, ddcpu_wait_target *wt) {
   ddcpu_direct *d = &ph->u.direct;
+  ddcpu_ctr *mine = &g->shm.ctl[g->local_rank].done;
+  if (d->mode == DDCPU_DIRECT_PUSH && !d->wrote) {
+    if (!d->pushed) {
+      int st = write_slice(g, r, d, 1);
+      if (st != DDPLUG_OK) return st;
+      ddcpu_ctr_post(mine, pushed_mark(r->k));
+      d->pushed = 1;
+    }
+    int w = wait_all(g, pushed_mark(r->k), wt); /* every share of this rank's slice is here */
+    if (w != DDCPU_DONE) return w;
+  }
   if (!d->wrote) {
-    int st = write_slice(g, r, d);
+    int st = write_slice(g, r, d, 0);
     if (st != DDPLUG_OK) return st;
-    ddcpu_ctr_post(&g->shm.ctl[g->local_rank].done, (uint32_t)r->k);
+    ddcpu_ctr_post(mine, written_mark(r->k));
     d->wrote = 1;
   }
-  for (int j = 0; j < g->local_world; j++) {
-    ddcpu_ctr *c = &g->shm.ctl[j].done;
-    if (ddcpu_ctr_ge(c, (uint32_t)r->k)) continue;
-    wt->kind = DDCPU_WAIT_CTR;
-    wt->ctr = c;
-    wt->until = (uint32_t)r->k;
-    return DDCPU_BLOCKED;
-  }
-  return DDCPU_DONE;
+  return wait_all(g, written_mark(r->k), wt);
 }
 
 /* See internal.h. Executor only; keeps the thread's error sentence. */
@@ -321,11 +390,29 @@ static int probe_peer(ddcpu_group *g, int j, const char **which) {
   return 0;
 }
 
+/* CPU time of the calling thread, ns: what a copy costs, whether or not
+ * the thread was descheduled meanwhile. */
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* The kernel's copy between address spaces against memcpy, on this
  * process (process_vm_readv of itself takes the same path as of a peer):
- * bytes per second of the first over the second, best of a few rounds of
- * 1 MiB each (a few milliseconds). */
+ * bytes per second of CPU time of the first over the second, each the best
+ * of SPEED_ROUNDS interleaved rounds of 1 MiB (a few milliseconds).
+ *
+ * Why CPU time: timed on the wall clock, a rank descheduled during one
+ * round on a busy machine measured that copy arbitrarily slow, and the one
+ * probe at group_create decided the run's path for good, either way. A
+ * copy's CPU time does not count the time its thread waited for a CPU;
+ * what other processes still change (memory bandwidth, caches) slows both
+ * copies. Why rank 0 alone: two ranks measuring near the threshold could
+ * disagree; one measurement, adopted by every rank, gives one verdict and
+ * one sentence for the whole node. */
 #define SPEED_BYTES (1u << 20)
+#define SPEED_ROUNDS 7
 static double kernel_copy_share(void) {
   unsigned char *a = NULL, *b = NULL;
   if (posix_memalign((void **)&a, PAGE, SPEED_BYTES) != 0) return 0;
@@ -336,14 +423,14 @@ static double kernel_copy_share(void) {
   memset(a, 1, SPEED_BYTES);
   memset(b, 2, SPEED_BYTES);
   uint64_t best_k = UINT64_MAX, best_m = UINT64_MAX;
-  for (int round = 0; round < 5; round++) {
+  for (int round = 0; round < SPEED_ROUNDS; round++) {
     struct iovec l = {b, SPEED_BYTES}, rm = {a, SPEED_BYTES};
-    uint64_t t0 = ddcpu_now_ns();
+    uint64_t t0 = thread_cpu_ns();
     ssize_t n = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
-    uint64_t t1 = ddcpu_now_ns();
+    uint64_t t1 = thread_cpu_ns();
     memcpy(b, a, SPEED_BYTES);
     __asm__ volatile("" : : "r"(b) : "memory");
-    uint64_t t2 = ddcpu_now_ns();
+    uint64_t t2 = thread_cpu_ns();
     if (n != (ssize_t)SPEED_BYTES) break;
     best_k = DDCPU_MIN(best_k, t1 - t0);
     best_m = DDCPU_MIN(best_m, t2 - t1);
@@ -383,13 +470,13 @@ int ddcpu_direct_probe(ddcpu_group *g, uint64_t deadline) {
                      "security profile)"
                    : "");
     }
-    if (verdict == DDCPU_SC_YES && g->opt.cma == DDCPU_CMA_AUTO) {
+    if (verdict == DDCPU_SC_YES && g->opt.cma == DDCPU_CMA_AUTO && g->local_rank == 0) {
       double share = kernel_copy_share();
       if (share < DDCPU_CMA_MIN_SPEED) {
         verdict = DDCPU_SC_NO;
         snprintf(why, sizeof why, "allowed, but on rank %d the kernel's copy moves %.0f%% of "
-                 "memcpy's bytes per second, less than the %.0f%% that make it pay "
-                 "(plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
+                 "memcpy's bytes per second of CPU time, less than the %.0f%% that make it "
+                 "pay (plugin_options.cma \"on\" forces it)", g->rank, 100.0 * share,
                  100.0 * DDCPU_CMA_MIN_SPEED);
       }
     }

@@ -46,7 +46,8 @@ enum { DDCPU_PROGRESS_AUTO = -1, DDCPU_PROGRESS_OFF = 0, DDCPU_PROGRESS_ON = 1 }
 /* Values of ddcpu_options.cma. */
 enum { DDCPU_CMA_AUTO = -1, DDCPU_CMA_OFF = 0, DDCPU_CMA_ON = 1 };
 /* cma "auto" takes the kernel's copy when it moves at least this share of
- * memcpy's bytes per second (measured at group_create, direct.c). */
+ * memcpy's bytes per second of CPU time (measured by local rank 0 at
+ * group_create, direct.c). */
 #define DDCPU_CMA_MIN_SPEED 0.6
 
 /* ---- the node segment as this process maps it (shm.c) --------------------- */

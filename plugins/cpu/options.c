@@ -37,8 +37,9 @@
  *                    between the ranks' address spaces (process_vm_readv/
  *                    writev). "auto" (default): where the system allows it
  *                    and the kernel's copy is at least DDCPU_CMA_MIN_SPEED of
- *                    memcpy's speed (group_create measures both; on some
- *                    virtual machines it is a third, and the pipeline wins);
+ *                    memcpy's speed (local rank 0 times both in CPU time at
+ *                    group_create, direct.c; on some virtual machines it is
+ *                    a third, and the pipeline wins);
  *                    "on": wherever the system allows it; "off": never.
  *   cma_min_bytes    unregistered allreduces of at least this many bytes
  *                    per rank take that single copy; smaller ones the

@@ -103,8 +103,13 @@ typedef struct ddcpu_direct {
   unsigned char *recv;
   uint64_t count;
   int dtype, op, divisor;   /* op: AVG already turned into SUM + divisor */
+  int mode;                 /* DDCPU_DIRECT_* (decided after the handshake) */
+  int pushed;               /* push: this rank's shares are in the peers'  */
   int wrote;                /* this rank's slice is in every output       */
 } ddcpu_direct;
+
+/* How a direct allreduce reaches the peers' buffers (direct.c). */
+enum { DDCPU_DIRECT_NO = 0, DDCPU_DIRECT_ALL = 1, DDCPU_DIRECT_PUSH = 2 };
 
 typedef struct ddcpu_phase {
   int kind;

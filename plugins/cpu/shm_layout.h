@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #define DDCPU_SHM_MAGIC 0x3148677570646464ull /* "dddpugH1" */
-#define DDCPU_SHM_VERSION 3u
+#define DDCPU_SHM_VERSION 4u
 #define DDCPU_SHM_PREFIX "ddplug-cpu-"
 
 /* Longest human sentence the plugin produces (and stores in the segment). */
@@ -108,9 +108,10 @@ typedef struct ddcpu_rank_ctl {
                            rank's staging area                         */
   ddcpu_ctr copied_out; /* copied out of the staging slot, which may be
                            reused                                      */
-  ddcpu_ctr done;      /* direct path: low 32 bits of the last collective
-                          whose slice this rank wrote into every rank's
-                          output                                         */
+  ddcpu_ctr done;      /* direct path, for collective index k: 2k-1 once
+                          this rank pushed its shares into the peers'
+                          outputs (the push), 2k once it wrote its slice
+                          into every rank's output (low 32 bits)         */
   ddcpu_desc desc[2];  /* by parity of the collective index             */
   ddcpu_bufref buf[2]; /* by parity: this rank's buffers (direct path)  */
   _Atomic uint64_t writing;   /* collective index while this rank writes

@@ -21,6 +21,25 @@ static const char *kind_name(int kind) {
   }
 }
 
+/* How error messages name a request: "collective #7 (allreduce of 2
+ * float32, sum)", or a send's or receive's description (set when it
+ * started). A collective's is made only when a message needs it:
+ * formatting it for every collective cost about a third of a small
+ * blocking allreduce. */
+static const char *what_of(ddplug_request *req) {
+  if (req->what[0] || req->kind >= DDPLUG__REQ_SEND) return req->what;
+  if (req->kind == DDPLUG_COLL_BARRIER)
+    snprintf(req->what, sizeof req->what, "collective #%llu (barrier)",
+             (unsigned long long)req->seq);
+  else
+    snprintf(req->what, sizeof req->what, "collective #%llu (%s of %llu %s%s%s)",
+             (unsigned long long)req->seq, kind_name(req->kind),
+             (unsigned long long)req->count, ddplug_dtype_name(req->dtype),
+             req->kind == DDPLUG_COLL_ALLREDUCE ? ", " : "",
+             req->kind == DDPLUG_COLL_ALLREDUCE ? ddplug_op_name(req->op) : "");
+  return req->what;
+}
+
 static int is_integer(int dtype) {
   return dtype == DDPLUG_INT8 || dtype == DDPLUG_UINT8 || dtype == DDPLUG_INT32 ||
          dtype == DDPLUG_INT64;
@@ -105,7 +124,7 @@ int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **ou
 
 int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
                                  const char *slot) {
-  ddplug__free(req);
+  if (!req->on_stack) ddplug__free(req);
   int run = ddplug__ctx_check(ctx);
   if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
   ddplug__plugin_err_take(ctx, s, slot);
@@ -120,27 +139,30 @@ int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **ou
   return s != DDPLUG_OK ? ddplug__ctx_capture_error(ctx, s) : DDPLUG_OK;
 }
 
+/* Start a collective into *out: a new request, or with `mine` the caller's
+ * (a blocking call's, on its stack: no allocation). */
 static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
-                 ddplug_request **out) {
+                 ddplug_request **out, ddplug_request *mine) {
   int s = ddplug__start_check(ctx, fn, out);
   if (s != DDPLUG_OK) return s;
   s = validate(ctx, a, fn);
   if (s != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, s);
-  ddplug_request *req = NULL;
-  if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) return s;
+  ddplug_request *req = mine;
+  if (req) {
+    memset(req, 0, sizeof *req);
+    req->ctx = ctx;
+    req->on_stack = 1;
+  } else if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) {
+    return s;
+  }
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->seq = ctx->seq + 1;
   req->seq = a->seq;
   req->kind = a->kind;
-  if (a->kind == DDPLUG_COLL_BARRIER)
-    snprintf(req->what, sizeof req->what, "collective #%llu (barrier)",
-             (unsigned long long)a->seq);
-  else
-    snprintf(req->what, sizeof req->what, "collective #%llu (%s of %llu %s%s%s)",
-             (unsigned long long)a->seq, kind_name(a->kind), (unsigned long long)a->count,
-             ddplug_dtype_name(a->dtype), a->kind == DDPLUG_COLL_ALLREDUCE ? ", " : "",
-             a->kind == DDPLUG_COLL_ALLREDUCE ? ddplug_op_name(a->op) : "");
+  req->count = a->count;
+  req->dtype = a->dtype;
+  req->op = a->op;
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
@@ -215,7 +237,7 @@ static int finish_failed(ddplug_request *req, int s, int can_block, const char *
     s = run;
   } else {
     ddplug__plugin_err_take(ctx, s, slot);
-    ddplug__err_prefix(s, "%s", req->what);
+    ddplug__err_prefix(s, "%s", what_of(req));
   }
   req->finished = 1;
   req->status = s;
@@ -229,7 +251,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   if (req->finished) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
-    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", req->what);
+    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", what_of(req));
     return ddplug__ctx_capture_error(ctx, run != DDPLUG_OK ? run : req->status);
   }
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
@@ -248,7 +270,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   }
   if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
-    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", req->what,
+    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", what_of(req),
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_capture_error(ctx, s);
   }
@@ -289,7 +311,7 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
   if (!req) return;
   ddplug_context *ctx = req->ctx;
   if (!ctx) { /* its context was closed; the plugin's side is gone */
-    ddplug__free(req);
+    if (!req->on_stack) ddplug__free(req);
     return;
   }
   pthread_mutex_lock(&ctx->mu);
@@ -307,12 +329,12 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
     if (s == DDPLUG_OK && !d) {
       char msg[256];
       snprintf(msg, sizeof msg, "rank %d freed %s before it completed", ctx->world.rank,
-               req->what);
+               what_of(req));
       ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     }
   }
   t->request_free(ctx->group, req->preq);
-  ddplug__free(req);
+  if (!req->on_stack) ddplug__free(req);
 }
 
 /* Blocking form: start, wait the collective timeout, free. A collective that
@@ -321,8 +343,8 @@ static int run_blocking(ddplug_context *ctx, ddplug_coll_args *a, const char *fn
                         int64_t timeout_ms) {
   if (ddplug__blocking_timeout_check(ctx, fn, timeout_ms, "collective") != DDPLUG_OK)
     return DDPLUG_E_INVALID_ARGUMENT;
-  ddplug_request *req = NULL;
-  int s = start(ctx, a, fn, &req);
+  ddplug_request own, *req = NULL;
+  int s = start(ctx, a, fn, &req, &own);
   if (s != DDPLUG_OK) return s;
   return ddplug__request_finish_blocking(ctx, req, ddplug_request_wait(req, timeout_ms));
 }
@@ -338,14 +360,16 @@ int ddplug__blocking_timeout_check(ddplug_context *ctx, const char *fn, int64_t 
 }
 
 int ddplug__request_finish_blocking(ddplug_context *ctx, ddplug_request *req, int s) {
+  if (s == DDPLUG_OK) {
+    ddplug_request_free(req);
+    return s;
+  }
   ddplug__end_run_if_broken(ctx, s);
   char keep[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
   ddplug_request_free(req);
-  if (s != DDPLUG_OK) {
-    ddplug__set_last_error(keep);
-    ddplug__ctx_capture_error(ctx, s);
-  }
+  ddplug__set_last_error(keep);
+  ddplug__ctx_capture_error(ctx, s);
   return s;
 }
 
@@ -369,26 +393,26 @@ DDPLUG_API int ddplug_iallreduce(ddplug_context *ctx, const void *send, void *re
                                  uint64_t count, int dtype, int op, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, stream);
-  return start(ctx, &a, "ddplug_iallreduce", req);
+  return start(ctx, &a, "ddplug_iallreduce", req, NULL);
 }
 
 DDPLUG_API int ddplug_ibroadcast(ddplug_context *ctx, const void *send, void *recv,
                                  uint64_t count, int dtype, int root, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_BROADCAST, send, recv, count, dtype, 0, root, stream);
-  return start(ctx, &a, "ddplug_ibroadcast", req);
+  return start(ctx, &a, "ddplug_ibroadcast", req, NULL);
 }
 
 DDPLUG_API int ddplug_iallgather(ddplug_context *ctx, const void *send, void *recv,
                                  uint64_t count, int dtype, void *stream,
                                  ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_ALLGATHER, send, recv, count, dtype, 0, 0, stream);
-  return start(ctx, &a, "ddplug_iallgather", req);
+  return start(ctx, &a, "ddplug_iallgather", req, NULL);
 }
 
 DDPLUG_API int ddplug_ibarrier(ddplug_context *ctx, ddplug_request **req) {
   ddplug_coll_args a = make_args(DDPLUG_COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, NULL);
-  return start(ctx, &a, "ddplug_ibarrier", req);
+  return start(ctx, &a, "ddplug_ibarrier", req, NULL);
 }
 
 DDPLUG_API int ddplug_allreduce(ddplug_context *ctx, const void *send, void *recv,

@@ -255,7 +255,11 @@ struct ddplug_request {
   int finished; /* 1 once the plugin reported completion or final failure */
   int status;   /* final status when finished                             */
   int32_t source; /* a receive: the matched sender (the plugin writes it)  */
-  char what[128];
+  uint64_t count;  /* a collective's count, dtype and op: its description   */
+  int dtype, op;   /* is formatted only when an error message needs it      */
+  int on_stack;    /* a blocking call's own request: not freed              */
+  char what[128];  /* a send's or receive's description; a collective's once
+                      made                                                  */
 };
 /* ddplug_request.kind of point-to-point requests (after the collectives'). */
 #define DDPLUG__REQ_SEND 100

@@ -16,7 +16,7 @@ from . import _names
 _DTYPE_ALIASES = {"bool": "uint8"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Buffer:
     ptr: int
     count: int
@@ -66,10 +66,15 @@ def of(x: Any) -> Buffer:
     if mod.startswith("torch"):
         if not x.is_contiguous():
             raise ValueError("ddplug: collectives need contiguous tensors (call .contiguous())")
+        # On the hot path of small collectives: a CPU tensor skips x.device (its
+        # .type makes a new string every call) and the dtype's name.
+        code = torch_dtype_codes().get(x.dtype)
+        if code is None:
+            code = dtype_code(torch_dtype_name(x.dtype))  # raises, naming the dtype
+        if x.is_cpu:
+            return Buffer(x.data_ptr(), x.numel(), code, "cpu", None, x)
         dev = x.device
-        return Buffer(
-            x.data_ptr(), x.numel(), dtype_code(torch_dtype_name(x.dtype)), dev.type, dev.index, x
-        )
+        return Buffer(x.data_ptr(), x.numel(), code, dev.type, dev.index, x)
     if mod.startswith("numpy"):
         if not x.flags["C_CONTIGUOUS"]:
             raise ValueError("ddplug: collectives need C-contiguous arrays (numpy.ascontiguousarray)")

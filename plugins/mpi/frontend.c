@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "detect.h"
 
@@ -135,13 +136,16 @@ static const ddplug_plugin *load_backend(const ddmpi_library *lib, uint32_t host
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
+    int absent = access(path, F_OK) != 0;
     snprintf(why, cap,
              "plugin mpi: %s (%s, %s) is %s, but its backend does not load: %s%s",
              lib->path, lib->version[0] ? lib->version : "version unknown", lib->how,
              lib->family == DDMPI_FAMILY_OPENMPI ? "Open MPI" : "of the MPICH family",
              e ? e : path,
-             "; this ddplug was built without that family's headers (pkg-config ompi-c / mpich "
-             "at build time), or set DDPLUG_MPI_LIBRARY / DDPLUG_MPI_ABI to use the other family");
+             absent ? "; this ddplug was built without that family's headers (pkg-config "
+                      "ompi-c / mpich at build time): rebuild with them, or set "
+                      "DDPLUG_MPI_LIBRARY / DDPLUG_MPI_ABI to use the other family"
+                    : "");
     return NULL;
   }
   ddmpi_backend_entry_fn entry = (ddmpi_backend_entry_fn)dlsym(h, DDMPI_BACKEND_SYMBOL);

@@ -339,7 +339,20 @@ int ddmpi_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r, int64_t
       next_watch = now + 1000000ull;
       continue;
     }
-    if (now >= deadline) break;
+    if (now >= deadline) {
+      /* Past the collective timeout too? Then the group fails with the
+       * watch's sentence (the runtime's blocking calls wait exactly that
+       * long). */
+      if (r->kind == DDMPI_REQ_COLL) {
+        ddmpi_watch(g);
+        pthread_mutex_lock(&ddmpi_p.mu);
+        fin = finished(r);
+        st = r->status;
+        if (fin && st != DDPLUG_OK) snprintf(msg, sizeof msg, "%s", r->msg);
+        pthread_mutex_unlock(&ddmpi_p.mu);
+      }
+      break;
+    }
     uint64_t waited = now - t0;
     if (waited < 20000ull) {
 #if defined(__x86_64__) || defined(__i386__)

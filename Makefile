@@ -51,7 +51,10 @@ deps: .deps/system .deps/python
 # pkg-config, OpenSSL's libcrypto (the store's HMAC), libabigail's abidiff
 # (the ABI check), clang with its libFuzzer runtime (the store's fuzz target)
 # and Python's venv module (Debian splits it into python3-venv) are
-# installed when missing (apt-get update first).
+# installed when missing (apt-get update first); so are both MPI families
+# with their launchers (the mpi plugin's backends and tests: Open MPI's
+# libopenmpi-dev openmpi-bin, MPICH's libmpich-dev mpich) and iproute2 (the
+# network namespaces of the multi-node tests).
 .deps/system:
 	@mkdir -p .deps
 	@pkgs=""; \
@@ -59,6 +62,9 @@ deps: .deps/system .deps/python
 	pkg-config --exists libcrypto 2>/dev/null || pkgs="$$pkgs libssl-dev"; \
 	command -v clang >/dev/null || pkgs="$$pkgs clang libclang-rt-dev"; \
 	command -v abidiff >/dev/null || pkgs="$$pkgs abigail-tools"; \
+	pkg-config --exists ompi-c 2>/dev/null && command -v mpirun.openmpi >/dev/null || pkgs="$$pkgs libopenmpi-dev openmpi-bin"; \
+	pkg-config --exists mpich 2>/dev/null && command -v mpiexec.hydra >/dev/null || pkgs="$$pkgs libmpich-dev mpich"; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	[ -x "$(PY)" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="$$pkgs python3-venv"; \
 	if [ -n "$$pkgs" ]; then \
 	  echo "ddplug: installing$$pkgs (apt-get)"; \

@@ -43,3 +43,11 @@ if(TARGET ddplug-mpi AND TARGET ddplug_cmd)
     endforeach()
   endforeach()
 endif()
+
+# Several nodes on one machine: network namespaces joined by rate-limited
+# veth links, mpirun and hydra across them through an rsh agent
+# (tests/netns/). Skipped (77) where namespaces are not permitted.
+if(TARGET ddplug-mpi AND TARGET test-mpi)
+  add_test(NAME netns-mpi COMMAND ${PROJECT_SOURCE_DIR}/tests/netns/test-netns.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(netns-mpi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+endif()

@@ -111,6 +111,11 @@ static void library_version(void *h, char *out, size_t cap) {
   int len = 0;
   if (buf && v(buf, &len) == 0) {
     buf[strcspn(buf, "\n,")] = '\0';
+    /* "MPICH Version:      5.0.2": one space between words. */
+    size_t w = 0;
+    for (size_t i = 0; buf[i]; i++)
+      if (!((buf[i] == ' ' || buf[i] == '\t') && (w == 0 || buf[w - 1] == ' '))) buf[w++] = buf[i] == '\t' ? ' ' : buf[i];
+    buf[w] = '\0';
     snprintf(out, cap, "%s", buf);
   }
   free(buf);

@@ -7,11 +7,16 @@
  *
  * SPDX-License-Identifier: Apache-2.0
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
 
-static const ddplug_plugin ddmpi_table = {
+/* The description names the library this process loaded (`ddplug info mpi`
+ * shows it), so the table is filled once, at the first entry. */
+static char ddmpi_description[sizeof(DDMPI_DESCRIPTION) + 4096 + 256 + 64];
+
+static ddplug_plugin ddmpi_table = {
     .struct_size = sizeof(ddplug_plugin),
     .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
     .name = DDMPI_NAME,
@@ -42,9 +47,15 @@ __attribute__((visibility("default"))) const ddplug_plugin *ddmpi_backend_entry_
       DDPLUG_VERSION_MINOR_OF(host_abi_version) < 4 || !lib)
     return NULL;
   pthread_mutex_lock(&ddmpi_p.mu);
-  if (!ddmpi_p.lib.struct_size)
+  if (!ddmpi_p.lib.struct_size) {
     memcpy(&ddmpi_p.lib, lib, lib->struct_size < sizeof ddmpi_p.lib ? lib->struct_size
                                                                      : sizeof ddmpi_p.lib);
+    /* What was loaded first: hosts show at most 255 characters. */
+    snprintf(ddmpi_description, sizeof ddmpi_description, "on %s (%s). %s",
+             ddmpi_p.lib.version[0] ? ddmpi_p.lib.version : "MPI", ddmpi_p.lib.path,
+             DDMPI_DESCRIPTION);
+    ddmpi_table.description = ddmpi_description;
+  }
   pthread_mutex_unlock(&ddmpi_p.mu);
   return &ddmpi_table;
 }

@@ -232,11 +232,12 @@ int ddmpi_collective_start(ddplug_plugin_group *g, const ddplug_coll_args *args,
     int widen = 0, divide = 0;
     ddmpi_mpi_reduction(args->dtype, args->op, &t, &op, &widen, &divide);
     if (widen && !(r->scratch = malloc(args->count * sizeof(float)))) {
+      int st = ddmpi_fail(g->svc, DDPLUG_E_NO_MEMORY,
+                          "plugin mpi: %s: cannot allocate the %llu-byte float32 scratch its "
+                          "16-bit sums accumulate in",
+                          r->what, (unsigned long long)(args->count * sizeof(float)));
       free(r);
-      return ddmpi_fail(g->svc, DDPLUG_E_NO_MEMORY,
-                        "plugin mpi: %s: cannot allocate the %llu-byte float32 scratch its "
-                        "16-bit sums accumulate in",
-                        r->what, (unsigned long long)(args->count * sizeof(float)));
+      return st;
     }
   }
   pthread_mutex_lock(&ddmpi_p.mu);

@@ -63,11 +63,24 @@ int ddmpi_request_reqs(ddplug_plugin_request *r, int n) {
   return 0;
 }
 
-static void live_add(ddplug_plugin_group *g, ddplug_plugin_request *r) {
+/* See internal.h. */
+void ddmpi_live_add(ddplug_plugin_group *g, ddplug_plugin_request *r) {
   r->lprev = NULL;
   r->lnext = g->live;
   if (g->live) g->live->lprev = r;
   g->live = r;
+}
+
+/* See internal.h. */
+void ddmpi_enqueue_locked(ddplug_plugin_group *g, ddplug_plugin_request *r,
+                          ddplug_plugin_request **head, ddplug_plugin_request **tail) {
+  ddmpi_live_add(g, r);
+  r->next = NULL;
+  r->prev = *tail;
+  if (*tail) (*tail)->next = r;
+  else *head = r;
+  *tail = r;
+  atomic_fetch_add(&ddmpi_p.work_epoch, 1);
 }
 
 /* See internal.h. */
@@ -207,10 +220,14 @@ void ddmpi_collective_finish(ddplug_plugin_request *r) {
   }
 }
 
-static int group_failed(ddplug_plugin_group *g) {
+/* See internal.h. */
+int ddmpi_group_failed(ddplug_plugin_group *g) {
   int st = g->fail_status;
-  ddmpi_fail(g->svc, st, "%s", g->fail_msg);
-  return st;
+  char msg[DDMPI_MSG_MAX];
+  pthread_mutex_lock(&ddmpi_p.mu);
+  snprintf(msg, sizeof msg, "%s", g->fail_msg);
+  pthread_mutex_unlock(&ddmpi_p.mu);
+  return ddmpi_fail(g->svc, st, "%s", msg);
 }
 
 /* See internal.h. */
@@ -244,7 +261,7 @@ int ddmpi_collective_start(ddplug_plugin_group *g, const ddplug_coll_args *args,
   if (g->failed) {
     pthread_mutex_unlock(&ddmpi_p.mu);
     ddmpi_request_release(r);
-    return group_failed(g);
+    return ddmpi_group_failed(g);
   }
   int check = g->opts.check_mismatch && g->world > 1;
   int rc;
@@ -270,16 +287,11 @@ int ddmpi_collective_start(ddplug_plugin_group *g, const ddplug_coll_args *args,
     if (!g->abandoned) ddmpi_request_release(r);
     else {
       r->stage = DDMPI_ST_FAILED;
-      live_add(g, r); /* MPI may still write its buffers: keep it until destroy */
+      ddmpi_live_add(g, r); /* MPI may still write its buffers: keep it until destroy */
     }
-    return group_failed(g);
+    return ddmpi_group_failed(g);
   }
-  live_add(g, r);
-  r->prev = g->coll_tail;
-  if (g->coll_tail) g->coll_tail->next = r;
-  else g->coll_head = r;
-  g->coll_tail = r;
-  atomic_fetch_add(&ddmpi_p.work_epoch, 1);
+  ddmpi_enqueue_locked(g, r, &g->coll_head, &g->coll_tail);
   pthread_mutex_unlock(&ddmpi_p.mu);
   ddmpi_progress_kick();
   *out = r;

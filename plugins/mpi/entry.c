@@ -17,14 +17,7 @@
 static char ddmpi_description[sizeof(DDMPI_DESCRIPTION) + 4096 + 256 + 64];
 
 static ddplug_plugin ddmpi_table = {
-    .struct_size = sizeof(ddplug_plugin),
-    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
-    .name = DDMPI_NAME,
-    .version = DDPLUG_LIB_VERSION_STRING,
-    .description = DDMPI_DESCRIPTION,
-    .caps = DDMPI_CAPS,
-    .dtype_mask = DDMPI_DTYPE_MASK,
-    .op_mask = DDMPI_OP_MASK,
+    DDMPI_TABLE_IDENTITY,
     .group_create = ddmpi_group_create,
     .group_destroy = ddmpi_group_destroy,
     .group_abort = ddmpi_group_abort,
@@ -33,7 +26,6 @@ static ddplug_plugin ddmpi_table = {
     .request_test = ddmpi_request_test,
     .request_free = ddmpi_request_free,
     /* sampler slots NULL: the runtime's default samplers serve */
-    .options = ddmpi_option_decls,
     .p2p_start = ddmpi_p2p_start,
     .bootstrap_world = ddmpi_bootstrap_world,
     .bootstrap_broadcast = ddmpi_bootstrap_broadcast,

@@ -95,14 +95,7 @@ static void no_free(ddplug_plugin_group *g, ddplug_plugin_request *r) {
 }
 
 static const ddplug_plugin ddmpi_unavailable_table = {
-    .struct_size = sizeof(ddplug_plugin),
-    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
-    .name = DDMPI_NAME,
-    .version = DDPLUG_LIB_VERSION_STRING,
-    .description = DDMPI_DESCRIPTION,
-    .caps = DDMPI_CAPS,
-    .dtype_mask = DDMPI_DTYPE_MASK,
-    .op_mask = DDMPI_OP_MASK,
+    DDMPI_TABLE_IDENTITY,
     .group_create = unavailable_create,
     .group_destroy = no_group_destroy,
     .group_abort = no_group_abort,
@@ -110,7 +103,6 @@ static const ddplug_plugin ddmpi_unavailable_table = {
     .request_wait = no_wait,
     .request_test = no_test,
     .request_free = no_free,
-    .options = ddmpi_option_decls,
     .p2p_start = no_p2p,
     .bootstrap_world = unavailable_world,
     .bootstrap_broadcast = unavailable_bcast,

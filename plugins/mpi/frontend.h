@@ -70,4 +70,12 @@ typedef const ddplug_plugin *(*ddmpi_backend_entry_fn)(uint32_t host_abi_version
 /* The options every table declares (options.c, built into both). */
 extern const ddplug_option *const ddmpi_option_decls[];
 
+/* The identity part of every table (designated initialisers). */
+#define DDMPI_TABLE_IDENTITY                                                  \
+  .struct_size = sizeof(ddplug_plugin), .abi_version = DDPLUG_PLUGIN_ABI_VERSION, \
+  .name = DDMPI_NAME, .version = DDPLUG_LIB_VERSION_STRING,                  \
+  .description = DDMPI_DESCRIPTION, .caps = DDMPI_CAPS,                      \
+  .dtype_mask = DDMPI_DTYPE_MASK, .op_mask = DDMPI_OP_MASK,                  \
+  .options = ddmpi_option_decls
+
 #endif /* DDPLUG_MPI_FRONTEND_H */

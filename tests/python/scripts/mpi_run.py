@@ -2,7 +2,7 @@
 RANK, no `ddplug run`: ddplug learns the world from the launcher and rank 0's
 store address over MPI (the mpi plugin's bootstrap).
 
-    mpirun -n 2 python mpi_run.py torch-dist|ddplug-torch|lightning
+    mpirun -n 2 python mpi_run.py torch-dist|ddplug-torch|lightning|mpi4py
 
 Each rank writes $DDPLUG_TEST_OUT/rank<r>.json (r: the launcher's rank).
 """
@@ -59,6 +59,26 @@ def ddplug_torch() -> dict:
     return result
 
 
+def mpi4py_first() -> dict:
+    """mpi4py initialises MPI first (MPI_THREAD_MULTIPLE, its default); ddplug
+    uses that MPI, both work side by side, and mpi4py finalizes it at exit."""
+    from mpi4py import MPI
+
+    import ddplug.torch as dt
+    import torch.distributed as dist
+
+    ctx = dt.init()
+    t = torch.full((2,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    theirs = MPI.COMM_WORLD.allreduce(ctx.rank + 1)
+    result = {"rank": ctx.rank, "world": ctx.world_size, "sum": t.tolist(), "mpi4py_sum": theirs,
+              "plugin": ctx.plugin["name"], "mpi4py_rank": MPI.COMM_WORLD.Get_rank()}
+    dt.shutdown()
+    result["mpi4py_after"] = MPI.COMM_WORLD.allreduce(1)
+    result["finalized_by_ddplug"] = MPI.Is_finalized()
+    return result
+
+
 def lightning() -> dict:
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
@@ -93,4 +113,5 @@ def lightning() -> dict:
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    write({"torch-dist": torch_dist, "ddplug-torch": ddplug_torch, "lightning": lightning}[what]())
+    write({"torch-dist": torch_dist, "ddplug-torch": ddplug_torch, "lightning": lightning,
+           "mpi4py": mpi4py_first}[what]())

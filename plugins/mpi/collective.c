@@ -358,6 +358,9 @@ int ddmpi_request_wait(ddplug_plugin_group *g, ddplug_plugin_request *r, int64_t
        * long). */
       if (r->kind == DDMPI_REQ_COLL) {
         ddmpi_watch(g);
+        /* The progress thread may be the one failing the group right now
+         * (naming the ranks takes store reads): its sentence, not ours. */
+        for (int i = 0; i < 2000 && atomic_load(&g->reporting); i++) ddmpi_sleep_us(500);
         pthread_mutex_lock(&ddmpi_p.mu);
         fin = finished(r);
         st = r->status;

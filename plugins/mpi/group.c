@@ -113,9 +113,11 @@ void ddmpi_group_fail_locked(ddplug_plugin_group *g, int status, const char *fmt
   for (int l = 0; l < 2; l++) {
     for (ddplug_plugin_request *r = lists[l], *next; r; r = next) {
       next = r->next;
-      if (r->kind == DDMPI_REQ_RECV)
+      if (r->kind == DDMPI_REQ_RECV) { /* receives can be cancelled; sends and collectives not */
+        if (r->check != MPI_REQUEST_NULL) MPI_Cancel(&r->check);
         for (int i = 0; i < r->nreq; i++)
           if (r->mreq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r->mreq[i]);
+      }
       r->stage = DDMPI_ST_FAILED;
       r->status = status;
       snprintf(r->msg, sizeof r->msg, "%s", g->fail_msg);

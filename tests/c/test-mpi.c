@@ -631,7 +631,9 @@ TEST_T(a_mismatched_collective_names_both_ranks_and_the_run_goes_on, 300) {
 static void late_family(const family *f) {
   job j;
   run_job(f, 3, "late", NULL, 120, &j);
-  CHECK_CONTAINS(j.out, "R0 TIMEOUT");
+  /* Ranks 0 and 1 both time out; the first to do so prints before it leaves
+   * (the launcher may end the other as it leaves without MPI_Finalize). */
+  CHECK(strstr(j.out, "R0 TIMEOUT") || strstr(j.out, "R1 TIMEOUT"));
   CHECK_CONTAINS(j.out, "did not complete within the collective timeout (2.0 s): rank 2 has not "
                         "reached it (not heard from; ranks 0, 1 have)");
   check_no_leftovers(&j);

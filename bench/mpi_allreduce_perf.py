@@ -178,7 +178,7 @@ class Bench:
                                                  + self.sizes)
         # The cpu plugin advertises its node's first non-loopback address:
         # in a namespace, eth0's.
-        res["2x1 cpu plugin TCP ring"] = self._two_ranks(
+        res["2x1 cpu plugin, TCP"] = self._two_ranks(
             prefix, "cpu", lambda r, js: ddp + ["--plugin", "cpu", "--json", str(js)])
         gloo = [sys.executable, str(ROOT / "bench" / "gloo_allreduce_perf.py"), "--worker", "--mode", "tcp"]
         res["2x1 gloo"] = self._two_ranks(

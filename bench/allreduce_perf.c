@@ -9,7 +9,9 @@
  *   -f FACTOR      multiply the size by FACTOR each step            [2]
  *   -n RANKS       launch RANKS processes on this machine (torchrun-style
  *                  environment); without -n, run as the rank the
- *                  environment describes (RANK, WORLD_SIZE, ...)     [1]
+ *                  environment describes (RANK, WORLD_SIZE, ...; or an
+ *                  MPI launcher's: mpirun -n 2 ddplug-allreduce-perf
+ *                  --plugin mpi)                                     [1]
  *   -N NODES       with -n: simulate NODES nodes on this machine (rank r
  *                  gets DDPLUG_HOST_ID=simnode<r mod NODES>)          [1]
  *   -d DTYPE       float32 float64 float16 bfloat16 int8 uint8 int32 int64
@@ -507,6 +509,10 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  if (getenv("RANK") && getenv("WORLD_SIZE") && o.ranks <= 1) return run_rank(&o);
+  /* A rank of a launch that made the world: torchrun's variables, or an MPI
+   * launcher's (mpirun/srun: the world and rendezvous come from the mpi
+   * plugin's bootstrap). */
+  int mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+  if (((getenv("RANK") && getenv("WORLD_SIZE")) || mpi) && o.ranks <= 1) return run_rank(&o);
   return launch(&o);
 }

@@ -229,7 +229,8 @@ def worker(args: argparse.Namespace) -> None:
         step_phases.install(rec)
         callbacks.append(step_phases.callback(rec, max(0, args.warmup - 1)))
     model = Net()
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps + args.warmup,
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, num_nodes=args.nodes, strategy=strategy,
+                         max_steps=args.steps + args.warmup,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
     trainer.fit(model, DataLoader(data, batch_size=args.batch, shuffle=True))
@@ -276,6 +277,7 @@ def main() -> None:
     p.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)

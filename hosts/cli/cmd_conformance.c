@@ -19,7 +19,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] [--shared-gpu] NAME|PATH\n"
+          "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] [--shared-gpu]\n"
+          "                          [--launcher CMD] NAME|PATH\n"
           "  Runs the conformance suite against a plugin: its table (entry point, name,\n"
           "  capabilities, masks), the group's life cycle, every advertised dtype x op in\n"
           "  place and out of place, async requests, abort from another thread, a killed\n"
@@ -34,6 +35,10 @@ static void usage(FILE *f) {
           "                  an abort, a lost peer or a failed group_create must end the\n"
           "                  others' calls within a third of it\n"
           "  -v, --verbose   also print the library's log lines of every rank\n"
+          "  --launcher CMD  start each scenario's ranks with CMD -n RANKS ... instead of forking\n"
+          "                  them (a plugin whose ranks must be one MPI job: --launcher\n"
+          "                  \"mpirun --oversubscribe\", \"mpiexec\", \"srun\"); the ranks open\n"
+          "                  without a world or rendezvous, so the plugin's bootstrap runs\n"
           "  --shared-gpu    let ranks share a GPU (checks.duplicate_gpu = \"warn\"), for a\n"
           "                  device plugin on a machine with fewer GPUs than RANKS (nccl:\n"
           "                  NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)\n");
@@ -75,7 +80,7 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   plan->options = "{}";
   plan->fault_timeout_s = 40;
   plan->free_port = ddplug_cmd_free_port;
-  const char *what = NULL;
+  const char *what = NULL, *worker = NULL, *rows_dir = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -116,6 +121,16 @@ int ddplug_cmd_conformance(int argc, char **argv) {
       plan->verbose = 1;
     } else if (!strcmp(a, "--shared-gpu")) {
       plan->shared_gpu = 1;
+    } else if (!strcmp(a, "--launcher") || !strcmp(a, "--worker") || !strcmp(a, "--rows")) {
+      if (!v || !*v) {
+        fprintf(stderr, "ddplug conformance: %s needs a value\n", a);
+        free(plan);
+        return 2;
+      }
+      if (!strcmp(a, "--launcher")) plan->launcher = v;
+      else if (!strcmp(a, "--worker")) worker = v;
+      else rows_dir = v;
+      i++;
     } else if (a[0] == '-' || what) {
       fprintf(stderr, "ddplug conformance: unexpected argument '%s'\n", a);
       usage(stderr);
@@ -155,6 +170,15 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   snprintf(plan->path, sizeof plan->path, "%s", real ? real : (loaded ? plan->info.path : what));
   free(real);
   find_shim(plan->shim, sizeof plan->shim);
+  char *self = realpath("/proc/self/exe", NULL);
+  snprintf(plan->self, sizeof plan->self, "%s", self ? self : argv[0]);
+  free(self);
+  if (worker) { /* one rank of a launched scenario (run.c) */
+    plan->launched = 1;
+    int rc = rows_dir ? cf_run_worker(plan, worker, rows_dir) : 2;
+    free(plan);
+    return rc;
+  }
 
   if (loaded)
     printf("ddplug conformance: plugin %s %s (plugin ABI %u.%u), %s, %d ranks per scenario\n\n",

@@ -96,6 +96,31 @@ int cf_coll_once(ddplug_context *ctx, int rank, int world, int kind, int dtype, 
 
 /* ---- life cycle -------------------------------------------------------- */
 
+/* The bootstrap slots run inside ddplug_open when a launcher started the
+ * ranks without a rendezvous (--launcher): the world they reported is the
+ * one the context has. (Point-to-point has rows of its own: p2p.c.) */
+static void bootstrap_rows(cf_rank *r, ddplug_context *ctx) {
+  const uint64_t caps = r->plan->info.caps;
+  const char *T = "bootstrap: the world and the store's address came from the plugin";
+  const uint64_t slots = CF_BIT(bootstrap_world) | CF_BIT(bootstrap_broadcast);
+  if (caps & DDPLUG_CAP_BOOTSTRAP) {
+    ddplug_world w = DDPLUG_WORLD_INIT;
+    int s = ddplug_context_world(ctx, &w);
+    if (!r->plan->launched)
+      cf_report(r, "bootstrap.world", slots, CF_SKIP, T,
+                "the ranks were forked with an explicit world and rendezvous; the bootstrap runs "
+                "when a launcher starts them (--launcher \"mpirun\")");
+    else if (s != DDPLUG_OK || w.rank != r->rank || w.world_size != r->world ||
+             strcmp(w.source, "mpi") != 0)
+      cf_report(r, "bootstrap.world", slots, CF_FAIL, T,
+                "the context has rank %d of %d from '%s' (%s), the launcher said rank %d of %d",
+                w.rank, w.world_size, w.source, ddplug_status_name(s), r->rank, r->world);
+    else
+      cf_report(r, "bootstrap.world", slots, CF_PASS, T, "rank %d of %d, rendezvous at %s:%d",
+                w.rank, w.world_size, w.master_addr, w.master_port);
+  }
+}
+
 void cf_lifecycle_rank(cf_rank *r) {
   const char *T = "group: created on every rank (ddplug_open)";
   ddplug_context *ctx = NULL;
@@ -118,6 +143,7 @@ void cf_lifecycle_rank(cf_rank *r) {
     return;
   }
   cf_report(r, "group.create", CF_BIT(group_create), CF_PASS, T, "%s", "");
+  bootstrap_rows(r, ctx);
   s = ddplug_barrier(ctx, DDPLUG_TIMEOUT_DEFAULT);
   cf_report(r, "group.barrier", CF_COLL_SLOTS, s ? CF_FAIL : CF_PASS, "group: barrier", "%s%s%s",
             s ? ddplug_status_name(s) : "", s ? ": " : "", s ? cf_error(ctx) : "");

@@ -5,7 +5,9 @@
  *   suite.c     the scenarios in the order they run, and the per-slot rows
  *               that judge the plugin's table
  *   run.c       runs a scenario: forks its ranks, collects their result
- *               rows through pipes, enforces deadlines
+ *               rows through pipes, enforces deadlines; or (--launcher)
+ *               starts them with a launcher such as mpirun, each rank
+ *               writing its rows into a file of its own
  *   table.c     the plugin's table read directly: entry point, identity,
  *               capabilities, masks, declared slots
  *   values.c    test values per dtype and op, and their results
@@ -100,6 +102,12 @@ typedef struct cf_plan {
    * closes it, so that two calls give two ports. The command hands its own
    * (hosts/cli/port.c), so the suite needs nothing from the command. */
   int (*free_port)(int loopback, int *keep_fd);
+  /* --launcher: the command that starts a scenario's ranks ("mpirun
+   * --oversubscribe"; " -n N <the ddplug command> conformance --worker ..."
+   * is appended), or NULL to fork them. */
+  const char *launcher;
+  char self[4096];        /* the ddplug command, for the launcher        */
+  int launched;           /* this process is a launched rank (--worker)  */
 } cf_plan;
 
 /* One rank of a running scenario. */
@@ -168,6 +176,11 @@ typedef struct cf_results {
 
 /* Run one scenario and merge its rows into res. */
 void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res);
+/* A launched rank (--worker): run scenario name's rank function with the
+ * rank the launcher gave, rows into <rows_dir>/rows.<rank>, then wait
+ * (bounded) until every rank that should finish has. Returns the exit
+ * status for the process. */
+int cf_run_worker(const cf_plan *plan, const char *name, const char *rows_dir);
 /* Add or merge a row (also used by the command for its own rows). */
 void cf_add_row(cf_results *res, const char *id, uint64_t slots, int verdict, const char *title,
                 const char *detail, int rank);

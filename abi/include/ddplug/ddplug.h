@@ -226,8 +226,15 @@ DDPLUG_API int ddplug_config_is_set(const ddplug_config *cfg, const char *path, 
  * Order: explicit config "world" > torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) > Lightning's
  * launcher (LOCAL_RANK, NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) >
- * SLURM (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
- * SLURM_LAUNCH_NODE_IPADDR) > a single process.
+ * MPI launchers (Open MPI's OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE;
+ * hydra's and srun --mpi=pmi2's PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+ * MPI_LOCALNRANKS; PMIX_RANK with SLURM_NTASKS, or alone) > SLURM
+ * (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
+ * SLURM_LAUNCH_NODE_IPADDR) > a single process. Under an MPI launcher
+ * without MASTER_ADDR (or rendezvous.addr) the address stays empty and
+ * ddplug_open asks the plugin's bootstrap slots (plugin.h) for the world and
+ * rank 0's store address; world_size is 0 when only PMIX_RANK says
+ * anything (the bootstrap says it). Since 1.0; MPI launchers since 1.1.
  * ======================================================================== */
 typedef struct ddplug_world {
   uint32_t struct_size;
@@ -239,8 +246,9 @@ typedef struct ddplug_world {
   int32_t node_rank;        /* as the launcher said; -1 if it did not     */
   int32_t master_port;      /* rendezvous port, 0 if none (single process) */
   char master_addr[256];    /* rendezvous address, "" if none             */
-  char source[16];          /* "config", "torchrun", "lightning", "slurm",
-                               "single", or "caller" (ddplug_open_options) */
+  char source[16];          /* "config", "torchrun", "lightning", "mpi"
+                               (an MPI launcher), "slurm", "single", or
+                               "caller" (ddplug_open_options)              */
 } ddplug_world;
 #define DDPLUG_WORLD_INIT {sizeof(ddplug_world), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, {0}, {0}}
 

@@ -272,18 +272,22 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
                            : seconds_ms(ctx->cfg, "timeouts.collective_s", 300000);
   ctx->open_deadline_ns = ddplug__deadline_ns(ctx->rdzv_timeout_ms);
 
+  /* Under an MPI launcher without a rendezvous address the plugin finds
+   * the world and rank 0's store (bootstrap.c). */
+  if (!opts.world && ddplug__bootstrap_needed(ctx)) {
+    s = ddplug__bootstrap(ctx, &opts);
+    if (s != DDPLUG_OK) goto fail;
+  }
   /* Reach the store first: from then on a failure here (a plugin that does
    * not load on this node, say) reaches every rank at once. */
   s = ddplug__rendezvous_connect(ctx, &opts);
   if (s != DDPLUG_OK) goto fail;
-  char *plugin_name = NULL;
-  if (!opts.plugin) {
-    s = ddplug_config_get_string(ctx->cfg, "plugin", &plugin_name);
+  if (!ctx->plugin) {
+    char plugin_name[4096];
+    s = ddplug__plugin_choice(ctx, &opts, plugin_name, sizeof plugin_name);
+    if (s == DDPLUG_OK) s = ddplug__plugin_load(plugin_name, &ctx->plugin);
     if (s != DDPLUG_OK) goto fail;
   }
-  s = ddplug__plugin_load(opts.plugin ? opts.plugin : plugin_name, &ctx->plugin);
-  ddplug_free(plugin_name);
-  if (s != DDPLUG_OK) goto fail;
   s = ddplug__options_check(&ctx->plugin->table, ddplug__config_plugin_options(ctx->cfg),
                             &ctx->option_values);
   if (s != DDPLUG_OK) goto fail;

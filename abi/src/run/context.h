@@ -21,6 +21,9 @@
  *                 p2p_start, their checks and blocking forms
  *   memory.c      registered memory through the plugin's mem slots
  *   world.c       world discovery from the config and the environment
+ *   bootstrap.c   the world and rank 0's store address (and a per-run
+ *                 secret) through the plugin's bootstrap slots, under an
+ *                 MPI launcher with no rendezvous address; which plugin
  *   runonce.c     run-once: one rank does the work, the others wait for it
  * The plugin loader and the options plugins declare are the plugin layer
  * (plugin/plugin.h): they need no context.
@@ -93,6 +96,7 @@ struct ddplug_context {
   char run_id[40];
   char framework[64];
   char store_addr[256];
+  char boot_secret[96];          /* the store's secret the bootstrap carried */
   int32_t store_port;
   int64_t rdzv_timeout_ms;
   int64_t coll_timeout_ms;
@@ -203,6 +207,21 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
  * cleans up). */
 int ddplug__rendezvous_join(ddplug_context *ctx);
 
+/* ---- bootstrap.c ---------------------------------------------------------- */
+
+/* Whether the world came from an MPI launcher without a rendezvous
+ * address (then ddplug_open bootstraps through the plugin). */
+int ddplug__bootstrap_needed(const ddplug_context *ctx);
+/* The plugin to load: the caller's, the config's when the user set it,
+ * "mpi" under an MPI launcher (logged), else the config's default. */
+int ddplug__plugin_choice(ddplug_context *ctx, const ddplug_open_options *opts, char *buf,
+                          size_t cap);
+/* Load the chosen plugin, learn the world from its bootstrap_world, and
+ * (world > 1) have rank 0 serve the store and broadcast its address and
+ * secret: afterwards ctx->world has the rendezvous, ctx->boot_secret the
+ * secret and (rank 0) ctx->server the store. */
+int ddplug__bootstrap(ddplug_context *ctx, const ddplug_open_options *opts);
+
 /* ---- checks.c ----------------------------------------------------------- */
 
 /* Rank 0: wait for every join record, run the startup checks and publish
@@ -230,6 +249,9 @@ void ddplug__watcher_stop(ddplug_context *ctx);
 
 /* Fill ctx->services, the host services table the plugin gets. */
 void ddplug__services_init(ddplug_context *ctx);
+/* The table the bootstrap slots get: no store or options yet (their slots
+ * return UNSUPPORTED); log, clock and set_error work. */
+void ddplug__services_bootstrap(ddplug_context *ctx, ddplug_host_services *out);
 /* Clear the plugin's error before calling a slot. */
 void ddplug__plugin_err_clear(ddplug_context *ctx);
 /* After a slot returned status != OK: set the thread's last error to the

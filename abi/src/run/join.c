@@ -59,6 +59,10 @@ static void choose_host_id(ddplug_context *ctx, const ddplug_open_options *opts)
 static int read_secret(ddplug_context *ctx, const char **secret) {
   char *var = NULL;
   *secret = NULL;
+  if (ctx->boot_secret[0]) { /* the bootstrap carried one (bootstrap.c) */
+    *secret = ctx->boot_secret;
+    return DDPLUG_OK;
+  }
   if (ddplug_config_get_string(ctx->cfg, "rendezvous.secret_env", &var) != DDPLUG_OK)
     return DDPLUG_OK;
   const char *v = getenv(var);
@@ -266,7 +270,7 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
     ddplug__strlcpy(ctx->store_addr, ctx->world.master_addr, sizeof ctx->store_addr);
     ctx->store_port = ctx->world.master_port;
   }
-  if (rank == 0 && !external) {
+  if (rank == 0 && !external && !ctx->server) {
     /* Listen on every interface when other hosts may connect; only on
      * loopback when the rendezvous address itself is loopback. */
     const char *bind_addr = ctx->world.world_size == 1 || is_loopback(ctx->store_addr)

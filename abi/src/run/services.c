@@ -227,6 +227,74 @@ void ddplug__services_init(ddplug_context *ctx) {
            ctx->plugin->table.name);
 }
 
+/* Before the store exists (the bootstrap slots): its slots and the
+ * options answer UNSUPPORTED; logging, the clock and set_error work. */
+static int boot_set(void *host, const char *key, const void *value, uint64_t len) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(key), DDPLUG__UNUSED(value), DDPLUG__UNUSED(len);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_get(void *host, const char *key, void *buf, uint64_t cap, uint64_t *len,
+                    int64_t timeout_ms) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(key), DDPLUG__UNUSED(buf), DDPLUG__UNUSED(cap);
+  DDPLUG__UNUSED(len), DDPLUG__UNUSED(timeout_ms);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_add(void *host, const char *key, int64_t delta, int64_t *result) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(key), DDPLUG__UNUSED(delta), DDPLUG__UNUSED(result);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_wait(void *host, const char *const *keys, uint32_t nkeys, int64_t timeout_ms) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(keys), DDPLUG__UNUSED(nkeys), DDPLUG__UNUSED(timeout_ms);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_delete(void *host, const char *key) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(key);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_bool(void *host, const char *name, int32_t *out) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(name), DDPLUG__UNUSED(out);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_int(void *host, const char *name, int64_t *out) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(name), DDPLUG__UNUSED(out);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_number(void *host, const char *name, double *out) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(name), DDPLUG__UNUSED(out);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_string(void *host, const char *name, char *buf, uint64_t cap, uint64_t *len) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(name), DDPLUG__UNUSED(buf), DDPLUG__UNUSED(cap);
+  DDPLUG__UNUSED(len);
+  return DDPLUG_E_UNSUPPORTED;
+}
+static int boot_int_list(void *host, const char *name, int64_t *out, uint64_t cap,
+                         uint64_t *count) {
+  DDPLUG__UNUSED(host), DDPLUG__UNUSED(name), DDPLUG__UNUSED(out), DDPLUG__UNUSED(cap);
+  DDPLUG__UNUSED(count);
+  return DDPLUG_E_UNSUPPORTED;
+}
+
+void ddplug__services_bootstrap(ddplug_context *ctx, ddplug_host_services *s) {
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+  s->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
+  s->host = ctx;
+  s->store_set = boot_set;
+  s->store_get = boot_get;
+  s->store_add = boot_add;
+  s->store_wait = boot_wait;
+  s->store_delete = boot_delete;
+  s->log = svc_log;
+  s->clock_ns = svc_clock_ns;
+  s->set_error = svc_set_error;
+  s->option_bool = boot_bool;
+  s->option_int = boot_int;
+  s->option_number = boot_number;
+  s->option_string = boot_string;
+  s->option_int_list = boot_int_list;
+}
+
 void ddplug__plugin_err_clear(ddplug_context *ctx) {
   pthread_mutex_lock(&ctx->plugin_err_mu);
   ctx->plugin_err_set = 0;

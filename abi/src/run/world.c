@@ -6,11 +6,20 @@
  *   3. Lightning's subprocess launcher: LOCAL_RANK, NODE_RANK, WORLD_SIZE
  *      (no RANK; rank = NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK, so on a
  *      node other than 0 the processes per node must be known);
- *   4. SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID;
- *   5. a single process.
+ *   4. MPI launchers (source "mpi"): Open MPI's mpirun
+ *      (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), hydra's mpiexec
+ *      and srun --mpi=pmi2 (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+ *      MPI_LOCALNRANKS), PMIx launchers such as srun --mpi=pmix (PMIX_RANK;
+ *      the size from SLURM_NTASKS, else unknown: 0, and the plugin's
+ *      bootstrap says it);
+ *   5. SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID;
+ *   6. a single process.
  * The rendezvous address is config rendezvous.addr/port, else MASTER_ADDR/
  * MASTER_PORT, else (SLURM only) SLURM_LAUNCH_NODE_IPADDR and port
- * 10000 + SLURM_JOB_ID % 20000. Locality is NOT decided here: local ranks
+ * 10000 + SLURM_JOB_ID % 20000. Under an MPI launcher without any of
+ * these, the address stays empty: ddplug_open then learns the world and
+ * rank 0's store address from the plugin's bootstrap slots (bootstrap.c).
+ * Locality is NOT decided here: local ranks
  * from the environment are only what the launcher said; ddplug_open learns
  * the real layout by exchanging host identities.
  * SPDX-License-Identifier: Apache-2.0 */
@@ -228,6 +237,50 @@ static int from_lightning(const envctx *env, ddplug_world *w, int *status) {
   return 1;
 }
 
+/* One MPI launcher's variables: rank and size (both, or neither), and the
+ * local ones where it sets them. 1 applied, 0 not, -1 error. */
+static int mpi_vars(const envctx *env, const char *rank_var, const char *size_var,
+                    const char *local_var, const char *local_size_var, const char *src,
+                    ddplug_world *w, int *status) {
+  if (!has_var(env, rank_var)) return 0;
+  envctx e = *env;
+  e.source = src;
+  int64_t rank = 0, ws = 0, v;
+  if (read_int_var(&e, rank_var, 0, MAX_WORLD - 1, &rank, status) < 0) return -1;
+  int r = size_var ? read_int_var(&e, size_var, 1, MAX_WORLD, &ws, status) : 0;
+  if (r < 0) return -1;
+  if (r && check_rank_below(rank_var, rank, size_var, ws, e.source, status) < 0) return -1;
+  w->rank = (int32_t)rank;
+  w->world_size = (int32_t)ws; /* 0: unknown until the plugin's bootstrap */
+  int64_t lws = -1;
+  if (local_size_var && (r = read_int_var(&e, local_size_var, 1, MAX_WORLD, &v, status)) != 0) {
+    if (r < 0) return -1;
+    w->local_world_size = (int32_t)(lws = v);
+  }
+  if (local_var && (r = read_int_var(&e, local_var, 0, MAX_WORLD - 1, &v, status)) != 0) {
+    if (r < 0) return -1;
+    if (lws > 0 && check_rank_below(local_var, v, local_size_var, lws, e.source, status) < 0)
+      return -1;
+    w->local_rank = (int32_t)v;
+  }
+  set_source(w, "mpi");
+  return 1;
+}
+
+static int from_mpi(const envctx *env, ddplug_world *w, int *status) {
+  int r = mpi_vars(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                   "Open MPI launcher variables", w, status);
+  if (r == 0 && has_var(env, "PMI_SIZE"))
+    r = mpi_vars(env, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+                 "PMI launcher variables", w, status);
+  if (r == 0 && has_var(env, "PMIX_RANK"))
+    r = mpi_vars(env, "PMIX_RANK", has_var(env, "SLURM_NTASKS") ? "SLURM_NTASKS" : NULL,
+                 has_var(env, "SLURM_NTASKS") ? "SLURM_LOCALID" : NULL, NULL,
+                 "PMIx launcher variables", w, status);
+  return r;
+}
+
 static int from_slurm(const envctx *env, ddplug_world *w, int *status) {
   if (!has_var(env, "SLURM_PROCID") || !has_var(env, "SLURM_NTASKS")) return 0;
   envctx e = *env;
@@ -304,6 +357,21 @@ static int resolve_master(const ddplug_config *cfg, const envctx *env,
       }
     }
   }
+  /* An MPI launcher without a rendezvous: the plugin's bootstrap finds
+   * rank 0 (ddplug_open). */
+  if (!addr_from && !port_from && !strcmp(w->source, "mpi")) {
+    w->master_addr[0] = '\0';
+    w->master_port = 0;
+    return 0;
+  }
+  if (!strcmp(w->source, "mpi") && w->world_size == 0) {
+    *status = ddplug__err(DDPLUG_E_CONFIG,
+                          "PMIX_RANK=%d is set without a world size (no SLURM_NTASKS) but a "
+                          "rendezvous %s is: set WORLD_SIZE and RANK as well, or leave the "
+                          "rendezvous out and let the mpi plugin learn the world from MPI",
+                          w->rank, addr_from ? addr_from : port_from);
+    return -1;
+  }
   if (w->world_size > 1) {
     if (!addr_from) {
       *status = ddplug__err(
@@ -349,6 +417,7 @@ int ddplug__world_discover_env(const ddplug_config *cfg, ddplug__env_fn get,
   int r = from_config(cfg, &w, &status);
   if (r == 0) r = from_torchrun(&e, &w, &status);
   if (r == 0) r = from_lightning(&e, &w, &status);
+  if (r == 0) r = from_mpi(&e, &w, &status);
   if (r == 0) r = from_slurm(&e, &w, &status);
   if (r < 0) return status;
   if (r == 0 && has_var(&e, "WORLD_SIZE")) {

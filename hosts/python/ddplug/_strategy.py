@@ -11,11 +11,14 @@ Trainer and Fabric)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
+
+from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
 
 from . import _abort, _join
 from ._c import _logbridge
@@ -32,12 +35,86 @@ _RANK_ZERO_MODULES = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch
                       "lightning_fabric.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero")
 
 
+def _env_int(*names: str) -> Optional[int]:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return None
+
+
+class MPILauncherEnvironment(ClusterEnvironment):
+    """The processes were started by an MPI launcher — ``mpirun``/``mpiexec``
+    (Open MPI's ``OMPI_COMM_WORLD_*``, hydra's ``PMI_*``) or ``srun`` with PMI or
+    PMIx — read from the launcher's variables, without mpi4py (Lightning's own
+    ``MPIEnvironment`` needs it). Ranks and world size are the launcher's, never
+    recomputed from devices and nodes; the rendezvous is not the environment's
+    business: libddplug learns it through the mpi plugin's bootstrap (or uses
+    ``MASTER_ADDR``/``MASTER_PORT`` where they are set). The node's index is the
+    one the run found by host identity, once the context is open."""
+
+    def __init__(self) -> None:
+        self._rank = _env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK") or 0
+        self._size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS") or 1
+        self._local = _env_int("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID") or 0
+        self._node: Optional[int] = _env_int("SLURM_NODEID")
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "")
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ.get("MASTER_PORT", "0") or 0)
+
+    @staticmethod
+    def detect() -> bool:
+        env = os.environ
+        return bool(env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE")
+                    or (env.get("PMIX_RANK") and env.get("SLURM_NTASKS")))
+
+    def world_size(self) -> int:
+        return self._size
+
+    def set_world_size(self, size: int) -> None:
+        pass  # the launcher's
+
+    def global_rank(self) -> int:
+        return self._rank
+
+    def set_global_rank(self, rank: int) -> None:
+        pass  # the launcher's
+
+    def local_rank(self) -> int:
+        return self._local
+
+    def node_rank(self) -> int:
+        return self._node if self._node is not None else 0
+
+    def learn_node_rank(self, node_rank: int) -> None:
+        """The node's index as the run found it (host identity)."""
+        self._node = node_rank
+
+
+def prefer_mpi_launcher(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvironment]:
+    """Lightning's fallback environment (LightningEnvironment, when nothing it
+    knows launched the process) replaced by :class:`MPILauncherEnvironment` when
+    an MPI launcher did; any other choice stays."""
+    if type(env) is LightningEnvironment and MPILauncherEnvironment.detect() \
+            and not os.environ.get("LOCAL_RANK"):
+        return MPILauncherEnvironment()
+    return env
+
+
 class DdplugParallel:
     """Mixin: needs ``parallel_devices``, ``cluster_environment``, ``local_rank``,
     ``node_rank``, ``global_rank`` and ``world_size`` from ParallelStrategy."""
 
     parallel_devices: Any
-    cluster_environment: Any
     local_rank: int
     node_rank: int
     global_rank: int
@@ -57,9 +134,23 @@ class DdplugParallel:
 
     # ---- properties every ParallelStrategy has -------------------------------
     @property
+    def cluster_environment(self) -> Optional[ClusterEnvironment]:
+        """Lightning's choice, except that a process an MPI launcher started
+        gets :class:`MPILauncherEnvironment` where Lightning would fall back to
+        its own (no mpi4py needed)."""
+        return self.__dict__.get("_ddplug_cluster_env")
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: Optional[ClusterEnvironment]) -> None:
+        self.__dict__["_ddplug_cluster_env"] = prefer_mpi_launcher(env)
+
+    @property
     def root_device(self) -> torch.device:
         assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
+        devices = self.parallel_devices
+        if self.local_rank >= len(devices) and all(d.type == "cpu" for d in devices):
+            return devices[0]  # an MPI launcher's ranks on one CPU device each
+        return devices[self.local_rank]
 
     @property
     def num_nodes(self) -> int:
@@ -77,7 +168,7 @@ class DdplugParallel:
     def rank_kwargs(self) -> dict:
         """{"num_replicas", "rank"} with global ranks, for a user's own rank-aware
         sampler."""
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     @property
     def context(self) -> Optional[Context]:
@@ -138,22 +229,9 @@ class DdplugParallel:
 
     def _open_context(self, framework: str) -> Context:
         """Join the run (once; later runs of the same strategy reuse it)."""
+        env = self.cluster_environment
         if self._ctx is None or self._ctx.closed:
-            env = self.cluster_environment
-            many = self.world_size > 1
-            self._ctx = _join.open_context(
-                self._config_source,
-                rank=self.global_rank,
-                world_size=self.world_size,
-                local_rank=self.local_rank,
-                local_world_size=self.num_processes,
-                node_rank=self.node_rank,
-                main_address=getattr(env, "main_address", None) if many else None,
-                main_port=getattr(env, "main_port", None) if many else None,
-                device=self.root_device,
-                framework=framework,
-                timeout_s=self._timeout_s,
-            )
+            self._ctx = self._join_run(env, framework)
             if self.global_rank == 0:
                 p = self._ctx.plugin
                 self._print(
@@ -162,6 +240,33 @@ class DdplugParallel:
                 )
             self._init_torch_distributed()
         return self._ctx
+
+    def _join_run(self, env: Any, framework: str) -> Context:
+        if isinstance(env, MPILauncherEnvironment) or (
+                type(env).__name__ == "MPIEnvironment" and MPILauncherEnvironment.detect()):
+            # The launcher's world, as libddplug discovers it; the rendezvous
+            # through the mpi plugin's bootstrap unless MASTER_ADDR is set.
+            # (Lightning's own MPIEnvironment, chosen where mpi4py is installed,
+            # gives the same ranks: the same world.)
+            ctx = _join.open_run(self._config_source, device=self.root_device, framework=framework,
+                                 timeout_s=self._timeout_s)
+            if isinstance(env, MPILauncherEnvironment):
+                env.learn_node_rank(ctx.node_rank)
+            return ctx
+        many = self.world_size > 1
+        return _join.open_context(
+            self._config_source,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            local_world_size=self.num_processes,
+            node_rank=self.node_rank,
+            main_address=getattr(env, "main_address", None) if many else None,
+            main_port=getattr(env, "main_port", None) if many else None,
+            device=self.root_device,
+            framework=framework,
+            timeout_s=self._timeout_s,
+        )
 
     def _wants_torch_distributed(self) -> bool:
         """The strategy's ``torch_distributed`` argument, else the config's

@@ -163,7 +163,11 @@ class Context:
         rendezvous: Optional[tuple] = None,
     ) -> None:
         self.lock = threading.RLock()  # held around every call into the context's collectives
-        cfg = load(config)
+        # A Config given is borrowed (ddplug_open copies it): a copy through
+        # JSON text would mark every default as set by the user, and "the
+        # config names no plugin" (mpi under an MPI launcher) would be lost.
+        own = not isinstance(config, Config)
+        cfg = load(config) if own else config
         try:
             opts = S.new(
                 S.OpenOptions,
@@ -191,7 +195,8 @@ class Context:
             out = ctypes.c_void_p()
             check(F.ddplug_open(cfg.handle, ctypes.byref(opts), ctypes.byref(out)), "ddplug_open")
         finally:
-            cfg.close()
+            if own:
+                cfg.close()
         self._h: Optional[ctypes.c_void_p] = out
         w = S.new(S.World)
         self.check(F.ddplug_context_world(self._h, ctypes.byref(w)), "context world")

@@ -276,11 +276,14 @@ def works() -> None:
     fut = dist.all_reduce(t, async_op=True).get_future()
     val = fut.then(lambda f: f.value()[0] * 2).wait()
     check("get_future", close(val, torch.full((3,), 2.0 * WORLD)) and close(t, torch.full((3,), float(WORLD))), val)
-    # rank 0 waits 100 ms for an allreduce the others join 0.5 s later: its own
-    # wait times out, the collective stays pending and completes on the next wait
-    if r != 0:
-        time.sleep(0.5)
+    # rank 0 waits 100 ms for an allreduce the others join only after that wait
+    # has timed out (rank 0 says so in the store: ordered by the test, not by a
+    # sleep, which a loaded machine can outlast): the collective stays pending
+    # and completes on the next wait
+    store = dist.distributed_c10d._get_default_store()
     t = torch.ones(2)
+    if r != 0:
+        store.wait(["works/wait-timed-out"])
     w = dist.all_reduce(t, async_op=True)
     if r == 0:
         pending = not w.is_completed()
@@ -289,6 +292,8 @@ def works() -> None:
             check("wait timeout", False, "no timeout")
         except dist.DistBackendError as e:
             check("wait timeout", pending and isinstance(e, TimeoutError) and "still pending" in str(e), e)
+        finally:
+            store.set("works/wait-timed-out", "1")
     check("wait after timeout", w.wait() and close(t, torch.full((2,), float(WORLD))), t)
 
 

@@ -762,8 +762,14 @@ typedef struct ddplug_sampler_info {
   char stream[64];
   int32_t exact;           /* 1: every sample once (options.exact)         */
   int32_t reserved0;
+  /* ---- Since 1.1 ---- */
+  uint64_t steps;          /* batches this rank yields per epoch
+                              (ddplug_sampler_next_batch calls), as the
+                              epoch is dealt now                         */
+  uint64_t committed;      /* the epoch's steps committed so far (all
+                              segments: before a resume or shrink too)   */
 } ddplug_sampler_info;
-#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, 0, 0}
+#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, 0, 0, 0, 0}
 
 /* Fill *info (honouring its struct_size). padded/dropped: a default
  * sampler's own numbers; for a plugin-supplied sampler what its

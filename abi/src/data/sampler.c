@@ -486,6 +486,11 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
   v.dropped = s->dropped;
   ddplug__strlcpy(v.stream, s->stream, sizeof v.stream);
   v.exact = s->exact;
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  uint64_t bs = s->desc.batch_size ? s->desc.batch_size : 1;
+  v.steps = d ? ddplug__deal_total_steps(d)
+              : s->desc.kind == DDPLUG_SAMPLER_BUCKET ? s->len : (s->len + bs - 1) / bs;
+  v.committed = d ? ddplug__deal_steps(d) : s->committed;
   uint32_t size = info->struct_size;
   memcpy(info, &v, DDPLUG__MIN((size_t)size, sizeof v));
   info->struct_size = size;

@@ -16,7 +16,12 @@
  * last checkpoint (ddplug's sampler state resumes on any world size).
  * --shrink-on-restart starts it with the ranks that were not lost: the
  * ranks killed by a signal (at least one) leave the world, down to
- * --min-nproc. */
+ * --min-nproc.
+ *
+ * --tolerate-loss (in-place shrink, elastic.on_peer_lost = "shrink"): a rank
+ * killed by a signal is lost, not a failure — the survivors re-form the group
+ * and go on, and the run's status is theirs; a rank that exits with an error
+ * still ends the run as above. */
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -67,6 +72,9 @@ static void usage(FILE *f) {
           "                         killed by a signal leave; at least one)\n"
           "      --min-nproc M      with --shrink-on-restart: the fewest ranks a\n"
           "                         restart may have (default 1)\n"
+          "      --tolerate-loss    a rank killed by a signal is lost, not a failure:\n"
+          "                         the others go on (in-place shrink, config\n"
+          "                         elastic.on_peer_lost = \"shrink\")\n"
           "The ranks get a random per-run " SECRET_ENV " unless it is set already;\n"
           "with --nnodes > 1 set it to the same value on every machine.\n");
 }
@@ -74,7 +82,7 @@ static void usage(FILE *f) {
 /* getopt_long's table; the values above 255 name options without a short
  * form. */
 enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_SIM, OPT_GRACE, OPT_NO_SECRET,
-       OPT_MAX_RESTARTS, OPT_SHRINK, OPT_MIN_NPROC };
+       OPT_MAX_RESTARTS, OPT_SHRINK, OPT_MIN_NPROC, OPT_TOLERATE };
 static const struct option k_options[] = {
     {"nproc", required_argument, NULL, 'n'},
     {"nnodes", required_argument, NULL, OPT_NNODES},
@@ -87,6 +95,7 @@ static const struct option k_options[] = {
     {"max-restarts", required_argument, NULL, OPT_MAX_RESTARTS},
     {"shrink-on-restart", no_argument, NULL, OPT_SHRINK},
     {"min-nproc", required_argument, NULL, OPT_MIN_NPROC},
+    {"tolerate-loss", no_argument, NULL, OPT_TOLERATE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
@@ -140,7 +149,7 @@ static int failed(int st) { return !(WIFEXITED(st) && WEXITSTATUS(st) == 0); }
 
 typedef struct launch {
   int nproc, nnodes, node_rank, port, sim_nodes, grace, no_secret;
-  int max_restarts, shrink, min_nproc, fixed_port;
+  int max_restarts, shrink, min_nproc, fixed_port, tolerate;
   const char *addr;
   char **prog;
 } launch;
@@ -195,6 +204,7 @@ static int parse_args(int argc, char **argv, launch *l) {
       case OPT_NO_SECRET: l->no_secret = 1; break;
       case OPT_MAX_RESTARTS: r = parse_int(c, optarg, 0, 1000000, &l->max_restarts); break;
       case OPT_SHRINK: l->shrink = 1; break;
+      case OPT_TOLERATE: l->tolerate = 1; break;
       case OPT_MIN_NPROC: r = parse_int(c, optarg, 1, MAX_LOCAL, &l->min_nproc); break;
       case 'h': usage(stdout); return 0;
       case ':':
@@ -358,6 +368,13 @@ static int launch_ranks(const launch *lp, int *lost) {
       remaining--;
       if (pidfd[lr] >= 0) close(pidfd[lr]);
       pidfd[lr] = -1;
+      if (l.tolerate && WIFSIGNALED(st) && !forwarded) {
+        fprintf(stderr, "ddplug run: rank %d (pid %d) was lost (signal %d, %s); the others go on "
+                "(--tolerate-loss)\n", l.node_rank * nproc + lr, (int)pids[lr], WTERMSIG(st),
+                strsignal(WTERMSIG(st)));
+        status[lr] = 0; /* lost, not failed: the survivors' status is the run's */
+        continue;
+      }
       if (failed(st)) batch[nb++] = lr;
     }
     for (int i = 0; i < nb; i++) failures[nfailures++] = batch[i];

@@ -67,6 +67,8 @@ lose_first='[ "$DDPLUG_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ] && kill -9 $$; [ 
 expect_joined run-restart 0 'restarting the run \(restart 1 of 2\) with 3 ranks.*attempt 1: rank 2 of 3' -- "$DDPLUG" run -n 3 --grace 1 --max-restarts 2 -- sh -c "$lose_first"
 expect_joined run-restart-shrink 0 'restart 1 of 1\) with 2 ranks \(the lost ones left\).*attempt 1: rank 1 of 2' -- "$DDPLUG" run -n 3 --grace 1 --max-restarts 1 --shrink-on-restart -- sh -c "$lose_first"
 expect run-restarts-spent 137 'rank 1 \(pid [0-9]+\) was killed by signal 9' -- "$DDPLUG" run -n 2 --grace 1 --max-restarts 1 -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exec sleep 30'
+expect run-tolerate-loss 0 'rank 1 \(pid [0-9]+\) was lost \(signal 9, Killed\); the others go on' -- "$DDPLUG" run -n 2 --grace 1 --tolerate-loss -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; sleep 2; exit 0'
+expect run-tolerate-loss-error 5 'rank 0 \(pid [0-9]+\) exited with 5' -- "$DDPLUG" run -n 2 --grace 1 --tolerate-loss -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exit 5'
 expect run-restart-min-nproc 137 '1 would remain, fewer than --min-nproc 2: not restarting' -- "$DDPLUG" run -n 2 --grace 1 --max-restarts 3 --shrink-on-restart --min-nproc 2 -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exec sleep 30'
 
 echo "$((n - fails)) of $n command cases passed"

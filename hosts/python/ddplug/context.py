@@ -193,6 +193,7 @@ class Context:
         finally:
             cfg.close()
         self._h: Optional[ctypes.c_void_p] = out
+        self.generation = 0  # + 1 per re-formation (shrink)
         self._read_world()
         info = S.new(S.PluginInfo)
         self.check(F.ddplug_context_plugin(self._h, ctypes.byref(info)), "context plugin")
@@ -237,6 +238,7 @@ class Context:
         with self.lock:
             self.check(F.ddplug_shrink(self.handle, ms, ctypes.byref(m)), "shrink")
             self._read_world()
+            self.generation = int(m.generation)
         return _membership(m)
 
     def membership(self) -> dict:

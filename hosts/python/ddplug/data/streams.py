@@ -451,7 +451,11 @@ class StreamBatchSampler:
         may change during the epoch (a shrink deals the rest over fewer ranks).
         The epoch's audit finishes when its last batch, as dealt then, is drawn."""
         self.committed = 0
-        i = start
+        # batches count in epoch steps: a resumed epoch starts at the steps its
+        # checkpoint committed (on whatever world they were dealt)
+        base = self.index_sampler.committed_steps if not start else start
+        self._start = self.drawn = base
+        i = base
         for batch in self._inner.iter_from(start):
             self.drawn = i + 1
             i += 1

@@ -190,6 +190,65 @@ def test_in_place_shrink_trains_every_sample_once(tmp_path: Path, trainer: str, 
         assert "membership: ranks " in next(iter(outcome.done.values()))
 
 
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    import socket
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+
+
+def test_torchrun_restarts_on_the_nodes_left(tmp_path: Path) -> None:
+    """torchrun --nnodes=1:2 --max-restarts=1, one agent per simulated node and a
+    c10d rendezvous: node 1's rank kills its agent and itself (a lost node); the other
+    agent restarts its worker on a world of one, which resumes from ddplug.torch's
+    checkpoint."""
+    seed = seed_of("torchrun 2->1")
+    steps = (PY_N + 2 * PY_B - 1) // (2 * PY_B)
+    step = seed % steps
+    port = free_port()
+    env = dict(os.environ, ELASTIC_DIR=str(tmp_path), ELASTIC_N=str(PY_N), ELASTIC_B=str(PY_B),
+               ELASTIC_VICTIM="1", ELASTIC_STEP=str(step), ELASTIC_KILL="barrier", ELASTIC_MODE="restart",
+               ELASTIC_KILL_PARENT="1", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "DDPLUG_CONFIG"):
+        env.pop(k, None)
+    args = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+            "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=ddplug-elastic", "--rdzv-conf=join_timeout=300,last_call_timeout=15,read_timeout=300",
+            "--monitor-interval=0.5", str(PY_SCRIPTS["torch"])]
+    agents = []
+    for node in range(2):
+        log = open(tmp_path / f"agent{node}.log", "w")
+        # node 0's agent hosts the c10d rendezvous store (it binds the endpoint
+        # first); node 1's worker is the victim, so the store outlives the loss
+        node_env = dict(env, DDPLUG_HOST_ID=f"node{node}", ELASTIC_VICTIM="-1")
+        if node == 1:
+            node_env["ELASTIC_VICTIM_HERE"] = "1"
+        agents.append((subprocess.Popen(args, env=node_env, cwd=str(tmp_path), stdout=log,
+                                        stderr=subprocess.STDOUT), log))
+        if node == 0:
+            _wait_listening(port, agents[0][0])
+    codes = []
+    for p, log in agents:
+        try:
+            codes.append(p.wait(timeout=400))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+        log.close()
+    text = "".join((tmp_path / f"agent{n}.log").read_text()[-4000:] for n in range(2))
+    assert sorted(codes) == [-9, 0], f"agents exited {codes}\n{text}"
+    outcome = count(tmp_path, PY_N)
+    outcome.check(f"torchrun 2->1, node 1 lost at step {step}\n{text}")
+    assert len(outcome.done) == 1, text
+    if step > 0:
+        assert "on 1 rank, saved on 2" in next(iter(outcome.done.values()))
+
+
 @pytest.mark.skipif(not os.environ.get("DDPLUG_ELASTIC_SOAK"), reason="the soak runs with DDPLUG_ELASTIC_SOAK=<trials>")
 def test_soak(tmp_path: Path) -> None:
     trials = int(os.environ["DDPLUG_ELASTIC_SOAK"])

@@ -10,7 +10,10 @@ Settings (environment): ELASTIC_DIR, ELASTIC_N, ELASTIC_B, ELASTIC_VICTIM (a
 process's rank at open), ELASTIC_STEP (the epoch step it dies at, in the first
 attempt), ELASTIC_KILL ("barrier": after a barrier in that step; "inside": during
 backward, with its first gradient bucket's allreduce in flight), ELASTIC_MODE
-("inplace" or "restart"), ELASTIC_ATTEMPT (else DDPLUG_RESTART_COUNT, else 0).
+("inplace" or "restart"), ELASTIC_ATTEMPT (else DDPLUG_RESTART_COUNT or torchrun's
+TORCHELASTIC_RESTART_COUNT, else 0), ELASTIC_KILL_PARENT=1 (the victim kills its
+launcher first: under torchrun, its agent — a lost node), ELASTIC_VICTIM_HERE=1 (this
+process is the victim, whatever its rank).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ VICTIM = int(os.environ.get("ELASTIC_VICTIM", "-1"))
 STEP = int(os.environ.get("ELASTIC_STEP", "-1"))
 KILL = os.environ.get("ELASTIC_KILL", "barrier")
 MODE = os.environ.get("ELASTIC_MODE", "inplace")
-ATTEMPT = int(os.environ.get("ELASTIC_ATTEMPT") or os.environ.get("DDPLUG_RESTART_COUNT") or "0")
+ATTEMPT = int(os.environ.get("ELASTIC_ATTEMPT") or os.environ.get("DDPLUG_RESTART_COUNT")
+              or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0")
 DIR = os.environ.get("ELASTIC_DIR") or os.environ.get("DDPLUG_TEST_OUT", ".")
 
 
@@ -84,7 +88,13 @@ class Record:
         self.f.close()
 
 
+def is_victim(identity: int) -> bool:
+    return identity == VICTIM or bool(os.environ.get("ELASTIC_VICTIM_HERE"))
+
+
 def kill_now() -> None:
+    if os.environ.get("ELASTIC_KILL_PARENT"):
+        os.kill(os.getppid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

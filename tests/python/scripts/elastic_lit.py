@@ -36,7 +36,7 @@ class Module(pl.LightningModule):
         train = self.trainer.strategy.streams["train"]
         if E.ATTEMPT > 0 and E.MODE == "restart":
             self.rec.line(f"resumed {train.committed_in_epoch}")
-        if E.KILL == "inside" and E.ATTEMPT == 0 and self.rec.identity == E.VICTIM:
+        if E.KILL == "inside" and E.ATTEMPT == 0 and E.is_victim(self.rec.identity):
             self.arm = True
 
     def training_step(self, batch, batch_idx):
@@ -46,9 +46,9 @@ class Module(pl.LightningModule):
             self.killed = True
             if E.KILL == "barrier":
                 self.trainer.strategy.context.barrier()
-                if self.rec.identity == E.VICTIM:
+                if E.is_victim(self.rec.identity):
                     E.kill_now()
-            elif self.rec.identity == E.VICTIM:
+            elif E.is_victim(self.rec.identity):
                 E.kill_inside_backward(self.net)
         return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
 

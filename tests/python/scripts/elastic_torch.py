@@ -40,9 +40,9 @@ def main() -> None:
             killed = True
             if E.KILL == "barrier":
                 ctx.barrier()
-                if rec.identity == E.VICTIM:
+                if E.is_victim(rec.identity):
                     E.kill_now()
-            elif rec.identity == E.VICTIM:
+            elif E.is_victim(rec.identity):
                 E.kill_inside_backward(model)
 
         def closure():

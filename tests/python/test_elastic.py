@@ -8,15 +8,16 @@ which must PASS too.
   second launch on more ranks (2->3), for the C trainer, the Lightning Trainer
   (``ckpt_path="last"``) and ddplug.torch (``dt.state_dict()`` in the checkpoint);
 - in place: ``elastic.on_peer_lost = "shrink"``: the C trainer and ddplug.torch
-  through ``ddplug run --tolerate-loss``, the Lightning Trainer under Lightning's
-  own launcher (devices=N), 3->2 and 4->3, killed after a barrier or inside an
-  allreduce.
+  through ``ddplug run --tolerate-loss``, the Lightning Trainer and a Fabric loop
+  (``strategy.step``) under Lightning's own launchers (devices=N), 3->2 and 4->3,
+  killed after a barrier or inside an allreduce.
 
 ``make test`` runs one case of each kind (the C trainer's, and for the Python
 trainers restart 3->2 and 2->3 under the Trainer, 2->1 under ddplug.torch, in place
-3->2 under the Trainer and 4->3 under ddplug.torch); DDPLUG_ELASTIC_FULL=1 runs
-every pair. The soak (off by default: DDPLUG_ELASTIC_SOAK=<trials>, or ``make
-soak``) runs random trials — trainer (C, ddplug.torch, Lightning), world size,
+3->2 under the Trainer, 4->3 under ddplug.torch, 3->2 inside an allreduce under
+Fabric); DDPLUG_ELASTIC_FULL=1 runs every pair. The soak (off by default:
+DDPLUG_ELASTIC_SOAK=<trials>, or ``make soak``) runs random trials — trainer (C,
+ddplug.torch, Lightning, Fabric in place only), world size,
 victim, step, kill point, mode — and prints the repeats and skips it counted.
 """
 
@@ -103,7 +104,8 @@ def test_c_trainer_shrinks_four_ranks_to_three_in_place_exactly_once(tmp_path: P
 
 # ---- the Python trainers (tests/python/scripts/elastic_lit.py, elastic_torch.py) ----
 PY_N, PY_B = 64, 4
-PY_SCRIPTS = {"lightning": SCRIPTS / "elastic_lit.py", "torch": SCRIPTS / "elastic_torch.py"}
+PY_SCRIPTS = {"lightning": SCRIPTS / "elastic_lit.py", "torch": SCRIPTS / "elastic_torch.py",
+              "fabric": SCRIPTS / "elastic_fabric.py"}
 
 
 def run_py(out: Path, trainer: str, world: int, mode: str, victim: int, step: int, kill: str = "barrier",
@@ -115,7 +117,7 @@ def run_py(out: Path, trainer: str, world: int, mode: str, victim: int, step: in
     if attempt is not None:
         env["ELASTIC_ATTEMPT"] = str(attempt)
     script = str(PY_SCRIPTS[trainer])
-    if launcher == "lightning":  # Lightning's own launcher starts ranks 1..N-1
+    if launcher == "lightning":  # Lightning's (or Fabric's) own launcher starts ranks 1..N-1
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK"):
             env.pop(k, None)
@@ -142,7 +144,7 @@ def check_py(proc: subprocess.CompletedProcess, out: Path, what: str, ranks_done
 
 FULL = bool(os.environ.get("DDPLUG_ELASTIC_FULL"))
 _LEAN = {("lightning", 3, 2), ("lightning", 2, 3), ("torch", 2, 1), ("lightning", 3, "barrier"),
-         ("torch", 4, "inside")}
+         ("torch", 4, "inside"), ("fabric", 3, "inside")}
 
 
 def _lean(trainer: str, a: object, b: object) -> None:
@@ -174,15 +176,15 @@ def test_restart_on_another_world_size_trains_every_sample_once(tmp_path: Path, 
         assert "resumed at step" in line, line
 
 
-@pytest.mark.parametrize("trainer", ["lightning", "torch"])
-@pytest.mark.parametrize("world,kill", [(3, "barrier"), (4, "inside")])
+@pytest.mark.parametrize("trainer", ["lightning", "torch", "fabric"])
+@pytest.mark.parametrize("world,kill", [(3, "barrier"), (4, "inside"), (3, "inside")])
 def test_in_place_shrink_trains_every_sample_once(tmp_path: Path, trainer: str, world: int, kill: str) -> None:
     _lean(trainer, world, kill)
     seed = seed_of(f"{trainer} in place {world}->{world - 1}")
     steps = (PY_N + world * PY_B - 1) // (world * PY_B)
     victim, step = 1 + seed % (world - 1), seed % steps  # rank 0 serves the store
     what = f"{trainer}: in place {world}->{world - 1}, rank {victim} killed at step {step} ({kill})"
-    launcher = "lightning" if trainer == "lightning" else "ddplug"
+    launcher = "ddplug" if trainer == "torch" else "lightning"
     proc = run_py(tmp_path, trainer, world, "inplace", victim, step, kill=kill, launcher=launcher)
     outcome, text = check_py(proc, tmp_path, what, world - 1)
     assert "remain (generation 1); stream 'train':" in text, text[-4000:]
@@ -252,7 +254,7 @@ def test_torchrun_restarts_on_the_nodes_left(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.environ.get("DDPLUG_ELASTIC_SOAK"), reason="the soak runs with DDPLUG_ELASTIC_SOAK=<trials>")
 def test_soak(tmp_path: Path) -> None:
     trials = int(os.environ["DDPLUG_ELASTIC_SOAK"])
-    trainers = os.environ.get("DDPLUG_ELASTIC_SOAK_TRAINERS", "c,torch,lightning").split(",")
+    trainers = os.environ.get("DDPLUG_ELASTIC_SOAK_TRAINERS", "c,torch,lightning,fabric").split(",")
     seed = seed_of("soak")
     rng = random.Random(seed)
     totals = {"trials": 0, "repeats_beyond_padding": 0, "skips": 0, "by_trainer": {}}
@@ -260,7 +262,7 @@ def test_soak(tmp_path: Path) -> None:
     for t in range(trials):
         trainer = rng.choice(trainers)
         world = rng.randint(2, 4)
-        mode = rng.choice(["inplace", "restart"])
+        mode = rng.choice(["inplace", "restart"] if trainer != "fabric" else ["inplace"])
         victim = rng.randrange(1 if mode == "inplace" else 0, world)
         kill = rng.choice(["barrier", "inside"])
         out = tmp_path / f"trial{t}"
@@ -270,7 +272,7 @@ def test_soak(tmp_path: Path) -> None:
             proc = run_c(out, world, mode, victim, step, kill)
         else:
             n, step = PY_N, rng.randrange((PY_N + world * PY_B - 1) // (world * PY_B))
-            launcher = "lightning" if trainer == "lightning" and mode == "inplace" else "ddplug"
+            launcher = "lightning" if trainer in ("lightning", "fabric") and mode == "inplace" else "ddplug"
             proc = run_py(out, trainer, world, mode, victim, step, kill=kill, launcher=launcher)
         what = f"trial {t}: {trainer}, {world} ranks, {mode}, rank {victim} killed at step {step} ({kill})"
         print(what, flush=True)

@@ -1,4 +1,5 @@
-"""What the elastic test trainers share (elastic_lit.py, elastic_torch.py): the
+"""What the elastic test trainers share (elastic_lit.py, elastic_torch.py,
+elastic_fabric.py): the
 dataset (sample i carries its index), the model, the run's settings from the
 environment, and the record file the tests count from (the same lines the C
 trainer writes; tests/python/elastic_records.py reads them):

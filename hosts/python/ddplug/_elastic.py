@@ -175,7 +175,8 @@ def commit_train_streams(streams: dict) -> None:
     handed to the loop (what the host reported consumed, else its position)."""
     for stream in streams.values():
         if not stream.evaluation:
-            stream.commit_to(stream.consumed if stream.consumed is not None else stream.position)
+            stream.commit_to(stream.consumed - stream.consumed_offset if stream.consumed is not None
+                             else stream.position)
 
 
 def gradient_sync_after(ctx: Context, old: Optional[Any], params: Iterable[torch.nn.Parameter]) -> Any:

@@ -119,6 +119,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._guarded_sources: list = []
         self._bn_converted = False
         self._ckpt_states: Optional[dict] = None  # stream positions of a loaded checkpoint
+        self._offset_epoch: Optional[tuple] = None  # the train stream's epoch its consumed_offset is for
 
     # ------------------------------------------------------------------ properties
     # root_device, num_nodes, num_processes, context, streams: DdplugParallel.
@@ -247,7 +248,13 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             return
         train = [s for n, s in self._data.streams.items() if n == "train" or n.startswith("train.")]
         if len(train) == 1:
-            train[0].consumed = batch_idx + 1
+            stream = train[0]
+            if self._offset_epoch != (id(stream), stream.epoch, stream._iterations):
+                # the epoch's first batch here: the loop's count minus what the stream committed
+                # (0 unless the loop resumed a checkpoint without ddplug's state)
+                self._offset_epoch = (id(stream), stream.epoch, stream._iterations)
+                stream.consumed_offset = max(0, batch_idx - stream.committed_in_epoch) if stream.elastic else 0
+            stream.consumed = batch_idx + 1
 
     @override
     def pre_backward(self, closure_loss: Tensor) -> None:

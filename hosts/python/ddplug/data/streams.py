@@ -197,6 +197,9 @@ class StreamBatchSampler:
         self._resume: Optional[tuple] = None  # (epoch, position)
         self.drawn = 0  # batches drawn this epoch
         self.consumed: Optional[int] = None  # batches consumed this epoch, if the host reports it
+        # the host's batch count where this stream's iteration began: a host loop resumed from a
+        # checkpoint without ddplug's state (DDP's) counts batches this stream never handed out
+        self.consumed_offset = 0
         self._start = 0  # the position this epoch's iteration started at (a resume)
         self._delivering: Optional[weakref.ref] = None  # the DataLoader iterator handing out batches
         self._audit: Optional[Audit] = None
@@ -419,6 +422,7 @@ class StreamBatchSampler:
         self.committed = 0
         self._fan_out_epoch(epoch)
         self.drawn, self.consumed, self._start = start, None, start
+        self.consumed_offset = 0
         total = len(self._inner)
         self._begin_audit(epoch, total)
         if self.elastic:

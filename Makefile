@@ -26,7 +26,7 @@ PY_DEPS := torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-fab
 BENCH_DEPS := matplotlib==3.11.2
 BENCH_OUT ?= out/bench
 
-.PHONY: demo test bench build deps
+.PHONY: demo test bench build deps soak
 .DEFAULT_GOAL := test
 
 demo: build
@@ -34,6 +34,14 @@ demo: build
 
 test: build
 	@./tests/run-all.sh "$(BUILD)" "$(VENV)"
+
+# The elastic soak (off in make test): SOAK random trials — world size, lost
+# rank, step, kill point, in place or restart — each checked for zero repeats
+# and zero skips from the trainers' own records (tests/python/test_elastic.py).
+SOAK ?= 50
+soak: build
+	@PYTHONPATH="$(CURDIR)/hosts/python$${PYTHONPATH:+:$$PYTHONPATH}" DDPLUG_BUILD_DIR="$(abspath $(BUILD))" \
+	  DDPLUG_ELASTIC_SOAK=$(SOAK) "$(PY)" -m pytest -q -s tests/python/test_elastic.py -k soak
 
 # Every side-by-side benchmark that runs here: JSON, PNG plots and report.md in
 # $(BENCH_OUT) (bench/report.py; BENCH_ARGS adds e.g. --publish docs/perf).

@@ -8,7 +8,20 @@
  * SIGTERM after a grace period, then SIGKILL. The ranks die with the
  * launcher, even when it is SIGKILLed (PR_SET_PDEATHSIG). Exit status: 0,
  * or that of the rank that failed first (128 + signal for a killed rank),
- * not a survivor's reaction to it. */
+ * not a survivor's reaction to it.
+ *
+ * --max-restarts K: a failed run (not one stopped by Ctrl-C/SIGTERM) is
+ * started again, up to K times, with a fresh rendezvous port and
+ * DDPLUG_RESTART_COUNT set to the attempt; the program resumes from its
+ * last checkpoint (ddplug's sampler state resumes on any world size).
+ * --shrink-on-restart starts it with the ranks that were not lost: the
+ * ranks killed by a signal (at least one) leave the world, down to
+ * --min-nproc.
+ *
+ * --tolerate-loss (in-place shrink, elastic.on_peer_lost = "shrink"): a rank
+ * killed by a signal is lost, not a failure — the survivors re-form the group
+ * and go on, and the run's status is theirs; a rank that exits with an error
+ * still ends the run as above. */
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -52,13 +65,24 @@ static void usage(FILE *f) {
           "      --no-secret        do not hand the ranks a random " SECRET_ENV " (the\n"
           "                         rendezvous store then admits anyone who can\n"
           "                         reach it; not recommended)\n"
+          "      --max-restarts K   start a failed run again, up to K times (it\n"
+          "                         resumes from its checkpoint; the ranks get\n"
+          "                         DDPLUG_RESTART_COUNT); default 0\n"
+          "      --shrink-on-restart  restart with the ranks that were not lost (those\n"
+          "                         killed by a signal leave; at least one)\n"
+          "      --min-nproc M      with --shrink-on-restart: the fewest ranks a\n"
+          "                         restart may have (default 1)\n"
+          "      --tolerate-loss    a rank killed by a signal is lost, not a failure:\n"
+          "                         the others go on (in-place shrink, config\n"
+          "                         elastic.on_peer_lost = \"shrink\")\n"
           "The ranks get a random per-run " SECRET_ENV " unless it is set already;\n"
           "with --nnodes > 1 set it to the same value on every machine.\n");
 }
 
 /* getopt_long's table; the values above 255 name options without a short
  * form. */
-enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_SIM, OPT_GRACE, OPT_NO_SECRET };
+enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_SIM, OPT_GRACE, OPT_NO_SECRET,
+       OPT_MAX_RESTARTS, OPT_SHRINK, OPT_MIN_NPROC, OPT_TOLERATE };
 static const struct option k_options[] = {
     {"nproc", required_argument, NULL, 'n'},
     {"nnodes", required_argument, NULL, OPT_NNODES},
@@ -68,6 +92,10 @@ static const struct option k_options[] = {
     {"simulate-nodes", required_argument, NULL, OPT_SIM},
     {"grace", required_argument, NULL, OPT_GRACE},
     {"no-secret", no_argument, NULL, OPT_NO_SECRET},
+    {"max-restarts", required_argument, NULL, OPT_MAX_RESTARTS},
+    {"shrink-on-restart", no_argument, NULL, OPT_SHRINK},
+    {"min-nproc", required_argument, NULL, OPT_MIN_NPROC},
+    {"tolerate-loss", no_argument, NULL, OPT_TOLERATE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
@@ -121,6 +149,7 @@ static int failed(int st) { return !(WIFEXITED(st) && WEXITSTATUS(st) == 0); }
 
 typedef struct launch {
   int nproc, nnodes, node_rank, port, sim_nodes, grace, no_secret;
+  int max_restarts, shrink, min_nproc, fixed_port, tolerate;
   const char *addr;
   char **prog;
 } launch;
@@ -157,6 +186,7 @@ static int parse_args(int argc, char **argv, launch *l) {
   l->nnodes = 1;
   l->grace = 30;
   l->addr = "127.0.0.1";
+  l->min_nproc = 1;
   opterr = 0;
   optind = 0; /* a fresh scan (glibc) */
   int c;
@@ -172,6 +202,10 @@ static int parse_args(int argc, char **argv, launch *l) {
       case OPT_GRACE: r = parse_int(c, optarg, 0, 86400, &l->grace); break;
       case OPT_ADDR: l->addr = optarg; break;
       case OPT_NO_SECRET: l->no_secret = 1; break;
+      case OPT_MAX_RESTARTS: r = parse_int(c, optarg, 0, 1000000, &l->max_restarts); break;
+      case OPT_SHRINK: l->shrink = 1; break;
+      case OPT_TOLERATE: l->tolerate = 1; break;
+      case OPT_MIN_NPROC: r = parse_int(c, optarg, 1, MAX_LOCAL, &l->min_nproc); break;
       case 'h': usage(stdout); return 0;
       case ':':
         fprintf(stderr, "ddplug run: %s needs a value\n", argv[optind - 1]);
@@ -199,6 +233,15 @@ static int parse_args(int argc, char **argv, launch *l) {
                     "--master-port (and --master-addr of node 0)\n");
     return 2;
   }
+  if (l->shrink && l->nnodes > 1) {
+    fprintf(stderr, "ddplug run: --shrink-on-restart works on one machine (--nnodes 1): "
+                    "every machine's launcher would shrink on its own\n");
+    return 2;
+  }
+  if (l->min_nproc > l->nproc) {
+    fprintf(stderr, "ddplug run: --min-nproc %d is more than -n %d\n", l->min_nproc, l->nproc);
+    return 2;
+  }
   if (l->sim_nodes > l->nproc) {
     fprintf(stderr, "ddplug run: --simulate-nodes %d is more than -n %d\n", l->sim_nodes,
             l->nproc);
@@ -206,6 +249,8 @@ static int parse_args(int argc, char **argv, launch *l) {
   }
   return -1; /* go on */
 }
+
+static int launch_ranks(const launch *lp, int *lost);
 
 int ddplug_cmd_run(int argc, char **argv) {
   launch l;
@@ -230,18 +275,43 @@ int ddplug_cmd_run(int argc, char **argv) {
     }
     setenv(SECRET_ENV, secret, 1); /* the ranks inherit it */
   }
-  if (l.port == 0 && (l.port = ddplug_cmd_free_port(0, NULL)) < 0) {
-    fprintf(stderr, "ddplug run: cannot find a free port: %s\n", strerror(errno));
-    return 1;
-  }
-  int nproc = l.nproc;
-  pid_t pids[MAX_LOCAL];
-  int pidfd[MAX_LOCAL], status[MAX_LOCAL], done[MAX_LOCAL];
+  l.fixed_port = l.port != 0;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  for (int attempt = 0;; attempt++) {
+    char b[32];
+    snprintf(b, sizeof b, "%d", attempt);
+    setenv("DDPLUG_RESTART_COUNT", b, 1);
+    if (!l.fixed_port && (l.port = ddplug_cmd_free_port(0, NULL)) < 0) {
+      fprintf(stderr, "ddplug run: cannot find a free port: %s\n", strerror(errno));
+      return 1;
+    }
+    int lost = 0;
+    rc = launch_ranks(&l, &lost);
+    if (rc == 0 || g_signal || attempt >= l.max_restarts) return rc;
+    int next = l.shrink ? l.nproc - (lost > 0 ? lost : 1) : l.nproc;
+    if (next < l.min_nproc) {
+      fprintf(stderr, "ddplug run: %d rank%s lost; %d would remain, fewer than --min-nproc "
+              "%d: not restarting\n", lost, lost == 1 ? "" : "s", next, l.min_nproc);
+      return rc;
+    }
+    fprintf(stderr, "ddplug run: restarting the run (restart %d of %d) with %d rank%s%s\n",
+            attempt + 1, l.max_restarts, next, next == 1 ? "" : "s",
+            next != l.nproc ? " (the lost ones left)" : "");
+    l.nproc = next;
+  }
+}
+
+/* Start the ranks and wait for them (see the file's doc). *lost: ranks
+ * killed by a signal. Returns the run's exit status. */
+static int launch_ranks(const launch *lp, int *lost) {
+  launch l = *lp;
+  int nproc = l.nproc;
+  pid_t pids[MAX_LOCAL];
+  int pidfd[MAX_LOCAL], status[MAX_LOCAL], done[MAX_LOCAL];
   fflush(stdout);
   fflush(stderr);
   pid_t self = getpid();
@@ -298,6 +368,13 @@ int ddplug_cmd_run(int argc, char **argv) {
       remaining--;
       if (pidfd[lr] >= 0) close(pidfd[lr]);
       pidfd[lr] = -1;
+      if (l.tolerate && WIFSIGNALED(st) && !forwarded) {
+        fprintf(stderr, "ddplug run: rank %d (pid %d) was lost (signal %d, %s); the others go on "
+                "(--tolerate-loss)\n", l.node_rank * nproc + lr, (int)pids[lr], WTERMSIG(st),
+                strsignal(WTERMSIG(st)));
+        status[lr] = 0; /* lost, not failed: the survivors' status is the run's */
+        continue;
+      }
       if (failed(st)) batch[nb++] = lr;
     }
     for (int i = 0; i < nb; i++) failures[nfailures++] = batch[i];
@@ -331,6 +408,9 @@ int ddplug_cmd_run(int argc, char **argv) {
     }
   }
   if (first_fail < 0) return 0;
+  *lost = 0;
+  for (int lr = 0; lr < nproc; lr++)
+    if (WIFSIGNALED(status[lr]) && WTERMSIG(status[lr]) != SIGTERM) (*lost)++;
   for (int lr = 0; lr < nproc; lr++) {
     char why[128];
     describe(status[lr], why, sizeof why);

@@ -190,6 +190,7 @@ TEST(defaults_are_the_documented_ones) {
       "{\"checks\":{\"duplicate_gpu\":\"error\",\"param_sync_every\":0},"
       "\"data_split\":{\"audit\":\"first_epoch\",\"audit_exact_max\":100000000,"
       "\"on_violation\":\"error\",\"owner\":\"auto\",\"streams\":{}},"
+      "\"elastic\":{\"min_world_size\":1,\"on_peer_lost\":\"stop\"},"
       "\"gradients\":{\"average\":true,\"bucket_mb\":25,\"first_bucket_mb\":1},"
       "\"log_level\":\"warn\",\"plugin\":\"cpu\",\"plugin_options\":{},"
       "\"rendezvous\":{\"external\":false,\"secret_env\":\"DDPLUG_SECRET\",\"timeout_s\":300},"

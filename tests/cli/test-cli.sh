@@ -22,6 +22,22 @@ expect() {
   fi
 }
 
+# expect_joined: as expect, with REGEX matched against the output's lines
+# joined by " | " (for what spans lines).
+expect_joined() {
+  local name=$1 rc=$2 re=$3; shift 4
+  n=$((n + 1))
+  local out got
+  out=$("$@" 2>&1); got=$?
+  if [[ $got -ne $rc ]] || ! grep -Eq -- "$re" <<<"$(paste -sd '|' <<<"$out" | sed 's/|/ | /g')"; then
+    echo "FAIL $name: exit $got (want $rc), output must match /$re/:"
+    sed 's/^/    /' <<<"$out"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
 echo '{"plugin": "example"}' >"$tmp/example.json"
 echo 'not a shared object, just text; long enough for the ELF reader to say so' >"$tmp/fake.so"
 
@@ -44,6 +60,16 @@ expect run-env 0 'RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1' -- "$D
 expect run-usage 2 'usage: ddplug run' -- "$DDPLUG" run -- true
 expect run-bad-number 2 '--nproc needs an integer from 1 to' -- "$DDPLUG" run --nproc x -- true
 expect run-missing-program 127 "cannot start 'no-such-program-xyz'" -- "$DDPLUG" run -n 1 -- no-such-program-xyz
+# --max-restarts: rank 1 kills itself in the first attempt; the second
+# attempt (DDPLUG_RESTART_COUNT=1) runs on the same world, or without the
+# lost rank with --shrink-on-restart, on a fresh port.
+lose_first='[ "$DDPLUG_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ] && kill -9 $$; [ "$DDPLUG_RESTART_COUNT" = 0 ] && exec sleep 30; echo "attempt $DDPLUG_RESTART_COUNT: rank $RANK of $WORLD_SIZE"'
+expect_joined run-restart 0 'restarting the run \(restart 1 of 2\) with 3 ranks.*attempt 1: rank 2 of 3' -- "$DDPLUG" run -n 3 --grace 1 --max-restarts 2 -- sh -c "$lose_first"
+expect_joined run-restart-shrink 0 'restart 1 of 1\) with 2 ranks \(the lost ones left\).*attempt 1: rank 1 of 2' -- "$DDPLUG" run -n 3 --grace 1 --max-restarts 1 --shrink-on-restart -- sh -c "$lose_first"
+expect run-restarts-spent 137 'rank 1 \(pid [0-9]+\) was killed by signal 9' -- "$DDPLUG" run -n 2 --grace 1 --max-restarts 1 -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exec sleep 30'
+expect run-tolerate-loss 0 'rank 1 \(pid [0-9]+\) was lost \(signal 9, Killed\); the others go on' -- "$DDPLUG" run -n 2 --grace 1 --tolerate-loss -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; sleep 2; exit 0'
+expect run-tolerate-loss-error 5 'rank 0 \(pid [0-9]+\) exited with 5' -- "$DDPLUG" run -n 2 --grace 1 --tolerate-loss -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exit 5'
+expect run-restart-min-nproc 137 '1 would remain, fewer than --min-nproc 2: not restarting' -- "$DDPLUG" run -n 2 --grace 1 --max-restarts 3 --shrink-on-restart --min-nproc 2 -- sh -c '[ "$RANK" = 1 ] && kill -9 $$; exec sleep 30'
 
 echo "$((n - fails)) of $n command cases passed"
 [[ $fails -eq 0 ]]

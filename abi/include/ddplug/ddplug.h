@@ -408,6 +408,68 @@ DDPLUG_API int ddplug_context_plugin(const ddplug_context *ctx,
 DDPLUG_API const ddplug_config *ddplug_context_config(const ddplug_context *ctx);
 
 /* ========================================================================
+ * Elastic in place. With config "elastic.on_peer_lost": "shrink", a rank
+ * that is lost (killed, crashed: its process or connection gone) does not
+ * end the run: the survivors' calls fail with DDPLUG_E_PEER_LOST as before,
+ * and each survivor then calls ddplug_shrink, which re-forms the group over
+ * the survivors — a new generation: ranks renumbered 0..n-1 in the order of
+ * their previous ranks, the plugin's group created anew (its group_shrink
+ * slot where it has one) — without restarting any process. Collectives
+ * that were pending are not completed: the host redoes the step in flight
+ * (and re-deals its samples: ddplug_sampler_reform). The store survives the
+ * loss of any rank but the one serving it (rank 0, unless the store is
+ * external: rendezvous.external); losing it ends the run.
+ * ======================================================================== */
+
+/* The membership of a context: who it is now and what the last
+ * re-formation changed. */
+typedef struct ddplug_membership {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  uint64_t generation;         /* 0 at ddplug_open, + 1 per re-formation    */
+  int32_t rank;                /* now                                       */
+  int32_t world_size;          /* now                                       */
+  int32_t identity;            /* this process's rank at ddplug_open        */
+  int32_t previous_rank;       /* its rank before the last re-formation     */
+  int32_t previous_world_size; /* the world size before it                   */
+  int32_t lost_count;          /* ranks it lost                             */
+  char lost[256];              /* their previous ranks, "2" or "1, 3" ("" at
+                                  generation 0)                             */
+} ddplug_membership;
+#define DDPLUG_MEMBERSHIP_INIT \
+  {sizeof(ddplug_membership), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, {0}}
+
+/* Re-form the group over the survivors after a rank was lost. Collective
+ * over the survivors: each calls it once its context failed with
+ * DDPLUG_E_PEER_LOST (ranks that have not noticed yet do at their next
+ * call). It waits until every member of the current generation has either
+ * arrived here or is gone (its store connection closed), renumbers the
+ * arrivals, creates the plugin's group over them and waits for each to be
+ * ready; the context is then open again (generation + 1), *out (may be
+ * NULL; initialise it with DDPLUG_MEMBERSHIP_INIT) describes it, and one
+ * warning line names who was lost and how many remain. Requests of the old
+ * generation are orphaned (waiting on them returns ABORTED). Errors:
+ * INVALID_ARGUMENT (NULL ctx; elastic.on_peer_lost is not "shrink"; the
+ * context has not failed); the context's own failure when it is not a
+ * lost rank (TIMEOUT, ABORTED, MISMATCH: those end the run); PEER_LOST when
+ * fewer ranks than elastic.min_world_size remain, when the store is gone
+ * (rank 0 served it), or when a survivor is lost during the re-formation —
+ * the context is then failed again and ddplug_shrink may be called again;
+ * TIMEOUT when a member neither arrived nor left within timeout_ms
+ * (DDPLUG_TIMEOUT_DEFAULT: the collective timeout), which ends the run. On
+ * failure *out is untouched. Blocks at most timeout_ms plus the plugin's
+ * group creation (the collective timeout). Not thread-safe: no other thread
+ * may use ctx meanwhile (ddplug_abort included). Since 1.1. */
+DDPLUG_API int ddplug_shrink(ddplug_context *ctx, int64_t timeout_ms,
+                             ddplug_membership *out);
+
+/* The context's membership into *out (honouring its struct_size).
+ * INVALID_ARGUMENT for NULL arguments. Never blocks; thread-safe except
+ * against ddplug_shrink. Since 1.1. */
+DDPLUG_API int ddplug_context_membership(const ddplug_context *ctx,
+                                         ddplug_membership *out);
+
+/* ========================================================================
  * Collectives. Every rank must issue the same collectives in the same
  * order; a plugin with DDPLUG_CAP_MISMATCH_CHECK reports DDPLUG_E_MISMATCH
  * on every rank instead of producing garbage when they differ (the run goes
@@ -737,6 +799,18 @@ DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch);
 DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
                                    uint64_t cap, uint64_t *n);
 
+/* Deliver the rest of this rank's current batch — one step's indices —
+ * into out[0..cap): batch_size indices (1 if unset), fewer for the epoch's
+ * last batch; after a change of membership or a resume, a batch this rank
+ * held from before ends where it ended (the distributed kind); the bucket
+ * kind one batch as ddplug_sampler_next. *n = how many; 0 at the end of the
+ * epoch. INVALID_ARGUMENT when cap is smaller than the batch (nothing
+ * consumed). A host that trains one step per batch calls this, so that its
+ * steps are the sampler's (ddplug_sampler_commit). Does not block; one
+ * thread at a time per sampler. Since 1.1. */
+DDPLUG_API int ddplug_sampler_next_batch(ddplug_sampler *s, int64_t *out,
+                                         uint64_t cap, uint64_t *n);
+
 /* Make the next index (distributed) or batch (bucket) delivered the
  * position-th of this epoch (0-based), exactly as if that many had been
  * consumed: resuming at a position yields the uninterrupted order. O(1).
@@ -773,8 +847,14 @@ typedef struct ddplug_sampler_info {
   char stream[64];
   int32_t exact;           /* 1: every sample once (options.exact)         */
   int32_t reserved0;
+  /* ---- Since 1.1 ---- */
+  uint64_t steps;          /* batches this rank yields per epoch
+                              (ddplug_sampler_next_batch calls), as the
+                              epoch is dealt now                         */
+  uint64_t committed;      /* the epoch's steps committed so far (all
+                              segments: before a resume or shrink too)   */
 } ddplug_sampler_info;
-#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, 0, 0}
+#define DDPLUG_SAMPLER_INFO_INIT {sizeof(ddplug_sampler_info), DDPLUG_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, 0, 0, 0, 0}
 
 /* Fill *info (honouring its struct_size). padded/dropped: a default
  * sampler's own numbers; for a plugin-supplied sampler what its
@@ -786,6 +866,76 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
 
 /* Release s. NULL is a no-op. Since 1.0. */
 DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s);
+/* ---- elastic: the global cursor ------------------------------------------
+
+   The distributed kind (not exact) deals one order of the whole dataset:
+   position p of epoch e is sample pi(p), whatever the world size; after k
+   steps of batch_size B on W ranks the committed part of the epoch is
+   positions [0, k·B·W). Its state — epoch, seed, N, a cursor and a short
+   replay list of positions dealt but never committed, with a coverage
+   digest — resumes on any world size, and after ddplug_shrink the rest of
+   the epoch (a lost rank's unfinished batches included) is dealt over the
+   survivors. abi/src/data/deal.c specifies the dealing.
+   The bucket kind forms its global batches of batch_size x world samples
+   per bucket, and a plugin's sampler is its own: their state resumes on the
+   same world size only, and ddplug_sampler_reform refuses them
+   (UNSUPPORTED). An exact (evaluation) sampler's pass restarts over the
+   new world at reform.
+   ---------------------------------------------------------------------- */
+
+/* Commit `steps` optimizer steps: the oldest delivered batches not yet
+ * committed (the distributed kind counts batches of batch_size indices, 1
+ * if unset; the bucket kind its batches). Call it once per optimizer step,
+ * after the step was applied. INVALID_ARGUMENT (NULL s; more steps than
+ * batches delivered and not committed). Local; does not block; one thread
+ * at a time per sampler. Since 1.1. */
+DDPLUG_API int ddplug_sampler_commit(ddplug_sampler *s, uint64_t steps);
+
+/* The sampler's state as JSON text into *state (released with ddplug_free):
+ * for a checkpoint. The distributed kind: epoch, seed, N, shuffle,
+ * batch_size, world size, the cursor and replay list of the committed part
+ * (the commits of this rank's current world, which every rank shares in
+ * lockstep), the committed count and digest, the epoch's committed steps
+ * and its membership history. Other kinds: epoch and the committed
+ * position. Errors: INVALID_ARGUMENT, NO_MEMORY; on failure *state is
+ * untouched. O(committed samples) (the digest); does not block. Since 1.1. */
+DDPLUG_API int ddplug_sampler_state_save(const ddplug_sampler *s,
+                                         char **state);
+
+/* Resume from a state ddplug_sampler_state_save gave, on this sampler's
+ * world (any world size for the distributed kind): the epoch continues
+ * with the positions not committed, dealt over this world; the next
+ * ddplug_sampler_set_epoch with the state's epoch keeps it (any other
+ * epoch starts that epoch afresh). A context-bound sampler feeds the
+ * committed part into the epoch's audit at its finish (each rank a share),
+ * so the audit covers the whole epoch across the restart, and the audit's
+ * line says where it resumed. Errors: INVALID_ARGUMENT (not a state, or
+ * of another kind); MISMATCH naming both sides when the state's seed, N or
+ * shuffle differ from this sampler's ("the checkpoint says seed 7, N =
+ * 1000 ...; this run has seed 3 ...") or its digest does not match its
+ * cursor; UNSUPPORTED for a bucket or plugin sampler saved on another world
+ * size. On failure the sampler is unchanged. O(committed samples); does
+ * not block. Since 1.1. */
+DDPLUG_API int ddplug_sampler_state_load(ddplug_sampler *s, const char *state);
+
+/* After ddplug_shrink: deal the rest of the epoch over the new world.
+ * Collective over the re-formed group (every survivor calls it for the same
+ * samplers in the same order). The survivors exchange their committed and
+ * drawn batches; a survivor one step behind the others (its allreduce
+ * completed elsewhere) has that step committed on its behalf, *adopted
+ * (may be NULL) says how many (0 or 1): the host then takes the others'
+ * parameters instead of redoing the step. Each survivor keeps the batches
+ * it drew and did not commit; the lost ranks' uncommitted batches join the
+ * replay list and are dealt first. The stream's audit counts the lost
+ * ranks' committed deliveries (derived from the dealing) at its finish.
+ * Errors: INVALID_ARGUMENT (NULL s, a standalone sampler, or a context
+ * that was not re-formed since the sampler was made or last reformed);
+ * UNSUPPORTED (bucket or plugin sampler: they cannot be re-dealt);
+ * MISMATCH (survivors at different epochs); the collective's errors.
+ * Blocks at most timeout_ms. Since 1.1. */
+DDPLUG_API int ddplug_sampler_reform(ddplug_sampler *s, int64_t timeout_ms,
+                                     uint64_t *adopted);
+
 
 /* ---- split ownership ---------------------------------------------------
 

@@ -18,6 +18,7 @@ static const char *const k_on_violation[] = {"error", "warn", NULL};
 static const char *const k_sampler_kinds[] = {"distributed", "bucket", NULL};
 static const char *const k_pads[] = {"repeat", "drop", NULL};
 static const char *const k_duplicate_gpu[] = {"error", "warn", "allow", NULL};
+static const char *const k_on_peer_lost[] = {"stop", "shrink", NULL};
 
 #define ENV_NAME_PATTERN "^[A-Za-z_][A-Za-z0-9_]*$"
 #define ENV_NAME_HINT \
@@ -231,6 +232,19 @@ static const ddplug__cfg_key k_keys[] = {
         0,
         "Check every N steps that parameters are identical on all ranks "
         "(0: never)."),
+
+    OBJECT("elastic", DDPLUG__CFG_DEFAULT,
+           "What the run does when a rank is lost (README, \"When a rank "
+           "dies\")."),
+    ENUM("elastic.on_peer_lost", k_on_peer_lost, "stop",
+         "stop: the run ends on every rank, naming the lost rank (a launcher "
+         "may restart it from a checkpoint: ddplug run --max-restarts, "
+         "torchrun --max-restarts); shrink: the survivors re-form the group "
+         "in place (ddplug_shrink) and go on, the lost rank's unfinished "
+         "samples dealt among them."),
+    INT("elastic.min_world_size", DDPLUG__CFG_DEFAULT, 1, 1 << 20, 1,
+        "With on_peer_lost = shrink: the fewest ranks a re-formed group may "
+        "have; a loss that leaves fewer ends the run."),
 
     {.path = "plugin_options",
      .type = DDPLUG__CFG_FREE,

@@ -1,6 +1,7 @@
 /* agree.c — ddplug_split_claim / _owner / _agree.
  * Agreement goes through the store: rank r publishes
- * "ddplug/split/<stream>/<call>/<r>" = "<owner>|<claimant>", then reads all.
+ * "ddplug/split/<stream>/<call>/<r>" = "<owner>|<claimant>" (under the
+ * generation's prefix after a re-formation), then reads all.
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +66,8 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
   if (!s) return ddplug__ctx_capture_error(ctx, DDPLUG_E_NO_MEMORY);
   int world = ctx->world.world_size, rank = ctx->world.rank;
   char key[DDPLUG__STREAM_MAX + 96], value[DDPLUG__CLAIMANT_MAX + 16];
-  snprintf(key, sizeof key, "ddplug/split/%s/%llu/%d", stream, (unsigned long long)call, rank);
+  snprintf(key, sizeof key, "%ssplit/%s/%llu/%d", ctx->key_prefix, stream,
+           (unsigned long long)call, rank);
   int vlen = snprintf(value, sizeof value, "%d|%s", owner, claimant);
   if ((st = ddplug_store_set(ctx->store, key, value, (uint64_t)vlen)))
     return ddplug__ctx_capture_error(ctx, ddplug__err_prefix(st, "ddplug_split_agree"));
@@ -75,7 +77,8 @@ DDPLUG_API int ddplug_split_agree(ddplug_context *ctx, const char *stream,
   st = keys && owners && claimants ? DDPLUG_OK
                                    : ddplug__err(DDPLUG_E_NO_MEMORY, "ddplug_split_agree: out of memory");
   for (int r = 0; r < world && st == DDPLUG_OK; r++) {
-    keys[r] = ddplug__asprintf("ddplug/split/%s/%llu/%d", stream, (unsigned long long)call, r);
+    keys[r] = ddplug__asprintf("%ssplit/%s/%llu/%d", ctx->key_prefix, stream,
+                               (unsigned long long)call, r);
     if (!keys[r]) st = ddplug__err(DDPLUG_E_NO_MEMORY, "ddplug_split_agree: out of memory");
   }
   if (st == DDPLUG_OK) {

@@ -422,6 +422,46 @@ static int repeats_undeclared(const ddplug_audit *a, const ddplug__audit_stats *
   return (double)repeats > (double)pad / scale;
 }
 
+static void derived_emit(void *user, const int64_t *idx, uint64_t n) {
+  ddplug__audit_add(user, idx, n, 0);
+}
+
+/* What the stream's elastic sampler knows beyond this rank's records: the
+ * deliveries it derives (a lost rank's committed steps, a resumed state's
+ * committed part), what its last world declares, and the membership
+ * history. Every rank takes the same decision: all were fed by their
+ * sampler, which shares the epoch's plan. */
+static void take_derived(ddplug_audit *a) {
+  if (!a->state) return;
+  ddplug__data_lock(a->state);
+  ddplug__stream *st = ddplug__data_stream(a->state, a->stream);
+  ddplug__deal *d = st && st->sampler ? ddplug__sampler_deal(st->sampler) : NULL;
+  if (d && a->fed_by_sampler && d->epoch == a->epoch) {
+    ddplug__deal_derived(d, derived_emit, a);
+    uint64_t padded = 0, dropped = 0;
+    ddplug__deal_declared(d, &padded, &dropped);
+    a->opts.allowed_padding = DDPLUG__MAX(a->opts.allowed_padding, padded);
+    a->opts.allowed_missing = DDPLUG__MAX(a->opts.allowed_missing, dropped);
+    ddplug__strlcpy(a->history, d->history, sizeof a->history);
+  }
+  ddplug__data_unlock(a->state);
+}
+
+/* The membership history after the summary line and the text. */
+static void add_history(ddplug_audit *a) {
+  if (!a->history[0]) return;
+  size_t used = strlen(a->report.summary);
+  snprintf(a->report.summary + used, sizeof a->report.summary - used, "; membership: %s",
+           a->history);
+  if (a->text) {
+    char *grown = ddplug__asprintf("%smembership: %s\n", a->text, a->history);
+    if (grown) {
+      ddplug__free(a->text);
+      a->text = grown;
+    }
+  }
+}
+
 static void finish_report(ddplug_audit *a, ddplug_audit_report *report,
                           uint32_t size) {
   memcpy(report, &a->report, DDPLUG__MIN((size_t)size, sizeof a->report));
@@ -443,6 +483,7 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   uint32_t size = report->struct_size;
   a->finished = 1;
   ddplug__audit_unregister(a);
+  take_derived(a);
   ddplug_context *ctx = a->ctx;
   ddplug__audit_stats local;
   ddplug__audit_local_stats(a, &local);
@@ -454,6 +495,7 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
     *a->all = local;
     a->nall = 1;
     ddplug__audit_diagnose(a->stream, &local, 1, NULL, &a->report, &a->text);
+    add_history(a);
     a->report.world_size = a->world;
     finish_report(a, report, size);
     return DDPLUG_OK;
@@ -488,6 +530,7 @@ DDPLUG_API int ddplug_audit_finish(ddplug_audit *a,
   a->nall = world;
   a->cov = cov;
   ddplug__audit_diagnose(a->stream, all, world, cover ? &cov : NULL, &a->report, &a->text);
+  add_history(a);
   finish_report(a, report, size);
   int verdict = a->report.verdict;
   if (verdict == DDPLUG_AUDIT_PASS || verdict == DDPLUG_AUDIT_SKIPPED) {

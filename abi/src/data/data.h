@@ -3,6 +3,9 @@
  * ownership, the samplers and the audit. Depends on base/, config/ and
  * run/. The module map of abi/src/data/:
  *   feistel.c       keyed bijection of [0, N) (Feistel + cycle walking)
+ *   deal.c          the epoch's global cursor and its dealing over any
+ *                   world: segments, commits, checkpoint state and digest,
+ *                   re-dealing after a shrink, derived deliveries
  *   distributed.c   the default distributed index sampler
  *   bucket.c        the default length-bucketed batch sampler
  *   sampler.c       ddplug_sampler_*: options, dispatch to the defaults or
@@ -54,6 +57,100 @@ void ddplug__feistel_map(const ddplug__feistel *f, uint64_t start,
 #define DDPLUG__SALT_BUCKET 0x6275636bull      /* "buck" + bucket number */
 #define DDPLUG__SALT_AUDIT 0x61756469ull       /* "audi" */
 
+/* ---- the epoch's dealing over changing worlds (deal.c) --------------------- */
+
+/* One segment of an epoch (deal.c's doc): the queue R ++ [cursor, N) and
+ * what each rank holds from before, dealt over `world` ranks. */
+typedef struct ddplug__seg {
+  uint64_t cursor;
+  uint64_t *replay;         /* ascending positions < cursor, dealt first   */
+  uint64_t nreplay;
+  int32_t world;
+  int32_t me;               /* this process's rank in it, -1 if none      */
+  int32_t *member;          /* [world] identities (a process's first rank) */
+  uint64_t **held;          /* [world] positions each rank holds           */
+  uint64_t *nheld;
+  uint64_t held_padding;    /* held entries that are padding copies        */
+  uint64_t step0;           /* the epoch's committed steps before it        */
+  uint64_t steps_end;       /* closed: the steps every member committed    */
+  uint64_t my_off0, my_off1; /* this process's delivered entries [0ff0, off1) */
+  /* derived (deal.c's seg_derive) */
+  uint64_t qlen;            /* |Q|                                         */
+  uint64_t m;               /* real samples: |Q| + held, padding excluded  */
+  uint64_t steps;           /* S: steps of every rank                      */
+  uint64_t hsteps;          /* T: steps until no rank delivers held ones   */
+  uint64_t slast;           /* entries per needing rank at the last step   */
+  uint64_t base_h;          /* queue entries steps [0, T) take             */
+  uint64_t slots;           /* entries all ranks deliver                   */
+} ddplug__seg;
+
+typedef struct ddplug__deal {
+  uint64_t n, seed, epoch, batch;
+  int shuffle, drop_last;
+  ddplug__feistel perm;
+  int32_t world, rank, self;
+  int32_t *members;         /* [world] identities of the current ranks      */
+  ddplug__seg *segs;        /* the epoch's segments, the last is current    */
+  uint32_t nsegs, capsegs;
+  uint64_t off;             /* entries of the current segment delivered    */
+  uint64_t pos0;            /* the epoch position of the segment's entry 0 */
+  uint64_t committed;       /* steps committed in the current segment      */
+  uint64_t padding_before;  /* padding committed in closed segments         */
+  int has_prior;            /* a resumed state: committed before this run   */
+  uint64_t prior_cursor, *prior_replay, nprior_replay;
+  int resumed;              /* loaded; set_epoch(epoch) keeps it            */
+  char history[512];        /* the membership history, for the audit      */
+} ddplug__deal;
+
+/* What each survivor gives a reform (int64 fields: one allgather). */
+typedef struct ddplug__reform_info {
+  int64_t identity, epoch, nsegs, committed, drawn, elastic;
+} ddplug__reform_info;
+#define DDPLUG__REFORM_NINFO ((uint64_t)(sizeof(ddplug__reform_info) / sizeof(int64_t)))
+
+/* A fresh plan for rank of world (identities = ranks), epoch 0. */
+int ddplug__deal_init(ddplug__deal *d, uint64_t n, uint64_t seed, int shuffle, int drop_last,
+                      uint64_t batch, int32_t world, int32_t rank);
+int ddplug__deal_set_members(ddplug__deal *d, const int32_t *members, int32_t self);
+void ddplug__deal_free(ddplug__deal *d);
+/* A fresh epoch over the current world — unless a state was just loaded
+ * for that epoch and nothing was delivered since (the resume). */
+int ddplug__deal_start_epoch(ddplug__deal *d, uint64_t epoch);
+uint64_t ddplug__deal_length(const ddplug__deal *d);
+uint64_t ddplug__deal_position(const ddplug__deal *d);
+/* Steps of the current segment this rank drew (a partial one counts). */
+uint64_t ddplug__deal_drawn(const ddplug__deal *d);
+/* Entries left in this rank's current step (0 at the end). */
+uint64_t ddplug__deal_batch_left(const ddplug__deal *d);
+/* The epoch's steps, as the current plan deals them. */
+uint64_t ddplug__deal_total_steps(const ddplug__deal *d);
+/* The epoch's committed steps (all segments). */
+uint64_t ddplug__deal_steps(const ddplug__deal *d);
+void ddplug__deal_next(ddplug__deal *d, int64_t *out, uint64_t cap, uint64_t *n);
+int ddplug__deal_seek(ddplug__deal *d, uint64_t position);
+int ddplug__deal_commit(ddplug__deal *d, uint64_t steps, const char *stream);
+void ddplug__deal_declared(const ddplug__deal *d, uint64_t *padded, uint64_t *dropped);
+/* The committed part as JSON (ddplug_sampler_state_save); *out is released
+ * with ddplug__free. */
+int ddplug__deal_save(const ddplug__deal *d, const char *stream, char **out);
+int ddplug__deal_load(ddplug__deal *d, const char *stream, const char *text);
+/* info[new rank] of every survivor; the plan becomes new rank `rank` of
+ * `world`. *adopted: steps committed on this rank's behalf. */
+int ddplug__deal_reform(ddplug__deal *d, const char *stream, const ddplug__reform_info *info,
+                        int32_t world, int32_t rank, uint64_t *adopted);
+/* This rank's share of the derived deliveries (deal.c's doc), through emit;
+ * returns how many there are on all ranks together. */
+uint64_t ddplug__deal_derived(const ddplug__deal *d,
+                              void (*emit)(void *user, const int64_t *idx, uint64_t n),
+                              void *user);
+/* This rank's deliveries of the epoch so far, batch by batch (steps 1 at a
+ * batch's start), through emit. */
+void ddplug__deal_replay(const ddplug__deal *d,
+                         void (*emit)(void *user, const int64_t *idx, uint64_t n, uint64_t steps),
+                         void *user);
+/* One segment, from the epoch's start, nothing resumed. */
+int ddplug__deal_is_fresh(const ddplug__deal *d);
+
 /* ---- default samplers (distributed.c, bucket.c) ------------------------- */
 
 /* Both defaults implement the plugin's sampler slots (plugin.h) with the same
@@ -79,6 +176,12 @@ typedef struct ddplug__sampler_ops {
 
 extern const ddplug__sampler_ops ddplug__distributed_ops;
 extern const ddplug__sampler_ops ddplug__bucket_ops;
+
+/* The plan of a default distributed sampler's implementation; NULL for an
+ * exact one (distributed.c). */
+ddplug__deal *ddplug__distributed_deal(ddplug_plugin_sampler *ps);
+/* An exact distributed sampler dealt again over world (its pass restarts). */
+int ddplug__distributed_reshape(ddplug_plugin_sampler *ps, int32_t world, int32_t rank);
 
 /* Samples per rank per epoch of the distributed sampler: ceil(n/world)
  * (padded) or floor(n/world) (drop_last), as torch's DistributedSampler. */
@@ -108,7 +211,18 @@ struct ddplug_sampler {
   /* what one epoch declares (ddplug__sampler_update_declared), all ranks */
   uint64_t padded, dropped;
   ddplug_context *ctx; /* context-bound samplers only */
+  /* steps committed this epoch (samplers without a plan: the bucket kind, a
+   * plugin's), and a loaded state's position kept for set_epoch */
+  uint64_t committed;
+  int resume_pending;
+  uint64_t generation; /* the context's generation it was dealt for      */
 };
+
+/* The plan of s (the default distributed kind, not exact), else NULL. */
+ddplug__deal *ddplug__sampler_deal(const ddplug_sampler *s);
+/* Refresh s->len, s->pos and what one epoch declares from the
+ * implementation (after its plan changed). */
+void ddplug__sampler_refresh(ddplug_sampler *s);
 
 /* The stream-name rule (ddplug_stream_name_check) with `what` as the
  * message's head: OK, or INVALID_ARGUMENT with the last error set. */
@@ -149,6 +263,8 @@ void ddplug__sampler_derive_declared(const ddplug_sampler_desc *d,
  * next() has consumed the indices already. */
 void ddplug__sampler_feed_hook(ddplug_sampler *s, uint64_t before,
                               const int64_t *idx, uint64_t n);
+/* Take s off its stream (ddplug_sampler_free). */
+void ddplug__sampler_unbind(ddplug_sampler *s);
 
 /* ---- split ownership and per-stream state (owner.c) --------------------- */
 
@@ -197,6 +313,7 @@ typedef struct ddplug__stream {
   int has_prev;                      /* order fingerprint of the last epoch */
   uint64_t prev_epoch, prev_fingerprint;
   struct ddplug_audit *active;       /* the audit open on it, if any       */
+  struct ddplug_sampler *sampler;    /* the context-bound sampler feeding it */
 } ddplug__stream;
 
 /* The context's data-split state (ctx->data). Thread-safe (one mutex). */
@@ -211,6 +328,9 @@ typedef struct ddplug__data_state {
 int ddplug__data_state_new(ddplug__data_policy *policy,
                            ddplug__data_state **out);
 void ddplug__data_state_free(void *state);
+/* After the group re-formed (run/shrink.c): open audits finish over the new
+ * world. */
+void ddplug__data_state_reform(void *state, int32_t rank, int32_t world);
 void ddplug__data_lock(ddplug__data_state *st);
 void ddplug__data_unlock(ddplug__data_state *st);
 /* The stream's entry, created on first use; NULL (last error set) when out
@@ -328,6 +448,7 @@ struct ddplug_audit {
   ddplug_audit_report report;
   ddplug__audit_coverage cov;
   char *text;
+  char history[512];            /* the elastic sampler's membership history */
 };
 
 /* Allocate an audit (no registration): scope decides whether a bitmap of

@@ -14,6 +14,13 @@
  * State is O(1) (no index list): set_epoch derives four round keys, seek
  * sets a counter, next computes only this rank's positions.
  *
+ * A training (not exact) sampler is served by deal.c's plan, which deals
+ * the same positions while the world stays as it began, and also keeps the
+ * epoch's global cursor, its commits, and the rest of the epoch dealt over
+ * another world after a shrink or a resume. An exact sampler keeps the
+ * direct arithmetic below: evaluation passes are not elastic (a pass cut
+ * by a shrink is dealt again from its start over the new world).
+ *
  * SPDX-License-Identifier: Apache-2.0 */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +34,8 @@ typedef struct dist_sampler {
   uint64_t unpadded; /* positions k < unpadded have global position < n */
   uint64_t pos;
   ddplug__feistel perm;
+  int elastic; /* not exact: deal serves every slot */
+  ddplug__deal deal;
 } dist_sampler;
 
 uint64_t ddplug__distributed_per_rank(uint64_t n, uint64_t world,
@@ -56,12 +65,39 @@ static int dist_create(const ddplug_sampler_desc *d, int exact,
                       : ddplug__distributed_per_rank(s->n, s->world, s->drop_last);
   s->unpadded = DDPLUG__MIN(below, s->per_rank);
   ddplug__feistel_init(&s->perm, s->n, s->seed, 0, DDPLUG__SALT_DISTRIBUTED);
+  s->elastic = !exact;
+  if (s->elastic) {
+    int st = ddplug__deal_init(&s->deal, s->n, s->seed, s->shuffle, s->drop_last, d->batch_size,
+                               d->world_size, d->rank);
+    if (st) {
+      ddplug__deal_free(&s->deal);
+      ddplug__free(s);
+      return st;
+    }
+  }
   *out = (ddplug_plugin_sampler *)s;
+  return DDPLUG_OK;
+}
+
+ddplug__deal *ddplug__distributed_deal(ddplug_plugin_sampler *ps) {
+  dist_sampler *s = (dist_sampler *)ps;
+  return s && s->elastic ? &s->deal : NULL;
+}
+
+int ddplug__distributed_reshape(ddplug_plugin_sampler *ps, int32_t world, int32_t rank) {
+  dist_sampler *s = (dist_sampler *)ps;
+  s->world = (uint64_t)world;
+  s->rank = (uint64_t)rank;
+  uint64_t below = s->n > s->rank ? (s->n - s->rank - 1) / s->world + 1 : 0;
+  s->per_rank = s->exact ? below : ddplug__distributed_per_rank(s->n, s->world, s->drop_last);
+  s->unpadded = DDPLUG__MIN(below, s->per_rank);
+  s->pos = 0;
   return DDPLUG_OK;
 }
 
 static int dist_set_epoch(ddplug_plugin_sampler *ps, uint64_t epoch) {
   dist_sampler *s = (dist_sampler *)ps;
+  if (s->elastic) return ddplug__deal_start_epoch(&s->deal, epoch);
   ddplug__feistel_init(&s->perm, s->n, s->seed, epoch,
                        DDPLUG__SALT_DISTRIBUTED);
   s->pos = 0;
@@ -71,6 +107,10 @@ static int dist_set_epoch(ddplug_plugin_sampler *ps, uint64_t epoch) {
 static int dist_next(ddplug_plugin_sampler *ps, int64_t *out, uint64_t cap,
                      uint64_t *n) {
   dist_sampler *s = (dist_sampler *)ps;
+  if (s->elastic) {
+    ddplug__deal_next(&s->deal, out, cap, n);
+    return DDPLUG_OK;
+  }
   uint64_t m = DDPLUG__MIN(cap, s->per_rank - s->pos);
   uint64_t k = s->pos;
   uint64_t done = 0;
@@ -99,6 +139,7 @@ static int dist_next(ddplug_plugin_sampler *ps, int64_t *out, uint64_t cap,
 
 static int dist_seek(ddplug_plugin_sampler *ps, uint64_t position) {
   dist_sampler *s = (dist_sampler *)ps;
+  if (s->elastic) return ddplug__deal_seek(&s->deal, position);
   if (position > s->per_rank)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
                        "sampler seek: position %llu is past the end of the "
@@ -111,17 +152,26 @@ static int dist_seek(ddplug_plugin_sampler *ps, uint64_t position) {
 }
 
 static int dist_length(ddplug_plugin_sampler *ps, uint64_t *length) {
-  *length = ((dist_sampler *)ps)->per_rank;
+  dist_sampler *s = (dist_sampler *)ps;
+  *length = s->elastic ? ddplug__deal_length(&s->deal) : s->per_rank;
   return DDPLUG_OK;
 }
 
-static void dist_destroy(ddplug_plugin_sampler *ps) { ddplug__free(ps); }
+static void dist_destroy(ddplug_plugin_sampler *ps) {
+  dist_sampler *s = (dist_sampler *)ps;
+  if (s->elastic) ddplug__deal_free(&s->deal);
+  ddplug__free(ps);
+}
 
 static void dist_declared(ddplug_plugin_sampler *ps, uint64_t *padded,
                           uint64_t *dropped) {
   dist_sampler *s = (dist_sampler *)ps;
   if (s->exact) {
     *padded = *dropped = 0;
+    return;
+  }
+  if (s->elastic) {
+    ddplug__deal_declared(&s->deal, padded, dropped);
     return;
   }
   uint64_t total = s->per_rank * s->world;

@@ -232,11 +232,25 @@ int ddplug__ctx_data(ddplug_context *ctx, ddplug__data_state **out) {
     if (st == DDPLUG_OK) {
       ctx->data = state;
       ctx->data_free = ddplug__data_state_free;
+      ctx->data_reform = ddplug__data_state_reform;
     }
   }
   *out = ctx->data;
   pthread_mutex_unlock(&g_ctx_data_mu);
   return st;
+}
+
+/* See data.h. */
+void ddplug__data_state_reform(void *state, int32_t rank, int32_t world) {
+  ddplug__data_state *st = state;
+  ddplug__data_lock(st);
+  for (uint32_t i = 0; i < st->nstreams; i++) {
+    struct ddplug_audit *a = st->streams[i].active;
+    if (!a) continue;
+    a->rank = rank;
+    a->world = world;
+  }
+  ddplug__data_unlock(st);
 }
 
 void ddplug__data_lock(ddplug__data_state *st) { pthread_mutex_lock(st->mutex); }

@@ -3,6 +3,8 @@
  * (distributed.c, bucket.c) or a plugin's sampler slots, position
  * bookkeeping, and what a sampler declares it pads or drops.
  * SPDX-License-Identifier: Apache-2.0 */
+#include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,15 +173,155 @@ static int check_handle(const ddplug_sampler *s, const char *what) {
   return DDPLUG_OK;
 }
 
+ddplug__deal *ddplug__sampler_deal(const ddplug_sampler *s) {
+  if (!s || s->from_plugin || s->desc.kind != DDPLUG_SAMPLER_DISTRIBUTED || !s->impl) return NULL;
+  return ddplug__distributed_deal(s->impl);
+}
+
+void ddplug__sampler_refresh(ddplug_sampler *s) {
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  if (d) {
+    s->len = ddplug__deal_length(d);
+    s->pos = ddplug__deal_position(d);
+    s->epoch = d->epoch;
+  } else {
+    s->ops.length(s->impl, &s->len);
+  }
+  ddplug__sampler_update_declared(s);
+}
+
 DDPLUG_API int ddplug_sampler_set_epoch(ddplug_sampler *s, uint64_t epoch) {
   int st = check_handle(s, "ddplug_sampler_set_epoch");
   if (st) return st;
+  if (s->resume_pending && epoch == s->epoch) {
+    s->resume_pending = 0; /* a loaded state resumes this epoch */
+    return DDPLUG_OK;
+  }
+  s->resume_pending = 0;
   st = s->ops.set_epoch(s->impl, epoch);
   if (st) return ddplug__err_prefix(st, "stream '%s' set_epoch(%llu)", s->stream,
                                     (unsigned long long)epoch);
   s->epoch = epoch;
   s->pos = 0;
-  ddplug__sampler_update_declared(s);
+  s->committed = 0;
+  ddplug__sampler_refresh(s);
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_commit(ddplug_sampler *s, uint64_t steps) {
+  int st = check_handle(s, "ddplug_sampler_commit");
+  if (st) return st;
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  if (d) return ddplug__deal_commit(d, steps, s->stream);
+  uint64_t bs = s->desc.kind == DDPLUG_SAMPLER_BUCKET || !s->desc.batch_size ? 1 : s->desc.batch_size;
+  uint64_t drawn = s->desc.kind == DDPLUG_SAMPLER_BUCKET ? s->pos : (s->pos + bs - 1) / bs;
+  if (s->committed + steps > drawn)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_commit: stream '%s': commits %llu step(s), but only "
+                       "%llu batch(es) were delivered and not yet committed: commit once per "
+                       "optimizer step, after its batch was drawn",
+                       s->stream, (unsigned long long)steps,
+                       (unsigned long long)(drawn - DDPLUG__MIN(drawn, s->committed)));
+  s->committed += steps;
+  return DDPLUG_OK;
+}
+
+static const char *kind_word(const ddplug_sampler *s) {
+  if (s->from_plugin) return "plugin";
+  return s->desc.kind == DDPLUG_SAMPLER_BUCKET ? "bucket" : "distributed";
+}
+
+/* The state of a sampler without a plan: epoch and committed position, for
+ * the same world only. */
+static int save_positional(const ddplug_sampler *s, char **out) {
+  uint64_t bs = s->desc.kind == DDPLUG_SAMPLER_BUCKET || !s->desc.batch_size ? 1 : s->desc.batch_size;
+  json_t *j = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:b, s:i, s:I, s:I}",
+                        "ddplug_sampler_state", 1, "kind", kind_word(s), "stream", s->stream,
+                        "epoch", (json_int_t)s->epoch, "seed", (json_int_t)s->desc.seed,
+                        "num_samples", (json_int_t)s->desc.num_samples, "shuffle",
+                        s->desc.shuffle, "world_size", (int)s->desc.world_size, "position",
+                        (json_int_t)(s->committed * bs), "batch_size",
+                        (json_int_t)s->desc.batch_size);
+  char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  json_decref(j);
+  if (!text) return ddplug__err(DDPLUG_E_NO_MEMORY, "sampler state: out of memory");
+  *out = ddplug__strdup(text);
+  free(text);
+  return *out ? DDPLUG_OK : ddplug__err(DDPLUG_E_NO_MEMORY, "sampler state: out of memory");
+}
+
+static int load_positional(ddplug_sampler *s, const char *text) {
+  static const char what[] = "ddplug_sampler_state_load";
+  json_error_t jerr;
+  json_t *j = json_loads(text, 0, &jerr);
+  json_int_t epoch = 0, seed = 0, n = 0, position = 0;
+  int world = 0, shuffle = 0;
+  const char *kind = "?";
+  if (!j || json_unpack_ex(j, &jerr, 0, "{s:s, s:I, s:I, s:I, s:b, s:i, s:I}", "kind", &kind,
+                           "epoch", &epoch, "seed", &seed, "num_samples", &n, "shuffle",
+                           &shuffle, "world_size", &world, "position", &position) != 0) {
+    json_decref(j);
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': not a sampler state (%s): pass the text "
+                       "ddplug_sampler_state_save gave",
+                       what, s->stream, jerr.text);
+  }
+  int st = DDPLUG_OK;
+  if (strcmp(kind, kind_word(s)) != 0)
+    st = ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                     "%s: stream '%s': the state is of a %s sampler, this one is a %s sampler",
+                     what, s->stream, kind, kind_word(s));
+  else if (world != s->desc.world_size)
+    st = ddplug__err(DDPLUG_E_UNSUPPORTED,
+                     "stream '%s': the checkpoint was saved on %d ranks and this run has %d: "
+                     "the %s sampler %s, so its position cannot be dealt over another world "
+                     "size — resume on %d ranks, or use ddplug's distributed sampler (its "
+                     "state resumes on any world size)",
+                     s->stream, world, (int)s->desc.world_size, kind_word(s),
+                     s->desc.kind == DDPLUG_SAMPLER_BUCKET && !s->from_plugin
+                         ? "forms its global batches of batch_size x world samples per bucket"
+                         : "is the plugin's own",
+                     world);
+  else if ((uint64_t)seed != s->desc.seed || (uint64_t)n != s->desc.num_samples ||
+           shuffle != s->desc.shuffle)
+    st = ddplug__err(DDPLUG_E_MISMATCH,
+                     "stream '%s': the checkpoint says seed %llu, N = %llu, %s; this run has "
+                     "seed %llu, N = %llu, %s: resuming would repeat some samples and skip "
+                     "others — resume with the checkpoint's seed and dataset",
+                     s->stream, (unsigned long long)seed, (unsigned long long)n,
+                     shuffle ? "shuffled" : "in order", (unsigned long long)s->desc.seed,
+                     (unsigned long long)s->desc.num_samples,
+                     s->desc.shuffle ? "shuffled" : "in order");
+  json_decref(j);
+  if (st) return st;
+  if ((st = ddplug_sampler_set_epoch(s, (uint64_t)epoch)) != DDPLUG_OK) return st;
+  if ((st = ddplug_sampler_seek(s, (uint64_t)position)) != DDPLUG_OK) return st;
+  uint64_t bs = s->desc.kind == DDPLUG_SAMPLER_BUCKET || !s->desc.batch_size ? 1 : s->desc.batch_size;
+  s->committed = (uint64_t)position / bs;
+  s->resume_pending = 1;
+  return DDPLUG_OK;
+}
+
+DDPLUG_API int ddplug_sampler_state_save(const ddplug_sampler *s, char **state) {
+  int st = check_handle(s, "ddplug_sampler_state_save");
+  if (st) return st;
+  if (!state)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_state_save: state is NULL");
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  return d ? ddplug__deal_save(d, s->stream, state) : save_positional(s, state);
+}
+
+DDPLUG_API int ddplug_sampler_state_load(ddplug_sampler *s, const char *state) {
+  int st = check_handle(s, "ddplug_sampler_state_load");
+  if (st) return st;
+  if (!state)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "ddplug_sampler_state_load: state is NULL");
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  if (!d) return load_positional(s, state);
+  if ((st = ddplug__deal_load(d, s->stream, state)) != DDPLUG_OK) return st;
+  s->committed = 0;
+  s->resume_pending = 1;
+  ddplug__sampler_refresh(s);
   return DDPLUG_OK;
 }
 
@@ -210,6 +352,28 @@ DDPLUG_API int ddplug_sampler_next(ddplug_sampler *s, int64_t *out,
   return DDPLUG_OK;
 }
 
+DDPLUG_API int ddplug_sampler_next_batch(ddplug_sampler *s, int64_t *out, uint64_t cap,
+                                         uint64_t *n) {
+  int st = check_handle(s, "ddplug_sampler_next_batch");
+  if (st) return st;
+  if (!n || (!out && cap > 0))
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_next_batch: stream '%s': out (with cap > 0) and n must "
+                       "not be NULL",
+                       s->stream);
+  if (s->desc.kind == DDPLUG_SAMPLER_BUCKET) return ddplug_sampler_next(s, out, cap, n);
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  uint64_t bs = s->desc.batch_size ? s->desc.batch_size : 1;
+  uint64_t want = d ? ddplug__deal_batch_left(d)
+                    : DDPLUG__MIN(bs - s->pos % bs, s->len - DDPLUG__MIN(s->pos, s->len));
+  if (want > cap)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "ddplug_sampler_next_batch: stream '%s': the batch has %llu indices, "
+                       "the buffer %llu (nothing was consumed)",
+                       s->stream, (unsigned long long)want, (unsigned long long)cap);
+  return ddplug_sampler_next(s, out, want, n);
+}
+
 DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position) {
   int st = check_handle(s, "ddplug_sampler_seek");
   if (st) return st;
@@ -222,6 +386,9 @@ DDPLUG_API int ddplug_sampler_seek(ddplug_sampler *s, uint64_t position) {
   st = s->ops.seek(s->impl, position);
   if (st) return ddplug__err_prefix(st, "stream '%s' seek", s->stream);
   s->pos = position;
+  /* a seek resumes: what lies before it counts as committed */
+  uint64_t bs = s->desc.kind == DDPLUG_SAMPLER_BUCKET || !s->desc.batch_size ? 1 : s->desc.batch_size;
+  s->committed = position / bs;
   return DDPLUG_OK;
 }
 
@@ -319,6 +486,11 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
   v.dropped = s->dropped;
   ddplug__strlcpy(v.stream, s->stream, sizeof v.stream);
   v.exact = s->exact;
+  ddplug__deal *d = ddplug__sampler_deal(s);
+  uint64_t bs = s->desc.batch_size ? s->desc.batch_size : 1;
+  v.steps = d ? ddplug__deal_total_steps(d)
+              : s->desc.kind == DDPLUG_SAMPLER_BUCKET ? s->len : (s->len + bs - 1) / bs;
+  v.committed = d ? ddplug__deal_steps(d) : s->committed;
   uint32_t size = info->struct_size;
   memcpy(info, &v, DDPLUG__MIN((size_t)size, sizeof v));
   info->struct_size = size;
@@ -327,6 +499,7 @@ DDPLUG_API int ddplug_sampler_info_get(const ddplug_sampler *s,
 
 DDPLUG_API void ddplug_sampler_free(ddplug_sampler *s) {
   if (!s) return;
+  ddplug__sampler_unbind(s);
   if (s->impl && s->ops.destroy) s->ops.destroy(s->impl);
   ddplug__free(s);
 }

@@ -102,7 +102,105 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
     return ddplug__ctx_capture_error(ctx, st);
   }
   s->ctx = ctx;
+  s->generation = ctx->generation;
+  ddplug__deal *deal = ddplug__sampler_deal(s);
+  if (deal && ctx->identity_of) ddplug__deal_set_members(deal, ctx->identity_of, ctx->identity);
+  /* the stream's audit asks its sampler for what it derives (its finish) */
+  ddplug__data_lock(data);
+  ddplug__stream *entry = ddplug__data_stream(data, d.stream);
+  if (entry) entry->sampler = s;
+  ddplug__data_unlock(data);
   *out = s;
+  return DDPLUG_OK;
+}
+
+void ddplug__sampler_unbind(ddplug_sampler *s) {
+  if (!s->ctx || !s->ctx->data) return;
+  ddplug__data_state *data = s->ctx->data;
+  ddplug__data_lock(data);
+  ddplug__stream *entry = ddplug__data_stream(data, s->stream);
+  if (entry && entry->sampler == s) entry->sampler = NULL;
+  ddplug__data_unlock(data);
+}
+
+/* ---- reform ------------------------------------------------------------------ */
+
+static int run_allgather(ddplug_context *ctx, const int64_t *send, int64_t *recv,
+                         uint64_t count, int64_t timeout_ms) {
+  ddplug_request *req = NULL;
+  int st = ddplug_iallgather(ctx, send, recv, count, DDPLUG_INT64, NULL, &req);
+  if (st) return st;
+  st = ddplug_request_wait(req, timeout_ms);
+  ddplug_request_free(req);
+  return st;
+}
+
+DDPLUG_API int ddplug_sampler_reform(ddplug_sampler *s, int64_t timeout_ms, uint64_t *adopted) {
+  static const char what[] = "ddplug_sampler_reform";
+  if (!s) return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: sampler is NULL", what);
+  ddplug_context *ctx = s->ctx;
+  if (!ctx)
+    return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+                       "%s: stream '%s': a standalone sampler has no group to follow: save its "
+                       "state and load it into a sampler of the new world",
+                       what, s->stream);
+  int st = ddplug__ctx_check(ctx);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
+  if (s->generation == ctx->generation)
+    return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
+        "%s: stream '%s': the group was not re-formed since this sampler was dealt "
+        "(generation %llu): call it after ddplug_shrink",
+        what, s->stream, (unsigned long long)ctx->generation));
+  ddplug__deal *deal = ddplug__sampler_deal(s);
+  int kind = deal ? 1 : (!s->from_plugin && s->desc.kind == DDPLUG_SAMPLER_DISTRIBUTED) ? 2 : 0;
+  int world = ctx->world.world_size, rank = ctx->world.rank;
+  ddplug__reform_info mine;
+  memset(&mine, 0, sizeof mine);
+  mine.identity = ctx->identity;
+  mine.epoch = (int64_t)s->epoch;
+  mine.elastic = kind;
+  if (deal) {
+    mine.nsegs = deal->nsegs;
+    mine.committed = (int64_t)deal->committed;
+    mine.drawn = (int64_t)ddplug__deal_drawn(deal);
+  }
+  ddplug__reform_info *all = ddplug__calloc((size_t)world, sizeof *all);
+  if (!all) return ddplug__ctx_capture_error(ctx, ddplug__err(DDPLUG_E_NO_MEMORY, "out of memory"));
+  st = run_allgather(ctx, (const int64_t *)&mine, (int64_t *)all, DDPLUG__REFORM_NINFO, timeout_ms);
+  for (int r = 0; st == DDPLUG_OK && r < world; r++)
+    if (all[r].elastic != kind)
+      st = ddplug__err(DDPLUG_E_MISMATCH,
+                       "%s: stream '%s': new rank %d reforms a different kind of sampler",
+                       what, s->stream, r);
+  uint64_t took = 0;
+  if (st == DDPLUG_OK && kind == 0)
+    st = ddplug__err(DDPLUG_E_UNSUPPORTED,
+                     "stream '%s': the %s sampler cannot be dealt over another world size (it "
+                     "%s): the rest of this epoch cannot continue in place — use ddplug's "
+                     "distributed sampler for elastic runs, or restart mode",
+                     s->stream, s->from_plugin ? "plugin's" : "bucket",
+                     s->from_plugin ? "is the plugin's own"
+                                    : "forms its global batches of batch_size x world samples");
+  if (st == DDPLUG_OK && kind == 2) {
+    /* an evaluation pass starts over on the new world */
+    st = ddplug__distributed_reshape(s->impl, world, rank);
+    s->desc.rank = rank;
+    s->desc.world_size = world;
+    s->committed = 0;
+  }
+  if (st == DDPLUG_OK && kind == 1) {
+    ddplug__data_state *data = ctx->data;
+    if (data) ddplug__data_lock(data);
+    st = ddplug__deal_reform(deal, s->stream, all, world, rank, &took);
+    if (data) ddplug__data_unlock(data);
+    s->desc.rank = rank;
+    s->desc.world_size = world;
+  }
+  ddplug__free(all);
+  if (st) return ddplug__ctx_capture_error(ctx, st);
+  s->generation = ctx->generation;
+  ddplug__sampler_refresh(s);
+  if (adopted) *adopted = took;
   return DDPLUG_OK;
 }
 
@@ -116,10 +214,19 @@ static uint64_t steps_between(const ddplug_sampler *s, uint64_t before,
   return (after + bs - 1) / bs - (before + bs - 1) / bs;
 }
 
+static void replay_emit(void *user, const int64_t *idx, uint64_t n, uint64_t steps) {
+  ddplug__audit_add(user, idx, n, steps);
+}
+
 /* Feed positions [0, upto) of the current epoch again (the audit began after
  * they were delivered), then restore the sampler's position `resume`. */
 static int replay(ddplug_sampler *s, ddplug_audit *a, uint64_t upto,
                   uint64_t resume) {
+  ddplug__deal *deal = ddplug__sampler_deal(s);
+  if (deal && !ddplug__deal_is_fresh(deal)) { /* a plan with history replays it */
+    ddplug__deal_replay(deal, replay_emit, a);
+    return DDPLUG_OK;
+  }
   int64_t buf[REPLAY_CHUNK];
   uint64_t cap = s->desc.kind == DDPLUG_SAMPLER_BUCKET ? s->desc.batch_size : REPLAY_CHUNK;
   int64_t *tmp = cap > REPLAY_CHUNK ? ddplug__malloc(sizeof *tmp * cap) : buf;

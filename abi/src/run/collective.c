@@ -218,7 +218,7 @@ static void adopt_run_reason(ddplug_context *ctx, int can_block) {
   uint64_t len = 0;
   /* On a failure path: the store may be what failed; wait for it only a
    * little past the wait itself. */
-  if (ddplug__store_get_within(ctx->store, "ddplug/abort", can_block ? RUN_REASON_WAIT_MS : 0,
+  if (ddplug__store_get_within(ctx->store, ctx->abort_key, can_block ? RUN_REASON_WAIT_MS : 0,
                                RUN_REASON_GRACE_MS, &val, &len) != DDPLUG_OK)
     return;
   ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);

@@ -40,7 +40,7 @@ static int64_t seconds_ms(const ddplug_config *cfg, const char *path,
 }
 
 static void set_key(ddplug_context *ctx, const char *prefix) {
-  char key[64];
+  char key[128];
   snprintf(key, sizeof key, "%s%d", prefix, ctx->world.rank);
   ddplug_store_set(ctx->store, key, "1", 1);
 }
@@ -122,7 +122,7 @@ static void leave(ddplug_context *ctx, int64_t grace_ms) {
   ctx->server = NULL;
 }
 
-static void destroy_group(ddplug_context *ctx) {
+void ddplug__group_destroy(ddplug_context *ctx) {
   pthread_mutex_lock(&ctx->mu);
   ddplug_plugin_group *g = ctx->group;
   ctx->group = NULL; /* no new group_abort from now on */
@@ -147,6 +147,7 @@ static void free_context(ddplug_context *ctx) {
   ddplug__free(ctx->node_of_rank);
   ddplug__free(ctx->local_rank_of);
   ddplug__free(ctx->pid_of_rank);
+  ddplug__membership_free(ctx);
   ddplug__errslot_destroy(&ctx->err);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->abort_cv);
@@ -154,7 +155,7 @@ static void free_context(ddplug_context *ctx) {
   ddplug__free(ctx);
 }
 
-static int create_group(ddplug_context *ctx) {
+int ddplug__group_create(ddplug_context *ctx) {
   ddplug__services_init(ctx);
   ddplug_group_init *in = &ctx->init;
   memset(in, 0, sizeof *in);
@@ -232,6 +233,8 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   pthread_mutex_init(&ctx->mu, NULL);
   pthread_cond_init(&ctx->abort_cv, NULL);
   pthread_mutex_init(&ctx->plugin_err_mu, NULL);
+  ddplug__strlcpy(ctx->key_prefix, "ddplug/", sizeof ctx->key_prefix);
+  ddplug__strlcpy(ctx->abort_key, "ddplug/abort", sizeof ctx->abort_key);
   int s = ddplug__errslot_init(&ctx->err);
   if (s != DDPLUG_OK) {
     pthread_mutex_destroy(&ctx->mu);
@@ -293,9 +296,11 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   if (s != DDPLUG_OK) goto fail;
   s = ddplug__rendezvous_join(ctx);
   if (s != DDPLUG_OK) goto fail;
+  s = ddplug__membership_init(ctx);
+  if (s != DDPLUG_OK) goto fail;
   s = ddplug__watcher_start(ctx);
   if (s != DDPLUG_OK) goto fail;
-  s = create_group(ctx);
+  s = ddplug__group_create(ctx);
   if (s != DDPLUG_OK) goto fail;
   set_key(ctx, "ddplug/ready/");
   /* Group creation may take up to the collective timeout on top of the
@@ -327,7 +332,7 @@ fail: {
     ddplug__ctx_abort(ctx, s, reason, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
   }
   ddplug__watcher_stop(ctx);
-  destroy_group(ctx);
+  ddplug__group_destroy(ctx);
   leave(ctx, LEAVE_GRACE_FAIL_MS);
   free_context(ctx);
   ddplug__set_last_error(why);
@@ -340,8 +345,10 @@ DDPLUG_API int ddplug_close(ddplug_context *ctx) {
   ddplug__runonce_forget(ctx); /* a run-once never ended stops beating */
   int s = ddplug__ctx_check(ctx);
   if (s == DDPLUG_OK) {
-    set_key(ctx, "ddplug/closing/");
-    s = wait_all(ctx, "ddplug/closing/", ddplug__deadline_ns(ctx->coll_timeout_ms),
+    char closing[64];
+    snprintf(closing, sizeof closing, "%sclosing/", ctx->key_prefix);
+    set_key(ctx, closing);
+    s = wait_all(ctx, closing, ddplug__deadline_ns(ctx->coll_timeout_ms),
                  "closing: waiting for every rank to close");
     if (s != DDPLUG_OK && atomic_load(&ctx->state) == DDPLUG__CTX_OPEN) {
       /* Tell the others why this rank is gone, before its store goes. */
@@ -355,7 +362,7 @@ DDPLUG_API int ddplug_close(ddplug_context *ctx) {
   char why[DDPLUG__ERRMSG_MAX];
   ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
   ddplug__watcher_stop(ctx);
-  destroy_group(ctx);
+  ddplug__group_destroy(ctx);
   leave(ctx, s == DDPLUG_OK ? LEAVE_GRACE_CLOSE_MS : LEAVE_GRACE_FAIL_MS);
   free_context(ctx);
   if (s != DDPLUG_OK) ddplug__set_last_error(why);

@@ -25,6 +25,8 @@
  *                 secret) through the plugin's bootstrap slots, under an
  *                 MPI launcher with no rendezvous address; which plugin
  *   runonce.c     run-once: one rank does the work, the others wait for it
+ *   shrink.c      elastic in place: re-forming the group over the survivors
+ *                 of a lost rank (a new generation through the store)
  * The plugin loader and the options plugins declare are the plugin layer
  * (plugin/plugin.h): they need no context.
  *
@@ -38,6 +40,11 @@
  *   ddplug/procs           counter of processes that connected (rank 0
  *                          serves until all world_size came and left)
  *   ddplug/closing/<rank>  rank reached ddplug_close (the close barrier)
+ *   ddplug/gone/<id>       set by the store when process <id> (its rank at
+ *                          open) disconnects without closing (elastic)
+ *   ddplug/g<G>/...        generation G >= 1 (a re-formed group, shrink.c):
+ *                          abort, closing/<rank>, split/..., here/<old rank>
+ *                          (a survivor of generation G-1 arrived), ready/<rank>
  *   ddplug/split/<stream>/<call>/<rank>  split-owner agreement (data/agree.c)
  *   ddplug/runonce/...     run-once outcomes and runner heartbeats (runonce.c)
  *   p/<run_id>/<plugin>/... the plugin's keys (host services prefix them)
@@ -136,12 +143,31 @@ struct ddplug_context {
   char plugin_err[DDPLUG__ERRMSG_MAX];
 
   uint64_t seq;                  /* collectives started so far              */
+
+  /* Membership. A group re-formed over the survivors (shrink.c) is a new
+   * generation; a process's identity is its rank at open. */
+  uint64_t generation;           /* 0 at open, + 1 per re-formation        */
+  int32_t identity;              /* this process's rank at open             */
+  int32_t *identity_of;          /* [world_size] each rank's identity       */
+  int32_t *prev_rank_of;         /* [world_size] each rank's rank in the
+                                    previous generation (NULL at 0)        */
+  int32_t prev_world_size;
+  int32_t lost_count;            /* ranks lost at the last re-formation     */
+  char lost[256];                /* their previous ranks: "2", "1, 3"       */
+  char base_run_id[40];          /* the run id at open (generation G's is
+                                    <base>g<G>)                            */
+  char key_prefix[32];           /* "ddplug/", or "ddplug/g<G>/"            */
+  char abort_key[48];            /* <key_prefix>abort                      */
+  int elastic_shrink;            /* elastic.on_peer_lost = shrink           */
+  int32_t min_world_size;        /* elastic.min_world_size                  */
   ddplug__errslot err;           /* ddplug_context_error                    */
 
   /* Data-split state (split/sampler/audit modules); freed through
    * data_free at close. */
   void *data;
   void (*data_free)(void *data);
+  /* the data layer's state follows a re-formation (open audits) */
+  void (*data_reform)(void *data, int32_t rank, int32_t world_size);
 };
 
 /* Non-zero ranks wait this long past ddplug_open's deadline for rank 0's
@@ -239,6 +265,22 @@ void ddplug__torchrun_port_key(char *buf, size_t cap);
 /* Rank 0 publishes *port (> 0) under key; the others read it into *port.
  * Bounded by ddplug_open's deadline. */
 int ddplug__torchrun_exchange_port(ddplug_context *ctx, const char *key, int *port);
+
+/* ---- context.c ---------------------------------------------------------- */
+
+/* Create the plugin group from ctx's world (ctx->init, the host services)
+ * and publish it as ctx->group. */
+int ddplug__group_create(ddplug_context *ctx);
+/* Take ctx->group away (no group_abort from then on), orphan its requests
+ * and destroy it. */
+void ddplug__group_destroy(ddplug_context *ctx);
+
+/* ---- shrink.c ---------------------------------------------------------- */
+
+/* Generation 0's membership fields (identity, key prefix, elastic config),
+ * set once the world is known. */
+int ddplug__membership_init(ddplug_context *ctx);
+void ddplug__membership_free(ddplug_context *ctx);
 
 /* ---- watcher.c ---------------------------------------------------------- */
 

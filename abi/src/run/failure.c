@@ -50,7 +50,11 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
     pthread_mutex_unlock(&ctx->mu);
   }
   if (!first) return;
-  DDPLUG__ERROR("%s", reason ? reason : "aborted");
+  if (ctx->elastic_shrink && status == DDPLUG_E_PEER_LOST)
+    DDPLUG__WARN("%s (elastic.on_peer_lost = shrink: the survivors may re-form the group)",
+                 reason ? reason : "aborted");
+  else
+    DDPLUG__ERROR("%s", reason ? reason : "aborted");
   /* From now on every store call is on a failure path: none may wait for
    * the rendezvous timeout on a store that may not answer. */
   ddplug_store *handles[3] = {ctx->store, ctx->watch_store, ctx->plugin_store};
@@ -65,7 +69,7 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
     /* First failure of the run wins; ours may come second. */
     char keep[DDPLUG__ERRMSG_MAX];
     ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
-    if (ddplug__store_compare_set_within(ctx->store, "ddplug/abort", NULL, 0, value,
+    if (ddplug__store_compare_set_within(ctx->store, ctx->abort_key, NULL, 0, value,
                                          (uint64_t)n, &swapped,
                                          DDPLUG__FAIL_PATH_MS) != DDPLUG_OK)
       DDPLUG__WARN("could not tell the other ranks through the rendezvous store "
@@ -113,7 +117,7 @@ static int wait_loop(ddplug_context *ctx, ddplug_store *st, const char *const *k
      * slot, only record it: the watcher tells the plugin. */
     void *val = NULL;
     uint64_t vlen = 0;
-    if (ddplug__store_get_within(st, "ddplug/abort", 0, DDPLUG__WAIT_SLICE_MS, &val, &vlen) ==
+    if (ddplug__store_get_within(st, ctx->abort_key, 0, DDPLUG__WAIT_SLICE_MS, &val, &vlen) ==
         DDPLUG_OK) {
       ddplug__ctx_adopt_abort(ctx, val, in_plugin ? 0 : DDPLUG__ABORT_NOTIFY);
       ddplug_free(val);

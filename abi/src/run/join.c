@@ -329,6 +329,12 @@ int ddplug__rendezvous_connect(ddplug_context *ctx, const ddplug_open_options *o
                      rank == 0 ? " (rank 0 serves the store)" : "");
     s = ddplug_store_on_disconnect(ctx->store, "ddplug/abort", lost, (uint64_t)n);
     if (s != DDPLUG_OK) return s;
+    /* Whether this process is gone, whatever the generation: survivors
+     * re-forming the group wait for every member to arrive or be gone. */
+    char gone[64];
+    snprintf(gone, sizeof gone, "ddplug/gone/%d", rank);
+    s = ddplug_store_on_disconnect(ctx->store, gone, "1", 1);
+    if (s != DDPLUG_OK) return s;
   }
   int64_t procs = 0; /* rank 0 serves until everyone came and left */
   return ddplug_store_add(ctx->store, "ddplug/procs", 1, &procs);

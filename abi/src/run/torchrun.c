@@ -16,8 +16,10 @@
 
 /* See context.h. */
 int ddplug__torchrun_agent_store(const ddplug_context *ctx, int external) {
+  /* A world of one too: torchrun's agent still holds MASTER_PORT (an elastic
+   * job restarted on the one node left). */
   const char *v = getenv("TORCHELASTIC_USE_AGENT_STORE");
-  if (external || ctx->world.world_size <= 1 || !v ||
+  if (external || !v ||
       (strcmp(v, "True") != 0 && strcmp(v, "true") != 0 && strcmp(v, "1") != 0))
     return 0;
   int64_t cfg_port = 0;

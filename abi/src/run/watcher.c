@@ -15,7 +15,7 @@ static void *watch(void *arg) {
   while (!atomic_load(&ctx->watcher_stop)) {
     void *val = NULL;
     uint64_t len = 0;
-    int s = ddplug_store_get(ctx->watch_store, "ddplug/abort",
+    int s = ddplug_store_get(ctx->watch_store, ctx->abort_key,
                              DDPLUG__WAIT_SLICE_MS * 2, &val, &len);
     if (s == DDPLUG_E_TIMEOUT) continue;
     if (atomic_load(&ctx->watcher_stop)) {

@@ -11,9 +11,12 @@ Trainer and Fabric)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from typing import Any, Optional
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import Tensor
@@ -21,8 +24,9 @@ from torch import Tensor
 from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
 
 from . import _abort, _join
+from ._elastic import Elastic, commit_train_streams, gradient_sync_after, run_step
 from ._c import _logbridge
-from .config import ConfigSource
+from .config import ConfigSource, load
 from .context import Context
 from .data.streams import DataSplit
 from .nn import functional
@@ -131,6 +135,7 @@ class DdplugParallel:
         self._grad_sync: Optional[GradientSync] = None
         self._data: Optional[DataSplit] = None
         self._optimizer_steps = 0
+        self._elastic: Optional[Elastic] = None
 
     # ---- properties every ParallelStrategy has -------------------------------
     @property
@@ -239,6 +244,8 @@ class DdplugParallel:
                     f" {self.world_size} ranks on {self._ctx.num_nodes} node(s), library {_lib_version()}"
                 )
             self._init_torch_distributed()
+            self._elastic = Elastic(self._ctx, streams=lambda: self.streams, log=self._log_rank_zero,
+                                    torch_distributed=lambda: self._torch_dist_ours)
         return self._ctx
 
     def _join_run(self, env: Any, framework: str) -> Context:
@@ -362,6 +369,55 @@ class DdplugParallel:
         if every > 0 and self._optimizer_steps % every == 0:
             check_parameters_equal(ctx, params, self._optimizer_steps, buffers)
 
+    # ---- elastic in place (ddplug._elastic) ----------------------------------------
+    @property
+    def membership_changes(self) -> list:
+        """One dict per in-place shrink so far (who was lost, the new world size,
+        the train stream's batches per rank and global batch size)."""
+        return list(self._elastic.events) if self._elastic is not None else []
+
+    def _elastic_wanted(self) -> bool:
+        """Whether the config (before the run is joined) asks for in-place shrink."""
+        try:
+            cfg = load(self._config_source)
+        except Exception:  # the run's open reports a bad config
+            return False
+        try:
+            return str(cfg.get("elastic.on_peer_lost", "stop")) == "shrink"
+        finally:
+            cfg.close()
+
+    def _run_elastic(self, attempt: Callable[[], Any], *, modules: Callable[[], Iterable[torch.nn.Module]],
+                     optimizers: Iterable[Any], buffers: Callable[[], Iterable[Tensor]] = lambda: ()) -> tuple:
+        """Run one step; a rank lost during it (shrink mode) makes the survivors
+        re-form and redo it, or take it as done (ddplug._elastic.run_step)."""
+        return run_step(self._elastic, attempt, modules=modules, optimizers=optimizers, buffers=buffers,
+                        step=self._optimizer_steps,
+                        after_change=lambda event: self._after_membership_change(event, modules))
+
+    def _after_membership_change(self, event: dict, modules: Callable[[], Iterable[torch.nn.Module]]) -> None:
+        """The strategy follows the re-formed world: ranks, the gradient sync."""
+        ctx = self._ctx
+        assert ctx is not None
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(ctx.rank)
+            self.cluster_environment.set_world_size(ctx.world_size)
+        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rz
+        from lightning_utilities.core.rank_zero import rank_zero_only as utils_rz
+
+        fabric_rz.rank = utils_rz.rank = ctx.rank
+        pl_rz = sys.modules.get("lightning.pytorch.utilities.rank_zero")
+        if pl_rz is not None:
+            pl_rz.rank_zero_only.rank = ctx.rank
+        if self._grad_sync is not None:
+            params = [p for m in modules() for p in m.parameters() if p.requires_grad]
+            self._grad_sync = gradient_sync_after(ctx, self._grad_sync, params)
+
+    def _commit_train_streams(self) -> None:
+        """The optimizer step is done: the training streams commit its batches."""
+        if self._data is not None:
+            commit_train_streams(self._data.streams)
+
     def close(self) -> None:
         """Leave the run now (else at interpreter exit, so that several runs of one
         Trainer/Fabric share the context); the managed loaders' samplers are
@@ -380,6 +436,46 @@ class DdplugParallel:
     @staticmethod
     def _print(text: str) -> None:
         _logbridge.report(text)  # the "ddplug" logger (stdout unless logging is configured)
+
+
+class _TolerantObserver(threading.Thread):
+    """Lightning's ``_ChildProcessObserver`` polls the launched ranks every 5 s and
+    SIGKILLs all of them, the launching rank 0 included, when one exits with a
+    non-zero code. With in-place shrink the survivors go on instead: this observer
+    only says which rank left, and stops once every child has exited."""
+
+    def __init__(self, children: list, sleep_period: float = 5.0) -> None:
+        super().__init__(daemon=True, name="ddplug-child-observer")
+        self._children = children
+        self._sleep_period = sleep_period
+        self._told: set = set()
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self._sleep_period)
+            for i, proc in enumerate(self._children):
+                if proc.poll() not in (None, 0) and i not in self._told:
+                    self._told.add(i)
+                    logging.getLogger("ddplug").warning(
+                        "ddplug: launched rank %d (pid %d) exited with %d: the survivors re-form the group"
+                        " (elastic.on_peer_lost = shrink); the others are left running", i + 1, proc.pid,
+                        proc.returncode)
+            if all(proc.returncode is not None for proc in self._children):
+                return
+
+
+def tolerant_launch(launcher: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``_SubprocessScriptLauncher.launch`` with :class:`_TolerantObserver` in place
+    of Lightning's observer (the launcher subclasses of the strategies call it)."""
+    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+    launcher.cluster_environment.validate_settings(num_devices=launcher.num_processes,
+                                                   num_nodes=launcher.num_nodes)
+    if not launcher.cluster_environment.creates_processes_externally:
+        launcher._call_children_scripts()
+        _TolerantObserver(launcher.procs).start()
+    _set_num_threads_if_needed(num_processes=launcher.num_processes)
+    return function(*args, **kwargs)
 
 
 def _abi(v: int) -> str:

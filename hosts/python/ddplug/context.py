@@ -198,17 +198,8 @@ class Context:
             if own:
                 cfg.close()
         self._h: Optional[ctypes.c_void_p] = out
-        w = S.new(S.World)
-        self.check(F.ddplug_context_world(self._h, ctypes.byref(w)), "context world")
-        self.rank = w.rank
-        self.world_size = w.world_size
-        self.local_rank = w.local_rank
-        self.local_world_size = w.local_world_size
-        self.node_rank = w.node_rank
-        # where the run's rendezvous store is served ("" and 0 for one process)
-        self.master_addr = S.text(w.master_addr)
-        self.master_port = int(w.master_port)
-        self.num_nodes = int(F.ddplug_context_num_nodes(self._h))
+        self.generation = 0  # + 1 per re-formation (shrink)
+        self._read_world()
         info = S.new(S.PluginInfo)
         self.check(F.ddplug_context_plugin(self._h, ctypes.byref(info)), "context plugin")
         self.plugin = {
@@ -225,6 +216,44 @@ class Context:
         self.store = Store(self)
         self._aborted = False
         self._on_close: list = []
+
+    def _read_world(self) -> None:
+        w = S.new(S.World)
+        self.check(F.ddplug_context_world(self._h, ctypes.byref(w)), "context world")
+        self.rank = w.rank
+        self.world_size = w.world_size
+        self.local_rank = w.local_rank
+        self.local_world_size = w.local_world_size
+        self.node_rank = w.node_rank
+        # where the run's rendezvous store is served ("" and 0 for one process)
+        self.master_addr = S.text(w.master_addr)
+        self.master_port = int(w.master_port)
+        self.num_nodes = int(F.ddplug_context_num_nodes(self._h))
+
+    # ---- elastic in place ------------------------------------------------------
+    def shrink(self, timeout_s: Optional[float] = None) -> dict:
+        """Re-form the group over the survivors after a lost rank (a call raised
+        :class:`~ddplug.errors.PeerLost`, and the config says
+        ``"elastic": {"on_peer_lost": "shrink"}``) — ``ddplug_shrink``: collective
+        over the survivors; afterwards :attr:`rank` and :attr:`world_size` are the
+        new ones. Returns :meth:`membership`. Raises what ``ddplug_shrink`` fails
+        with (the run then ends). No other thread may use the context meanwhile."""
+        m = S.new(S.Membership)
+        ms = -1 if timeout_s is None else max(1, int(timeout_s * 1000))
+        with self.lock:
+            self.check(F.ddplug_shrink(self.handle, ms, ctypes.byref(m)), "shrink")
+            self._read_world()
+            self.generation = int(m.generation)
+        return _membership(m)
+
+    def membership(self) -> dict:
+        """``{"generation", "rank", "world_size", "identity", "previous_rank",
+        "previous_world_size", "lost_count", "lost"}`` — generation 0 at open, + 1 per
+        re-formation; identity is this process's rank at open; lost names the
+        previous ranks the last re-formation lost ("2", "1, 3")."""
+        m = S.new(S.Membership)
+        self.check(F.ddplug_context_membership(self.handle, ctypes.byref(m)), "membership")
+        return _membership(m)
 
     # ---- identity ----------------------------------------------------------
     @property
@@ -414,6 +443,13 @@ class Context:
             return "Context(closed)"
         return (f"Context(rank={self.rank}, world_size={self.world_size}, "
                 f"plugin={self.plugin['name']!r})")
+
+
+def _membership(m: S.Membership) -> dict:
+    return {"generation": int(m.generation), "rank": int(m.rank), "world_size": int(m.world_size),
+            "identity": int(m.identity), "previous_rank": int(m.previous_rank),
+            "previous_world_size": int(m.previous_world_size), "lost_count": int(m.lost_count),
+            "lost": S.text(m.lost)}
 
 
 def _dtype_name(code: int) -> str:

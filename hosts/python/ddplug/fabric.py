@@ -25,6 +25,18 @@ val, test, predict or eval (and a loader that neither shuffles nor is the first)
 are evaluation streams, split exactly: every sample once, uneven counts per rank.
 After ``fabric.load`` restores a stream mid-epoch, ``len(loader)`` is the number of
 batches left in that epoch.
+
+Elastic: every optimizer step commits the training streams' batches (their cursor
+goes into ``fabric.save``'s loader state and resumes on any world size). With
+``"elastic": {"on_peer_lost": "shrink"}``, a loop that runs its steps through
+:meth:`DdplugStrategy.step` goes on in place when a rank is lost::
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(batch).mean()
+        fabric.backward(loss)
+        return loss
+    fabric.strategy.step(optimizer, closure)   # instead of closure(); optimizer.step()
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
 from ._abort import abort_on_uncaught_exception
-from ._strategy import DdplugParallel
+from ._strategy import DdplugParallel, tolerant_launch
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
@@ -77,6 +89,15 @@ class _DdplugBackwardSyncControl(_BackwardSyncControl):
         if not enabled or gs is None:
             return nullcontext()
         return gs.no_sync()
+
+
+class _ShrinkTolerantLauncher(_SubprocessScriptLauncher):
+    """Fabric's launcher whose observer lets the survivors of a lost rank go on
+    (elastic.on_peer_lost = "shrink") instead of SIGKILLing every rank."""
+
+    @override
+    def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        return tolerant_launch(self, function, *args, **kwargs)
 
 
 class DdplugStrategy(DdplugParallel, ParallelStrategy):
@@ -131,7 +152,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
         self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
-        self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        launcher = _ShrinkTolerantLauncher if self._elastic_wanted() else _SubprocessScriptLauncher
+        self._launcher = launcher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     @override
     def setup_environment(self) -> None:
@@ -194,8 +216,34 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         self._finish_pending_sync()  # a plain loss.backward() instead of fabric.backward()
         out = super().optimizer_step(optimizer, **kwargs)
+        self._commit_train_streams()
         self._after_optimizer_step((p for g in optimizer.param_groups for p in g["params"]),
                                    (b for r in self._modules if r() is not None for b in _syncbn.synced_buffers(r())))
+        return out
+
+    def step(self, optimizer: Any, closure: Any) -> Any:
+        """One training step that survives a lost rank (``"elastic": {"on_peer_lost":
+        "shrink"}``): ``closure()`` zeroes the gradients, computes the loss and calls
+        ``fabric.backward``; then ``optimizer.step()``. When a rank is lost during
+        it, the survivors re-form the group, deal the rest of the epoch among
+        themselves and run the closure again on the same batch (the gradient is then
+        the mean over the survivors' batches); a rank whose step completed elsewhere
+        takes the others' parameters instead. Returns the closure's result (None
+        for a step taken as done). Without shrink it is ``closure()`` then
+        ``optimizer.step()``."""
+
+        def attempt() -> Any:
+            result = closure()
+            self._finish_pending_sync()
+            return result
+
+        out, adopted = self._run_elastic(
+            attempt, modules=lambda: [r() for r in self._modules if r() is not None], optimizers=[optimizer],
+            buffers=lambda: [b for r in self._modules if r() is not None for b in _syncbn.synced_buffers(r())])
+        if adopted:
+            self._commit_train_streams()
+        else:
+            optimizer.step()
         return out
 
     # ------------------------------------------------------------------ collectives

@@ -38,7 +38,7 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from . import _torchdist
-from ._strategy import DdplugParallel
+from ._strategy import DdplugParallel, tolerant_launch
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
@@ -63,6 +63,16 @@ class DdplugSyncBatchNorm(LayerSync):
     @override
     def revert(self, model: torch.nn.Module) -> torch.nn.Module:
         return _syncbn.revert_sync_batchnorm(model)
+
+
+class _ShrinkTolerantLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher (``python train.py`` with devices=N) whose observer lets
+    the survivors of a lost rank go on (elastic.on_peer_lost = "shrink") instead of
+    SIGKILLing every rank."""
+
+    @override
+    def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
+        return tolerant_launch(self, function, *args, **kwargs)
 
 
 class DdplugStrategy(DdplugParallel, ParallelStrategy):
@@ -109,6 +119,7 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._guarded_sources: list = []
         self._bn_converted = False
         self._ckpt_states: Optional[dict] = None  # stream positions of a loaded checkpoint
+        self._offset_epoch: Optional[tuple] = None  # the train stream's epoch its consumed_offset is for
 
     # ------------------------------------------------------------------ properties
     # root_device, num_nodes, num_processes, context, streams: DdplugParallel.
@@ -131,7 +142,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
         self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
-        self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        launcher = _ShrinkTolerantLauncher if self._elastic_wanted() else _SubprocessScriptLauncher
+        self._launcher = launcher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def set_world_ranks(self) -> None:
         """Global rank and world size from node rank, local rank and processes per
@@ -168,6 +180,14 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             self._ckpt_states = None
         self._guard_dataloader_hooks(trainer)
         trainer_fn = trainer.state.fn
+        if (trainer_fn == TrainerFn.FITTING and self._elastic is not None and self._elastic.enabled
+                and trainer.accumulate_grad_batches > 1):
+            raise ValueError(
+                f"ddplug: elastic.on_peer_lost = \"shrink\" redoes the step in flight from its batch when a rank"
+                f" is lost; with accumulate_grad_batches={trainer.accumulate_grad_batches} the earlier"
+                " micro-batches' gradients are gone by then. Use accumulate_grad_batches=1, or restart mode"
+                " (on_peer_lost \"stop\" under ddplug run --max-restarts or torchrun --max-restarts, resuming"
+                " with ckpt_path=\"last\")")
         assert self.model is not None
         if trainer_fn == TrainerFn.FITTING:
             self._sync_batchnorm()
@@ -229,7 +249,13 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             return
         train = [s for n, s in self._data.streams.items() if n == "train" or n.startswith("train.")]
         if len(train) == 1:
-            train[0].consumed = batch_idx + 1
+            stream = train[0]
+            if self._offset_epoch != (id(stream), stream.epoch, stream._iterations):
+                # the epoch's first batch here: the loop's count minus what the stream committed
+                # (0 unless the loop resumed a checkpoint without ddplug's state)
+                self._offset_epoch = (id(stream), stream.epoch, stream._iterations)
+                stream.consumed_offset = max(0, batch_idx - stream.committed_in_epoch) if stream.elastic else 0
+            stream.consumed = batch_idx + 1
 
     @override
     def pre_backward(self, closure_loss: Tensor) -> None:
@@ -260,12 +286,42 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         model: Optional[Union["pl.LightningModule", torch.nn.Module]] = None,
         **kwargs: Any,
     ) -> Any:
+        """The step; with in-place shrink, a rank lost during it makes the survivors
+        re-form and redo it: the closure zeroes the gradients and recomputes the
+        loss on the same batch (ddplug._elastic). The training streams commit the
+        step's batches."""
         self._finish_pending_sync()  # gradients from a backward outside Lightning's
-        out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        assert self.lightning_module is not None
-        self._after_optimizer_step(self.lightning_module.parameters(),
-                                   _syncbn.synced_buffers(self.lightning_module))
+        module = self.lightning_module
+        assert module is not None
+        out, _ = self._run_elastic(
+            lambda: ParallelStrategy.optimizer_step(self, optimizer, closure, model, **kwargs),
+            modules=lambda: [self.lightning_module], optimizers=self.optimizers,
+            buffers=lambda: _syncbn.synced_buffers(self.lightning_module))
+        self._commit_train_streams()
+        self._after_optimizer_step(module.parameters(), _syncbn.synced_buffers(module))
         return out
+
+    def _after_membership_change(self, event: dict, modules: Callable[[], Any]) -> None:
+        """Besides ranks and gradient sync: the loop's batch count of the epoch
+        follows the new dealing, and the loggers get the change as metrics."""
+        super()._after_membership_change(event, modules)
+        trainer = self._trainer
+        if trainer is None:
+            return
+        train = [s for n, s in self.streams.items() if not s.evaluation]
+        if len(train) == 1:
+            total = len(train[0])
+            trainer.fit_loop.max_batches = total
+            fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+            if fetcher is not None and getattr(fetcher, "length", None) is not None:
+                fetcher.length = total
+                fetcher.done = fetcher.fetched >= total
+                # the loop took the batch in flight for the epoch's last one
+                trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = fetcher.done
+        from ._elastic import Elastic
+
+        for logger in trainer.loggers:
+            logger.log_metrics(Elastic.metrics(event), step=trainer.global_step)
 
     # ------------------------------------------------------------------ collectives
     # reduce, all_gather and broadcast: the mixin's (DdplugParallel).
@@ -286,6 +342,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         if self._data is not None and self._data.streams:
             checkpoint["ddplug"] = {"version": 1, "streams": self._data.states()}
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        if self.is_global_zero:
+            _ledger_note(filepath, checkpoint)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, **kwargs: Any) -> dict:
@@ -293,6 +351,9 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         checkpoint from another strategy has none: its epoch starts at its first
         batch."""
         checkpoint = super().load_checkpoint(checkpoint_path, **kwargs)
+        older = _ledger_newer(checkpoint_path, checkpoint)
+        if older:
+            self._log_rank_zero(f"WARNING: {older}")
         saved = checkpoint.get("ddplug") if isinstance(checkpoint, dict) else None
         if isinstance(saved, dict) and isinstance(saved.get("streams"), dict):
             self._ckpt_states = dict(saved["streams"])
@@ -497,6 +558,67 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         else:
             connector.prepare_data = original
         self._prepare_data_patched = None
+
+
+# The newest checkpoint saved in a directory, beside the checkpoints: resuming from
+# an older one than the last is named (the steps between are trained again).
+_LEDGER = "ddplug-checkpoints.json"
+
+
+def _ledger_path(filepath: Any) -> Optional[str]:
+    import os
+
+    path = str(filepath)
+    if "://" in path:  # remote storage: no ledger
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(path)), _LEDGER)
+
+
+def _ledger_note(filepath: Any, checkpoint: dict) -> None:
+    import json
+    import os
+
+    path = _ledger_path(filepath)
+    if path is None:
+        return
+    step = int(checkpoint.get("global_step", 0) or 0)
+    try:
+        with open(path) as f:
+            last = json.load(f)
+        if int(last.get("global_step", -1)) > step:
+            return
+    except (OSError, ValueError):
+        pass
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"path": os.path.abspath(str(filepath)), "global_step": step,
+                       "epoch": int(checkpoint.get("epoch", 0) or 0)}, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.debug("ddplug: checkpoint ledger %s not written: %s", path, exc)
+
+
+def _ledger_newer(filepath: Any, checkpoint: Any) -> str:
+    """A sentence when the directory's ledger names a newer checkpoint than this one."""
+    import json
+    import os
+
+    path = _ledger_path(filepath)
+    if path is None or not isinstance(checkpoint, dict):
+        return ""
+    try:
+        with open(path) as f:
+            last = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    step = int(checkpoint.get("global_step", 0) or 0)
+    if int(last.get("global_step", -1)) <= step:
+        return ""
+    return (f"resuming from {filepath} (epoch {checkpoint.get('epoch')}, step {step}), but {last.get('path')}"
+            f" (epoch {last.get('epoch')}, step {last.get('global_step')}) was saved after it: the"
+            f" {int(last['global_step']) - step} steps between are trained again — resume from the last"
+            " checkpoint (ckpt_path=\"last\") unless that is what you want")
 
 
 DdplugStrategy.register_strategies(StrategyRegistry)

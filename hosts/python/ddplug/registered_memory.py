@@ -7,8 +7,9 @@ writes its result straight into it).
 none (a plugin without it, a CUDA tensor, registered memory exhausted), an
 ordinary zeroed tensor: the caller never has to care, every collective accepts
 both. The memory is released when the last tensor viewing it is garbage
-collected; tensors still alive when the context closes keep a private copy of
-their last contents (the plugin's promise), so a forgotten view never faults.
+collected; tensors still alive when the context closes — or when its group is
+re-formed after a lost rank (a new generation) — keep a private copy of their last
+contents (the plugin's promise), so a forgotten view never faults.
 :func:`reach` says how the collectives reach a tensor.
 """
 
@@ -31,9 +32,9 @@ REACH_STAGED, REACH_SINGLE_COPY, REACH_REGISTERED = 0, 1, 2
 REACH_NAMES = {REACH_STAGED: "staged", REACH_SINGLE_COPY: "single_copy", REACH_REGISTERED: "registered"}
 
 
-def _free(ctx_ref: "weakref.ref", ptr: int) -> None:
+def _free(ctx_ref: "weakref.ref", ptr: int, generation: int = 0) -> None:
     ctx = ctx_ref()
-    if ctx is None or ctx.closed:
+    if ctx is None or ctx.closed or getattr(ctx, "generation", 0) != generation:
         return  # the plugin released it with the group (a private copy stays)
     F.ddplug_mem_free(ctx.handle, ptr)
 
@@ -57,7 +58,7 @@ def empty(ctx: Any, numel: int, dtype: Any, device: Any = "cpu") -> Any:
             return torch.zeros(numel, dtype=dtype)
         ctx.check(st, f"registered memory for {numel} x {torch_dtype_name(dtype)}")
     raw = (ctypes.c_char * nbytes).from_address(ptr.value)
-    weakref.finalize(raw, _free, weakref.ref(ctx), ptr.value)
+    weakref.finalize(raw, _free, weakref.ref(ctx), ptr.value, getattr(ctx, "generation", 0))
     t = torch.frombuffer(raw, dtype=dtype, count=numel)
     t.zero_()
     return t

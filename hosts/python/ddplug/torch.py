@@ -13,11 +13,28 @@ Each function's doc says what it does; "Plain PyTorch: ddplug.torch" in the
 package's README (hosts/python/README.md) shows them together. Gradients go
 through torch's own DistributedDataParallel: the strategies' bucketed gradient
 sync was not measurably faster than DDP over the ddplug backend
-(bench/torch_backend_perf.py).
+(bench/torch_backend_perf.py). DDP keeps torch's semantics: a lost rank ends the
+run. A loop that goes on in place when a rank is lost (``"elastic": {"on_peer_lost":
+"shrink"}``) uses :func:`prepare_model` (ddplug's gradient sync instead of DDP)
+and :func:`step`::
+
+    model = dt.prepare_model(model)
+    for batch in loader:
+        def closure():
+            optimizer.zero_grad()
+            loss = loss_fn(model(batch))
+            loss.backward()
+            return loss
+        dt.step(optimizer, closure)          # redone among the survivors if a rank is lost
+
+:func:`state_dict` / :func:`load_state_dict` carry every managed loader's epoch and
+cursor: a checkpoint resumes on any world size (restart mode: ``ddplug run
+--max-restarts``, ``torchrun --max-restarts``).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -25,14 +42,19 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import context as _context
 from ._c import _logbridge
+from ._elastic import Elastic, commit_train_streams, gradient_sync_after, run_step
 from .config import ConfigSource
 from .context import Context
 from .data.streams import DataSplit
 from .runonce import RunOnceFailed, once, run_once
 
-__all__ = ["RunOnceFailed", "context", "init", "once", "prepare_dataloader", "run_once", "shutdown"]
+__all__ = ["RunOnceFailed", "context", "init", "load_state_dict", "membership_changes", "once",
+           "prepare_dataloader", "prepare_model", "run_once", "shutdown", "state_dict", "step"]
 
 _split: Optional[DataSplit] = None
+_models: list = []  # weak references to the modules prepare_model synchronizes
+_sync: Any = None  # their GradientSync
+_elastic: Optional[Elastic] = None
 _opened: Optional[Context] = None  # the context init() opened (and shutdown() closes)
 
 
@@ -130,13 +152,101 @@ def prepare_dataloader(loader: Any, stream: str = "train", *, training: Optional
     global _split
     ctx = context()
     if _split is None or _split.ctx is not ctx:
-        _split = DataSplit(ctx, "pytorch", log=_log_rank_zero, on_report=_on_report)
+        _split = DataSplit(ctx, "pytorch", log=_log_rank_zero, on_report=_on_report, loader_state_dict=True)
     managed = _split.prepare(loader, stream, framework_sampler=_torch_sampler, training=training)
     if managed is not loader and isinstance(managed, DataLoader):
         stream_bs = managed.batch_sampler
         # plain-PyTorch loops call loader.sampler.set_epoch(epoch): reach the stream
         object.__setattr__(managed, "sampler", stream_bs.sampler)
     return managed
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Every rank's parameters and buffers from rank 0, and its gradients
+    synchronized through ddplug (bucketed allreduce started during backward,
+    finished by :func:`step`) instead of torch's DistributedDataParallel — the form
+    that goes on in place when a rank is lost. Returns ``model`` itself (not
+    wrapped). Collective."""
+    global _sync
+    from .nn.gradsync import broadcast_module
+
+    ctx = context()
+    broadcast_module(ctx, model)
+    _models[:] = [r for r in _models if r() is not None] + [weakref.ref(model)]
+    params = [p for r in _models if r() is not None for p in r().parameters() if p.requires_grad]
+    _sync = gradient_sync_after(ctx, _sync, params)
+    return model
+
+
+def step(optimizer: Any, closure: Any) -> Any:
+    """One training step of a loop over :func:`prepare_model`'s model:
+    ``closure()`` zeroes the gradients, computes the loss and calls backward; the
+    gradients are synchronized; ``optimizer.step()``; the training loaders commit
+    the step's batches (their checkpoint cursor). With ``"elastic": {"on_peer_lost":
+    "shrink"}``, a rank lost during the step makes the survivors re-form the group,
+    deal the rest of the epoch among themselves, and run the closure again on the
+    same batch (the gradient is then the mean over the survivors' batches; the
+    learning rate is not rescaled) — or take the other ranks' parameters when this
+    rank's step completed elsewhere. One warning line says who was lost, how many
+    remain and the new batches per rank. Returns the closure's result (None for a
+    step taken as done)."""
+    global _elastic
+    ctx = context()
+    if _elastic is None or _elastic.ctx is not ctx:
+        _elastic = Elastic(ctx, streams=lambda: dict(_split.streams) if _split is not None else {},
+                           log=_log_rank_zero, torch_distributed=_owns_torch_distributed)
+
+    def attempt() -> Any:
+        result = closure()
+        if _sync is not None and _sync.round_open:
+            _sync.finish()
+        return result
+
+    def after_change(event: dict) -> None:
+        global _sync
+        if _sync is not None:
+            params = [p for r in _models if r() is not None for p in r().parameters() if p.requires_grad]
+            _sync = gradient_sync_after(ctx, _sync, params)
+
+    models = lambda: [r() for r in _models if r() is not None]  # noqa: E731
+    out, adopted = run_step(_elastic, attempt, modules=models, optimizers=[optimizer], after_change=after_change)
+    if not adopted:
+        optimizer.step()
+    if _split is not None:
+        commit_train_streams(_split.streams)
+    return out
+
+
+def membership_changes() -> list:
+    """One dict per in-place shrink so far (who was lost, the new world size, the
+    train stream's batches per rank and global batch size)."""
+    return list(_elastic.events) if _elastic is not None else []
+
+
+def state_dict() -> dict:
+    """Every managed loader's epoch and cursor (committed steps), for a checkpoint:
+    it resumes on any world size (:func:`load_state_dict`)."""
+    return {"version": 1, "streams": _split.states() if _split is not None else {}}
+
+
+def load_state_dict(state: dict) -> None:
+    """Resume the loaders prepared so far and those prepared later from
+    :func:`state_dict`'s dict: each continues its epoch where the checkpoint's
+    commits ended, over this run's world size; a seed or dataset other than the
+    checkpoint's is refused, naming both."""
+    global _split
+    ctx = context()
+    if _split is None or _split.ctx is not ctx:
+        _split = DataSplit(ctx, "pytorch", log=_log_rank_zero, on_report=_on_report, loader_state_dict=True)
+    _split.restore(dict(state.get("streams", {})))
+
+
+def _owns_torch_distributed() -> bool:
+    import torch.distributed as dist
+
+    from . import distributed as ddist
+
+    return dist.is_available() and dist.is_initialized() and ddist.context_of() is _context.current()
 
 
 def _torch_sampler(loader: DataLoader) -> Any:
@@ -169,9 +279,19 @@ def shutdown() -> None:
 
     ddist.destroy_for_context(ctx)
     _split = None
+    _release_models()
     if _opened is ctx:
         _opened = None
         ctx.close()
+
+
+def _release_models() -> None:
+    global _sync, _elastic
+    if _sync is not None:
+        _sync.detach()
+    _sync = None
+    _models.clear()
+    _elastic = None
 
 
 def _close_at_exit(ctx: Context) -> None:

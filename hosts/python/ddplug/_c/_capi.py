@@ -258,6 +258,8 @@ class SamplerInfo(ctypes.Structure):
         ("stream", c_char * 64),
         ("exact", c_int32),
         ("reserved0", c_int32),
+        ("steps", c_uint64),
+        ("committed", c_uint64),
     ]
 
 
@@ -314,8 +316,26 @@ class AuditReport(ctypes.Structure):
     ]
 
 
+class Membership(ctypes.Structure):
+    """``ddplug_membership``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("abi_version", c_uint32),
+        ("generation", c_uint64),
+        ("rank", c_int32),
+        ("world_size", c_int32),
+        ("identity", c_int32),
+        ("previous_rank", c_int32),
+        ("previous_world_size", c_int32),
+        ("lost_count", c_int32),
+        ("lost", c_char * 256),
+    ]
+
+
 # name in the C headers -> the mirror, for the layout test.
 C_NAMES = {
+    "ddplug_membership": Membership,
     "ddplug_world": World,
     "ddplug_plugin_info": PluginInfo,
     "ddplug_open_options": OpenOptions,
@@ -405,6 +425,9 @@ PROTOTYPES: dict = {
     "ddplug_context_plugin": (c_int, [P, POINTER(PluginInfo)]),
     "ddplug_context_config": (P, [P]),
     "ddplug_context_store": (P, [P]),
+    # elastic in place (abi/src/run/shrink.c)
+    "ddplug_shrink": (c_int, [P, c_int64, POINTER(Membership)]),
+    "ddplug_context_membership": (c_int, [P, POINTER(Membership)]),
     # collectives
     "ddplug_allreduce": (c_int, [P, P, P, c_uint64, c_int, c_int, P]),
     "ddplug_broadcast": (c_int, [P, P, P, c_uint64, c_int, c_int, P]),
@@ -438,6 +461,11 @@ PROTOTYPES: dict = {
     "ddplug_sampler_info_get": (c_int, [P, POINTER(SamplerInfo)]),
     "ddplug_sampler_free": (None, [P]),
     "ddplug_context_sampler_new": (c_int, [P, POINTER(SamplerOptions), PP]),
+    "ddplug_sampler_next_batch": (c_int, [P, I64P, c_uint64, U64P]),
+    "ddplug_sampler_commit": (c_int, [P, c_uint64]),
+    "ddplug_sampler_state_save": (c_int, [P, PP]),
+    "ddplug_sampler_state_load": (c_int, [P, c_char_p]),
+    "ddplug_sampler_reform": (c_int, [P, c_int64, U64P]),
     # streams, split ownership, audit
     "ddplug_stream_name_check": (c_int, [c_char_p]),
     "ddplug_split_forced_owner": (c_int, [P, c_char_p, IP, c_char_p, c_uint64]),

@@ -17,18 +17,29 @@ standalone sampler for the given ``rank``/``world_size``.
 
 Both support ``set_epoch``, ``state_dict``/``load_state_dict`` (epoch + position:
 a resumed sampler continues exactly where it stopped) and ``seek``.
+
+Elastic (the distributed sampler, not exact): the epoch's order is one permutation
+of the whole dataset; :meth:`~_Base.commit` marks a step trained (call it after the
+optimizer step), and its state (``state_dict()["ddplug_sampler_state"]``: epoch,
+seed, N, the cursor and replay list of the committed part, a coverage digest)
+resumes on any world size; after :meth:`ddplug.context.Context.shrink`,
+:meth:`~_Base.reform` deals the rest of the epoch over the survivors. The bucket
+sampler resumes on its own world size only (it forms its global batches of
+batch_size x world samples) and refuses a reform. ``abi/src/data/deal.c`` specifies
+the dealing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from .._c import _capi as S
-from .._c._capi import F
+from .._c._capi import F, take_string
 from ..context import Context
 from ..errors import check
 
@@ -108,6 +119,34 @@ class _CSampler:
                                     buf.size, ctypes.byref(n)), "sampler next")
         return n.value
 
+    def next_batch_into(self, buf: np.ndarray) -> int:
+        n = ctypes.c_uint64()
+        check(F.ddplug_sampler_next_batch(self.h, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                          buf.size, ctypes.byref(n)), "sampler next_batch")
+        return n.value
+
+    def commit(self, steps: int) -> None:
+        check(F.ddplug_sampler_commit(self.h, int(steps)), "sampler commit")
+
+    def state_save(self) -> str:
+        out = ctypes.c_void_p()
+        check(F.ddplug_sampler_state_save(self.h, ctypes.byref(out)), "sampler state")
+        return take_string(out)
+
+    def state_load(self, state: str) -> None:
+        check(F.ddplug_sampler_state_load(self.h, state.encode()), f"stream {self.stream!r}: resuming")
+
+    def reform(self, timeout_s: Optional[float]) -> int:
+        adopted = ctypes.c_uint64()
+        ms = -1 if timeout_s is None else max(1, int(timeout_s * 1000))
+        where = f"stream {self.stream!r}: dealing the rest of the epoch over the survivors"
+        if self.context is not None:
+            with self.context.lock:
+                self.context.check(F.ddplug_sampler_reform(self.h, ms, ctypes.byref(adopted)), where)
+        else:
+            check(F.ddplug_sampler_reform(self.h, ms, ctypes.byref(adopted)), where)
+        return adopted.value
+
 
 class _Base(Sampler):
     """Epoch/position bookkeeping common to both samplers."""
@@ -165,11 +204,45 @@ class _Base(Sampler):
     def __len__(self) -> int:
         return self._c.length()
 
+    @property
+    def steps(self) -> int:
+        """Batches this rank yields this epoch, as it is dealt now."""
+        return int(self._c.info().steps)
+
+    @property
+    def committed_steps(self) -> int:
+        """The epoch's steps committed so far (before a resume or shrink too)."""
+        return int(self._c.info().committed)
+
+    def commit(self, steps: int = 1) -> None:
+        """Mark the oldest ``steps`` delivered batches trained (after the optimizer
+        step): the checkpoint's cursor and the re-dealing after a shrink follow
+        the commits."""
+        self._c.commit(steps)
+
+    def reform(self, timeout_s: Optional[float] = None) -> int:
+        """After :meth:`Context.shrink`: deal the rest of the epoch over the survivors
+        (collective; every survivor calls it for the same samplers in the same
+        order). Returns how many steps were committed on this rank's behalf (0 or
+        1: its step in flight completed elsewhere, so the host takes the other
+        ranks' parameters instead of redoing it)."""
+        return self._c.reform(timeout_s)
+
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "num_replicas": self.num_replicas}
+        state = {"epoch": self.epoch, "position": self.position, "num_replicas": self.num_replicas}
+        state["ddplug_sampler_state"] = json.loads(self._c.state_save())
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue at the saved epoch and position (the next iteration resumes)."""
+        """Continue where the state was saved: the next iteration resumes. A state
+        with ``ddplug_sampler_state`` resumes the distributed sampler on any world
+        size (the bucket sampler on its own; another seed or dataset is refused,
+        naming both); an older one only on the same world size."""
+        if "ddplug_sampler_state" in state:
+            self._c.state_load(json.dumps(state["ddplug_sampler_state"]))
+            self.epoch = int(state["ddplug_sampler_state"]["epoch"])
+            self._resume = self._c.position()
+            return
         if int(state.get("num_replicas", self.num_replicas)) != self.num_replicas:
             raise ValueError(
                 f"ddplug: sampler state was saved with {state.get('num_replicas')} ranks, this run has"
@@ -240,6 +313,20 @@ class DistributedSampler(_Base):
             if n == 0:
                 return
             yield from buf[:n].tolist()
+
+    def batches(self, start: bool = True) -> Iterator[list]:
+        """This rank's batches, one step each (``ddplug_sampler_next_batch``): the
+        iteration elastic hosts use, so that their steps are the sampler's.
+        ``start=False`` continues the current iteration (after a reform)."""
+        if start:
+            self._begin()
+        cap = max(1, int(self._c.info().batch_size) or 1)
+        buf = np.empty(cap, dtype=np.int64)
+        while True:
+            n = self._c.next_batch_into(buf)
+            if n == 0:
+                return
+            yield buf[:n].tolist()
 
 
 class BucketBatchSampler(_Base):

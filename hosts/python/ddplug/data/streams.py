@@ -24,6 +24,15 @@
    of a training stream has the same number of batches — a mismatch would hang
    the first collective (evaluation streams run without lockstep).
 
+Elastic. A training stream that ddplug's distributed sampler splits follows one
+global cursor: the host commits each optimizer step (:meth:`StreamBatchSampler.commit`),
+the checkpoint state carries the cursor and its coverage digest and resumes on any
+world size, and after :meth:`~ddplug.context.Context.shrink`
+:meth:`StreamBatchSampler.reform` deals the rest of the epoch over the survivors —
+the loader's iteration goes on with the new dealing. A stream the user's or the
+framework's sampler splits, or ddplug's bucket sampler, resumes on its own world
+size only: on another, resuming is refused with the reason (never a silent repeat).
+
 What a user's or the framework's sampler pads or drops must be declared
 (:mod:`ddplug.declare`); the audit never infers it from the sampler's length.
 Iterable datasets are audited by sample id where the samples carry one
@@ -102,12 +111,24 @@ class _Batches:
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
+        # a training sampler deals steps (one global cursor; elastic)
+        self.elastic = not sampler.exact
 
     def __len__(self) -> int:
         n = len(self.sampler)
+        if self.elastic:  # the steps of the epoch as it is dealt now
+            return self.sampler.steps - (1 if self.drop_last and n % self.batch_size else 0)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def iter_from(self, start: int) -> Iterator[list]:
+        if self.elastic:
+            if start:
+                self.sampler.seek(start * self.batch_size)
+            for batch in self.sampler.batches(start=not start):
+                if self.drop_last and len(batch) < self.batch_size:
+                    continue  # drawn (the audit saw it), not trained
+                yield batch
+            return
         if start:
             self.sampler.seek(start * self.batch_size)
         it = iter(self.sampler)
@@ -176,12 +197,17 @@ class StreamBatchSampler:
         self._resume: Optional[tuple] = None  # (epoch, position)
         self.drawn = 0  # batches drawn this epoch
         self.consumed: Optional[int] = None  # batches consumed this epoch, if the host reports it
+        # the host's batch count where this stream's iteration began: a host loop resumed from a
+        # checkpoint without ddplug's state (DDP's) counts batches this stream never handed out
+        self.consumed_offset = 0
         self._start = 0  # the position this epoch's iteration started at (a resume)
         self._delivering: Optional[weakref.ref] = None  # the DataLoader iterator handing out batches
         self._audit: Optional[Audit] = None
         self.reports: list = []
         self.batch_size = getattr(inner, "batch_size", None)
         self.drop_last = getattr(inner, "drop_last", False)
+        self.committed = 0  # steps committed this epoch (a sampler without a cursor)
+        self._explicit_commits = False  # the host commits (else the position stands for it)
 
     # ---- what DataLoader and the frameworks see --------------------------------
     @property
@@ -193,6 +219,8 @@ class StreamBatchSampler:
         framework asks for it (Fabric), the batches left in the resumed epoch."""
         total = len(self._inner)
         if self._resume is not None and self._split.resume_shortens_len:
+            if self.elastic:
+                return max(0, total - self.index_sampler.committed_steps)
             return max(0, total - self._resume[1])
         return total
 
@@ -202,9 +230,67 @@ class StreamBatchSampler:
         epoch is added, so a resumed run continues the saved epoch and the ones after it."""
         self._epoch_set = int(epoch) + self._epoch_offset
 
+    # ---- elastic -----------------------------------------------------------------
+    @property
+    def elastic(self) -> bool:
+        """Whether ddplug's distributed sampler deals this stream with one global
+        cursor (a training stream the plugin owns)."""
+        return isinstance(self._inner, _Batches) and self._inner.elastic
+
+    def commit(self, steps: int = 1) -> None:
+        """The host's optimizer step consumed the oldest ``steps`` batches drawn and
+        not yet committed (call it after the step was applied)."""
+        self._explicit_commits = True
+        self._commit(steps)
+
+    def commit_to(self, batches: int) -> None:
+        """Commit up to ``batches`` batches of this epoch (the host counts batches:
+        a step over accumulated batches commits them all)."""
+        self._explicit_commits = True
+        self._commit(max(0, int(batches) - self.committed_in_epoch))
+
+    @property
+    def committed_in_epoch(self) -> int:
+        if self.elastic:
+            return self.index_sampler.committed_steps
+        return self.committed
+
+    def _commit(self, steps: int) -> None:
+        if steps <= 0:
+            return
+        if self.elastic:
+            self.index_sampler.commit(steps)
+        elif isinstance(self._inner, BucketBatchSampler):
+            self._inner.commit(steps)
+            self.committed += steps
+        else:
+            self.committed += steps
+
+    def reform(self, timeout_s: Optional[float] = None) -> int:
+        """After :meth:`Context.shrink`: the rest of this epoch over the survivors
+        (collective). Returns the steps committed on this rank's behalf (0 or 1).
+        A stream ddplug's distributed sampler does not split cannot go on in place:
+        the error says why."""
+        if self.elastic:
+            return self.index_sampler.reform(timeout_s)
+        if isinstance(self.index_sampler, DistributedSampler):  # exact: the pass starts over
+            self.index_sampler.reform(timeout_s)
+            return 0
+        if isinstance(self._inner, BucketBatchSampler):
+            return self._inner.reform(timeout_s)  # raises UNSUPPORTED, naming why
+        raise make(
+            status_code("UNSUPPORTED"),
+            f"stream '{self.name}' is split by the {self.owner}'s sampler ({self.decision.line}): the rest of its"
+            " epoch cannot be dealt over the survivors; in-place shrink needs ddplug's distributed sampler"
+            " for every training stream (owner \"plugin\"), or use restart mode",
+            f"rank {self._split.ctx.rank}",
+        )
+
     def state_dict(self) -> dict:
-        """Epoch and position (batches consumed this epoch) — saved in checkpoints."""
-        return {
+        """Epoch and position (batches consumed this epoch) — saved in checkpoints;
+        for an elastic stream also the sampler's cursor state (committed steps; a
+        host that never commits commits up to its position here)."""
+        state = {
             "ddplug_stream": self.name,
             "owner": self.owner,
             "epoch": self.epoch,
@@ -212,17 +298,61 @@ class StreamBatchSampler:
             "world_size": self._split.ctx.world_size,
             "length": len(self._inner),
         }
+        if self.elastic and not self.index_sampler._c.closed:
+            if not self._explicit_commits:
+                self._commit(self.position - self.committed_in_epoch)
+            state["ddplug_sampler_state"] = self.index_sampler.state_dict()["ddplug_sampler_state"]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next iteration of epoch ``state['epoch']`` starts at its
-        saved position. A different world size or stream starts the epoch over."""
-        if state.get("ddplug_stream") != self.name or int(state.get("world_size", -1)) != self._split.ctx.world_size:
+        """Resume: the next iteration of epoch ``state['epoch']`` continues where the
+        checkpoint's commits ended — over this run's world size for an elastic
+        stream; on another world size, a stream without a cursor state is refused
+        (its position cannot be dealt over another world) unless ddplug's sampler
+        splits it from an older checkpoint (the epoch starts over, as said)."""
+        if state.get("ddplug_stream") != self.name:
             self._split.log(
                 f"stream '{self.name}': checkpoint position not restored (saved for stream"
-                f" {state.get('ddplug_stream')!r} with {state.get('world_size')} ranks; this run has"
-                f" {self._split.ctx.world_size}): the epoch starts over"
+                f" {state.get('ddplug_stream')!r}): the epoch starts over"
             )
             return
+        saved_world = int(state.get("world_size", -1))
+        if self.elastic and "ddplug_sampler_state" in state:
+            self.index_sampler.load_state_dict({"ddplug_sampler_state": state["ddplug_sampler_state"]})
+            epoch = int(state["ddplug_sampler_state"]["epoch"])
+            self._resume = (epoch, 0)
+            self._epoch_set = epoch
+            if self._split.epochs_count_iterations:
+                self._epoch_offset = epoch - self._iterations
+            if saved_world != self._split.ctx.world_size:
+                cursor = state["ddplug_sampler_state"]
+                self._split.log(
+                    f"stream '{self.name}': resuming epoch {epoch} at step {cursor['steps']} (cursor"
+                    f" {cursor['cursor']} of {cursor['num_samples']}) saved on {saved_world} ranks, on"
+                    f" {self._split.ctx.world_size}: {len(self)} batches per rank left this epoch"
+                )
+            return
+        if saved_world != self._split.ctx.world_size:
+            if self.elastic:
+                self._split.log(
+                    f"stream '{self.name}': checkpoint position not restored (saved with {saved_world} ranks"
+                    f" by an older ddplug, without the sampler's cursor; this run has"
+                    f" {self._split.ctx.world_size}): the epoch starts over"
+                )
+                return
+            what = ("ddplug's bucket sampler (it forms its global batches of batch_size x world samples)"
+                    if isinstance(self._inner, BucketBatchSampler) else
+                    f"the {self.owner}'s sampler ({self.decision.line})")
+            raise make(
+                status_code("UNSUPPORTED"),
+                f"stream '{self.name}': the checkpoint was saved on {saved_world} ranks (epoch"
+                f" {state.get('epoch')}, {state.get('position')} batches in) and this run has"
+                f" {self._split.ctx.world_size}; the stream is split by {what}, whose position cannot be"
+                f" dealt over another world size: resuming would repeat or skip samples. Resume on"
+                f" {saved_world} ranks, or let ddplug's distributed sampler split the stream (its cursor"
+                " resumes on any world size)",
+                f"rank {self._split.ctx.rank}",
+            )
         epoch, pos = int(state["epoch"]), int(state["position"])
         if pos >= len(self._inner):
             epoch, pos = epoch + 1, 0
@@ -289,10 +419,15 @@ class StreamBatchSampler:
                 start = r_pos
         self.epoch = epoch
         self._iterations += 1
+        self.committed = 0
         self._fan_out_epoch(epoch)
         self.drawn, self.consumed, self._start = start, None, start
+        self.consumed_offset = 0
         total = len(self._inner)
         self._begin_audit(epoch, total)
+        if self.elastic:
+            yield from self._iter_elastic(start)
+            return
         if isinstance(self._inner, _Batches):
             it = self._inner.iter_from(start)
         else:
@@ -314,6 +449,24 @@ class StreamBatchSampler:
             if i == total - 1:
                 self._finish_audit()
             yield batch
+
+    def _iter_elastic(self, start: int) -> Iterator[list]:
+        """The batches of ddplug's elastic sampler until it runs dry: their number
+        may change during the epoch (a shrink deals the rest over fewer ranks).
+        The epoch's audit finishes when its last batch, as dealt then, is drawn."""
+        self.committed = 0
+        # batches count in epoch steps: a resumed epoch starts at the steps its
+        # checkpoint committed (on whatever world they were dealt)
+        base = self.index_sampler.committed_steps if not start else start
+        self._start = self.drawn = base
+        i = base
+        for batch in self._inner.iter_from(start):
+            self.drawn = i + 1
+            i += 1
+            if self.drawn >= len(self._inner):
+                self._finish_audit()
+            yield batch
+        self._finish_audit()
 
     # ---- audit -------------------------------------------------------------------
     def _begin_audit(self, epoch: int, total: int) -> None:

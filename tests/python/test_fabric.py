@@ -71,8 +71,12 @@ def test_an_uncaught_error_on_one_rank_stops_every_rank_with_it(out: Path, faili
 
 def test_checkpoint_resume_continues_the_stream(out: Path) -> None:
     """DataLoader workers draw batches ahead of the loop: the checkpoint holds the
-    batches the loop consumed, and a resumed run (Fabric numbers epochs from 0
-    again) continues the saved epoch at that batch with the same order."""
+    batches the loop consumed (position 3) and those its optimizer steps committed
+    (2: the loop steps every second batch, so batch 3's gradient was still being
+    accumulated, and the checkpoint does not hold it). A resumed run (Fabric numbers
+    epochs from 0 again) continues the saved epoch at the last committed batch, in
+    the same order: the uncommitted batch is dealt again, so every sample's
+    gradient is applied exactly once."""
     world, common = 2, ["--devices", "2", "--workers", "2"]
     ref = run_script("fabric_run.py", *common, out_dir=out / "ref").ok().ranks(world)
     stop = run_script("fabric_run.py", *common, "--stop-epoch", "1", "--stop-after", "3",
@@ -84,7 +88,7 @@ def test_checkpoint_resume_continues_the_stream(out: Path) -> None:
                          out_dir=out / "resumed").ok().ranks(world)
     for r in resumed:
         assert list(r["seen"]) == ["1"], "epoch 0 was done before the checkpoint"
-        assert r["seen"]["1"] == ref[r["rank"]]["seen"]["1"][3:]
+        assert r["seen"]["1"] == ref[r["rank"]]["seen"]["1"][2:]
         full = len(ref[r["rank"]]["seen"]["1"])
-        assert r["len_after_load"] == full - 3, "len(loader) after a mid-epoch resume: the batches left"
+        assert r["len_after_load"] == full - 2, "len(loader) after a mid-epoch resume: the batches left"
         assert r["len_now"] == full, "then whole epochs again"

@@ -67,6 +67,7 @@ class _CSampler:
         self.stream = desc.stream.decode()
         self._keep = keep  # lengths stay alive for the call only, but be safe
         self._final_length: Optional[int] = None  # len() once closed
+        self._final_steps: Optional[int] = None  # steps() once closed
 
     @property
     def h(self) -> ctypes.c_void_p:
@@ -84,6 +85,11 @@ class _CSampler:
                 self._final_length = self.length()
             except Exception:
                 self._final_length = 0
+        if self._h and self._final_steps is None:
+            try:
+                self._final_steps = int(self.info().steps)
+            except Exception:
+                self._final_steps = 0
         h, self._h = self._h, None
         if h:
             F.ddplug_sampler_free(h)
@@ -101,6 +107,14 @@ class _CSampler:
         out = ctypes.c_uint64()
         check(F.ddplug_sampler_length(self.h, ctypes.byref(out)), "sampler length")
         return out.value
+
+    def steps(self) -> int:
+        """Batches this rank yields this epoch; a closed sampler keeps its last
+        answer (Lightning asks the loader's length while tearing down a failed
+        run, and an error there would replace the run's own)."""
+        if not self._h and self._final_steps is not None:
+            return self._final_steps
+        return int(self.info().steps)
 
     def position(self) -> int:
         out = ctypes.c_uint64()
@@ -207,7 +221,7 @@ class _Base(Sampler):
     @property
     def steps(self) -> int:
         """Batches this rank yields this epoch, as it is dealt now."""
-        return int(self._c.info().steps)
+        return self._c.steps()
 
     @property
     def committed_steps(self) -> int:

@@ -12,10 +12,12 @@
  *
  * Finalize: only an MPI we initialised, once, at process exit (atexit, and
  * the backend is never unloaded: -z nodelete), because a process may open
- * and close several runs and MPI cannot be initialised twice. Never when a
- * request was abandoned (a run that timed out or was aborted while MPI
- * still had its collective): MPI_Finalize would wait for it forever; the
- * launcher then ends the job, which is what a failed run wants.
+ * and close several runs and MPI cannot be initialised twice. Never after
+ * a group failed (a lost peer, an abort, a timeout; requests abandoned or
+ * not) or a group_create failed once MPI talked to the other members:
+ * MPI_Finalize may wait forever for a dead process or for an abandoned
+ * collective; the launcher then ends the job, which is what a failed run
+ * wants.
  *
  * bootstrap_world reads the world from MPI_COMM_WORLD without any
  * collective beyond MPI's own initialisation (so a rank that never comes

@@ -258,6 +258,9 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
   char err[DDMPI_MSG_MAX] = "";
   st = ddmpi_options_read(svc, &g->opts, err, sizeof err);
   if (st == DDPLUG_OK) st = world_ranks(g, err, sizeof err);
+  /* From here on MPI talks to the other members: a failure may leave MPI
+   * waiting for one of them (a rank that died while the group was made). */
+  int talked = st == DDPLUG_OK;
   if (st == DDPLUG_OK) st = make_comms(g, err, sizeof err);
   if (st == DDPLUG_OK) st = ddmpi_hier_create(g, err, sizeof err);
   if (st == DDPLUG_OK) {
@@ -273,7 +276,13 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
   }
   if (st != DDPLUG_OK) {
     ddmpi_hier_destroy(g);
-    free_comms(g);
+    if (talked) {
+      pthread_mutex_lock(&ddmpi_p.mu);
+      ddmpi_p.broken = 1; /* see ddmpi_group_destroy */
+      pthread_mutex_unlock(&ddmpi_p.mu);
+    } else {
+      free_comms(g);
+    }
     release_group(g);
     /* A wait that ended because the run failed already has the run's
      * sentence; do not replace it. */
@@ -325,17 +334,23 @@ int ddmpi_group_destroy(ddplug_plugin_group *g) {
   if (last) ddmpi_progress_stop(0);
   else ddmpi_progress_forget(g);
   ddmpi_hier_destroy(g);
+  /* A group that failed (a lost peer, an abort, a timeout) may have a dead
+   * process behind it: Open MPI 5 with ULFM was seen waiting in
+   * MPI_Finalize forever for the dead rank of a group whose requests had
+   * all finished. Such a process does not finalize MPI (nor free the
+   * group's communicators): the launcher ends the job, which is what a
+   * failed run wants. */
+  int broken = g->abandoned || g->failed;
   pthread_mutex_lock(&ddmpi_p.mu);
-  if (g->abandoned) ddmpi_p.broken = 1;
+  if (broken) ddmpi_p.broken = 1;
   else free_comms(g);
   /* What the runtime did not free (pending when it let go, or failed). */
   while (g->live) ddmpi_request_release(g->live);
   pthread_mutex_unlock(&ddmpi_p.mu);
-  if (g->abandoned)
+  if (broken)
     ddmpi_log(g->svc, g->log_level, DDPLUG_LOG_DEBUG,
-              "mpi: the group ended with MPI requests pending (%s): this process will not call "
-              "MPI_Finalize",
-              g->fail_msg);
+              "mpi: the group ended failed%s (%s): this process will not call MPI_Finalize",
+              g->abandoned ? ", with MPI requests pending" : "", g->fail_msg);
   release_group(g);
   return DDPLUG_OK;
 }

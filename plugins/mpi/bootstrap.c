@@ -14,10 +14,9 @@
  * the backend is never unloaded: -z nodelete), because a process may open
  * and close several runs and MPI cannot be initialised twice. Never after
  * a group failed (a lost peer, an abort, a timeout; requests abandoned or
- * not) or a group_create failed once MPI talked to the other members:
- * MPI_Finalize may wait forever for a dead process or for an abandoned
- * collective; the launcher then ends the job, which is what a failed run
- * wants.
+ * not) or a group_create failed: MPI_Finalize may wait forever for a dead
+ * process (Open MPI 5 with ULFM) or for an abandoned collective; the
+ * launcher then ends the job, which is what a failed run wants.
  *
  * bootstrap_world reads the world from MPI_COMM_WORLD without any
  * collective beyond MPI's own initialisation (so a rank that never comes

@@ -258,8 +258,8 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
   char err[DDMPI_MSG_MAX] = "";
   st = ddmpi_options_read(svc, &g->opts, err, sizeof err);
   if (st == DDPLUG_OK) st = world_ranks(g, err, sizeof err);
-  /* From here on MPI talks to the other members: a failure may leave MPI
-   * waiting for one of them (a rank that died while the group was made). */
+  /* From here on MPI talks to the other members: after a failure, MPI may
+   * still wait for one of them, so its communicators are not freed. */
   int talked = st == DDPLUG_OK;
   if (st == DDPLUG_OK) st = make_comms(g, err, sizeof err);
   if (st == DDPLUG_OK) st = ddmpi_hier_create(g, err, sizeof err);
@@ -276,13 +276,14 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
   }
   if (st != DDPLUG_OK) {
     ddmpi_hier_destroy(g);
-    if (talked) {
-      pthread_mutex_lock(&ddmpi_p.mu);
-      ddmpi_p.broken = 1; /* see ddmpi_group_destroy */
-      pthread_mutex_unlock(&ddmpi_p.mu);
-    } else {
-      free_comms(g);
-    }
+    if (!talked) free_comms(g);
+    /* The run failed while it was made, typically because a member died:
+     * with Open MPI 5 and ULFM, MPI_Finalize waits forever for a dead
+     * process even when this one never talked to it (see
+     * ddmpi_group_destroy). */
+    pthread_mutex_lock(&ddmpi_p.mu);
+    ddmpi_p.broken = 1;
+    pthread_mutex_unlock(&ddmpi_p.mu);
     release_group(g);
     /* A wait that ended because the run failed already has the run's
      * sentence; do not replace it. */

@@ -798,7 +798,7 @@ int ddplug__deal_reform(ddplug__deal *d, const char *stream, const ddplug__refor
     return st;
   }
   ddplug__free(survivor_of);
-  qsort(pool, (size_t)npool, sizeof *pool, cmp_u64);
+  if (npool > 1) qsort(pool, (size_t)npool, sizeof *pool, cmp_u64);
   uint64_t dealt = DDPLUG__MIN(base, g->qlen);
   ng.cursor = g->cursor + (dealt > g->nreplay ? dealt - g->nreplay : 0);
   ng.replay = pool;

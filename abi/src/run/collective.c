@@ -218,9 +218,17 @@ static void adopt_run_reason(ddplug_context *ctx, int can_block) {
   uint64_t len = 0;
   /* On a failure path: the store may be what failed; wait for it only a
    * little past the wait itself. */
-  if (ddplug__store_get_within(ctx->store, ctx->abort_key, can_block ? RUN_REASON_WAIT_MS : 0,
-                               RUN_REASON_GRACE_MS, &val, &len) != DDPLUG_OK)
+  int s = ddplug__store_get_within(ctx->store, ctx->abort_key, can_block ? RUN_REASON_WAIT_MS : 0,
+                                   RUN_REASON_GRACE_MS, &val, &len);
+  if (s != DDPLUG_OK) {
+    /* A store whose connection closed (rather than one with no record yet,
+     * or a slow one) is gone with rank 0: that is the run's reason, as the
+     * watcher would find. Without it, a peer's abort for that loss reached
+     * this rank's plugin first and would end the run as ABORTED instead of
+     * PEER_LOST. */
+    if (s == DDPLUG_E_PEER_LOST) ddplug__ctx_store_lost(ctx);
     return;
+  }
   ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
   ddplug_free(val);
 }

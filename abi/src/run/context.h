@@ -190,6 +190,10 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
 /* Abort ctx with a published abort value "<STATUS>|<sentence>" (flags as
  * for ddplug__ctx_abort). */
 void ddplug__ctx_adopt_abort(ddplug_context *ctx, const char *text, int flags);
+/* The rendezvous store stopped answering (not a timeout: its connection
+ * failed): rank 0, which serves it, is gone. Abort ctx with PEER_LOST
+ * saying so (the watcher's conclusion, also drawn on failure paths). */
+void ddplug__ctx_store_lost(ddplug_context *ctx);
 /* DDPLUG_OK while open; else sets the last error to the abort reason and
  * returns the abort status. */
 int ddplug__ctx_check(ddplug_context *ctx);

@@ -27,16 +27,21 @@ static void *watch(void *arg) {
       ddplug_free(val);
       break;
     }
-    /* The store is gone: rank 0 (which serves it) died, or the network. */
-    char msg[DDPLUG__ERRMSG_MAX];
-    snprintf(msg, sizeof msg,
-             "lost the rendezvous store at %s:%d, which rank 0 serves: rank 0 "
-             "exited or was killed, or the network failed (%s)",
-             ctx->store_addr, ctx->store_port, ddplug_last_error());
-    ddplug__ctx_abort(ctx, DDPLUG_E_PEER_LOST, msg, DDPLUG__ABORT_NOTIFY);
+    ddplug__ctx_store_lost(ctx);
     break;
   }
   return NULL;
+}
+
+/* See context.h. */
+void ddplug__ctx_store_lost(ddplug_context *ctx) {
+  /* The store is gone: rank 0 (which serves it) died, or the network. */
+  char msg[DDPLUG__ERRMSG_MAX];
+  snprintf(msg, sizeof msg,
+           "lost the rendezvous store at %s:%d, which rank 0 serves: rank 0 "
+           "exited or was killed, or the network failed (%s)",
+           ctx->store_addr, ctx->store_port, ddplug_last_error());
+  ddplug__ctx_abort(ctx, DDPLUG_E_PEER_LOST, msg, DDPLUG__ABORT_NOTIFY);
 }
 
 /* See context.h. */

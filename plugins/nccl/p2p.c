@@ -193,6 +193,7 @@ int ddnccl_p2p_start(ddplug_plugin_group *g, const ddplug_p2p_args *a,
   r->p2p_peer = a->peer;
   r->p2p_stream = (cudaStream_t)a->stream;
   r->start_ns = ddnccl_now_ns();
+  if (!send && a->source) *a->source = a->peer; /* NCCL receives from the named rank only */
   ddnccl_fmt(r->what, sizeof r->what, "%s of %llu x %s %s rank %d", op,
              (unsigned long long)a->count, ddnccl_dtype_name(a->dtype), send ? "to" : "from",
              a->peer);

@@ -853,10 +853,13 @@ static void p2p_exchange(frank *f) {
     memset(dst, 0, n * 4);
     ddplug_p2p_args sa = p2p_args(DDPLUG_P2P_SEND, src, n, DDPLUG_FLOAT32, peer, 0, NULL);
     ddplug_p2p_args ra = p2p_args(DDPLUG_P2P_RECV, dst, n, DDPLUG_FLOAT32, peer, 0, NULL);
+    int32_t source = -1;
+    ra.source = &source;
     ddplug_plugin_request *rs = NULL, *rr = NULL;
     CHECK_OK(ddnccl_p2p_start(f->g, &sa, &rs));
     CHECK_OK(ddnccl_p2p_start(f->g, &ra, &rr));
     CHECK_OK(ddnccl_request_wait(f->g, rr, 5000));
+    CHECK_EQ_INT(source, peer); /* the sender, as plugin.h asks of a receive */
     CHECK_OK(ddnccl_request_wait(f->g, rs, 5000));
     ddnccl_request_free(f->g, rs);
     ddnccl_request_free(f->g, rr);

@@ -477,4 +477,179 @@ TEST_T(mismatch_check_reports_on_every_rank, 120) {
   CHECK_EQ_INT(dt_run_ranks(2, mismatch_rank, NULL, g_env, 100, NULL), 0);
 }
 
+/* ---- point-to-point ------------------------------------------------------ */
+
+/* Every rank sends to the next and receives from the previous one, both
+ * started before either is waited for (a ring needs them fused, or it could
+ * deadlock beyond NCCL's buffers): 4 MiB of device memory on a caller
+ * stream, then 3 floats of pageable host memory (staged) on no stream, then
+ * pinned host memory. Then an allreduce (p2p queued ahead of a collective
+ * runs first), a 16 MiB exchange both ways with the blocking forms in rank
+ * order, and a tag other than 0 refused (NCCL has no tags). */
+static void p2p_rank(int rank, int world, void *arg) {
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  const size_t n = 1 << 20;
+  float *host = malloc(n * sizeof(float)), *pinned, *dsend, *drecv;
+  CHECK(host != NULL);
+  CUDA_OK(cudaMalloc((void **)&dsend, n * sizeof(float)));
+  CUDA_OK(cudaMalloc((void **)&drecv, n * sizeof(float)));
+  CUDA_OK(cudaMallocHost((void **)&pinned, 2 * n * sizeof(float)));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (size_t i = 0; i < n; i++) host[i] = (float)(rank * 1000003 + (int)(i % 4099));
+  CUDA_OK(cudaMemcpy(dsend, host, n * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(drecv, 0, n * sizeof(float)));
+  ddplug_request *rs = NULL, *rr = NULL;
+  CHECK_OK(ddplug_isend(ctx, dsend, n, DDPLUG_FLOAT32, next, 0, s, &rs));
+  CHECK_OK(ddplug_irecv(ctx, drecv, n, DDPLUG_FLOAT32, prev, 0, s, &rr));
+  CHECK_OK(ddplug_request_wait(rr, 60000));
+  CHECK_OK(ddplug_request_wait(rs, 60000));
+  int src = -1;
+  CHECK_OK(ddplug_request_source(rr, &src));
+  CHECK_EQ_INT(src, prev);
+  ddplug_request_free(rs);
+  ddplug_request_free(rr);
+  CUDA_OK(cudaMemcpy(host, drecv, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i += 997)
+    CHECK_MSG(host[i] == (float)(prev * 1000003 + (int)(i % 4099)),
+              "device ring: element %zu is %g from rank %d", i, host[i], prev);
+
+  float small_out[3] = {(float)rank, (float)rank + 0.5f, -1.0f}, small_in[3] = {0, 0, 0};
+  CHECK_OK(ddplug_isend(ctx, small_out, 3, DDPLUG_FLOAT32, next, 0, NULL, &rs));
+  CHECK_OK(ddplug_irecv(ctx, small_in, 3, DDPLUG_FLOAT32, prev, 0, NULL, &rr));
+  CHECK_OK(ddplug_request_wait(rs, 60000));
+  CHECK_OK(ddplug_request_wait(rr, 60000));
+  ddplug_request_free(rs);
+  ddplug_request_free(rr);
+  CHECK_MSG(small_in[0] == (float)prev && small_in[1] == (float)prev + 0.5f && small_in[2] == -1.0f,
+            "host ring: got %g %g %g from rank %d", small_in[0], small_in[1], small_in[2], prev);
+
+  for (size_t i = 0; i < n; i++) pinned[i] = (float)(rank + 7);
+  CHECK_OK(ddplug_isend(ctx, pinned, n, DDPLUG_FLOAT32, next, 0, NULL, &rs));
+  CHECK_OK(ddplug_irecv(ctx, pinned + n, n, DDPLUG_FLOAT32, prev, 0, NULL, &rr));
+  /* an allreduce started while they are queued: they launch first */
+  float one = 1.0f;
+  CHECK_OK(ddplug_allreduce(ctx, &one, &one, 1, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  CHECK_MSG(one == (float)world, "allreduce after queued p2p: %g", one);
+  CHECK_OK(ddplug_request_wait(rs, 60000));
+  CHECK_OK(ddplug_request_wait(rr, 60000));
+  ddplug_request_free(rs);
+  ddplug_request_free(rr);
+  CHECK_MSG(pinned[n] == (float)(prev + 7) && pinned[2 * n - 1] == (float)(prev + 7),
+            "pinned ring: %g %g from rank %d", pinned[n], pinned[2 * n - 1], prev);
+
+  /* 16 MiB between ranks 0 and 1 with the blocking forms, ordered */
+  if (rank < 2) {
+    const size_t big = 4 << 20;
+    float *d;
+    CUDA_OK(cudaMalloc((void **)&d, big * sizeof(float)));
+    if (rank == 0) {
+      CUDA_OK(cudaMemset(d, 0, big * sizeof(float)));
+      int from = -1;
+      CHECK_OK(ddplug_recv(ctx, d, big, DDPLUG_FLOAT32, 1, 0, NULL, 60000, &from));
+      CHECK_EQ_INT(from, 1);
+      CHECK_OK(ddplug_send(ctx, d, big, DDPLUG_FLOAT32, 1, 0, NULL, 60000));
+    } else {
+      for (size_t i = 0; i < n; i++) host[i] = 42.0f;
+      for (size_t off = 0; off < big; off += n)
+        CUDA_OK(cudaMemcpy(d + off, host, n * sizeof(float), cudaMemcpyHostToDevice));
+      CHECK_OK(ddplug_send(ctx, d, big, DDPLUG_FLOAT32, 0, 0, NULL, 60000));
+      CUDA_OK(cudaMemset(d, 0, big * sizeof(float)));
+      CHECK_OK(ddplug_recv(ctx, d, big, DDPLUG_FLOAT32, 0, 0, NULL, 60000, NULL));
+    }
+    float last = 0, first = 0;
+    CUDA_OK(cudaMemcpy(&first, d, sizeof first, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&last, d + big - 1, sizeof last, cudaMemcpyDeviceToHost));
+    CHECK_MSG(first == 42.0f && last == 42.0f, "16 MiB round trip: %g .. %g", first, last);
+    CUDA_OK(cudaFree(d));
+  }
+
+  ddplug_request *bad = NULL;
+  CHECK_STATUS(ddplug_isend(ctx, dsend, 4, DDPLUG_FLOAT32, next, 3, NULL, &bad),
+               DDPLUG_E_UNSUPPORTED);
+  CHECK(bad == NULL);
+  CHECK_CONTAINS(ddplug_last_error(), "tag");
+  CHECK_OK(ddplug_barrier(ctx, 60000));
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(dsend));
+  CUDA_OK(cudaFree(drecv));
+  CUDA_OK(cudaFreeHost(pinned));
+  free(host);
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(p2p_ring_device_host_pinned_and_16mib_on_three_ranks, 300) {
+  int gpus = need_rank_slots(3);
+  set_config(3, gpus, NULL, 120);
+  dt_note("%s", gpus >= 3 ? "one GPU per rank" : "the ranks share GPU 0");
+  CHECK_EQ_INT(dt_run_ranks(3, p2p_rank, NULL, g_env, 280, NULL), 0);
+}
+
+/* ---- elastic: a rank lost inside its allreduce, survivors shrink ---------- */
+
+/* Three ranks (elastic.on_peer_lost = "shrink"); rank 2 is killed with an
+ * allreduce of device memory in flight. The survivors' allreduce fails with
+ * PEER_LOST (or completes, if rank 2's share was in: the next one fails),
+ * ddplug_shrink re-forms the group over ranks 0 and 1 (the runtime destroys
+ * the aborted NCCL communicator and creates a new one: the nccl plugin has
+ * no group_shrink), and device allreduces then sum over the two. */
+static void elastic_rank(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  ddplug_context *ctx = open_ok();
+  float *d, h[256];
+  CUDA_OK(cudaMalloc((void **)&d, sizeof h));
+  for (int i = 0; i < 256; i++) h[i] = 1.0f;
+  CUDA_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+  CHECK_OK(ddplug_allreduce(ctx, d, d, 256, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  if (rank == 2) {
+    ddplug_request *req = NULL;
+    CHECK_OK(ddplug_iallreduce(ctx, d, d, 256, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL, &req));
+    raise(SIGKILL);
+  }
+  int st = DDPLUG_OK, calls = 0;
+  while (st == DDPLUG_OK && calls < 3) {
+    st = ddplug_allreduce(ctx, d, d, 256, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL);
+    calls++;
+  }
+  dt_note("rank %d: call %d returned %s: %s", rank, calls, ddplug_status_name(st),
+          ddplug_last_error());
+  CHECK_EQ_INT(st, DDPLUG_E_PEER_LOST);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 2");
+  ddplug_membership m = DDPLUG_MEMBERSHIP_INIT;
+  double t0 = now_s();
+  CHECK_OK(ddplug_shrink(ctx, 60000, &m));
+  dt_note("rank %d: shrink took %.3f s: now rank %d of %d (lost %s)", rank, now_s() - t0,
+          m.rank, m.world_size, m.lost);
+  CHECK_EQ_INT(m.world_size, 2);
+  CHECK_EQ_INT(m.rank, rank);
+  CHECK_EQ_STR(m.lost, "2");
+  for (int i = 0; i < 256; i++) h[i] = (float)(rank + 1);
+  CUDA_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+  for (int k = 0; k < 3; k++)
+    CHECK_OK(ddplug_allreduce(ctx, d, d, 256, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL));
+  CUDA_OK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+  /* (1 + 2) doubled twice: 12 */
+  CHECK_MSG(h[0] == 12.0f && h[255] == 12.0f, "after the shrink: %g .. %g", h[0], h[255]);
+  CHECK_OK(ddplug_barrier(ctx, 60000));
+  CUDA_OK(cudaFree(d));
+  CHECK_OK(ddplug_close(ctx));
+}
+
+TEST_T(elastic_shrink_after_a_rank_dies_inside_a_device_allreduce, 300) {
+  int gpus = need_rank_slots(3);
+  set_config(3, gpus, NULL, 60);
+  /* set_config's JSON ends "}}": add the elastic section before the last brace */
+  size_t len = strlen(g_config);
+  snprintf(g_config + len - 1, sizeof g_config - len + 1,
+           ",\"elastic\":{\"on_peer_lost\":\"shrink\"}}");
+  int statuses[3] = {0, 0, 0};
+  CHECK_EQ_INT(dt_run_ranks(3, elastic_rank, NULL, g_env, 280, statuses), 1);
+  CHECK(WIFSIGNALED(statuses[2]) && WTERMSIG(statuses[2]) == SIGKILL);
+  CHECK(WIFEXITED(statuses[0]) && WEXITSTATUS(statuses[0]) == 0);
+  CHECK(WIFEXITED(statuses[1]) && WEXITSTATUS(statuses[1]) == 0);
+}
+
 #endif /* DDPLUG_TEST_NCCL */

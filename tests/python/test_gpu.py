@@ -30,10 +30,16 @@ def cuda_probe() -> tuple:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     code = ("import torch\n"
             "n = torch.cuda.device_count()\n"
-            "try:\n"
-            "    v = torch.cuda.nccl.version() if n else None\n"
-            "except Exception:\n"
-            "    v = None\n"
+            "v = None\n"
+            "if n:\n"
+            "    import ctypes\n"  # the NCCL loaded now (torch.cuda.nccl.version() is the one torch was built with)
+            "    try:\n"
+            "        torch.cuda.init()\n"
+            "        c = ctypes.c_int(0)\n"
+            "        if ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(c)) == 0:\n"
+            "            v = c.value\n"
+            "    except OSError:\n"
+            "        v = torch.cuda.nccl.version()\n"
             "if isinstance(v, int):\n"  # old torch: NCCL_VERSION_CODE
             "    v = (v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v // 1000, v // 100 % 10, v % 100)\n"
             "print(n, '.'.join(map(str, v)) if v else '-')\n")

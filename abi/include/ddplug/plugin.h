@@ -334,7 +334,9 @@ typedef struct ddplug_p2p_args {
   int32_t mem;      /* ddplug_mem                                           */
   void *stream;     /* device plugins: e.g. a cudaStream_t; else NULL       */
   int32_t *source;  /* a receive: the matched sender's rank is stored here
-                       before the request completes; NULL = not wanted     */
+                       before the request completes; NULL = not wanted
+                       (the runtime stores peer itself when it names a
+                       rank: a plugin must write it for ANY_SOURCE)        */
   int32_t reserved0;
   /* ---- end of ABI 1.4 ---- */
 } ddplug_p2p_args;

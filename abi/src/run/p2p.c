@@ -66,7 +66,9 @@ static int start(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn, ddplug
   if ((s = ddplug__request_new(ctx, fn, &req)) != DDPLUG_OK) return s;
   const int recv = a->kind == DDPLUG_P2P_RECV;
   req->kind = recv ? DDPLUG__REQ_RECV : DDPLUG__REQ_SEND;
-  req->source = -1;
+  /* a receive from a named rank can match no other: its source is known now
+   * (the plugin writes it for DDPLUG_ANY_SOURCE, and may write it again) */
+  req->source = recv && a->peer != DDPLUG_ANY_SOURCE ? a->peer : -1;
   char peer[32];
   if (a->peer == DDPLUG_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
   else snprintf(peer, sizeof peer, "rank %d", a->peer);

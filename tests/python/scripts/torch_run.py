@@ -451,11 +451,41 @@ def gpu() -> None:
     t = torch.full((3,), float(r + 1))  # a CPU tensor on the nccl plugin
     dist.all_reduce(t)
     check("cpu tensor on nccl", close(t, torch.full((3,), ar)), t)
+    if w > 1:
+        gpu_p2p(dev)
     ddp(dev)
     metrics(dev)
     if w > 1:
         sync_batchnorm(dev)
     dist.destroy_process_group()
+
+
+def gpu_p2p(dev: torch.device) -> None:
+    """Point-to-point with CUDA tensors (ncclSend/ncclRecv): a ring with
+    batch_isend_irecv (fused), blocking send/recv in rank order, and isend/irecv
+    of 16 MiB (beyond NCCL's buffers)."""
+    r, w = RANK, WORLD
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    got = torch.zeros(1 << 16, device=dev)
+    ops = [dist.P2POp(dist.isend, torch.full((1 << 16,), float(r), device=dev), nxt),
+           dist.P2POp(dist.irecv, got, prv)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    check("cuda batch_isend_irecv ring", close(got, torch.full_like(got, float(prv))), got[:4])
+    small = torch.zeros(3, device=dev)
+    if r == 0:
+        dist.send(torch.full((3,), 5.0, device=dev), nxt)
+        dist.recv(small, prv)
+    else:
+        dist.recv(small, prv)
+        dist.send(torch.full((3,), 5.0, device=dev), nxt)
+    check("cuda send/recv in order", close(small, torch.full((3,), 5.0, device=dev)), small)
+    big = torch.full((4 << 20,), float(r + 1), device=dev) if r == 0 else torch.zeros(4 << 20, device=dev)
+    if r == 0:
+        dist.isend(big, 1).wait()
+    elif r == 1:
+        dist.irecv(big, 0).wait()
+        check("cuda 16 MiB irecv", bool((big == 1.0).all()), big[:4])
 
 
 def sync_batchnorm(dev: torch.device) -> None:

@@ -14,7 +14,6 @@
 
 #include "internal.h"
 
-#define SYNC_WAIT_NS (100ull * 1000)      /* wait this soon after start: sync */
 
 /* Queue a (validated, the caller's copy) as the next collective. Never
  * waits for peers. */
@@ -73,7 +72,7 @@ static int wait_request(ddcpu_group *g, ddcpu_req *r, int64_t timeout_ms) {
   uint64_t start = ddcpu_now_ns();
   uint64_t deadline = timeout_ms <= 0 ? start : start + (uint64_t)timeout_ms * 1000000ull;
   if (!atomic_load_explicit(&r->done, memory_order_acquire) &&
-      start - r->submit_ns < SYNC_WAIT_NS)
+      start - r->submit_ns < DDCPU_SYNC_WAIT_NS)
     atomic_store(&g->lazy, 1);
   for (;;) {
     if (atomic_load_explicit(&r->done, memory_order_acquire)) return request_status(r);

@@ -72,6 +72,11 @@
 
 /* Most ranks on one node (the kernels keep a source list on the stack). */
 #define DDCPU_MAX_LOCAL 256
+/* A wait that begins this soon after its start is synchronous (the caller
+ * waits at once): starts stop waking the progress thread (progress.c). */
+#define DDCPU_SYNC_WAIT_NS (100ull * 1000)
+/* The progress thread takes over work nobody has waited for this long. */
+#define DDCPU_STRANDED_NS (1000ull * 1000)
 
 /* Internal results besides the DDPLUG_E_* codes (which are > 0). */
 #define DDCPU_AGAIN (-1)   /* deadline reached, nothing failed: try again later */

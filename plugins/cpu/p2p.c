@@ -458,12 +458,14 @@ static void check_departed(ddcpu_group *g) {
 
 /* Sleep until something may have moved: this rank's bell rang (one node),
  * a socket is ready (several nodes), a node process exited, or the slice
- * ended. seen: the bell's value before the last progress. */
-static void wait_event(ddcpu_group *g, uint32_t seen, uint64_t deadline) {
+ * ended. seen: the bell's value before the last progress. spin: whether to
+ * spin first (g->spin_ns): a caller does; the progress thread only with a
+ * CPU to spare (else it would take the CPU from a rank that computes). */
+static void wait_event(ddcpu_group *g, uint32_t seen, uint64_t deadline, int spin) {
   ddcpu_p2p *p = g->p2p;
   uint64_t now = ddcpu_now_ns();
   if (now >= deadline) return;
-  uint64_t spin_end = DDCPU_MIN(now + g->spin_ns, deadline);
+  uint64_t spin_end = DDCPU_MIN(now + (spin ? g->spin_ns : 0), deadline);
   while (ddcpu_now_ns() < spin_end) {
     for (int i = 0; i < 64; i++)
       if (atomic_load_explicit(&p->bell->val, memory_order_acquire) != seen) return;
@@ -666,7 +668,10 @@ int ddcpu_p2p_start(ddplug_plugin_group *g, const ddplug_p2p_args *args,
   }
   ddcpu_p2p_progress(g);
   pthread_mutex_unlock(&p->mu);
-  if (!atomic_load(&op->done) && g->progress_runs) ddcpu_progress_wake(g);
+  atomic_store(&p->last_start_ns, op->start_ns);
+  if (!atomic_load(&op->done) && g->progress_runs &&
+      (!atomic_load(&p->lazy) || atomic_load(&g->thread_mode) == DDCPU_THREAD_ASLEEP))
+    ddcpu_progress_wake(g);
   *req = (ddplug_plugin_request *)op;
   return DDPLUG_OK;
 }
@@ -714,6 +719,7 @@ int ddcpu_p2p_wait(ddcpu_group *g, ddcpu_p2p_op *op, int64_t timeout_ms) {
   uint64_t deadline = timeout_ms <= 0 ? start : start + (uint64_t)timeout_ms * 1000000ull;
   uint64_t next_look = start + SLICE_NS;
   if (atomic_load_explicit(&op->done, memory_order_acquire)) return op_status(op);
+  if (start - op->start_ns < DDCPU_SYNC_WAIT_NS) atomic_store(&p->lazy, 1);
   atomic_fetch_add(&p->waiters, 1);
   for (;;) {
     uint32_t seen = atomic_load_explicit(&p->bell->val, memory_order_acquire);
@@ -726,7 +732,7 @@ int ddcpu_p2p_wait(ddcpu_group *g, ddcpu_p2p_op *op, int64_t timeout_ms) {
     pthread_mutex_unlock(&p->mu);
     if (atomic_load_explicit(&op->done, memory_order_acquire)) break;
     if (ddcpu_now_ns() >= deadline) break;
-    wait_event(g, seen, deadline);
+    wait_event(g, seen, deadline, 1);
   }
   atomic_fetch_sub(&p->waiters, 1);
   if (atomic_load_explicit(&op->done, memory_order_acquire)) return op_status(op);
@@ -773,5 +779,5 @@ void ddcpu_p2p_background(ddcpu_group *g, int ms) {
     pthread_mutex_unlock(&p->mu);
   }
   if (atomic_load(&p->pending) == 0 || atomic_load(&p->waiters) > 0) return;
-  wait_event(g, seen, ddcpu_deadline(ms));
+  wait_event(g, seen, ddcpu_deadline(ms), g->spare_cpu);
 }

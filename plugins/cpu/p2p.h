@@ -183,6 +183,13 @@ typedef struct ddcpu_p2p {
   _Atomic int waiters;     /* callers waiting in request_wait (the
                               progress thread leaves them the work)         */
   _Atomic int pending;     /* = live, readable without the lock             */
+  /* Callers wait right after starting (within DDCPU_SYNC_WAIT_NS): a start
+   * then leaves the progress thread asleep (it would only take the CPU from
+   * the caller), and the thread moves what nobody waits for once the last
+   * start is DDCPU_STRANDED_NS old, which turns this off again (as for
+   * collectives: progress.c). */
+  _Atomic int lazy;
+  _Atomic uint64_t last_start_ns;
 } ddcpu_p2p;
 
 #endif /* DDPLUG_CPU_P2P_H */

@@ -53,7 +53,6 @@
 
 #include "internal.h"
 
-#define STRANDED_NS (1000ull * 1000)      /* claim requests older than this  */
 #define DEEP_AFTER_NS (1000ull * 1000 * 1000)
 #define THREAD_SLICE_MS 100
 
@@ -161,7 +160,7 @@ static void *thread_main(void *arg) {
     int pending = oldest_pending(g, &since);
     uint64_t now = ddcpu_now_ns();
     int lazy = atomic_load(&g->lazy);
-    int stranded = pending && now > since && now - since >= STRANDED_NS;
+    int stranded = pending && now > since && now - since >= DDCPU_STRANDED_NS;
     if (!pending) atomic_store(&g->handoff, 0); /* what was handed over is done */
     int handoff = atomic_load(&g->handoff);
     if (pending && ((g->progress_runs && (!lazy || stranded)) || handoff ||
@@ -178,7 +177,13 @@ static void *thread_main(void *arg) {
     }
     /* sends and receives nobody waits for: move them (a caller waiting in
      * request_wait moves them itself) */
-    if (g->p2p && atomic_load(&g->p2p->pending) > 0 && atomic_load(&g->p2p->waiters) == 0) {
+    int p2p_idle = g->p2p && atomic_load(&g->p2p->pending) > 0 && atomic_load(&g->p2p->waiters) == 0;
+    int p2p_lazy = p2p_idle && atomic_load(&g->p2p->lazy);
+    if (p2p_lazy && now - atomic_load(&g->p2p->last_start_ns) >= DDCPU_STRANDED_NS) {
+      atomic_store(&g->p2p->lazy, 0); /* started and not waited for: move them from now on */
+      p2p_lazy = 0;
+    }
+    if (p2p_idle && !p2p_lazy) {
       ddcpu_p2p_background(g, THREAD_SLICE_MS / 10);
       if (!ddcpu_fail_status(g) && ddcpu_exec_try(g)) { /* and watch the peers meanwhile */
         ddcpu_liveness_poll(g, 0);
@@ -187,7 +192,7 @@ static void *thread_main(void *arg) {
       continue;
     }
     /* idle (or a fresh request its caller is about to run) */
-    int light = lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS;
+    int light = (lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS) || p2p_lazy;
     atomic_store(&g->thread_mode, light ? DDCPU_THREAD_NAPPING : DDCPU_THREAD_ASLEEP);
     if (g->progress_runs && oldest_pending(g, &since) && !light) {
       atomic_store(&g->thread_mode, DDCPU_THREAD_AWAKE);

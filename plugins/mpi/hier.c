@@ -45,11 +45,17 @@
 #include "kernels.h"
 
 /* intra_node "auto": allreduces of at least this many bytes per rank go
- * through the node's shared memory (UINT64_MAX: none). Set from
- * bench/mpi_allreduce_perf.py's comparison of the two inside a node
- * (README.md, "Inside a node"). */
+ * through the node's shared memory, per MPI family (each backend is built
+ * against one). Measured by bench/mpi_allreduce_perf.py on one node, 2
+ * ranks, quiet machine (README.md, "Inside a node", has the table): the
+ * smallest size from which "mpi via cpu" beats "mpi, flat" at every larger
+ * size — Open MPI 4.1's vader from 8 MiB, MPICH 4.0's ch4 shm from 2 MiB. */
 #ifndef DDMPI_HIER_AUTO_MIN_BYTES
-#define DDMPI_HIER_AUTO_MIN_BYTES UINT64_MAX
+#if defined(OPEN_MPI)
+#define DDMPI_HIER_AUTO_MIN_BYTES (8ull << 20)
+#else
+#define DDMPI_HIER_AUTO_MIN_BYTES (2ull << 20)
+#endif
 #endif
 
 struct ddmpi_hier {

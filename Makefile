@@ -26,7 +26,7 @@ PY_DEPS := torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-fab
 BENCH_DEPS := matplotlib==3.11.2
 BENCH_OUT ?= out/bench
 
-.PHONY: demo test bench build deps soak
+.PHONY: demo test test-full bench build deps soak
 .DEFAULT_GOAL := test
 
 demo: build
@@ -34,6 +34,12 @@ demo: build
 
 test: build
 	@./tests/run-all.sh "$(BUILD)" "$(VENV)"
+
+# make test with every world size of every Python test written for several
+# (make test runs each at one of them, 2 or 3 ranks per test, to stay inside
+# CI's 30 minutes) and every elastic pair: about 6 minutes more.
+test-full: build
+	@DDPLUG_TESTS=full ./tests/run-all.sh "$(BUILD)" "$(VENV)"
 
 # The elastic soak (off in make test): SOAK random trials — world size, lost
 # rank, step, kill point, in place or restart — each checked for zero repeats

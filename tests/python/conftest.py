@@ -33,6 +33,19 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
+# make test runs each test that is meant for several world sizes at one of
+# them (chosen per test, so 2 and 3 ranks are both covered across the suite and
+# make test stays inside CI's time); DDPLUG_TESTS=full (make test-full) runs
+# every size of every such test.
+FULL = os.environ.get("DDPLUG_TESTS", "") == "full"
+
+
+def worlds(lean: int, *more: int) -> list:
+    """The world sizes a test is parametrized over: ``lean`` in make test,
+    ``lean`` and ``more`` with DDPLUG_TESTS=full."""
+    return sorted({lean, *more}) if FULL else [lean]
+
+
 # The plugin the tests run on: "cpu" (CPU, shared memory) unless told otherwise.
 TEST_PLUGIN = os.environ.get("DDPLUG_TEST_PLUGIN", "cpu")
 os.environ.setdefault("DDPLUG_CONFIG", json.dumps({"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}))

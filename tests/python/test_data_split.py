@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import config, run_script
+from conftest import config, run_script, worlds
 
 WARN = {"on_violation": "warn", "audit": "every_epoch"}
 
@@ -25,7 +25,7 @@ def report(rank: dict, stream: str, key: str = "streams") -> dict:
     return reports[0]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_missing_and_repeated_samples_are_violations_unless_declared(out: Path, world: int) -> None:
     """Four training streams over 1003 samples: a rank-aware sampler that covers
     half and whose length agrees (it passed before: the allowance came from its
@@ -70,7 +70,7 @@ def test_an_undeclared_bucket_sampler_stops_the_run_saying_how_to_declare(out: P
         assert "ddplug.declare(<the LengthBucketBatchSampler>, dropped=<the " in e and ", padding=" in e
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(2, 3))
 def test_per_rank_datasets_and_exact_evaluation(out: Path, world: int) -> None:
     """A training set sharded per rank with Subset is found before the first step:
     owned by the user, not split again, audited over all 1002 samples. Validation
@@ -115,7 +115,7 @@ def test_per_rank_datasets_and_exact_evaluation(out: Path, world: int) -> None:
     assert "ddplug cannot map its indices to one index space" in run.output
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_streaming_data_is_audited_by_id_and_prepare_data_waits(out: Path, world: int) -> None:
     """An IterableDataset split by ddplug.shard over ranks and 2 DataLoader workers
     passes its audit by sample id; one that every rank reads whole is caught by its

@@ -15,7 +15,7 @@ which must PASS too.
 ``make test`` runs one case of each kind (the C trainer's, and for the Python
 trainers restart 3->2 and 2->3 under the Trainer, 2->1 under ddplug.torch, in place
 3->2 under the Trainer, 4->3 under ddplug.torch, 3->2 inside an allreduce under
-Fabric); DDPLUG_ELASTIC_FULL=1 runs every pair. The soak (off by default:
+Fabric); make test-full (DDPLUG_TESTS=full) or DDPLUG_ELASTIC_FULL=1 runs every pair. The soak (off by default:
 DDPLUG_ELASTIC_SOAK=<trials>, or ``make soak``) runs random trials — trainer (C,
 ddplug.torch, Lightning, Fabric in place only), world size,
 victim, step, kill point, mode — and prints the repeats and skips it counted.
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import ROOT, SCRIPTS, TEST_PLUGIN, free_port
 from elastic_records import count
 
@@ -142,14 +143,14 @@ def check_py(proc: subprocess.CompletedProcess, out: Path, what: str, ranks_done
     return outcome, text
 
 
-FULL = bool(os.environ.get("DDPLUG_ELASTIC_FULL"))
+FULL = conftest.FULL or bool(os.environ.get("DDPLUG_ELASTIC_FULL"))
 _LEAN = {("lightning", 3, 2), ("lightning", 2, 3), ("torch", 2, 1), ("lightning", 3, "barrier"),
          ("torch", 4, "inside"), ("fabric", 3, "inside")}
 
 
 def _lean(trainer: str, a: object, b: object) -> None:
     if not FULL and (trainer, a, b) not in _LEAN:
-        pytest.skip("one case of each kind in make test; DDPLUG_ELASTIC_FULL=1 runs every pair")
+        pytest.skip("one case of each kind in make test; make test-full (or DDPLUG_ELASTIC_FULL=1) runs every pair")
 
 
 @pytest.mark.parametrize("trainer", ["lightning", "torch"])

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_aborted_by, config, run_script
+from conftest import assert_aborted_by, config, run_script, worlds
 
 
 def flat(steps: list) -> list:
     return [i for s in steps for i in s]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_fabric_split_sync_and_collectives(out: Path, world: int) -> None:
     import torch
 

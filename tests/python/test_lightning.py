@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_aborted_by, config, run_ranks, run_script
+from conftest import assert_aborted_by, config, run_ranks, run_script, worlds
 
 N, B = 96, 4
 
@@ -31,7 +31,7 @@ def expected_order(rank: int, world: int, epoch: int, seed: int = 0, shuffle: bo
         s.close()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(2, 3))
 def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
     run = run_script("lit_run.py", "--scenario", "plain", "--devices", str(world), "--val", "--csv",
                      "--sanity", "2", out_dir=out).ok()
@@ -70,7 +70,7 @@ def test_plain_loader_is_split_by_the_plugin(out: Path, world: int) -> None:
     assert all(r["params"] == ranks[0]["params"] for r in ranks)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_rank_aware_bucket_sampler_as_sampler_is_not_split_twice(out: Path, world: int) -> None:
     # Trainer(strategy="ddplug") by name: registered by `import ddplug.lightning`
     run = run_script("lit_run.py", "--scenario", "sovits", "--devices", str(world), "--epochs", "1",
@@ -123,7 +123,7 @@ def test_the_same_sampler_under_ddp_is_split_twice(out: Path) -> None:
         assert r["num_training_batches"] == N // (B * world * world)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_distributed_sampler_subclass_as_batch_sampler(out: Path, world: int) -> None:
     """Two epochs: set_epoch reaches the user's batch sampler (and the dataset)
     with 0 then 1, so the order changes."""
@@ -177,7 +177,7 @@ def test_a_sampler_that_asks_torch_distributed_for_ranks_is_named(out: Path) -> 
         assert "Default process group has not been initialized" in r["traceback"], "the original error is chained"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(2, 3))
 def test_parity_with_ddp_gloo(out: Path, world: int) -> None:
     # small buckets: several async allreduces per step; accumulation: no_sync path
     cfg = config(gradients={"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}, checks={"param_sync_every": 1})
@@ -256,7 +256,7 @@ def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
         assert len(after["0"]) == steps_per_epoch - 3
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(3, 2))
 def test_predict_and_test_split_by_the_plugin(out: Path, world: int) -> None:
     run = run_script("lit_run.py", "--scenario", "predict", "--devices", str(world), out_dir=out).ok()
     ranks = run.ranks(world)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC, run_ranks, run_script
+from conftest import SRC, run_ranks, run_script, worlds
 
 
 def ranks(out: Path, world: int) -> list:
@@ -91,7 +91,7 @@ def test_plain_pytorch_adapter(out: Path) -> None:
     assert all(r["reports"] == [] for r in results[1:])
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", worlds(2, 3))
 def test_lightning_ddp_strategy_torchmetrics_and_webdataset(out: Path, world: int) -> None:
     """Lightning's own DDPStrategy(process_group_backend="ddplug") trains to the
     same weights as with gloo; under strategy="ddplug", WebDataset's real

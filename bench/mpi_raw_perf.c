@@ -59,6 +59,10 @@ int main(int argc, char **argv) {
   int vlen = 0;
   MPI_Get_library_version(version, &vlen);
   version[strcspn(version, "\n,")] = '\0';
+  /* MPICH's says "MPICH Version:<TAB>4.0.2": no control character or quote
+   * may reach the JSON string */
+  for (char *c = version; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == '"' || *c == '\\') *c = ' ';
   FILE *js = rank == 0 && json ? fopen(json, "w") : NULL;
   if (rank == 0) {
     printf("# ddplug-mpi-raw-perf: MPI_Allreduce of %s, %d ranks, float32 sum, out of place\n#\n",

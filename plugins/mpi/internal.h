@@ -254,5 +254,7 @@ int ddmpi_hier_takes(const ddplug_plugin_group *g, const ddplug_coll_args *a);
 int ddmpi_hier_step(ddplug_plugin_request *r);
 /* Abort the node's cpu group (group_abort). */
 void ddmpi_hier_abort(ddplug_plugin_group *g, const char *reason);
+/* The node leaders' communicator, or MPI_COMM_NULL (one node, or flat). */
+MPI_Comm ddmpi_hier_leaders(const ddplug_plugin_group *g);
 
 #endif /* DDPLUG_MPI_INTERNAL_H */

@@ -17,7 +17,10 @@
  * How, on every survivor:
  *   1. the old group fails (its requests end with PEER_LOST) and its
  *      communicators are revoked, so that nothing of it is waited for again
- *      — MPI's pending operations on them complete with MPI_ERR_REVOKED;
+ *      — MPI's pending operations on them complete with MPI_ERR_REVOKED,
+ *      and are completed here (tested until they end, at most
+ *      DDMPI_DRAIN_MS), so that MPI no longer writes into the old group's
+ *      requests once group_destroy frees them;
  *   2. every survivor publishes its MPI_COMM_WORLD rank under the new
  *      generation's store prefix and waits for the others (bounded by the
  *      collective timeout, ended early by a failure of the run): MPI's
@@ -158,6 +161,35 @@ static int same_survivors(ddplug_plugin_group *old, ddplug_plugin_group *g,
   return same;
 }
 
+/* How long the old group's MPI operations may take to end after their
+ * communicators were revoked. Revocation ends them locally, without the
+ * dead (measured: within the first poll or two), so this only bounds an MPI
+ * that behaves otherwise. */
+#define DDMPI_DRAIN_MS 1000
+
+/* Complete the MPI requests of old's requests, which the revocation ends
+ * with MPI_ERR_REVOKED, so that MPI no longer points into them when
+ * group_destroy frees them. Until deadline_ns; how many are still pending. */
+static int drain_revoked(ddplug_plugin_group *old, uint64_t deadline_ns) {
+  for (;;) {
+    int pending = 0;
+    pthread_mutex_lock(&ddmpi_p.mu);
+    for (ddplug_plugin_request *r = old->live; r; r = r->lnext) {
+      for (int i = -1; i < r->nreq; i++) {
+        MPI_Request *q = i < 0 ? &r->check : &r->mreq[i];
+        if (*q == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        if (MPI_Test(q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1; /* ended in error */
+        if (done) *q = MPI_REQUEST_NULL;
+        else pending++;
+      }
+    }
+    pthread_mutex_unlock(&ddmpi_p.mu);
+    if (!pending || ddmpi_now_ns() >= deadline_ns) return pending;
+    ddmpi_sleep_us(200);
+  }
+}
+
 /* See internal.h. */
 int ddmpi_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
                        const ddplug_host_services *svc, const int32_t *old_rank_of,
@@ -179,14 +211,17 @@ int ddmpi_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
     return ddmpi_group_finish(g, DDPLUG_E_UNSUPPORTED, 0, err, sizeof err, out);
   }
 
-  /* 1. the old group: failed, its communicators revoked */
+  /* 1. the old group: failed, its communicators revoked, MPI's operations
+   * on them ended */
   pthread_mutex_lock(&ddmpi_p.mu);
   ddmpi_group_fail_locked(old, DDPLUG_E_PEER_LOST,
                           "plugin mpi: the group was re-formed without its lost rank(s)");
-  MPI_Comm olds[4] = {old->comm, old->check_comm, old->p2p_comm, old->p2p_data_comm};
-  for (int i = 0; i < 4; i++)
+  MPI_Comm olds[5] = {old->comm, old->check_comm, old->p2p_comm, old->p2p_data_comm,
+                      ddmpi_hier_leaders(old)};
+  for (int i = 0; i < 5; i++)
     if (olds[i] != MPI_COMM_NULL) ulfm.revoke(olds[i]); /* revoked already: no harm */
   pthread_mutex_unlock(&ddmpi_p.mu);
+  int left = drain_revoked(old, ddmpi_now_ns() + DDMPI_DRAIN_MS * 1000000ull);
 
   /* 2. every survivor here */
   st = ddmpi_world_ranks(g, err, sizeof err);
@@ -232,6 +267,11 @@ int ddmpi_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
             "the group was shrunk in place with ULFM's MPIX_Comm_shrink: %d of %d ranks "
             "remain, this one (MPI process %d) was rank %d and is rank %d",
             g->world, old->world, ddmpi_p.world_rank, (int)old_rank_of[g->rank], g->rank);
+  if (left)
+    ddmpi_log(svc, g->log_level, DDPLUG_LOG_DEBUG,
+              "mpi: %d MPI operation(s) of the old group did not end within %d ms of its "
+              "revocation; they stay pending (the old group's requests are kept)",
+              left, DDMPI_DRAIN_MS);
   *out = g;
   return DDPLUG_OK;
 }

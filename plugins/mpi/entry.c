@@ -13,7 +13,8 @@
 #include "internal.h"
 
 /* The description names the library this process loaded (`ddplug info mpi`
- * shows it), so the table is filled once, at the first entry. */
+ * shows it), and group_shrink depends on that library and the job, so the
+ * table is filled once, at the first entry. */
 static char ddmpi_description[sizeof(DDMPI_DESCRIPTION) + 4096 + 256 + 64];
 
 static ddplug_plugin ddmpi_table = {
@@ -47,6 +48,13 @@ __attribute__((visibility("default"))) const ddplug_plugin *ddmpi_backend_entry_
              ddmpi_p.lib.version[0] ? ddmpi_p.lib.version : "MPI", ddmpi_p.lib.path,
              DDMPI_DESCRIPTION);
     ddmpi_table.description = ddmpi_description;
+    /* In-place shrink only where it can work (shrink.c); elsewhere the
+     * runtime re-forms the group with group_create. */
+    char why[256];
+    if (ddmpi_shrink_usable(why, sizeof why)) {
+      ddmpi_table.group_shrink = ddmpi_group_shrink;
+      ddmpi_table.caps |= DDPLUG_CAP_SHRINK;
+    }
   }
   pthread_mutex_unlock(&ddmpi_p.mu);
   return &ddmpi_table;

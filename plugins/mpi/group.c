@@ -127,9 +127,8 @@ void ddmpi_group_fail_locked(ddplug_plugin_group *g, int status, const char *fmt
   }
 }
 
-/* Every member's MPI_COMM_WORLD rank, through the store ("wr/<rank>" =
- * "<world rank> <world size>"), checked. */
-static int world_ranks(ddplug_plugin_group *g, char *err, size_t cap) {
+/* See internal.h. */
+int ddmpi_world_ranks(ddplug_plugin_group *g, char *err, size_t cap) {
   const ddplug_host_services *s = g->svc;
   char key[64], val[64];
   int n = snprintf(val, sizeof val, "%d %d", ddmpi_p.world_rank, ddmpi_p.world_size);
@@ -191,7 +190,8 @@ static int world_ranks(ddplug_plugin_group *g, char *err, size_t cap) {
   return DDPLUG_OK;
 }
 
-static int make_comms(ddplug_plugin_group *g, char *err, size_t cap) {
+/* The collectives' communicator over the members, from MPI_COMM_WORLD. */
+static int make_comm(ddplug_plugin_group *g, char *err, size_t cap) {
   MPI_Group wg = MPI_GROUP_NULL, gg = MPI_GROUP_NULL;
   int rc = MPI_Comm_group(MPI_COMM_WORLD, &wg);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(wg, g->world, g->world_rank_of, &gg);
@@ -202,8 +202,20 @@ static int make_comms(ddplug_plugin_group *g, char *err, size_t cap) {
   if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, gg, tag, &g->comm);
   if (wg != MPI_GROUP_NULL) MPI_Group_free(&wg);
   if (gg != MPI_GROUP_NULL) MPI_Group_free(&gg);
+  if (rc != MPI_SUCCESS) {
+    char e[512];
+    ddmpi_mpi_error(rc, e, sizeof e);
+    ddmpi_fmt(err, cap, "plugin mpi: creating the group's communicators failed: %s", e);
+    return ddmpi_status_of(rc);
+  }
+  return DDPLUG_OK;
+}
+
+/* The rest of the group's communicators, duplicates of g->comm, and the
+ * check that g->comm numbers the ranks as the runtime does. */
+static int dup_comms(ddplug_plugin_group *g, char *err, size_t cap) {
   MPI_Comm *dups[3] = {&g->check_comm, &g->p2p_comm, &g->p2p_data_comm};
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+  int rc = MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
   for (int i = 0; i < 3 && rc == MPI_SUCCESS; i++) {
     rc = MPI_Comm_dup(g->comm, dups[i]);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(*dups[i], MPI_ERRORS_RETURN);
@@ -239,8 +251,8 @@ static void release_group(ddplug_plugin_group *g) {
 }
 
 /* See internal.h. */
-int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services *svc,
-                       ddplug_plugin_group **out) {
+int ddmpi_group_begin(const ddplug_group_init *init, const ddplug_host_services *svc,
+                      ddplug_plugin_group **out) {
   if (!DDPLUG_HAS_FIELD(svc, ddplug_host_services, option_int_list))
     return ddmpi_fail(svc, DDPLUG_E_ABI_MISMATCH,
                       "plugin mpi needs a runtime with plugin ABI 1.3's option services");
@@ -257,12 +269,19 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
   g->comm = g->check_comm = g->p2p_comm = g->p2p_data_comm = MPI_COMM_NULL;
   char err[DDMPI_MSG_MAX] = "";
   st = ddmpi_options_read(svc, &g->opts, err, sizeof err);
-  if (st == DDPLUG_OK) st = world_ranks(g, err, sizeof err);
-  /* From here on MPI talks to the other members: after a failure, MPI may
-   * still wait for one of them, so its communicators are not freed. */
-  int talked = st == DDPLUG_OK;
-  if (st == DDPLUG_OK) st = make_comms(g, err, sizeof err);
-  if (st == DDPLUG_OK) st = ddmpi_hier_create(g, err, sizeof err);
+  if (st != DDPLUG_OK) {
+    release_group(g);
+    return ddmpi_fail(svc, st, "%s", err);
+  }
+  *out = g;
+  return DDPLUG_OK;
+}
+
+/* See internal.h. */
+int ddmpi_group_finish(ddplug_plugin_group *g, int st, int talked, char *err, size_t cap,
+                       ddplug_plugin_group **out) {
+  if (st == DDPLUG_OK) st = dup_comms(g, err, cap);
+  if (st == DDPLUG_OK) st = ddmpi_hier_create(g, err, cap);
   if (st == DDPLUG_OK) {
     pthread_mutex_lock(&ddmpi_p.mu);
     g->next_group = ddmpi_p.groups;
@@ -270,11 +289,12 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
     st = ddmpi_progress_start_locked();
     if (st != DDPLUG_OK) {
       ddmpi_p.groups = g->next_group;
-      ddmpi_fmt(err, sizeof err, "plugin mpi: cannot start the progress thread");
+      ddmpi_fmt(err, cap, "plugin mpi: cannot start the progress thread");
     }
     pthread_mutex_unlock(&ddmpi_p.mu);
   }
   if (st != DDPLUG_OK) {
+    const ddplug_host_services *svc = g->svc;
     ddmpi_hier_destroy(g);
     if (!talked) free_comms(g);
     /* The run failed while it was made, typically because a member died:
@@ -290,6 +310,24 @@ int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services
     if (err[0]) ddmpi_fail(svc, st, "%s", err);
     return st;
   }
+  *out = g;
+  return DDPLUG_OK;
+}
+
+/* See internal.h. */
+int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services *svc,
+                       ddplug_plugin_group **out) {
+  ddplug_plugin_group *g = NULL;
+  int st = ddmpi_group_begin(init, svc, &g);
+  if (st != DDPLUG_OK) return st;
+  char err[DDMPI_MSG_MAX] = "";
+  st = ddmpi_world_ranks(g, err, sizeof err);
+  /* From here on MPI talks to the other members: after a failure, MPI may
+   * still wait for one of them, so its communicators are not freed. */
+  int talked = st == DDPLUG_OK;
+  if (st == DDPLUG_OK) st = make_comm(g, err, sizeof err);
+  st = ddmpi_group_finish(g, st, talked, err, sizeof err, &g);
+  if (st != DDPLUG_OK) return st;
   ddmpi_log(svc, g->log_level, DDPLUG_LOG_DEBUG,
             "mpi: group of %d ranks on %s (%s; %s), check_mismatch %s, intra-node %s", g->world,
             ddmpi_p.lib.version, ddmpi_p.lib.path, ddmpi_p.lib.how,

@@ -30,6 +30,7 @@ typedef struct ddmpi_options {
   int intra_node;          /* DDMPI_INTRA_*: who reduces inside a node    */
   int64_t slow_ms;         /* a collective pending this long publishes its
                               arrival (who-has-arrived, for timeouts)     */
+  int shrink_recreate;     /* 0/1: group_shrink declines (a new group)    */
 } ddmpi_options;
 
 /* ---- requests ------------------------------------------------------------- */

@@ -313,6 +313,11 @@ int ddmpi_hier_create(ddplug_plugin_group *g, char *err, size_t cap) {
 }
 
 /* See internal.h. */
+MPI_Comm ddmpi_hier_leaders(const ddplug_plugin_group *g) {
+  return g->hier ? g->hier->leaders : MPI_COMM_NULL;
+}
+
+/* See internal.h. */
 void ddmpi_hier_destroy(ddplug_plugin_group *g) {
   ddmpi_hier *h = g->hier;
   if (!h) return;

@@ -31,6 +31,8 @@
  *   p2p.c         p2p_start: sends and receives with a header
  *   hier.c        the hierarchical allreduce (the node's part through the
  *                 cpu plugin, loaded through the plugin ABI)
+ *   shrink.c      group_shrink: the group re-formed over the survivors with
+ *                 ULFM's MPIX_Comm_shrink
  *
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -125,6 +127,24 @@ void ddmpi_peer_failure_text(ddplug_plugin_group *g, MPI_Comm comm, int code, ch
  * (ULFM), else SYSTEM. */
 int ddmpi_status_of(int code);
 
+/* What group_create and group_shrink share. ddmpi_group_begin: a group
+ * for init with its options read, no communicator yet (a failure is
+ * explained through svc). ddmpi_world_ranks: every member's
+ * MPI_COMM_WORLD rank through the store ("wr/<rank>"), checked; it returns
+ * once every member has reached it, or fails within the collective
+ * timeout (earlier when the run fails), so that the blocking communicator
+ * calls after it never wait for a member that is not coming.
+ * ddmpi_group_finish: with st so far and g->comm made, the rest (the
+ * duplicated communicators, the hierarchical part, the progress thread);
+ * on failure g is released (its communicators kept when talked: MPI may
+ * still wait for a member), the sentence in err goes to set_error and the
+ * process will not finalize MPI. */
+int ddmpi_group_begin(const ddplug_group_init *init, const ddplug_host_services *svc,
+                      ddplug_plugin_group **out);
+int ddmpi_world_ranks(ddplug_plugin_group *g, char *err, size_t cap);
+int ddmpi_group_finish(ddplug_plugin_group *g, int st, int talked, char *err, size_t cap,
+                       ddplug_plugin_group **out);
+
 /* The slots (group.c, collective.c, p2p.c), for the table in entry.c. */
 int ddmpi_group_create(const ddplug_group_init *init, const ddplug_host_services *svc,
                        ddplug_plugin_group **out);
@@ -138,6 +158,20 @@ int ddmpi_request_test(ddplug_plugin_group *group, ddplug_plugin_request *req, i
 void ddmpi_request_free(ddplug_plugin_group *group, ddplug_plugin_request *req);
 int ddmpi_p2p_start(ddplug_plugin_group *group, const ddplug_p2p_args *args,
                     ddplug_plugin_request **req);
+
+/* ---- shrink.c ----------------------------------------------------------------- */
+
+/* 1 when this process can shrink a communicator in place: the MPI has
+ * ULFM's MPIX_Comm_revoke, _shrink and _agree, and the job runs with fault
+ * tolerance (Open MPI: OMPI_MCA_mpi_ft_enable, which mpirun --with-ft ulfm
+ * sets; MPICH: MPIR_CVAR_ENABLE_FT). Else 0 and why says what is missing.
+ * Resolved once; thread-safe after the first call (entry.c's, under
+ * ddmpi_p.mu). */
+int ddmpi_shrink_usable(char *why, size_t cap);
+/* The group_shrink slot (filled only when ddmpi_shrink_usable). */
+int ddmpi_group_shrink(ddplug_plugin_group *group, const ddplug_group_init *init,
+                       const ddplug_host_services *svc, const int32_t *old_rank_of,
+                       ddplug_plugin_group **out);
 
 /* ---- collective.c --------------------------------------------------------- */
 
@@ -220,5 +254,7 @@ int ddmpi_hier_takes(const ddplug_plugin_group *g, const ddplug_coll_args *a);
 int ddmpi_hier_step(ddplug_plugin_request *r);
 /* Abort the node's cpu group (group_abort). */
 void ddmpi_hier_abort(ddplug_plugin_group *g, const char *reason);
+/* The node leaders' communicator, or MPI_COMM_NULL (one node, or flat). */
+MPI_Comm ddmpi_hier_leaders(const ddplug_plugin_group *g);
 
 #endif /* DDPLUG_MPI_INTERNAL_H */

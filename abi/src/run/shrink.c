@@ -244,10 +244,13 @@ static int wait_ready(ddplug_context *ctx, uint64_t deadline) {
 
 /* Create the new generation's group: the plugin's group_shrink where it has
  * one (the old group is destroyed after), else group_create over the new
- * world (the old group destroyed first). */
-static int create_new_group(ddplug_context *ctx, ddplug_plugin_group *old) {
+ * world (the old group destroyed first). A group_shrink that declines
+ * (DDPLUG_E_UNSUPPORTED: it cannot shrink this group in place) gets the
+ * same as a plugin without the slot: *old is destroyed (and set NULL) and
+ * group_create runs. */
+static int create_new_group(ddplug_context *ctx, ddplug_plugin_group **old) {
   const ddplug_plugin *t = &ctx->plugin->table;
-  if (!old || !t->group_shrink) return ddplug__group_create(ctx);
+  if (!*old || !t->group_shrink) return ddplug__group_create(ctx);
   /* the slot needs the same init group_create would get */
   ddplug__services_init(ctx);
   ddplug_group_init in = ctx->init;
@@ -264,7 +267,16 @@ static int create_new_group(ddplug_context *ctx, ddplug_plugin_group *old) {
   ctx->init = in;
   ddplug_plugin_group *g = NULL;
   ddplug__plugin_err_clear(ctx);
-  int s = t->group_shrink(old, &ctx->init, &ctx->services, ctx->prev_rank_of, &g);
+  int s = t->group_shrink(*old, &ctx->init, &ctx->services, ctx->prev_rank_of, &g);
+  if (s == DDPLUG_E_UNSUPPORTED) {
+    s = ddplug__plugin_err_take(ctx, s, "group_shrink");
+    DDPLUG__INFO("re-forming the group: group_shrink declined (%s): a new group over the "
+                 "survivors instead",
+                 ddplug_last_error());
+    t->group_destroy(*old);
+    *old = NULL;
+    return ddplug__group_create(ctx);
+  }
   if (s != DDPLUG_OK) return ddplug__plugin_err_take(ctx, s, "group_shrink");
   pthread_mutex_lock(&ctx->mu);
   ctx->group = g;
@@ -400,7 +412,7 @@ DDPLUG_API int ddplug_shrink(ddplug_context *ctx, int64_t timeout_ms, ddplug_mem
   pthread_mutex_unlock(&ctx->mu);
   if (ctx->data && ctx->data_reform) ctx->data_reform(ctx->data, my_rank, ctx->world.world_size);
   if (s == DDPLUG_OK) s = ddplug__watcher_start(ctx);
-  if (s == DDPLUG_OK) s = create_new_group(ctx, old);
+  if (s == DDPLUG_OK) s = create_new_group(ctx, &old);
   if (old) ctx->plugin->table.group_destroy(old);
   if (s == DDPLUG_OK) s = wait_ready(ctx, deadline + (uint64_t)ctx->coll_timeout_ms * 1000000ull);
   if (s != DDPLUG_OK) {

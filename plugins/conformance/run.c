@@ -333,9 +333,9 @@ static void run_launched(const cf_plan *plan, const cf_scenario *sc, cf_results 
     if (timed_out) {
       snprintf(id, sizeof id, "%s.deadline", sc->name);
       snprintf(why, sizeof why,
-               "the scenario did not finish within %d s; a call that should have returned (an "
-               "abort, a lost peer, a timeout) blocked",
-               limit_s);
+               "scenario %s did not finish within %d s; a call that should have returned (an "
+               "abort, a lost peer, a timeout) blocked; the launcher's last output: %s",
+               sc->name, limit_s, *last ? last : "(none)");
       cf_add_row(res, id, 0, CF_FAIL, "every rank finishes in time", why, -1);
     }
     for (int r = 0; r < n; r++) {

@@ -194,6 +194,11 @@ class Context:
                 opts.rendezvous_port = int(rendezvous[1])
             out = ctypes.c_void_p()
             check(F.ddplug_open(cfg.handle, ctypes.byref(opts), ctypes.byref(out)), "ddplug_open")
+            # the collective timeout in force (None: the library's default), for
+            # waits the host does itself (the torch backend's monitored_barrier)
+            self.collective_timeout_s: Optional[float] = (
+                collective_timeout_s if collective_timeout_s
+                else cfg.get_float("timeouts.collective_s") if cfg.is_set("timeouts.collective_s") else None)
         finally:
             if own:
                 cfg.close()

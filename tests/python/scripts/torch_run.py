@@ -200,6 +200,10 @@ def collectives() -> None:
     check("scatter_object_list", got[0] == {"to": r}, got)
     dist.barrier()
     check("barrier", True)
+    # torch's monitored_barrier refuses any backend but gloo; the group's own method (what
+    # torch's suite calls) waits for every rank in the store, as gloo's does
+    dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=60))
+    check("monitored_barrier, every rank", True)
 
     # all_gather_coalesced: output lists are [rank][input], as torch passes them (with as
     # many inputs as ranks, the transposed layout gave a silently wrong result)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -84,6 +85,8 @@ _wait = F.ddplug_request_wait
 _free = F.ddplug_request_free
 
 _TIMEOUT = status_code("TIMEOUT")
+# torch's default timeout of CPU backends (torch.distributed.constants.default_pg_timeout)
+_TORCH_DEFAULT_TIMEOUT_S = 1800.0
 # What every timeout says, once: where the time limit comes from.
 _TIMEOUT_HINT = ("; raise the timeout with timeout= (init_process_group, new_group or the call itself; torch's"
                  " default for CPU backends is 30 min) or, outside torch.distributed, timeouts.collective_s in"
@@ -148,6 +151,7 @@ class ProcessGroupDdplug(ProcessGroup):
         self._progress_thread: Optional[Progress] = None
         self._coalescing: Optional[list] = None
         self._closed = False
+        self._monitored = 0  # monitored barriers so far (each its own keys in the store)
 
     # ---- identity ---------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -369,12 +373,39 @@ class ProcessGroupDdplug(ProcessGroup):
         return self._issue("barrier", [(_BAR, None, None)], [], None, ())
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A blocking barrier: on its timeout (None: the group's) it raises on
-        every rank naming the ranks that did not arrive (ddplug always names all
-        of them: ``wait_all_ranks`` has no other meaning); a timeout of 0 times
-        out at once unless every rank is there."""
-        self._blocking_barrier(-1 if timeout is None else _call_timeout_ms(timeout),
-                               f"Rank {self._me} timed out in monitoredBarrier (monitored_barrier)")
+        """gloo's monitored barrier: every rank announces its arrival at the
+        group's n-th monitored barrier in the run's store and waits at most
+        ``timeout`` (None: the group's) for every other rank's; on timeout it
+        raises on this rank, naming every rank that did not arrive (ddplug always
+        names all of them: ``wait_all_ranks`` has no other meaning), and the run
+        goes on, as with gloo: no collective was started, so nothing is left
+        pending (a blocking ``barrier``'s timeout ends the run instead). A
+        timeout of 0 times out at once unless every rank is already there."""
+        if timeout is None:
+            limit_s = self._ctx.collective_timeout_s or _TORCH_DEFAULT_TIMEOUT_S
+        else:
+            limit_s = max(_call_timeout_ms(timeout), 0) / 1000
+        self._handle()  # a closed group says so
+        self._monitored += 1
+        key = f"torch/monitored_barrier/{self._monitored}/"
+        store = self._ctx.store
+        store.set(key + str(self._me), b"1")
+        deadline = time.monotonic() + limit_s
+        missing = []
+        for r in range(self._ws):
+            if r == self._me:
+                continue
+            try:
+                store.get(key + str(r), max(deadline - time.monotonic(), 0.0))
+            except DdplugError as exc:
+                if exc.name != "TIMEOUT":
+                    raise _errors.backend_error(exc) from None
+                missing.append(r)
+        if missing:
+            raise _errors.make(
+                _TIMEOUT, f"Rank {self._me} timed out in monitoredBarrier (monitored_barrier) after"
+                f" {limit_s:g} s: rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not"
+                f" arrive{_TIMEOUT_HINT}", self._where())
 
     def _blocking_barrier(self, ms: int, what: str) -> None:
         """A barrier waited for at most ``ms`` (-1: the group's timeout; 0: it

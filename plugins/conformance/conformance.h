@@ -142,6 +142,13 @@ int cf_coll_once(ddplug_context *ctx, int rank, int world, int kind, int dtype, 
  * takes host buffers (else the row id is reported skipped, and 0). */
 int cf_first_dtype(const ddplug_plugin_info *in);
 int cf_mentions_rank(const char *text, int rank);
+/* Under a launcher that ends the whole job when a rank dies (no fault
+ * tolerance), it may kill rank 0 — which serves the rendezvous store — before
+ * a survivor has seen the victim's death: the survivor's PEER_LOST then
+ * names rank 0's store instead of the victim. Whether err says so (only for
+ * a launched rank and a victim other than 0): the caller skips its check,
+ * saying why, instead of failing the plugin for the launcher's race. */
+int cf_launcher_took_the_store(const cf_rank *r, const char *err, int victim);
 int cf_need_host_memory(cf_rank *r, const char *id, const char *title);
 /* Monotonic seconds. */
 double cf_now(void);

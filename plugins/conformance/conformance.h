@@ -149,6 +149,11 @@ int cf_mentions_rank(const char *text, int rank);
  * a launched rank and a victim other than 0): the caller skips its check,
  * saying why, instead of failing the plugin for the launcher's race. */
 int cf_launcher_took_the_store(const cf_rank *r, const char *err, int victim);
+/* The skip's sentence (victim, the error). */
+#define CF_LAUNCHER_TOOK_THE_STORE                                                          \
+  "the launcher ended rank 0 (which serves the rendezvous store) before this rank saw rank " \
+  "%d die: it ends the whole job when a rank dies; a fault-tolerant MPI (Open MPI 5, mpirun " \
+  "--with-ft ulfm) keeps the survivors: %s"
 int cf_need_host_memory(cf_rank *r, const char *id, const char *title);
 /* Monotonic seconds. */
 double cf_now(void);

@@ -64,11 +64,6 @@ int cf_launcher_took_the_store(const cf_rank *r, const char *err, int victim) {
          cf_mentions_rank(err, 0) && strstr(err, "store") != NULL;
 }
 
-#define LAUNCHER_TOOK_THE_STORE                                                             \
-  "the launcher ended rank 0 (which serves the rendezvous store) before this rank saw rank " \
-  "%d die: it ends the whole job when a rank dies; a fault-tolerant MPI (Open MPI 5, mpirun " \
-  "--with-ft ulfm) keeps the survivors: %s"
-
 static int open_or_report(cf_rank *r, const char *id, ddplug_context **ctx) {
   int s = cf_open(r, NULL, FAULT_TIMEOUT_S, NULL, ctx);
   if (s != DDPLUG_OK)
@@ -211,7 +206,7 @@ static void survivor(cf_rank *r, ddplug_context *ctx, const char *id, const char
     cf_report(r, id, slots, CF_FAIL, title, "the allreduce returned %s, expected PEER_LOST%s%s",
               ddplug_status_name(s), s ? ": " : "", s ? why : "");
   else if (cf_launcher_took_the_store(r, cf_error(ctx), victim))
-    cf_report(r, id, slots, CF_SKIP, title, LAUNCHER_TOOK_THE_STORE, victim, cf_error(ctx));
+    cf_report(r, id, slots, CF_SKIP, title, CF_LAUNCHER_TOOK_THE_STORE, victim, cf_error(ctx));
   else if (!cf_mentions_rank(cf_error(ctx), victim))
     cf_report(r, id, slots, CF_FAIL, title, "PEER_LOST does not name rank %d: %s", victim,
               cf_error(ctx));

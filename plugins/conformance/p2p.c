@@ -398,9 +398,8 @@ void cf_p2p_dead_rank(cf_rank *r) {
       cf_report(r, "p2p.dead", P2P_SLOTS, CF_FAIL, T, "the receive returned %s, expected "
                 "PEER_LOST: %s", ddplug_status_name(s), cf_error(ctx));
     else if (cf_launcher_took_the_store(r, cf_error(ctx), victim))
-      cf_report(r, "p2p.dead", P2P_SLOTS, CF_SKIP, T, "the launcher ended rank 0 (which serves "
-                "the rendezvous store) before this rank saw rank %d die: it ends the whole job "
-                "when a rank dies: %s", victim, cf_error(ctx));
+      cf_report(r, "p2p.dead", P2P_SLOTS, CF_SKIP, T, CF_LAUNCHER_TOOK_THE_STORE, victim,
+                cf_error(ctx));
     else if (!cf_mentions_rank(cf_error(ctx), victim))
       cf_report(r, "p2p.dead", P2P_SLOTS, CF_FAIL, T, "PEER_LOST does not name rank %d: %s",
                 victim, cf_error(ctx));

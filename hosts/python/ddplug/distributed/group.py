@@ -61,6 +61,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 from torch.distributed import ReduceOp
+from torch.distributed.constants import default_pg_timeout
 
 from .._c import _buffers, _names
 from .._c._capi import F
@@ -85,8 +86,6 @@ _wait = F.ddplug_request_wait
 _free = F.ddplug_request_free
 
 _TIMEOUT = status_code("TIMEOUT")
-# torch's default timeout of CPU backends (torch.distributed.constants.default_pg_timeout)
-_TORCH_DEFAULT_TIMEOUT_S = 1800.0
 # What every timeout says, once: where the time limit comes from.
 _TIMEOUT_HINT = ("; raise the timeout with timeout= (init_process_group, new_group or the call itself; torch's"
                  " default for CPU backends is 30 min) or, outside torch.distributed, timeouts.collective_s in"
@@ -381,10 +380,9 @@ class ProcessGroupDdplug(ProcessGroup):
         goes on, as with gloo: no collective was started, so nothing is left
         pending (a blocking ``barrier``'s timeout ends the run instead). A
         timeout of 0 times out at once unless every rank is already there."""
-        if timeout is None:
-            limit_s = self._ctx.collective_timeout_s or _TORCH_DEFAULT_TIMEOUT_S
-        else:
-            limit_s = max(_call_timeout_ms(timeout), 0) / 1000
+        ms = -1 if timeout is None else _call_timeout_ms(timeout)
+        limit_s = ms / 1000 if ms >= 0 else (self._ctx.collective_timeout_s
+                                             or default_pg_timeout.total_seconds())
         self._handle()  # a closed group says so
         self._monitored += 1
         key = f"torch/monitored_barrier/{self._monitored}/"

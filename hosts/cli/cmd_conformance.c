@@ -17,10 +17,51 @@
 #include "commands.h"
 #include "conformance.h"
 
+/* The scenarios' names, comma-separated, for the usage text and errors. */
+static const char *scenario_names(void) {
+  static char names[512];
+  if (!names[0])
+    for (int i = 0; i < cf_scenario_count; i++)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+               cf_scenarios[i].name);
+  return names;
+}
+
+/* Whether `name` is in the comma-separated `list`. */
+static int listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && !strncmp(p, name, n)) return 1;
+    if (!end) break;
+    p = end + 1;
+  }
+  return 0;
+}
+
+/* Every name of the comma-separated `list` is a scenario, or say which is not. */
+static int check_scenarios(const char *list) {
+  for (const char *p = list;;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    int known = 0;
+    for (int i = 0; i < cf_scenario_count && !known; i++)
+      known = strlen(cf_scenarios[i].name) == len && !strncmp(cf_scenarios[i].name, p, len);
+    if (!known) {
+      fprintf(stderr, "ddplug conformance: --scenario: no scenario '%.*s'; the scenarios are: %s\n",
+              (int)len, p, scenario_names());
+      return 0;
+    }
+    if (!end) return 1;
+    p = end + 1;
+  }
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ddplug conformance [-n RANKS] [-o JSON] [-t SEC] [-v] [--shared-gpu]\n"
-          "                          [--launcher CMD] NAME|PATH\n"
+          "                          [--launcher CMD] [-s SCENARIO[,SCENARIO...]] NAME|PATH\n"
           "  Runs the conformance suite against a plugin: its table (entry point, name,\n"
           "  capabilities, masks), the group's life cycle, every advertised dtype x op in\n"
           "  place and out of place, async requests, abort from another thread, a killed\n"
@@ -39,9 +80,12 @@ static void usage(FILE *f) {
           "                  them (a plugin whose ranks must be one MPI job: --launcher\n"
           "                  \"mpirun --oversubscribe\", \"mpiexec\", \"srun\"); the ranks open\n"
           "                  without a world or rendezvous, so the plugin's bootstrap runs\n"
+          "  -s, --scenario S run only these scenarios (comma-separated; the table and the\n"
+          "                  group's life cycle always run), of:\n                  %s\n"
           "  --shared-gpu    let ranks share a GPU (checks.duplicate_gpu = \"warn\"), for a\n"
           "                  device plugin on a machine with fewer GPUs than RANKS (nccl:\n"
-          "                  NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)\n");
+          "                  NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)\n",
+          scenario_names());
 }
 
 /* The fault wrapper plugin, relative to libddplug: <libdir>/ddplug/
@@ -80,7 +124,7 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   plan->options = "{}";
   plan->fault_timeout_s = 40;
   plan->free_port = ddplug_cmd_free_port;
-  const char *what = NULL, *worker = NULL, *rows_dir = NULL;
+  const char *what = NULL, *worker = NULL, *rows_dir = NULL, *only = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -121,6 +165,15 @@ int ddplug_cmd_conformance(int argc, char **argv) {
       plan->verbose = 1;
     } else if (!strcmp(a, "--shared-gpu")) {
       plan->shared_gpu = 1;
+    } else if (!strcmp(a, "-s") || !strcmp(a, "--scenario")) {
+      if (!v || !*v || !check_scenarios(v)) {
+        if (!v || !*v)
+          fprintf(stderr, "ddplug conformance: %s needs scenario names: %s\n", a, scenario_names());
+        free(plan);
+        return 2;
+      }
+      only = v;
+      i++;
     } else if (!strcmp(a, "--launcher") || !strcmp(a, "--worker") || !strcmp(a, "--rows")) {
       if (!v || !*v) {
         fprintf(stderr, "ddplug conformance: %s needs a value\n", a);
@@ -195,6 +248,9 @@ int ddplug_cmd_conformance(int argc, char **argv) {
   for (int i = 0; i < cf_scenario_count; i++) {
     const cf_scenario *sc = &cf_scenarios[i];
     if (!loaded && !sc->single) continue;
+    if (only && !listed(only, sc->name) && strcmp(sc->name, "table") &&
+        strcmp(sc->name, "lifecycle"))
+      continue;
     if (sc->needs_group && !group_ok) {
       char id[64];
       snprintf(id, sizeof id, "%s.skipped", sc->name);
@@ -249,7 +305,8 @@ int ddplug_cmd_conformance(int argc, char **argv) {
     print_row(&res.rows[res.n - 1]);
   }
   int before_slots = res.n;
-  cf_slot_rows(&res, group_ok ? NULL : "no group could be created here");
+  /* With --scenario, the slot rows would judge slots by a part of the suite. */
+  if (!only) cf_slot_rows(&res, group_ok ? NULL : "no group could be created here");
   if (res.n > before_slots) printf("\nslots (this suite knows plugin ABI %d.%d):\n",
                                    DDPLUG_PLUGIN_ABI_MAJOR, DDPLUG_PLUGIN_ABI_MINOR);
   for (int k = before_slots; k < res.n; k++) print_row(&res.rows[k]);

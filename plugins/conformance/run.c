@@ -312,6 +312,11 @@ static void run_launched(const cf_plan *plan, const cf_scenario *sc, cf_results 
   }
   size_t loglen = 0;
   char *out = slurp(log, &loglen);
+  /* -v: the ranks' log lines went to the launcher's output. */
+  if (plan->verbose && out) {
+    fprintf(stderr, "    [scenario %s: what the launcher and its ranks printed]\n%s", sc->name, out);
+    fflush(stderr);
+  }
   /* The launcher's last words, on one line, without its banners. */
   char last[400] = "";
   if (out) {

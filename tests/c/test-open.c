@@ -810,6 +810,38 @@ TEST(a_collective_that_fails_to_start_ends_the_run_for_everyone) {
   CHECK_EQ_INT(dt_run_ranks(2, rank_start_fails, NULL, NULL, 60, NULL), 0);
 }
 
+/* A rank dies while another's plugin is starting a collective: the start
+ * fails with the plugin's generic ABORTED, but the run ended first, and its
+ * status (PEER_LOST, naming the dead rank) is what the caller gets. (Found
+ * by the conformance suite under load: the mpi plugin's node group saw the
+ * death before the runtime did.) */
+static void rank_dies_during_a_start(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  use_config("{\"plugin\": \"reentrant\", \"rendezvous\": {\"timeout_s\": 20}}");
+  ddplug_context *ctx = open_ok();
+  ddplug_store *st = NULL;
+  CHECK_OK(ddplug_store_connect("127.0.0.1", atoi(getenv("MASTER_PORT")), NULL, 10000, &st));
+  if (rank == 1) {
+    void *v = NULL;
+    CHECK_OK(ddplug_store_get(st, "test/rank0-starting", 10000, &v, NULL));
+    ddplug_free(v);
+    _exit(0); /* without closing: a lost rank */
+  }
+  CHECK_OK(ddplug_store_set(st, "test/rank0-starting", "1", 1));
+  ddplug_store_close(st);
+  float x[9] = {0};
+  CHECK_STATUS(ddplug_allreduce(ctx, x, x, 9, DDPLUG_FLOAT32, DDPLUG_OP_SUM, NULL),
+               DDPLUG_E_PEER_LOST);
+  CHECK_CONTAINS(ddplug_last_error(), "rank 1 (pid ");
+  CHECK_CONTAINS(ddplug_last_error(), "exited or was killed");
+  ddplug_close(ctx);
+}
+
+TEST(a_rank_lost_while_a_start_fails_reports_peer_lost_not_aborted) {
+  CHECK_EQ_INT(dt_run_ranks(2, rank_dies_during_a_start, NULL, NULL, 60, NULL), 0);
+}
+
 TEST(a_request_outlives_its_closed_context_safely) {
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");

@@ -166,7 +166,9 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
   if (s != DDPLUG_OK) {
-    if (ddplug__request_start_failed(ctx, req, s, "collective_start") != s) return s;
+    /* The run ended meanwhile (its status, not the plugin's ABORTED) */
+    int run = ddplug__request_start_failed(ctx, req, s, "collective_start");
+    if (run != s) return run;
     ddplug__end_run_if_broken(ctx, s);
     return ddplug__ctx_capture_error(ctx, s);
   }

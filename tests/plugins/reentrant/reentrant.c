@@ -4,7 +4,8 @@
  * runtime called group_abort while holding its own lock, or from inside the
  * waiting slot, a ddplug_abort from another rank would deadlock here.
  * Barriers wait for a key nobody sets (until the run is aborted); an
- * allreduce of 7 elements fails to start with TIMEOUT; other collectives
+ * allreduce of 7 elements fails to start with TIMEOUT, one of 9 waits for
+ * the run to end and then fails to start with ABORTED; other collectives
  * are refused. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -51,6 +52,15 @@ static int rt_start(ddplug_plugin_group *g, const ddplug_coll_args *a, ddplug_pl
     g->svc->set_error(g->svc->host, DDPLUG_E_TIMEOUT,
                       "reentrant: the collective did not start in time (test)");
     return DDPLUG_E_TIMEOUT;
+  }
+  if (a->kind == DDPLUG_COLL_ALLREDUCE && a->count == 9) {
+    /* A start that waits in the store until the run ends, then fails the
+     * way an aborted plugin does: its generic ABORTED. */
+    char buf[8];
+    uint64_t len = 0;
+    g->svc->store_get(g->svc->host, "never-set", buf, sizeof buf, &len, 60000);
+    g->svc->set_error(g->svc->host, DDPLUG_E_ABORTED, "reentrant: the start was aborted (test)");
+    return DDPLUG_E_ABORTED;
   }
   if (a->kind != DDPLUG_COLL_BARRIER) {
     g->svc->set_error(g->svc->host, DDPLUG_E_UNSUPPORTED, "reentrant: barriers only");

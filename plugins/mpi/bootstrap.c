@@ -14,9 +14,14 @@
  * the backend is never unloaded: -z nodelete), because a process may open
  * and close several runs and MPI cannot be initialised twice. Never after
  * a group failed (a lost peer, an abort, a timeout; requests abandoned or
- * not) or a group_create failed: MPI_Finalize may wait forever for a dead
- * process (Open MPI 5 with ULFM) or for an abandoned collective; the
- * launcher then ends the job, which is what a failed run wants.
+ * not) or a group_create failed, nor after a run that began here (its
+ * bootstrap or group_create) and never got its group (ddplug_open failed
+ * before group_create, because another rank failed): MPI_Finalize may wait
+ * forever for a dead process or for a peer that exits without finalizing
+ * (Open MPI 5 with ULFM: seen when one rank of a failed open finalized and
+ * the others did not), or for an abandoned collective. Every rank of a
+ * failed run skips it alike; the launcher then ends the job, which is what
+ * a failed run wants.
  *
  * bootstrap_world reads the world from MPI_COMM_WORLD without any
  * collective beyond MPI's own initialisation (so a rank that never comes
@@ -61,8 +66,8 @@ static void at_exit(void) {
   for (ddplug_plugin_group *g = ddmpi_p.groups; g; g = g->next_group)
     pending |= g->coll_head || g->p2p_head || g->abandoned;
   int fin = 1;
-  if (ddmpi_p.we_initialised && !ddmpi_p.broken && !pending && MPI_Finalized(&fin) == MPI_SUCCESS &&
-      !fin)
+  if (ddmpi_p.we_initialised && !ddmpi_p.broken && !ddmpi_p.unsettled && !pending &&
+      MPI_Finalized(&fin) == MPI_SUCCESS && !fin)
     MPI_Finalize();
   pthread_mutex_unlock(&ddmpi_p.mu);
 }
@@ -175,6 +180,9 @@ static int env_int(const char *const *vars) {
 int ddmpi_bootstrap_world(const ddplug_host_services *svc, ddplug_bootstrap_world *out) {
   int st = ddmpi_mpi_ready(svc);
   if (st != DDPLUG_OK) return st;
+  pthread_mutex_lock(&ddmpi_p.mu);
+  ddmpi_p.unsettled = 1; /* a run begins: settled by its group */
+  pthread_mutex_unlock(&ddmpi_p.mu);
   static const char *const local_rank[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                            "SLURM_LOCALID", NULL};
   static const char *const local_size[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",

@@ -258,6 +258,9 @@ int ddmpi_group_begin(const ddplug_group_init *init, const ddplug_host_services 
                       "plugin mpi needs a runtime with plugin ABI 1.3's option services");
   int st = ddmpi_mpi_ready(svc);
   if (st != DDPLUG_OK) return st;
+  pthread_mutex_lock(&ddmpi_p.mu);
+  ddmpi_p.unsettled = 1; /* until the group is made (ddmpi_group_finish) */
+  pthread_mutex_unlock(&ddmpi_p.mu);
   ddplug_plugin_group *g = calloc(1, sizeof *g);
   if (!g) return ddmpi_fail(svc, DDPLUG_E_NO_MEMORY, "plugin mpi: group_create: out of memory");
   g->init = init;
@@ -290,6 +293,8 @@ int ddmpi_group_finish(ddplug_plugin_group *g, int st, int talked, char *err, si
     if (st != DDPLUG_OK) {
       ddmpi_p.groups = g->next_group;
       ddmpi_fmt(err, cap, "plugin mpi: cannot start the progress thread");
+    } else {
+      ddmpi_p.unsettled = 0;
     }
     pthread_mutex_unlock(&ddmpi_p.mu);
   }

@@ -146,6 +146,10 @@ typedef struct ddmpi_proc {
   int we_initialised;              /* so we finalize it, at exit             */
   int broken;                      /* MPI requests were abandoned: never
                                       finalize (it would wait for them)      */
+  int unsettled;                   /* a run began here (bootstrap_world,
+                                      group_create) and has no group yet: if
+                                      it failed there, its peers may not
+                                      finalize either; never finalize        */
   int world_rank, world_size;
   int tag_ub;
   MPI_Comm boot_comm;              /* bootstrap broadcasts (MPI_COMM_NULL

@@ -46,6 +46,13 @@ def worlds(lean: int, *more: int) -> list:
     return sorted({lean, *more}) if FULL else [lean]
 
 
+def variants(lean, *more) -> list:
+    """Like worlds, for any parameter: ``lean`` in make test, every one with
+    DDPLUG_TESTS=full. For variants another test covers at a lower layer in
+    make test (e.g. both run-once scopes in test_runonce.py)."""
+    return [lean, *more] if FULL else [lean]
+
+
 # The plugin the tests run on: "cpu" (CPU, shared memory) unless told otherwise.
 TEST_PLUGIN = os.environ.get("DDPLUG_TEST_PLUGIN", "cpu")
 os.environ.setdefault("DDPLUG_CONFIG", json.dumps({"plugin": TEST_PLUGIN, "rendezvous": {"timeout_s": 60}}))

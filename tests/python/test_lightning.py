@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_aborted_by, config, run_ranks, run_script, worlds
+from conftest import assert_aborted_by, config, run_ranks, run_script, variants, worlds
 
 N, B = 96, 4
 
@@ -270,7 +270,9 @@ def test_predict_and_test_split_by_the_plugin(out: Path, world: int) -> None:
     assert sorted(set(i for r in ranks for i in r["test_seen"])) == list(range(N // 3))
 
 
-@pytest.mark.parametrize("scope", ["global", "node"])
+# Both scopes of run-once are tested in test_runonce.py; through Lightning,
+# make test takes one scope here and the other for the failure below.
+@pytest.mark.parametrize("scope", variants("node", "global"))
 def test_prepare_data_runs_once_and_the_others_wait(out: Path, scope: str) -> None:
     run = run_script("lit_run.py", "--scenario", "prepare", "--devices", "2", "--epochs", "1",
                      "--prepare-scope", scope, out_dir=out).ok()
@@ -279,7 +281,7 @@ def test_prepare_data_runs_once_and_the_others_wait(out: Path, scope: str) -> No
         assert r["prepared_seen"] is True, "setup ran after prepare_data finished, on every rank"
 
 
-@pytest.mark.parametrize("scope", ["global", "node"])
+@pytest.mark.parametrize("scope", variants("global", "node"))
 def test_prepare_data_failure_reaches_every_rank(out: Path, scope: str) -> None:
     run = run_script("lit_run.py", "--scenario", "prepare", "--devices", "2", "--epochs", "1",
                      "--prepare-scope", scope, "--prepare-fail", out_dir=out)

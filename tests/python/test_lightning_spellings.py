@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import config, run_script
+from conftest import config, run_script, variants
 
 AUDIT = {"data_split": {"audit": "every_epoch", "on_violation": "error"}}
 
 
-@pytest.mark.parametrize("n,world", [(961, 2), (1000, 3)])
+# make test: 961 samples on 2 ranks (1 padded); with DDPLUG_TESTS=full also
+# 1000 on 3 (2 padded).
+@pytest.mark.parametrize("n,world", variants((961, 2), (1000, 3)))
 def test_gpt_sovits_setup_pads_like_torch_without_a_declaration(out: Path, n: int, world: int) -> None:
     run = run_script("sovits_pl.py", "--n", str(n), "--devices", str(world), out_dir=out,
                      env={"DDPLUG_CONFIG": config(**AUDIT), "DDPLUG_SECRET": ""}).ok()

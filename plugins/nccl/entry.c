@@ -4,7 +4,8 @@
  *
  * Capabilities: host and device memory, asynchronous requests backed by
  * CUDA events, several nodes, abort from any thread, CUDA streams, sends
- * and receives (tag 0, named peers: p2p.c). Not
+ * and receives (tag 0, named peers: p2p.c), group_shrink (shrink.c:
+ * declines unless plugin_options.shrink = "auto"). Not
  * advertised: DDPLUG_CAP_MISMATCH_CHECK (the check exists but is opt-in,
  * plugin_options.check_mismatch, because it costs store round trips on
  * every collective) and the sampler slots (the runtime's defaults apply).
@@ -44,7 +45,7 @@ static const ddplug_plugin ddnccl_table = {
                    DDNCCL_HEADER_VERSION ", CUDA " DDNCCL_BUILD_CUDA ")",
     .caps = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY |
             DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_ABORT |
-            DDPLUG_CAP_STREAMS | DDPLUG_CAP_P2P,
+            DDPLUG_CAP_STREAMS | DDPLUG_CAP_P2P | DDPLUG_CAP_SHRINK,
     .dtype_mask = DDNCCL_DTYPES,
     .op_mask = DDNCCL_OPS,
     .group_create = ddnccl_group_create,
@@ -57,6 +58,9 @@ static const ddplug_plugin ddnccl_table = {
     /* sampler slots: NULL, the runtime's default samplers apply */
     .options = ddnccl_option_decls,
     .p2p_start = ddnccl_p2p_start,
+    /* shrink: declines (UNSUPPORTED, the runtime re-creates) unless
+     * plugin_options.shrink = "auto" and NCCL can (shrink.c) */
+    .group_shrink = ddnccl_group_shrink,
 };
 
 DDPLUG_PLUGIN_EXPORT const ddplug_plugin *ddplug_plugin_entry_v1(

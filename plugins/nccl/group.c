@@ -19,7 +19,7 @@
  *      rank learns it through the store key "abort";
  *   6. one 1-element allreduce, waited for (same deadline): NCCL sets up
  *      its connections lazily, on first use, with every peer taking part —
- *      here, rather than in the first collective_start (connect_eagerly).
+ *      here, rather than in the first collective_start (ddnccl_connect_eagerly).
  * The plugin makes its device current on the calling thread (as
  * torch.cuda.set_device does) and leaves it so.
  *
@@ -57,8 +57,10 @@ int ddnccl_group_fail(ddplug_plugin_group *g, int status, int publish,
   /* Non-blocking communicator: ncclCommAbort sets the abort flag the
    * kernels poll and reclaims the rest in NCCL's background thread. Done
    * under comm_mu so the slot thread never uses a communicator being
-   * freed. */
-  if (comm) (void)ncclCommAbort(comm);
+   * freed. With shrink "auto", a ready group's communicator is revoked
+   * instead (its operations stop the same way) and kept for group_shrink
+   * (shrink.c); group_destroy aborts it. */
+  if (comm && !(g->ready && ddnccl_revoke_for_shrink(g, comm))) (void)ncclCommAbort(comm);
   int result = g->fail_status;
   char msg[DDNCCL_MSG_MAX];
   ddnccl_fmt(msg, sizeof msg, "%s", g->fail_msg);
@@ -264,7 +266,11 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
   pthread_mutex_unlock(&g->comm_mu);
   int st = ddnccl_settle(g, deadline, "NCCL communicator init", 0);
   if (st != DDPLUG_OK) return st;
+  return ddnccl_group_resources(g);
+}
 
+/* See internal.h. */
+int ddnccl_group_resources(ddplug_plugin_group *g) {
   cudaError_t ce = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
   if (ce == cudaSuccess) ce = cudaMalloc((void **)&g->scratch, sizeof(int32_t));
   if (ce == cudaSuccess) ce = cudaMemset(g->scratch, 0, sizeof(int32_t));
@@ -294,7 +300,7 @@ static int init_comm(ddplug_plugin_group *g, const ncclUniqueId *id,
  * their first use, with every rank calling the same collective; setting
  * NCCL_RUNTIME_CONNECT=0 makes NCCL connect every algorithm during init
  * (more GPU memory) and this step cheap. */
-static int connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
+int ddnccl_connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
   static const char what[] = "NCCL connection setup (a 1-element allreduce)";
   if (g->world < 2) return DDPLUG_OK;
   uint64_t t0 = ddnccl_now_ns();
@@ -368,8 +374,11 @@ static int connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
   return DDPLUG_OK;
 }
 
-/* Releases what create made; the communicator is already aborted or gone. */
-static void release(ddplug_plugin_group *g) {
+/* See internal.h. Releases what create made; the communicator is already
+ * aborted or gone, a revoked one is aborted here. */
+void ddnccl_group_release(ddplug_plugin_group *g) {
+  if (g->revoked) (void)ncclCommAbort(g->revoked);
+  g->revoked = NULL;
   (void)ddnccl_pool_destroy(&g->pool, 0); /* events only: no stages yet */
   if (g->scratch) (void)cudaFree(g->scratch);
   if (g->stream) (void)cudaStreamDestroy(g->stream);
@@ -443,7 +452,7 @@ int ddnccl_group_create(const ddplug_group_init *init,
   }
   if (st != DDPLUG_OK) {
     ddnccl_fail(svc, st, "nccl: %s", msg);
-    release(g);
+    ddnccl_group_release(g);
     return st;
   }
 
@@ -464,16 +473,17 @@ int ddnccl_group_create(const ddplug_group_init *init,
     /* Tell the peers waiting for the id or in init, then fail here. */
     ddnccl_group_fail(g, st, 1, "%s", err);
     ddnccl_fail(svc, st, "nccl: %s", err);
-    release(g);
+    ddnccl_group_release(g);
     return st;
   }
   st = init_comm(g, &id, deadline);
-  if (st == DDPLUG_OK) st = connect_eagerly(g, deadline);
+  if (st == DDPLUG_OK) st = ddnccl_connect_eagerly(g, deadline);
   if (st != DDPLUG_OK) {
     ddnccl_group_failed_status(g, 1);
-    release(g);
+    ddnccl_group_release(g);
     return st;
   }
+  g->ready = 1;
   int v = g->self.nccl_version;
   ddnccl_log(svc, g->log_level, DDPLUG_LOG_INFO,
              "NCCL %d.%d.%d communicator ready: rank %d of %d on cuda:%d "
@@ -564,7 +574,7 @@ int ddnccl_group_destroy(ddplug_plugin_group *g) {
     (void)cudaFree(g->scratch);
   }
   g->scratch = NULL;
-  release(g);
+  ddnccl_group_release(g);
   return st;
 }
 

@@ -31,6 +31,7 @@ typedef struct ddnccl_options {
   uint32_t device_map_len;
   int allow_shared_gpu;    /* 0/1, default 0                             */
   int check_mismatch;      /* 0/1, default 0                             */
+  int shrink_auto;         /* shrink "auto" (1) or "recreate" (0)        */
 } ddnccl_options;
 
 /* ---- the device record (device.c) -------------------------------------------- */
@@ -124,6 +125,11 @@ struct ddplug_plugin_group {
    * (after ncclCommAbort) under comm_mu by group_abort from any thread. */
   pthread_mutex_t comm_mu;
   ncclComm_t comm;
+  /* After a failure with shrink "auto" (and an NCCL that can): the
+   * communicator, revoked instead of aborted so that group_shrink can
+   * shrink it (shrink.c); group_destroy aborts it. Under comm_mu. */
+  ncclComm_t revoked;
+  int ready;                         /* created (group_create/_shrink done) */
   atomic_int failed;                 /* set once; then every call fails     */
   int fail_status;                   /* under comm_mu                       */
   char fail_msg[DDNCCL_MSG_MAX]; /* under comm_mu                     */

@@ -24,6 +24,9 @@
  *   mismatch.c    the optional cross-rank check of every collective
  *   p2p.c         sends and receives: ncclSend / ncclRecv, queued and
  *                 launched together as one NCCL group section
+ *   shrink.c      group_shrink: the survivors' communicator in place
+ *                 (ncclCommRevoke, ncclCommShrink), with plugin_options
+ *                 shrink = "auto"
  * The semantics (what happens on timeout, abort, peer loss; what NCCL cannot
  * detect) are documented in README.md beside this file.
  *
@@ -174,7 +177,8 @@ int ddnccl_pool_destroy(ddnccl_pool *p, uint64_t deadline_ns);
 /* ---- the group and its requests (group.c, collective.c) ----------------- */
 
 /* group.c: make the group unusable (first call wins): record status and
- * sentence, abort the NCCL communicator (ncclCommAbort), and with publish
+ * sentence, abort the NCCL communicator (ncclCommAbort; a ready group with
+ * shrink "auto" revokes it instead, shrink.c), and with publish
  * tell the peers through the store key "abort". Thread-safe. Returns the
  * status the group failed with (the first one). */
 int ddnccl_group_fail(ddplug_plugin_group *g, int status, int publish,
@@ -188,6 +192,22 @@ int ddnccl_group_failed_status(ddplug_plugin_group *g, int original);
 int ddnccl_check_peer_abort(ddplug_plugin_group *g);
 /* Make the group's device current on the calling thread. cudaError_t. */
 cudaError_t ddnccl_use_device(ddplug_plugin_group *g);
+/* The CUDA stream and the barrier's scratch word a ready communicator
+ * needs; on failure the group is failed (peers told). */
+int ddnccl_group_resources(ddplug_plugin_group *g);
+/* Step 6 of group_create: one 1-element allreduce, waited for, so NCCL
+ * connects what barriers and small collectives use while every rank is
+ * here (NCCL >= 2.22 connects lazily). Bounded by deadline_ns. */
+int ddnccl_connect_eagerly(ddplug_plugin_group *g, uint64_t deadline_ns);
+/* Free a group that holds no requests (create failed, or after destroy's
+ * own part): pools, stream, scratch, options, the revoked communicator. */
+void ddnccl_group_release(ddplug_plugin_group *g);
+
+/* shrink.c: with shrink "auto" and an NCCL that has ncclCommRevoke and
+ * ncclCommShrink, revoke comm (called by ddnccl_group_fail under comm_mu
+ * with g->comm already cleared) and keep it as g->revoked: returns 1. Else
+ * 0, and the caller aborts it. */
+int ddnccl_revoke_for_shrink(ddplug_plugin_group *g, ncclComm_t comm);
 
 /* progress.c: wait until the communicator's pending NCCL call settles
  * (ncclCommGetAsyncError no longer ncclInProgress), at most until
@@ -253,5 +273,8 @@ void ddnccl_request_free(ddplug_plugin_group *group,
                          ddplug_plugin_request *req);
 int ddnccl_p2p_start(ddplug_plugin_group *group, const ddplug_p2p_args *args,
                      ddplug_plugin_request **req);
+int ddnccl_group_shrink(ddplug_plugin_group *group, const ddplug_group_init *init,
+                        const ddplug_host_services *svc, const int32_t *old_rank_of,
+                        ddplug_plugin_group **out);
 
 #endif /* DDPLUG_NCCL_INTERNAL_H */

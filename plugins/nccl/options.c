@@ -3,7 +3,14 @@
  *
  *   {"device_map": [0, 1, 2, 3],   CUDA ordinal of each local rank
  *    "allow_shared_gpu": false,    let two ranks use one GPU (NCCL >= 2.30)
- *    "check_mismatch": false}      compare every collective across ranks
+ *    "check_mismatch": false,      compare every collective across ranks
+ *    "shrink": "recreate"}         how the group is re-formed after a lost
+ *                                  rank (elastic.on_peer_lost = "shrink"):
+ *                                  "recreate" a new communicator over the
+ *                                  survivors (the runtime's group_create;
+ *                                  run on an H100), "auto" in place with
+ *                                  ncclCommShrink where the NCCL has it and
+ *                                  ncclCommRevoke (shrink.c)
  *
  * Declared (plugin ABI 1.3): the runtime refuses unknown keys, wrong types
  * and out-of-range values (DDPLUG_E_CONFIG naming the key path,
@@ -49,8 +56,21 @@ static const ddplug_option opt_check_mismatch = {
                    "it (milliseconds per call: for debugging).",
 };
 
+static const char *const k_shrink[] = {"recreate", "auto", NULL};
+static const ddplug_option opt_shrink = {
+    .struct_size = sizeof(ddplug_option),
+    .abi_version = DDPLUG_PLUGIN_ABI_VERSION,
+    .name = "shrink",
+    .type = DDPLUG_OPTION_STRING,
+    .choices = k_shrink,
+    .default_json = "\"recreate\"",
+    .description = "How the group is re-formed after a lost rank (elastic.on_peer_lost = "
+                   "shrink): recreate (a new communicator over the survivors), auto (in place "
+                   "with ncclCommShrink where the loaded NCCL has ncclCommShrink and "
+                   "ncclCommRevoke, else recreate)."};
+
 const ddplug_option *const ddnccl_option_decls[] = {
-    &opt_device_map, &opt_allow_shared_gpu, &opt_check_mismatch, NULL};
+    &opt_device_map, &opt_allow_shared_gpu, &opt_check_mismatch, &opt_shrink, NULL};
 
 /* See internal.h. */
 int ddnccl_options_read(const ddplug_host_services *svc, ddnccl_options *out,
@@ -61,6 +81,10 @@ int ddnccl_options_read(const ddplug_host_services *svc, ddnccl_options *out,
   out->allow_shared_gpu = b;
   if (st == DDPLUG_OK) st = svc->option_bool(svc->host, "check_mismatch", &b);
   out->check_mismatch = b;
+  char shrink[16] = "";
+  uint64_t slen = 0;
+  if (st == DDPLUG_OK) st = svc->option_string(svc->host, "shrink", shrink, sizeof shrink, &slen);
+  out->shrink_auto = st == DDPLUG_OK && !strcmp(shrink, "auto");
   if (st != DDPLUG_OK) {
     ddnccl_fmt(err, cap, "plugin_options: the runtime refused them (%s)",
                ddnccl_status_name(st));

@@ -960,6 +960,85 @@ TEST(p2p_tag_other_than_0_refused_and_a_late_send_completes_a_timed_out_receive)
   store_free(s);
 }
 
+/* ---- elastic: group_shrink ---------------------------------------------- */
+
+/* The new generation the runtime would make for the survivors: its store
+ * keys (a prefix of their own: here a store of their own) and inits. */
+static fake_store *g_store2;
+static fake_world g_world2;
+static fake_rank g_fr2[2];
+static int g_in_place; /* plugin_options.shrink = "auto" */
+
+/* Rank 1 of 3 is lost while ranks 0 and 2 wait in an allreduce it never
+ * joins. The runtime aborts the survivors' group (PEER_LOST reached them)
+ * and asks for the group without it: old ranks 0 and 2 become 0 and 1. */
+static void shrink_body(frank *f) {
+  static const int32_t old_of[2] = {0, 2};
+  if (f->rank == 1) { /* the lost rank: never calls NCCL again */
+    pthread_barrier_wait(&g_sync);
+    pthread_barrier_wait(&g_sync);
+    return;
+  }
+  ddplug_plugin_request *req = lonely_allreduce(f);
+  pthread_barrier_wait(&g_sync);
+  CHECK_OK(ddnccl_group_abort(f->g, "rank 1 (pid 1001) exited or was killed"));
+  CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 5000), DDPLUG_E_ABORTED);
+  ddnccl_request_free(f->g, req);
+  /* "auto": revoked and kept for the shrink; "recreate": aborted */
+  CHECK_EQ_INT(f->g->revoked != NULL, g_in_place);
+  int nr = f->rank == 0 ? 0 : 1;
+  ddplug_plugin_group *g2 = NULL;
+  int st = ddnccl_group_shrink(f->g, &g_world2.init[nr], &g_fr2[nr].svc, old_of, &g2);
+  if (g_in_place) {
+    CHECK_MSG(st == DDPLUG_OK, "rank %d: group_shrink: %s: %s", f->rank, ddnccl_status_name(st),
+              g_fr2[nr].err);
+    float *d = NULL;
+    CHECK(cudaMalloc((void **)&d, 8 * sizeof(float)) == cudaSuccess);
+    for (int i = 0; i < 8; i++) d[i] = (float)(f->rank + 1) * (float)(i + 1);
+    ddplug_coll_args a = coll_args(DDPLUG_COLL_ALLREDUCE, d, d, 8, DDPLUG_FLOAT32, DDPLUG_OP_SUM,
+                                   0, NULL, 1);
+    ddplug_plugin_request *r2 = NULL;
+    CHECK_OK(ddnccl_collective_start(g2, &a, &r2));
+    CHECK_OK(ddnccl_request_wait(g2, r2, 5000));
+    ddnccl_request_free(g2, r2);
+    for (int i = 0; i < 8; i++) /* (0+1 + 2+1) * (i+1): the survivors only */
+      CHECK_MSG(d[i] == 4.0f * (float)(i + 1), "rank %d: element %d is %g", nr, i, d[i]);
+    CHECK(cudaFree(d) == cudaSuccess);
+    CHECK_OK(ddnccl_group_destroy(g2));
+  } else {
+    CHECK_EQ_INT(st, DDPLUG_E_UNSUPPORTED);
+    CHECK(g2 == NULL);
+    CHECK_CONTAINS(g_fr2[nr].err, "cannot shrink in place");
+    CHECK_CONTAINS(g_fr2[nr].err, "plugin_options.shrink is \"recreate\"");
+  }
+  pthread_barrier_wait(&g_sync);
+  CHECK(cudaFree(g_buf[f->rank]) == cudaSuccess);
+}
+
+static void shrink_case(const char *options, int in_place) {
+  fake_reset();
+  fake.devices = 3;
+  g_in_place = in_place;
+  g_store2 = store_new();
+  world_init(&g_world2, 2, options, 10000);
+  for (int r = 0; r < 2; r++) rank_init(&g_fr2[r], g_store2, r);
+  frank f[3];
+  fake_world w;
+  fake_store *s = run_ranks(f, &w, 3, options, 10000, shrink_body, NULL);
+  all_created(f, 3);
+  CHECK_EQ_INT(fake_live_comms(), 0); /* the revoked one aborted at destroy */
+  store_free(s);
+  store_free(g_store2);
+}
+
+TEST(shrink_auto_makes_the_survivors_communicator_in_place) {
+  shrink_case("{\"shrink\": \"auto\"}", 1);
+}
+
+TEST(shrink_recreate_declines_so_the_runtime_makes_a_new_group) {
+  shrink_case("{}", 0);
+}
+
 TEST(no_device_through_the_fake) {
   fake_reset();
   fake.devices = 0;

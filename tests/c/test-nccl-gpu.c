@@ -67,7 +67,11 @@ static int need_gpus(int n) {
 
 /* The version code of the NCCL library the plugin loads (its own RPATH, as
  * ddplug_open would resolve it), asked in a throwaway child; 0 if unknown. */
-static int plugin_nccl_version(void) {
+static int plugin_nccl_version_with(const char *needs);
+static int plugin_nccl_version(void) { return plugin_nccl_version_with(NULL); }
+
+/* ... 0 as well when that libnccl lacks the symbol `needs` (non-NULL). */
+static int plugin_nccl_version_with(const char *needs) {
   int fds[2];
   if (pipe(fds) != 0) return 0;
   fflush(stdout);
@@ -82,6 +86,7 @@ static int plugin_nccl_version(void) {
                   : NULL;
     int (*get)(int *) = h ? (int (*)(int *))dlsym(h, "ncclGetVersion") : NULL;
     if (get && get(&v) != 0) v = 0;
+    if (needs && h && !dlsym(h, needs)) v = 0;
     if (write(fds[1], &v, sizeof v) != (ssize_t)sizeof v) _exit(1);
     _exit(0);
   }
@@ -592,12 +597,23 @@ TEST_T(p2p_ring_device_host_pinned_and_16mib_on_three_ranks, 300) {
 /* Three ranks (elastic.on_peer_lost = "shrink"); rank 2 is killed with an
  * allreduce of device memory in flight. The survivors' allreduce fails with
  * PEER_LOST (or completes, if rank 2's share was in: the next one fails),
- * ddplug_shrink re-forms the group over ranks 0 and 1 (the runtime destroys
- * the aborted NCCL communicator and creates a new one: the nccl plugin has
- * no group_shrink), and device allreduces then sum over the two. */
+ * ddplug_shrink re-forms the group over ranks 0 and 1, and device
+ * allreduces then sum over the two. With plugin_options.shrink "recreate"
+ * (the default) the runtime destroys the aborted NCCL communicator and
+ * creates a new one (the plugin's group_shrink declines); with "auto"
+ * (arg non-NULL) the plugin shrinks the revoked one in place with
+ * ncclCommShrink, which its log line says. */
+static int g_shrunk_in_place;
+static void shrink_log(void *user, int level, int rank, const char *line) {
+  (void)user;
+  (void)level;
+  (void)rank;
+  if (strstr(line, "shrunk in place with ncclCommShrink")) g_shrunk_in_place = 1;
+}
+
 static void elastic_rank(int rank, int world, void *arg) {
   (void)world;
-  (void)arg;
+  if (arg) ddplug_log_set_callback(shrink_log, NULL);
   ddplug_context *ctx = open_ok();
   float *d, h[256];
   CUDA_OK(cudaMalloc((void **)&d, sizeof h));
@@ -626,6 +642,7 @@ static void elastic_rank(int rank, int world, void *arg) {
   CHECK_EQ_INT(m.world_size, 2);
   CHECK_EQ_INT(m.rank, rank);
   CHECK_EQ_STR(m.lost, "2");
+  if (arg) CHECK_MSG(g_shrunk_in_place, "rank %d: the group was not shrunk in place", rank);
   for (int i = 0; i < 256; i++) h[i] = (float)(rank + 1);
   CUDA_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
   for (int k = 0; k < 3; k++)
@@ -638,18 +655,34 @@ static void elastic_rank(int rank, int world, void *arg) {
   CHECK_OK(ddplug_close(ctx));
 }
 
-TEST_T(elastic_shrink_after_a_rank_dies_inside_a_device_allreduce, 300) {
+static void elastic_case(const char *extra_options, void *arg) {
   int gpus = need_rank_slots(3);
-  set_config(3, gpus, NULL, 60);
-  /* set_config's JSON ends "}}": add the elastic section before the last brace */
+  set_config(3, gpus, extra_options, 60);
+  /* set_config's JSON ends "}}": add the elastic section and the log level
+   * before the last brace */
   size_t len = strlen(g_config);
   snprintf(g_config + len - 1, sizeof g_config - len + 1,
-           ",\"elastic\":{\"on_peer_lost\":\"shrink\"}}");
+           ",\"elastic\":{\"on_peer_lost\":\"shrink\"},\"log_level\":\"info\"}");
   int statuses[3] = {0, 0, 0};
-  CHECK_EQ_INT(dt_run_ranks(3, elastic_rank, NULL, g_env, 280, statuses), 1);
+  CHECK_EQ_INT(dt_run_ranks(3, elastic_rank, arg, g_env, 280, statuses), 1);
   CHECK(WIFSIGNALED(statuses[2]) && WTERMSIG(statuses[2]) == SIGKILL);
   CHECK(WIFEXITED(statuses[0]) && WEXITSTATUS(statuses[0]) == 0);
   CHECK(WIFEXITED(statuses[1]) && WEXITSTATUS(statuses[1]) == 0);
+}
+
+TEST_T(elastic_shrink_after_a_rank_dies_inside_a_device_allreduce, 300) {
+  elastic_case(NULL, NULL);
+}
+
+/* The same with the communicator shrunk in place (ncclCommShrink of the
+ * revoked one): needs an NCCL with ncclCommRevoke and ncclCommShrink. */
+TEST_T(elastic_shrink_in_place_with_nccl_comm_shrink, 300) {
+  need_rank_slots(3);
+  if (!plugin_nccl_version_with("ncclCommRevoke") || !plugin_nccl_version_with("ncclCommShrink"))
+    dt_skip("the loaded NCCL (%d) has no ncclCommRevoke or ncclCommShrink",
+            plugin_nccl_version());
+  static int in_place = 1;
+  elastic_case(",\"shrink\":\"auto\"", &in_place);
 }
 
 #endif /* DDPLUG_TEST_NCCL */

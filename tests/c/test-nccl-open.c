@@ -102,7 +102,7 @@ TEST(open_with_bad_plugin_options_names_the_key) {
   static const expect bad = {
       DDPLUG_E_CONFIG,
       {"plugin_options.device_mapp: plugin nccl has no such option (did you mean 'device_map'?",
-       "its options: device_map, allow_shared_gpu, check_mismatch)", NULL}};
+       "its options: device_map, allow_shared_gpu, check_mismatch, shrink)", NULL}};
   CHECK_EQ_INT(dt_run_ranks(2, open_fails, (void *)&bad, env, 50, NULL), 0);
 }
 

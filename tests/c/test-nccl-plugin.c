@@ -50,8 +50,9 @@ TEST(shared_object_loads_without_a_driver_and_describes_itself) {
   CHECK_EQ_INT(DDPLUG_VERSION_MAJOR_OF(t->abi_version), DDPLUG_PLUGIN_ABI_MAJOR);
   uint64_t want = DDPLUG_CAP_HOST_MEMORY | DDPLUG_CAP_DEVICE_MEMORY |
                   DDPLUG_CAP_ASYNC | DDPLUG_CAP_MULTI_NODE | DDPLUG_CAP_ABORT |
-                  DDPLUG_CAP_STREAMS | DDPLUG_CAP_P2P;
+                  DDPLUG_CAP_STREAMS | DDPLUG_CAP_P2P | DDPLUG_CAP_SHRINK;
   CHECK_EQ_INT(t->caps, want);
+  CHECK(t->group_shrink != NULL);
   for (int d = 1; d < DDPLUG_DTYPE_COUNT_; d++)
     CHECK_MSG(t->dtype_mask & DDPLUG_DTYPE_BIT(d), "dtype %d missing", d);
   CHECK(t->dtype_mask & DDPLUG_DTYPE_BIT(DDPLUG_BFLOAT16));
@@ -91,10 +92,14 @@ TEST(options_read_valid) {
   CHECK_EQ_INT(o.device_map[2], 3);
   CHECK_EQ_INT(o.allow_shared_gpu, 1);
   CHECK_EQ_INT(o.check_mismatch, 0);
+  CHECK_EQ_INT(o.shrink_auto, 0);
   ddnccl_options_free(&o);
   world_init(&w, 1, "{}", 1000);
   CHECK_OK(ddnccl_options_read(&fr.svc, &o, err, sizeof err));
-  CHECK(o.device_map == NULL && !o.allow_shared_gpu && !o.check_mismatch);
+  CHECK(o.device_map == NULL && !o.allow_shared_gpu && !o.check_mismatch && !o.shrink_auto);
+  world_init(&w, 1, "{\"shrink\": \"auto\"}", 1000);
+  CHECK_OK(ddnccl_options_read(&fr.svc, &o, err, sizeof err));
+  CHECK_EQ_INT(o.shrink_auto, 1);
   store_free(s);
 }
 
@@ -105,7 +110,7 @@ static const struct {
 } bad_options[] = {
     {"{\"devcie_map\":[0]}",
      "plugin_options.devcie_map: plugin nccl has no such option (did you mean 'device_map'? "
-     "its options: device_map, allow_shared_gpu, check_mismatch)"},
+     "its options: device_map, allow_shared_gpu, check_mismatch, shrink)"},
     {"{\"device_map\":\"0,1\"}",
      "plugin_options.device_map: expected an array of 1..4096 integers, got \"0,1\""},
     {"{\"device_map\":[0,-1]}", "plugin_options.device_map[1]: -1 is out of range 0..1023"},
@@ -116,6 +121,8 @@ static const struct {
     {"{\"allow_shared_gpu\":1}", "plugin_options.allow_shared_gpu: expected true or false, got 1"},
     {"{\"check_mismatch\":\"yes\"}",
      "plugin_options.check_mismatch: expected true or false, got \"yes\""},
+    {"{\"shrink\":\"in_place\"}",
+     "plugin_options.shrink: \"in_place\" is not one of \"recreate\", \"auto\""},
 };
 
 TEST(options_errors_name_the_key) {
@@ -135,7 +142,7 @@ TEST(pick_device_rules) {
   ddnccl_options none = {0}, shared = {0};
   shared.allow_shared_gpu = 1;
   int32_t map[3] = {2, 0, 1};
-  ddnccl_options mapped = {map, 3, 0, 0};
+  ddnccl_options mapped = {.device_map = map, .device_map_len = 3};
   char err[512];
   int32_t d = -1;
   /* one visible device (the launcher bound it): always 0 */

@@ -21,6 +21,10 @@
  *     plugin is a use-after-free ASan sees) and lets that rank's queued
  *     collectives pass; non-blocking communicators answer ncclInProgress
  *     until every rank joined (plus fake.init_polls polls);
+ *   - ncclCommRevoke lets that rank's queued collectives pass too but keeps
+ *     the communicator; ncclCommShrink of a revoked one makes the
+ *     survivors' communicator (a clique of its own, ranks renumbered in
+ *     the old order), which every survivor must join;
  *   - like NCCL >= 2.22 on a non-blocking communicator, every collective
  *     answers ncclInProgress (NCCL launches it from a background thread;
  *     here: for fake.launch_polls polls), and a communicator's first
@@ -435,6 +439,7 @@ struct ncclComm {
   int blocking;
   int connect;           /* 0 never, 1 waiting for the clique, 2 done     */
   int connect_polls;
+  int revoked;           /* ncclCommRevoke: a parent for ncclCommShrink   */
   uint64_t seq;
 };
 
@@ -640,6 +645,90 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   live_comms--;
   pthread_mutex_unlock(&mu);
   free(comm);
+  return ncclSuccess;
+}
+
+/* Stops this rank's operations as an abort does (its queued collectives
+ * pass) but keeps the communicator, ncclInProgress for a poll or two
+ * while it quiesces; then it is a parent for ncclCommShrink, and
+ * ncclCommAbort frees it. */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  if (!comm || revokeFlags != NCCL_REVOKE_DEFAULT) return ncclInvalidArgument;
+  pthread_mutex_lock(&mu);
+  comm->cl->aborted[comm->rank] = 1;
+  comm->revoked = 1;
+  comm->connect = 2;
+  comm->polls = 2;
+  pthread_mutex_unlock(&mu);
+  return ncclSuccess;
+}
+
+/* The survivors' communicator: a clique of its own (named after the
+ * parent's and the excluded ranks), joined by every survivor that calls
+ * this with the same list; ranks renumbered in the old order. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                            ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags) {
+  if (!comm || !newcomm || excludeRanksCount < 1 || !excludeRanksList ||
+      (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT))
+    return ncclInvalidArgument;
+  pthread_mutex_lock(&mu);
+  fk_clique *parent = comm->cl;
+  if (excludeRanksCount >= parent->nranks || (!comm->revoked && shrinkFlags != NCCL_SHRINK_ABORT)) {
+    pthread_mutex_unlock(&mu);
+    return ncclInvalidUsage; /* the fake shrinks revoked parents only */
+  }
+  char id[NCCL_UNIQUE_ID_BYTES];
+  memcpy(id, parent->id, sizeof id);
+  size_t len = strnlen(id, sizeof id);
+  int rank = comm->rank;
+  for (int i = 0; i < excludeRanksCount; i++) {
+    int e = excludeRanksList[i];
+    if (e < 0 || e >= parent->nranks || e == comm->rank) {
+      pthread_mutex_unlock(&mu);
+      return ncclInvalidArgument;
+    }
+    if (e < comm->rank) rank--;
+    int n = snprintf(id + len, sizeof id - len, "%sx%d", i ? "," : "/", e);
+    if (n < 0 || (size_t)n >= sizeof id - len) {
+      pthread_mutex_unlock(&mu);
+      return ncclInternalError;
+    }
+    len += (size_t)n;
+  }
+  memset(id + len, 0, sizeof id - len);
+  fk_clique *cl = cliques;
+  while (cl && memcmp(cl->id, id, sizeof cl->id) != 0) cl = cl->next;
+  if (!cl) {
+    cl = calloc(1, sizeof *cl);
+    memcpy(cl->id, id, sizeof cl->id);
+    cl->nranks = parent->nranks - excludeRanksCount;
+    cl->next = cliques;
+    cliques = cl;
+  }
+  struct ncclComm *c = calloc(1, sizeof *c);
+  c->cl = cl;
+  c->rank = rank;
+  c->dev = comm->dev;
+  c->polls = fake.init_polls;
+  c->blocking = !(config && config->blocking == 0);
+  cl->joined++;
+  live_comms++;
+  pthread_mutex_unlock(&mu);
+  *newcomm = c;
+  return config && config->blocking == 0 ? ncclInProgress : ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  if (!comm || !rank) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  if (!comm || !count) return ncclInvalidArgument;
+  pthread_mutex_lock(&mu);
+  *count = comm->cl->nranks;
+  pthread_mutex_unlock(&mu);
   return ncclSuccess;
 }
 

@@ -374,6 +374,17 @@ int ddnccl_connect_eagerly(ddplug_plugin_group *g, uint64_t deadline) {
   return DDPLUG_OK;
 }
 
+/* See internal.h. */
+int ddnccl_group_settled(ddplug_plugin_group *g, int st) {
+  if (st != DDPLUG_OK) {
+    ddnccl_group_failed_status(g, 1);
+    ddnccl_group_release(g);
+    return st;
+  }
+  g->ready = 1;
+  return DDPLUG_OK;
+}
+
 /* See internal.h. Releases what create made; the communicator is already
  * aborted or gone, a revoked one is aborted here. */
 void ddnccl_group_release(ddplug_plugin_group *g) {
@@ -478,12 +489,8 @@ int ddnccl_group_create(const ddplug_group_init *init,
   }
   st = init_comm(g, &id, deadline);
   if (st == DDPLUG_OK) st = ddnccl_connect_eagerly(g, deadline);
-  if (st != DDPLUG_OK) {
-    ddnccl_group_failed_status(g, 1);
-    ddnccl_group_release(g);
-    return st;
-  }
-  g->ready = 1;
+  st = ddnccl_group_settled(g, st);
+  if (st != DDPLUG_OK) return st;
   int v = g->self.nccl_version;
   ddnccl_log(svc, g->log_level, DDPLUG_LOG_INFO,
              "NCCL %d.%d.%d communicator ready: rank %d of %d on cuda:%d "

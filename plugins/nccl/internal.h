@@ -199,6 +199,10 @@ int ddnccl_group_resources(ddplug_plugin_group *g);
  * connects what barriers and small collectives use while every rank is
  * here (NCCL >= 2.22 connects lazily). Bounded by deadline_ns. */
 int ddnccl_connect_eagerly(ddplug_plugin_group *g, uint64_t deadline_ns);
+/* The end of group_create and group_shrink: with st OK the group is ready
+ * (a later failure revokes rather than aborts, with shrink "auto"); else
+ * its failure goes to set_error, it is released, and st returned. */
+int ddnccl_group_settled(ddplug_plugin_group *g, int st);
 /* Free a group that holds no requests (create failed, or after destroy's
  * own part): pools, stream, scratch, options, the revoked communicator. */
 void ddnccl_group_release(ddplug_plugin_group *g);

@@ -239,12 +239,8 @@ int ddnccl_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
   if (st == DDPLUG_OK) st = shrink_comm(old, g, old_rank_of, deadline);
   if (st == DDPLUG_OK) st = ddnccl_group_resources(g);
   if (st == DDPLUG_OK) st = ddnccl_connect_eagerly(g, deadline);
-  if (st != DDPLUG_OK) {
-    ddnccl_group_failed_status(g, 1);
-    ddnccl_group_release(g);
-    return st;
-  }
-  g->ready = 1;
+  st = ddnccl_group_settled(g, st);
+  if (st != DDPLUG_OK) return st;
   ddnccl_log(svc, g->log_level, DDPLUG_LOG_INFO,
              "the group was shrunk in place with ncclCommShrink: %d of %d ranks remain; this "
              "one was rank %d and is rank %d, on cuda:%d, in %.1f ms",

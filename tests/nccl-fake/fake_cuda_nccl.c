@@ -580,6 +580,19 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   return ncclSuccess;
 }
 
+/* Under mu: rank's communicator in clique cl. */
+static ncclComm_t join(fk_clique *cl, int rank, int dev, const ncclConfig_t *config) {
+  struct ncclComm *c = calloc(1, sizeof *c);
+  c->cl = cl;
+  c->rank = rank;
+  c->dev = dev;
+  c->polls = fake.init_polls;
+  c->blocking = !(config && config->blocking == 0);
+  cl->joined++;
+  live_comms++;
+  return c;
+}
+
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
                                     ncclUniqueId commId, int rank,
                                     ncclConfig_t *config) {
@@ -596,16 +609,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
     cl->next = cliques;
     cliques = cl;
   }
-  struct ncclComm *c = calloc(1, sizeof *c);
-  c->cl = cl;
-  c->rank = rank;
-  c->dev = cur_dev;
-  c->polls = fake.init_polls;
-  c->blocking = !(config && config->blocking == 0);
-  cl->joined++;
-  live_comms++;
+  *comm = join(cl, rank, cur_dev, config);
   pthread_mutex_unlock(&mu);
-  *comm = c;
   return config && config->blocking == 0 ? ncclInProgress : ncclSuccess;
 }
 
@@ -705,16 +710,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     cl->next = cliques;
     cliques = cl;
   }
-  struct ncclComm *c = calloc(1, sizeof *c);
-  c->cl = cl;
-  c->rank = rank;
-  c->dev = comm->dev;
-  c->polls = fake.init_polls;
-  c->blocking = !(config && config->blocking == 0);
-  cl->joined++;
-  live_comms++;
+  *newcomm = join(cl, rank, comm->dev, config);
   pthread_mutex_unlock(&mu);
-  *newcomm = c;
   return config && config->blocking == 0 ? ncclInProgress : ncclSuccess;
 }
 

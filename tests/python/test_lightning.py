@@ -245,8 +245,16 @@ def test_checkpoint_resume_continues_the_sampler(out: Path) -> None:
                        "--max-steps", "5", "--ckpt-every", "3", "--workers", "1", out_dir=out / "a").ok()
     ckpt = out / "a" / "ckpt" / "step=3.ckpt"
     assert ckpt.exists(), sorted(p.name for p in (out / "a" / "ckpt").glob("*"))
+    # the strategy noted it as the directory's newest checkpoint; say a later one
+    # was saved since (as a run that went on would have): resuming from step 3 is named
+    ledger = out / "a" / "ckpt" / "ddplug-checkpoints.json"
+    assert json.loads(ledger.read_text()) == {"path": str(ckpt), "global_step": 3, "epoch": 0}
+    later = out / "a" / "ckpt" / "step=6.ckpt"
+    ledger.write_text(json.dumps({"path": str(later), "global_step": 6, "epoch": 1}))
     second = run_script("lit_run.py", "--scenario", "resume", "--devices", str(world), "--epochs", "2",
                         "--resume", str(ckpt), out_dir=out / "b").ok()
+    assert (f"resuming from {ckpt} (epoch 0, step 3), but {later} (epoch 1, step 6) was saved after it: the 3"
+            " steps between are trained again") in second.output
     for r in range(world):
         before = first.rank(r)["seen"]["0"][:3]  # the 3 steps the checkpoint holds
         after = second.rank(r)["seen"]

@@ -89,6 +89,15 @@ def test_plain_pytorch_adapter(out: Path) -> None:
     assert any(line.startswith("ddplug: stream 'val': owner user (auto: sampler DistributedSampler") for line in lines)
     assert any("verdict: PASS" in line for line in lines), lines
     assert all(r["reports"] == [] for r in results[1:])
+    # ddplug.torch.save / load: rank 0 wrote both, every rank read them; loading the
+    # older one is named (once, on rank 0), the newer one is not
+    for r in results:
+        assert r["ckpt"] == [["ddplug", "model"], 1, 2, 1]
+    older = [line for line in lines if "resuming from" in line]
+    assert len(older) == 1, older
+    assert (f"WARNING: resuming from {out / 'ckpt0.pt'} (save 1), but {out / 'ckpt1.pt'} (save 2, epoch 1)"
+            " was saved after it") in older[0]
+    assert json.loads((out / "ddplug-checkpoints.json").read_text())["save"] == 2
 
 
 @pytest.mark.parametrize("world", worlds(2, 3))

@@ -42,6 +42,7 @@ from ._strategy import DdplugParallel, tolerant_launch
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
+from .data import ledger
 from .nn import syncbn as _syncbn
 from .nn.gradsync import GradientSync, broadcast_module
 from .runonce import once
@@ -343,7 +344,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
             checkpoint["ddplug"] = {"version": 1, "streams": self._data.states()}
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         if self.is_global_zero:
-            _ledger_note(filepath, checkpoint)
+            ledger.note(filepath, "global_step", int(checkpoint.get("global_step", 0) or 0),
+                        epoch=int(checkpoint.get("epoch", 0) or 0))
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, **kwargs: Any) -> dict:
@@ -560,60 +562,14 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
         self._prepare_data_patched = None
 
 
-# The newest checkpoint saved in a directory, beside the checkpoints: resuming from
-# an older one than the last is named (the steps between are trained again).
-_LEDGER = "ddplug-checkpoints.json"
-
-
-def _ledger_path(filepath: Any) -> Optional[str]:
-    import os
-
-    path = str(filepath)
-    if "://" in path:  # remote storage: no ledger
-        return None
-    return os.path.join(os.path.dirname(os.path.abspath(path)), _LEDGER)
-
-
-def _ledger_note(filepath: Any, checkpoint: dict) -> None:
-    import json
-    import os
-
-    path = _ledger_path(filepath)
-    if path is None:
-        return
-    step = int(checkpoint.get("global_step", 0) or 0)
-    try:
-        with open(path) as f:
-            last = json.load(f)
-        if int(last.get("global_step", -1)) > step:
-            return
-    except (OSError, ValueError):
-        pass
-    try:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"path": os.path.abspath(str(filepath)), "global_step": step,
-                       "epoch": int(checkpoint.get("epoch", 0) or 0)}, f)
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.debug("ddplug: checkpoint ledger %s not written: %s", path, exc)
-
-
 def _ledger_newer(filepath: Any, checkpoint: Any) -> str:
-    """A sentence when the directory's ledger names a newer checkpoint than this one."""
-    import json
-    import os
-
-    path = _ledger_path(filepath)
-    if path is None or not isinstance(checkpoint, dict):
-        return ""
-    try:
-        with open(path) as f:
-            last = json.load(f)
-    except (OSError, ValueError):
+    """A sentence when the directory's ledger (ddplug.data.ledger) names a newer
+    checkpoint than this one."""
+    if not isinstance(checkpoint, dict):
         return ""
     step = int(checkpoint.get("global_step", 0) or 0)
-    if int(last.get("global_step", -1)) <= step:
+    last = ledger.newer(filepath, "global_step", step)
+    if last is None:
         return ""
     return (f"resuming from {filepath} (epoch {checkpoint.get('epoch')}, step {step}), but {last.get('path')}"
             f" (epoch {last.get('epoch')}, step {last.get('global_step')}) was saved after it: the"

@@ -29,7 +29,9 @@ and :func:`step`::
 
 :func:`state_dict` / :func:`load_state_dict` carry every managed loader's epoch and
 cursor: a checkpoint resumes on any world size (restart mode: ``ddplug run
---max-restarts``, ``torchrun --max-restarts``).
+--max-restarts``, ``torchrun --max-restarts``). :func:`save` / :func:`load` do the
+same around ``torch.save`` / ``torch.load`` and also name a resume from an older
+checkpoint than the newest one saved beside it.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ from ._c import _logbridge
 from ._elastic import Elastic, commit_train_streams, gradient_sync_after, run_step
 from .config import ConfigSource
 from .context import Context
+from .data import ledger
 from .data.streams import DataSplit
 from .runonce import RunOnceFailed, once, run_once
 
-__all__ = ["RunOnceFailed", "context", "init", "load_state_dict", "membership_changes", "once",
-           "prepare_dataloader", "prepare_model", "run_once", "shutdown", "state_dict", "step"]
+__all__ = ["RunOnceFailed", "context", "init", "load", "load_state_dict", "membership_changes", "once",
+           "prepare_dataloader", "prepare_model", "run_once", "save", "shutdown", "state_dict", "step"]
 
 _split: Optional[DataSplit] = None
 _models: list = []  # weak references to the modules prepare_model synchronizes
@@ -239,6 +242,59 @@ def load_state_dict(state: dict) -> None:
     if _split is None or _split.ctx is not ctx:
         _split = DataSplit(ctx, "pytorch", log=_log_rank_zero, on_report=_on_report, loader_state_dict=True)
     _split.restore(dict(state.get("streams", {})))
+
+
+def save(obj: dict, f: Any, **kwargs: Any) -> None:
+    """``torch.save`` of ``obj`` (a dict: the model's and optimizer's state, ...) with
+    :func:`state_dict` added under ``"ddplug"``, written by rank 0 only (the others
+    return at once), atomically (a temporary file, then a rename). Beside it, the
+    directory's ledger (``ddplug-checkpoints.json``) records it as the newest
+    checkpoint, so that :func:`load` names a resume from an older one. ``kwargs`` go
+    to ``torch.save``."""
+    import os
+
+    ctx = context()
+    if ctx.rank != 0:
+        return
+    if not isinstance(obj, dict):
+        raise TypeError(f"ddplug.torch.save: obj must be a dict (the checkpoint's parts), got "
+                        f"{type(obj).__name__}")
+    ours = state_dict()
+    if not isinstance(f, (str, os.PathLike)):  # a buffer: no file, no ledger
+        torch.save({**obj, "ddplug": ours}, f, **kwargs)
+        return
+    newest = ledger.last(f)
+    serial = int(newest.get("save", 0) or 0) + 1 if newest is not None else 1
+    ours["save"] = serial
+    tmp = f"{os.fspath(f)}.{os.getpid()}.tmp"
+    torch.save({**obj, "ddplug": ours}, tmp, **kwargs)
+    os.replace(tmp, f)
+    ledger.note(f, "save", serial, epoch=ours["streams"].get("train", {}).get("epoch"))
+
+
+def load(f: Any, **kwargs: Any) -> dict:
+    """``torch.load`` of a checkpoint :func:`save` wrote (every rank reads it;
+    ``kwargs`` go to ``torch.load``), then :func:`load_state_dict` of its ``"ddplug"``
+    part: the loaders resume where it was saved, on any world size. A checkpoint
+    older than the newest one saved beside it is named in a warning (the steps
+    between are trained again). Returns the whole dict."""
+    state = torch.load(f, **kwargs)
+    ours = state.get("ddplug") if isinstance(state, dict) else None
+    if not isinstance(ours, dict):
+        raise ValueError(f"ddplug.torch.load: {f} holds no \"ddplug\" part: it was not written by "
+                         "ddplug.torch.save (load it with torch.load and pass your own "
+                         "ddplug.torch.state_dict() part to load_state_dict)")
+    import os
+
+    serial = int(ours.get("save", 0) or 0)
+    later = ledger.newer(f, "save", serial) if isinstance(f, (str, os.PathLike)) and serial else None
+    if later is not None:
+        _log_rank_zero(f"WARNING: resuming from {f} (save {serial}), but {later.get('path')} (save "
+                       f"{later.get('save')}, epoch {later.get('epoch')}) was saved after it: what was "
+                       "trained between is trained again — load the newest checkpoint unless that is "
+                       "what you want")
+    load_state_dict(ours)
+    return state
 
 
 def _owns_torch_distributed() -> bool:

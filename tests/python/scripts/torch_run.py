@@ -560,6 +560,7 @@ def adapter() -> None:
     net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     seen: dict = {}
+    ckpts = [os.path.join(OUT, f"ckpt{e}.pt") for e in range(2)]
     for epoch in range(2):
         loader.sampler.set_epoch(epoch)
         seen[epoch] = []
@@ -568,6 +569,13 @@ def adapter() -> None:
             opt.zero_grad()
             net(x).sum().backward()
             opt.step()
+        dt.save({"model": net.state_dict()}, ckpts[epoch])  # rank 0 writes
+    ctx.barrier()
+    # the older of the two is named on rank 0; the newer loads quietly
+    older = dt.load(ckpts[0], weights_only=False)
+    newer = dt.load(ckpts[1], weights_only=False)
+    result["ckpt"] = [sorted(older), older["ddplug"]["save"], newer["ddplug"]["save"],
+                      newer["ddplug"]["streams"]["train"]["epoch"]]
     val_seen = [i for idx, _ in user for i in idx.tolist()]
     streams = dt._split.streams
     result.update({

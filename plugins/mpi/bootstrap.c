@@ -140,6 +140,7 @@ int ddmpi_mpi_ready(const ddplug_host_services *svc) {
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     ddmpi_p.tag_ub = flag && ub ? *(int *)ub : 32767;
     ddmpi_p.boot_comm = MPI_COMM_NULL;
+    ddmpi_p.recreate_parent = MPI_COMM_NULL;
     int rc = ddmpi_types_init();
     if (rc != MPI_SUCCESS) {
       char e[512];

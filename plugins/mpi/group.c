@@ -191,6 +191,29 @@ int ddmpi_world_ranks(ddplug_plugin_group *g, char *err, size_t cap) {
 }
 
 /* The collectives' communicator over the members, from MPI_COMM_WORLD. */
+/* The communicator a new group's is made from: MPI_COMM_WORLD, or the
+ * survivors' one group_shrink left ("recreate", shrink.c) when it holds
+ * every member of gg (taken: the caller frees it). */
+static MPI_Comm parent_for(MPI_Group gg) {
+  pthread_mutex_lock(&ddmpi_p.mu);
+  MPI_Comm parent = ddmpi_p.recreate_parent;
+  ddmpi_p.recreate_parent = MPI_COMM_NULL;
+  pthread_mutex_unlock(&ddmpi_p.mu);
+  if (parent == MPI_COMM_NULL) return MPI_COMM_WORLD;
+  MPI_Group pg = MPI_GROUP_NULL, both = MPI_GROUP_NULL;
+  int n = -1, have = -2;
+  if (MPI_Comm_group(parent, &pg) == MPI_SUCCESS &&
+      MPI_Group_intersection(pg, gg, &both) == MPI_SUCCESS) {
+    MPI_Group_size(both, &have);
+    MPI_Group_size(gg, &n);
+  }
+  if (both != MPI_GROUP_NULL) MPI_Group_free(&both);
+  if (pg != MPI_GROUP_NULL) MPI_Group_free(&pg);
+  if (have == n) return parent;
+  MPI_Comm_free(&parent);
+  return MPI_COMM_WORLD;
+}
+
 static int make_comm(ddplug_plugin_group *g, char *err, size_t cap) {
   MPI_Group wg = MPI_GROUP_NULL, gg = MPI_GROUP_NULL;
   int rc = MPI_Comm_group(MPI_COMM_WORLD, &wg);
@@ -199,7 +222,9 @@ static int make_comm(ddplug_plugin_group *g, char *err, size_t cap) {
   unsigned h = 5381;
   for (const char *p = g->init->run_id ? g->init->run_id : ""; *p; p++) h = h * 33u + (unsigned char)*p;
   int tag = (int)(h % (unsigned)(ddmpi_p.tag_ub > 0 ? ddmpi_p.tag_ub : 32767));
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, gg, tag, &g->comm);
+  MPI_Comm parent = rc == MPI_SUCCESS ? parent_for(gg) : MPI_COMM_WORLD;
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(parent, gg, tag, &g->comm);
+  if (parent != MPI_COMM_WORLD) MPI_Comm_free(&parent);
   if (wg != MPI_GROUP_NULL) MPI_Group_free(&wg);
   if (gg != MPI_GROUP_NULL) MPI_Group_free(&gg);
   if (rc != MPI_SUCCESS) {

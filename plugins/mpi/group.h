@@ -154,6 +154,9 @@ typedef struct ddmpi_proc {
   int tag_ub;
   MPI_Comm boot_comm;              /* bootstrap broadcasts (MPI_COMM_NULL
                                       until the first)                       */
+  MPI_Comm recreate_parent;        /* survivors' communicator group_shrink
+                                      left ("recreate") for the next
+                                      group_create, or MPI_COMM_NULL        */
   MPI_Op half_min[2], half_max[2]; /* float16, bfloat16 (types.c)            */
   ddplug_plugin_group *groups;     /* live groups                            */
   int thread_running;

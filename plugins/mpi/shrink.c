@@ -12,7 +12,10 @@
  * no group_shrink and no DDPLUG_CAP_SHRINK, and the runtime re-forms the
  * group with group_create over the survivors, as for any plugin without
  * the slot. plugin_options.shrink = "recreate" makes the slot decline
- * (DDPLUG_E_UNSUPPORTED), with the same result.
+ * (DDPLUG_E_UNSUPPORTED) after step 3 below, leaving the shrunk
+ * communicator to the runtime's group_create as the parent of the new
+ * group's (MPI_COMM_WORLD holds the dead process: creating from it fails
+ * once MPI knows of the loss).
  *
  * How, on every survivor:
  *   1. the old group fails (its requests end with PEER_LOST) and its
@@ -205,11 +208,6 @@ int ddmpi_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
   int st = ddmpi_group_begin(init, svc, &g);
   if (st != DDPLUG_OK) return st;
   char err[DDMPI_MSG_MAX] = "";
-  if (g->opts.shrink_recreate) {
-    ddmpi_fmt(err, sizeof err,
-              "plugin mpi: plugin_options.shrink is \"recreate\"");
-    return ddmpi_group_finish(g, DDPLUG_E_UNSUPPORTED, 0, err, sizeof err, out);
-  }
 
   /* 1. the old group: failed, its communicators revoked, MPI's operations
    * on them ended */
@@ -229,6 +227,22 @@ int ddmpi_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
 
   /* 3. shrink */
   int rc = ulfm.shrink(old->comm, &g->comm);
+  if (rc == MPI_SUCCESS && g->opts.shrink_recreate) {
+    /* "recreate": decline, and the runtime makes a new group with
+     * group_create. Its communicator cannot come from MPI_COMM_WORLD, which
+     * holds the dead process: once MPI knows of the loss,
+     * MPI_Comm_create_group on it fails with MPI_ERR_PROC_FAILED (seen in the
+     * wheel test under load). The shrunk one is left to that group_create
+     * as its parent (make_comm in group.c). */
+    MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    pthread_mutex_lock(&ddmpi_p.mu);
+    if (ddmpi_p.recreate_parent != MPI_COMM_NULL) MPI_Comm_free(&ddmpi_p.recreate_parent);
+    ddmpi_p.recreate_parent = g->comm;
+    pthread_mutex_unlock(&ddmpi_p.mu);
+    g->comm = MPI_COMM_NULL;
+    ddmpi_fmt(err, sizeof err, "plugin mpi: plugin_options.shrink is \"recreate\"");
+    return ddmpi_group_finish(g, DDPLUG_E_UNSUPPORTED, 0, err, sizeof err, out);
+  }
   if (rc != MPI_SUCCESS) {
     char e[512];
     ddmpi_mpi_error(rc, e, sizeof e);

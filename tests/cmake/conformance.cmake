@@ -13,7 +13,14 @@ add_test(NAME conformance-cpu COMMAND ${_check} 0 $<TARGET_FILE:ddplug_cmd> cpu 
 add_test(NAME conformance-example COMMAND ${_check} 0 $<TARGET_FILE:ddplug_cmd> example --
   "^  PASS  mismatch: count differs"
   "^  PASS  a plugin without point-to-point: UNSUPPORTED naming the operation$")
-set(_conf_tests conformance-cpu conformance-example)
+# -s: only the scenarios named (after the table and the life cycle), no
+# per-slot rows; an unknown name is refused with the list
+add_test(NAME conformance-scenario COMMAND ${_check} 0 $<TARGET_FILE:ddplug_cmd> -s abort,mismatch
+  example -- "^  PASS  group: created on every rank" "^  PASS  mismatch: count differs"
+  "!allreduce float32" "!^slots " "^conformance: [0-9]+ passed, 0 failed, [0-9]+ skipped$")
+add_test(NAME conformance-scenario-unknown COMMAND ${_check} 2 $<TARGET_FILE:ddplug_cmd> -s abort,nosuch
+  example -- "--scenario: no scenario 'nosuch'; the scenarios are: table, lifecycle, coll")
+set(_conf_tests conformance-cpu conformance-example conformance-scenario conformance-scenario-unknown)
 if(TARGET ddplug-nccl)
   add_test(NAME conformance-nccl COMMAND ${_check} 0 $<TARGET_FILE:ddplug_cmd> nccl --
     "^  PASS  identity: the table's name is the file's libddplug-<name>.so$")

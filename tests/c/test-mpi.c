@@ -80,7 +80,38 @@ typedef struct job {
   int timed_out;
   char *out;         /* stdout and stderr of every rank and the launcher */
   char marker[64];   /* DT_MPI_JOB: finds processes left behind */
+  char dir[128];     /* DT_MPI_OUT: each rank's own copy of its lines */
 } job;
+
+/* The lines the ranks wrote to their own files (DT_MPI_OUT) that the
+ * launcher's output lacks, appended to it: a launcher may lose what its
+ * processes printed when they exit without ever talking to it (seen with
+ * hydra under load: "HYDU_sock_write: write error (Broken pipe)"). Then the
+ * files are removed. */
+static void add_rank_records(job *j, size_t *cap) {
+  DIR *d = opendir(j->dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "rank", 4) != 0) continue;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", j->dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+      if (strstr(j->out, line)) continue;
+      size_t n = strlen(line), len = strlen(j->out);
+      if (len + n + 1 > *cap) {
+        *cap = (len + n + 1) * 2;
+        j->out = realloc(j->out, *cap + 1);
+      }
+      memcpy(j->out + len, line, n + 1);
+    }
+    if (f) fclose(f);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(j->dir);
+}
 
 /* Processes whose environment carries the job's marker. */
 static int leftovers(const char *marker) {
@@ -111,6 +142,8 @@ static void run_job(const family *f, int n, const char *name, const char *const 
                     int timeout_s, job *j) {
   memset(j, 0, sizeof *j);
   snprintf(j->marker, sizeof j->marker, "%d-%ld", (int)getpid(), (long)time(NULL));
+  snprintf(j->dir, sizeof j->dir, "/tmp/ddplug-test-mpi-XXXXXX");
+  CHECK(mkdtemp(j->dir) != NULL);
   int p[2];
   CHECK(pipe(p) == 0);
   fflush(stdout);
@@ -125,6 +158,7 @@ static void run_job(const family *f, int n, const char *name, const char *const 
     close(p[1]);
     setenv("DT_MPI_RANK", name, 1);
     setenv("DT_MPI_JOB", j->marker, 1);
+    setenv("DT_MPI_OUT", j->dir, 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
@@ -186,6 +220,7 @@ static void run_job(const family *f, int n, const char *name, const char *const 
   }
   close(p[0]);
   j->out[len] = '\0';
+  add_rank_records(j, &cap);
   j->status = st;
   dt_note("%s -n %d (%s): exit %d\n%s", f->launcher, n, name,
           WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st), j->out);
@@ -231,7 +266,19 @@ static void say(const char *word, const char *fmt, ...) {
     if (*p == '\n') *p = ' ';
   char line[2200];
   int n = snprintf(line, sizeof line, "R%d %s %s\n", g_rank, word, detail);
+  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
   if (write(1, line, (size_t)n) < 0) _exit(3);
+  /* and a copy of its own, in case the launcher loses its output (run_job) */
+  const char *dir = getenv("DT_MPI_OUT");
+  if (dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank%d", dir, g_rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      if (write(fd, line, (size_t)n) < 0) _exit(3);
+      close(fd);
+    }
+  }
 }
 
 static int env_rank(void) {

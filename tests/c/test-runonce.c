@@ -373,7 +373,12 @@ static void rank_dies(int rank, int world, void *arg) {
   (void)world;
   set_node(rank);
   ddplug_context *ctx = open_ctx("10");
+  ddplug_store *store = ddplug_context_store(ctx);
   if (rank == 2) {
+    /* node 0 finishes its own run first: rank 2's death ends the run, and a
+     * node-0 rank still inside its run_once would (rightly) see PEER_LOST */
+    const char *node0[] = {"user/test/node0-done-0", "user/test/node0-done-1"};
+    CHECK_OK(ddplug_store_wait(store, node0, 2, 60000));
     ddplug_run_once(ctx, "doomed", DDPLUG_SCOPE_NODE, die_work, NULL, 20000, NULL);
     CHECK(!"not reached");
   }
@@ -390,11 +395,13 @@ static void rank_dies(int rank, int world, void *arg) {
     CHECK_MSG(strstr(e, "disconnected before it finished") || strstr(e, "exited or was killed"), "%s", e);
   } else {
     CHECK_OK(st);
+    char key[64];
+    snprintf(key, sizeof key, "user/test/node0-done-%d", rank);
+    CHECK_OK(ddplug_store_set(store, key, "1", 1));
   }
   ddplug_free(msg);
   /* end together once rank 3 has checked (an abort before would wake it with
    * ABORTED instead) */
-  ddplug_store *store = ddplug_context_store(ctx);
   if (rank == 3) {
     CHECK_OK(ddplug_store_set(store, "user/test/rank3-checked", "1", 1));
   } else {

@@ -11,8 +11,9 @@
  * does not load. Otherwise the slot declines (DDPLUG_E_UNSUPPORTED) and
  * the runtime destroys the group and calls group_create over the
  * survivors: the default ("recreate"), which is what ran on an H100
- * (README.md, "When a rank dies"); "auto" has run against the fake NCCL of
- * test-nccl-fake only, so it is not the default yet.
+ * (README.md, "When a rank dies"); "auto" ran once on a GPU (H100, NCCL
+ * 2.30.7), which found the newcomm bug of step 4; its fix has run against
+ * the fake NCCL of test-nccl-fake only, so it is not the default yet.
  *
  * How:
  *   1. when the group fails (a lost peer, an abort, a timeout) after it was
@@ -27,8 +28,10 @@
  *      group_create;
  *   3. the revoked communicator is waited for until it is quiescent
  *      (ncclCommGetAsyncError no longer ncclInProgress);
- *   4. ncclCommShrink with the lost ranks excluded, non-blocking, polled
- *      until ready (bounded by init->timeout_ms); NCCL renumbers the
+ *   4. ncclCommShrink with the lost ranks excluded, non-blocking: NCCL
+ *      runs it as a job of the parent's, which is polled until it leaves
+ *      ncclInProgress (bounded by init->timeout_ms), and only then writes
+ *      the new communicator through newcomm; NCCL renumbers the
  *      survivors in the order of their old ranks, as the runtime does, and
  *      the new rank and size are checked against init;
  *   5. the rest as group_create makes it: the stream and barrier word, and
@@ -82,8 +85,12 @@ static int can_shrink(ddplug_plugin_group *old, char *why, size_t cap) {
   return 1;
 }
 
-/* Step 3: the revoked communicator quiescent, by deadline. */
-static int wait_quiescent(ddplug_plugin_group *old, uint64_t deadline, char *err, size_t cap) {
+/* The revoked communicator out of ncclInProgress, by deadline: step 3
+ * (its operations stopped) and step 4 (the shrink's background job, which
+ * NCCL accounts to the parent, finished). *state (may be NULL) receives its
+ * state then: after the shrink, the job's result. */
+static int wait_parent(ddplug_plugin_group *old, uint64_t deadline, const char *what,
+                       ncclResult_t *state_out, char *err, size_t cap) {
   int64_t nap_us = 50;
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -91,12 +98,13 @@ static int wait_quiescent(ddplug_plugin_group *old, uint64_t deadline, char *err
     ncclResult_t r = ncclCommGetAsyncError(old->revoked, &state);
     pthread_mutex_unlock(&old->comm_mu);
     if (r != ncclSuccess) state = r;
-    /* Revoked: its operations ended with errors; only "still stopping"
-     * matters here. */
-    if (state != ncclInProgress) return DDPLUG_OK;
+    if (state != ncclInProgress) {
+      if (state_out) *state_out = state;
+      return DDPLUG_OK;
+    }
     if (ddnccl_now_ns() >= deadline) {
-      ddnccl_fmt(err, cap, "the revoked communicator did not become quiescent within the "
-                 "collective timeout on rank %d", old->rank);
+      ddnccl_fmt(err, cap, "%s did not finish within the collective timeout on rank %d", what,
+                 old->rank);
       return DDPLUG_E_TIMEOUT;
     }
     ddnccl_sleep_us(nap_us);
@@ -160,27 +168,51 @@ static int shrink_comm(ddplug_plugin_group *old, ddplug_plugin_group *g,
 #if NCCL_VERSION_CODE >= 21900
   cfg.commName = "ddplug";
 #endif
-  ncclComm_t comm = NULL;
+  /* With a non-blocking parent, NCCL runs the shrink as a background job
+   * (accounted to the parent: ncclInProgress there until it ends) and
+   * writes the new communicator through newcomm only when that job ends,
+   * NULL until then: into memory that must outlive this call, and maybe
+   * outlive this function when it gives up first (the deadline), so it is
+   * freed only once the job has ended (else 8 bytes stay). The
+   * H100 run of elastic_shrink_in_place_with_nccl_comm_shrink (NCCL 2.30.7)
+   * found this: a stack variable read right after the call was NULL. */
+  ncclComm_t *slot = calloc(1, sizeof *slot);
+  if (!slot) {
+    free(exclude);
+    return ddnccl_group_fail(g, DDPLUG_E_NO_MEMORY, 0, "group_shrink: out of memory");
+  }
   pthread_mutex_lock(&old->comm_mu);
-  ncclResult_t r = ncclCommShrink(old->revoked, exclude, n, &comm, &cfg, NCCL_SHRINK_DEFAULT);
+  ncclResult_t r = ncclCommShrink(old->revoked, exclude, n, slot, &cfg, NCCL_SHRINK_DEFAULT);
   pthread_mutex_unlock(&old->comm_mu);
   free(exclude);
-  pthread_mutex_lock(&g->comm_mu);
-  g->comm = comm;
-  pthread_mutex_unlock(&g->comm_mu);
   if (r != ncclSuccess && r != ncclInProgress)
     return ddnccl_group_fail(g, ddnccl_status_of(r), 1,
                              "ncclCommShrink failed on rank %d (was rank %d of %d): %s (%s)",
                              g->rank, (int)old_rank_of[g->rank], old->world,
                              ncclGetErrorString(r), ncclGetLastError(NULL));
+  char err[DDNCCL_MSG_MAX] = "";
+  ncclResult_t job = ncclSuccess;
+  int wst = wait_parent(old, deadline, "ncclCommShrink", &job, err, sizeof err);
+  if (wst != DDPLUG_OK) return ddnccl_group_fail(g, wst, 1, "group_shrink: %s", err);
+  /* the job stored it before the parent left ncclInProgress */
+  ncclComm_t comm = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  free(slot);
+  pthread_mutex_lock(&g->comm_mu);
+  g->comm = comm;
+  pthread_mutex_unlock(&g->comm_mu);
+  if (job != ncclSuccess || !comm)
+    return ddnccl_group_fail(g, job != ncclSuccess ? ddnccl_status_of(job) : DDPLUG_E_INTERNAL, 1,
+                             "ncclCommShrink failed on rank %d (was rank %d of %d): %s (%s)",
+                             g->rank, (int)old_rank_of[g->rank], old->world,
+                             job != ncclSuccess ? ncclGetErrorString(job)
+                                                : "it ended without a communicator",
+                             ncclGetLastError(NULL));
   int st = ddnccl_settle(g, deadline, "ncclCommShrink", 0);
   if (st != DDPLUG_OK) return st;
   int rank = -1, count = -1;
   pthread_mutex_lock(&g->comm_mu);
-  if (g->comm) {
-    (void)ncclCommUserRank(g->comm, &rank);
-    (void)ncclCommCount(g->comm, &count);
-  }
+  (void)ncclCommUserRank(g->comm, &rank);
+  (void)ncclCommCount(g->comm, &count);
   pthread_mutex_unlock(&g->comm_mu);
   if (rank != g->rank || count != g->world)
     return ddnccl_group_fail(g, DDPLUG_E_INTERNAL, 1,
@@ -234,7 +266,7 @@ int ddnccl_group_shrink(ddplug_plugin_group *old, const ddplug_group_init *init,
   if (!g) return ddnccl_fail(svc, DDPLUG_E_NO_MEMORY, "nccl: out of memory");
   /* 3-5 */
   char err[DDNCCL_MSG_MAX] = "";
-  st = wait_quiescent(old, deadline, err, sizeof err);
+  st = wait_parent(old, deadline, "stopping the revoked communicator", NULL, err, sizeof err);
   if (st != DDPLUG_OK) st = ddnccl_group_fail(g, st, 1, "group_shrink: %s", err);
   if (st == DDPLUG_OK) st = shrink_comm(old, g, old_rank_of, deadline);
   if (st == DDPLUG_OK) st = ddnccl_group_resources(g);

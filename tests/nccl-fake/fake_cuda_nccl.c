@@ -24,7 +24,10 @@
  *   - ncclCommRevoke lets that rank's queued collectives pass too but keeps
  *     the communicator; ncclCommShrink of a revoked one makes the
  *     survivors' communicator (a clique of its own, ranks renumbered in
- *     the old order), which every survivor must join;
+ *     the old order), which every survivor must join; on a non-blocking
+ *     parent it returns ncclSuccess with *newcomm NULL and, like NCCL's
+ *     background job, writes *newcomm only once the parent's
+ *     ncclCommGetAsyncError has left ncclInProgress;
  *   - like NCCL >= 2.22 on a non-blocking communicator, every collective
  *     answers ncclInProgress (NCCL launches it from a background thread;
  *     here: for fake.launch_polls polls), and a communicator's first
@@ -440,6 +443,13 @@ struct ncclComm {
   int connect;           /* 0 never, 1 waiting for the clique, 2 done     */
   int connect_polls;
   int revoked;           /* ncclCommRevoke: a parent for ncclCommShrink   */
+  /* A shrink of this (non-blocking) parent in flight: as NCCL's background
+   * job, the parent reads ncclInProgress until every survivor joined and
+   * shrink_polls polls passed, and only then is the new communicator
+   * written through the caller's newcomm (NULL until then). */
+  ncclComm_t *shrink_out;
+  struct ncclComm *shrink_made;
+  int shrink_polls;
   uint64_t seq;
 };
 
@@ -617,6 +627,18 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
 /* Under mu: the state ncclCommGetAsyncError reports; polling advances it. */
 static ncclResult_t comm_state(ncclComm_t comm, int poll) {
   if (injected[comm->rank] != ncclSuccess) return injected[comm->rank];
+  if (comm->shrink_out) {
+    fk_clique *made = comm->shrink_made->cl;
+    if (made->joined < made->nranks) return ncclInProgress;
+    if (comm->shrink_polls > 0) {
+      if (poll) comm->shrink_polls--;
+      return ncclInProgress;
+    }
+    *comm->shrink_out = comm->shrink_made;
+    comm->shrink_out = NULL;
+    comm->shrink_made = NULL;
+    return ncclSuccess;
+  }
   if (comm->cl->joined < comm->cl->nranks) return ncclInProgress;
   if (comm->connect == 1) {
     if (comm->cl->connecting < comm->cl->nranks) return ncclInProgress;
@@ -648,6 +670,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   pthread_mutex_lock(&mu);
   comm->cl->aborted[comm->rank] = 1;
   live_comms--;
+  if (comm->shrink_out) {
+    /* the shrink job stops, and still writes newcomm as it ends */
+    comm->shrink_made->cl->aborted[comm->shrink_made->rank] = 1;
+    live_comms--;
+    free(comm->shrink_made);
+    *comm->shrink_out = NULL;
+  }
   pthread_mutex_unlock(&mu);
   free(comm);
   return ncclSuccess;
@@ -710,9 +739,18 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     cl->next = cliques;
     cliques = cl;
   }
-  *newcomm = join(cl, rank, comm->dev, config);
+  ncclComm_t made = join(cl, rank, comm->dev, config);
+  if (comm->blocking) {
+    *newcomm = made;
+  } else {
+    /* NCCL: a job of the parent's; ncclSuccess now, newcomm later */
+    *newcomm = NULL;
+    comm->shrink_out = newcomm;
+    comm->shrink_made = made;
+    comm->shrink_polls = 2;
+  }
   pthread_mutex_unlock(&mu);
-  return config && config->blocking == 0 ? ncclInProgress : ncclSuccess;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {

@@ -73,10 +73,11 @@ static void ring_write(unsigned char *data, uint64_t size, uint64_t pos, const v
 }
 
 static void ring_read(void *dst, const unsigned char *data, uint64_t size, uint64_t pos,
-                      uint64_t n) {
+                      uint64_t n, int stream) {
   uint64_t at = pos & (size - 1), first = DDCPU_MIN(n, size - at);
-  ddcpu_copy(dst, data + at, (size_t)first, 0);
-  if (n > first) ddcpu_copy((unsigned char *)dst + first, data, (size_t)(n - first), 0);
+  ddcpu_copy(dst, data + at, (size_t)first, stream);
+  if (n > first) ddcpu_copy((unsigned char *)dst + first, data, (size_t)(n - first), stream);
+  ddcpu_copy_fence(stream);
 }
 
 /* Reserve the out ring's pages once (the segment is sparse there). */
@@ -119,7 +120,7 @@ static int ring_drain(ddcpu_group *g, ddcpu_p2p_link *l) {
   int n = 0;
   while (tail != head) {
     ddcpu_frame h;
-    ring_read(&h, l->in_data, rb, tail, sizeof h);
+    ring_read(&h, l->in_data, rb, tail, sizeof h, 0);
     if (h.magic != DDCPU_FRAME_MAGIC || h.len > rb) {
       ddcpu_fail_set(g, DDPLUG_E_INTERNAL, l->peer, g->rank,
                      "rank %d: garbage in the point-to-point ring from rank %d "
@@ -128,7 +129,11 @@ static int ring_drain(ddcpu_group *g, ddcpu_p2p_link *l) {
     }
     ddcpu_p2p_rx rx = {0};
     unsigned char *dst = ddcpu_p2p_rx_begin(g, l, &h, &rx);
-    if (dst && h.len) ring_read(dst, l->in_data, rb, tail + sizeof h, h.len);
+    /* a large receive's payload goes to memory past the cache, as the
+     * collectives' large outputs do (nt_store_bytes): the ring stays in the
+     * cache for the chunks that follow */
+    int stream = rx.op && g->opt.nt_bytes > 0 && rx.op->bytes >= g->opt.nt_bytes;
+    if (dst && h.len) ring_read(dst, l->in_data, rb, tail + sizeof h, h.len, stream);
     ddcpu_p2p_rx_end(g, l, &h, &rx);
     tail += pad64(sizeof h + h.len);
     atomic_store_explicit(&l->in_ctl->tail, tail, memory_order_release);

@@ -398,6 +398,22 @@ void ddnccl_group_release(ddplug_plugin_group *g) {
   free(g);
 }
 
+/* See internal.h. */
+ddplug_plugin_group *ddnccl_group_new(const ddplug_group_init *init,
+                                      const ddplug_host_services *svc, int64_t timeout_ms) {
+  ddplug_plugin_group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->init = init;
+  g->svc = svc;
+  g->rank = init->rank;
+  g->world = init->world_size;
+  g->log_level = init->log_level > 0 ? init->log_level : DDPLUG_LOG_WARN;
+  g->timeout_ms = timeout_ms;
+  atomic_init(&g->failed, 0);
+  pthread_mutex_init(&g->comm_mu, NULL);
+  return g;
+}
+
 /* The group_create slot: see plugin.h and the steps above. Blocks at most
  * init->timeout_ms (default 300 s when unset). On failure nothing is left
  * allocated, the communicator (if any) is aborted, and set_error explains
@@ -424,19 +440,10 @@ int ddnccl_group_create(const ddplug_group_init *init,
   int64_t timeout = init->timeout_ms > 0 ? init->timeout_ms : DEFAULT_TIMEOUT_MS;
   uint64_t deadline = t0 + (uint64_t)timeout * 1000000ull;
 
-  ddplug_plugin_group *g = calloc(1, sizeof *g);
+  ddplug_plugin_group *g = ddnccl_group_new(init, svc, timeout);
   if (!g)
     return ddnccl_fail(svc, DDPLUG_E_NO_MEMORY, "nccl: out of memory");
-  g->init = init;
-  g->svc = svc;
-  g->rank = init->rank;
-  g->world = init->world_size;
-  g->log_level = init->log_level > 0 ? init->log_level : DDPLUG_LOG_WARN;
-  g->timeout_ms = timeout;
   g->device = -1;
-  g->last_stream = NULL;
-  atomic_init(&g->failed, 0);
-  pthread_mutex_init(&g->comm_mu, NULL);
 
   /* 1-2: local setup, then agree on it (publishing this rank's device). */
   char err[DDNCCL_MSG_MAX] = "", msg[DDNCCL_MSG_MAX] = "";

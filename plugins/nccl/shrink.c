@@ -117,14 +117,8 @@ static int wait_parent(ddplug_plugin_group *old, uint64_t deadline, const char *
 static ddplug_plugin_group *group_like(const ddplug_plugin_group *old,
                                        const ddplug_group_init *init,
                                        const ddplug_host_services *svc, int64_t timeout) {
-  ddplug_plugin_group *g = calloc(1, sizeof *g);
+  ddplug_plugin_group *g = ddnccl_group_new(init, svc, timeout);
   if (!g) return NULL;
-  g->init = init;
-  g->svc = svc;
-  g->rank = init->rank;
-  g->world = init->world_size;
-  g->log_level = init->log_level > 0 ? init->log_level : DDPLUG_LOG_WARN;
-  g->timeout_ms = timeout;
   g->device = old->device;
   g->self = old->self;
   g->self.rank = init->rank;
@@ -136,6 +130,7 @@ static ddplug_plugin_group *group_like(const ddplug_plugin_group *old,
   if (old->opts.device_map_len) {
     g->opts.device_map = calloc(old->opts.device_map_len, sizeof *g->opts.device_map);
     if (!g->opts.device_map) {
+      pthread_mutex_destroy(&g->comm_mu);
       free(g);
       return NULL;
     }
@@ -143,8 +138,6 @@ static ddplug_plugin_group *group_like(const ddplug_plugin_group *old,
            old->opts.device_map_len * sizeof *g->opts.device_map);
     g->opts.device_map_len = old->opts.device_map_len;
   }
-  atomic_init(&g->failed, 0);
-  pthread_mutex_init(&g->comm_mu, NULL);
   return g;
 }
 

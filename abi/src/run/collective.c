@@ -123,12 +123,15 @@ int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **ou
 }
 
 int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
-                                 const char *slot) {
+                                 const char *slot, const char *prefix) {
   if (!req->on_stack) ddplug__free(req);
+  /* The run ended meanwhile: its status, not the plugin's ABORTED */
   int run = ddplug__ctx_check(ctx);
   if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
   ddplug__plugin_err_take(ctx, s, slot);
-  return s;
+  if (prefix) ddplug__err_prefix(s, "%s", prefix);
+  ddplug__end_run_if_broken(ctx, s);
+  return ddplug__ctx_capture_error(ctx, s);
 }
 
 int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out) {
@@ -165,13 +168,7 @@ static int start(ddplug_context *ctx, ddplug_coll_args *a, const char *fn,
   req->op = a->op;
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.collective_start(ctx->group, a, &req->preq);
-  if (s != DDPLUG_OK) {
-    /* The run ended meanwhile (its status, not the plugin's ABORTED) */
-    int run = ddplug__request_start_failed(ctx, req, s, "collective_start");
-    if (run != s) return run;
-    ddplug__end_run_if_broken(ctx, s);
-    return ddplug__ctx_capture_error(ctx, s);
-  }
+  if (s != DDPLUG_OK) return ddplug__request_start_failed(ctx, req, s, "collective_start", NULL);
   ctx->seq = a->seq;
   ddplug__request_link(ctx, req);
   *out = req;

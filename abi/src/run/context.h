@@ -342,11 +342,13 @@ void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group);
 int ddplug__start_check(ddplug_context *ctx, const char *fn, ddplug_request **out);
 /* A zeroed request of ctx into *out (NO_MEMORY naming fn). */
 int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out);
-/* The plugin's start slot failed with s: free req; the run's status when
- * the run has ended meanwhile (ctx's last error set), else s with the
- * plugin's explanation (or one naming slot) as the last error. */
+/* The plugin's start slot failed with s, all of it handled: req freed
+ * (unless on the caller's stack); the run's status when the run has ended
+ * meanwhile; else s, with the plugin's explanation (or one naming slot,
+ * after prefix when given) as ctx's last error, and the run ended if s
+ * broke it. Returns the status for the caller to return. */
 int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
-                                 const char *slot);
+                                 const char *slot, const char *prefix);
 /* Add a started request to ctx's live list (freed or orphaned later). */
 void ddplug__request_link(ddplug_context *ctx, struct ddplug_request *req);
 /* After a blocking call's wait failed with s: a caller error or a mismatch

@@ -80,14 +80,7 @@ static int start(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn, ddplug
   a->source = recv ? &req->source : NULL;
   ddplug__plugin_err_clear(ctx);
   s = ctx->plugin->table.p2p_start(ctx->group, a, &req->preq);
-  if (s != DDPLUG_OK) {
-    /* The run ended meanwhile (its status, not the plugin's ABORTED) */
-    int run = ddplug__request_start_failed(ctx, req, s, "p2p_start");
-    if (run != s) return run;
-    ddplug__err_prefix(s, "%s", fn);
-    ddplug__end_run_if_broken(ctx, s);
-    return ddplug__ctx_capture_error(ctx, s);
-  }
+  if (s != DDPLUG_OK) return ddplug__request_start_failed(ctx, req, s, "p2p_start", fn);
   ddplug__request_link(ctx, req);
   *out = req;
   return DDPLUG_OK;

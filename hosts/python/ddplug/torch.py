@@ -36,6 +36,7 @@ checkpoint than the newest one saved beside it.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, Optional
 
@@ -251,8 +252,6 @@ def save(obj: dict, f: Any, **kwargs: Any) -> None:
     directory's ledger (``ddplug-checkpoints.json``) records it as the newest
     checkpoint, so that :func:`load` names a resume from an older one. ``kwargs`` go
     to ``torch.save``."""
-    import os
-
     ctx = context()
     if ctx.rank != 0:
         return
@@ -284,8 +283,6 @@ def load(f: Any, **kwargs: Any) -> dict:
         raise ValueError(f"ddplug.torch.load: {f} holds no \"ddplug\" part: it was not written by "
                          "ddplug.torch.save (load it with torch.load and pass your own "
                          "ddplug.torch.state_dict() part to load_state_dict)")
-    import os
-
     serial = int(ours.get("save", 0) or 0)
     later = ledger.newer(f, "save", serial) if isinstance(f, (str, os.PathLike)) and serial else None
     if later is not None:

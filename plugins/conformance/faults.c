@@ -88,6 +88,32 @@ static int wait_for_the_run_to_end(ddplug_context *ctx) {
   return ddplug_store_wait(ddplug_context_store(ctx), keys, 1, 10 * 60 * 1000);
 }
 
+/* After its warm-up each rank says so in the scenario's store, and the
+ * rank about to end the run (an abort, its death) first waits until every
+ * rank has: else a slow rank's warm-up, not the call under test, is what
+ * the end of the run fails. */
+static void warmed_up(const cf_rank *r, ddplug_context *ctx) {
+  char key[32];
+  snprintf(key, sizeof key, "user/warm/%d", r->rank);
+  (void)ddplug_store_set(ddplug_context_store(ctx), key, "1", 1);
+}
+
+static void every_rank_warmed_up(const cf_rank *r, ddplug_context *ctx) {
+  warmed_up(r, ctx);
+  char(*names)[32] = calloc((size_t)r->world, sizeof *names);
+  const char **keys = calloc((size_t)r->world, sizeof *keys);
+  if (names && keys) {
+    for (int i = 0; i < r->world; i++) {
+      snprintf(names[i], sizeof names[i], "user/warm/%d", i);
+      keys[i] = names[i];
+    }
+    (void)ddplug_store_wait(ddplug_context_store(ctx), keys, (uint32_t)r->world,
+                            10 * 60 * 1000);
+  }
+  free(names);
+  free(keys);
+}
+
 /* ---- abort from another thread ------------------------------------------- */
 
 #define ABORT_REASON "ddplug conformance: abort from another thread"
@@ -126,6 +152,7 @@ void cf_abort_rank(cf_rank *r) {
   if (s) {
     cf_report(r, "abort.warmup", CF_COLL_SLOTS, CF_FAIL, "a first allreduce", "%s", why);
   } else if (r->rank == 0) {
+    every_rank_warmed_up(r, ctx);
     aborter a = {ctx, 0};
     pthread_t th;
     pthread_create(&th, NULL, abort_later, &a);
@@ -145,6 +172,7 @@ void cf_abort_rank(cf_rank *r) {
       cf_report(r, "abort.local", slots, CF_PASS, T_LOCAL, "%s %.2f s after ddplug_abort",
                 ddplug_status_name(s), after);
   } else {
+    warmed_up(r, ctx);
     /* after rank 0's abort (its record in the store), not after a sleep:
      * joined earlier, this allreduce would complete rank 0's */
     s = wait_for_the_run_to_end(ctx);
@@ -243,6 +271,7 @@ static void killed(cf_rank *r, const char *id, const char *title, int inside) {
     return;
   }
   if (r->rank == r->world - 1) {
+    every_rank_warmed_up(r, ctx);
     if (!inside) {
       cf_sleep_ms(300); /* the others are waiting in the allreduce now */
       raise(SIGKILL);
@@ -255,6 +284,7 @@ static void killed(cf_rank *r, const char *id, const char *title, int inside) {
     allreduce(r, ctx, why, sizeof why);
     raise(SIGKILL);
   }
+  warmed_up(r, ctx);
   survivor(r, ctx, id, title, inside);
   ddplug_close(ctx);
 }

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ddplug/store.h"
 #include "harness.h"
 
 #define MIB (1ull << 20)
@@ -329,7 +330,14 @@ static void dead_rank(int rank, int world, void *arg) {
   (void)world;
   ddplug_context *ctx = open_rank(rank, l->nodes, 60);
   CHECK_OK(ddplug_barrier(ctx, 20000));
+  /* rank 1 dies only once rank 0 has left the barrier (across nodes a
+   * death can end rank 0's barrier before it read the data already there) */
+  ddplug_store *st = ddplug_context_store(ctx);
+  if (rank == 0) CHECK_OK(ddplug_store_set(st, "user/test/barrier-done", "1", 1));
   if (rank == 1) {
+    void *v = NULL;
+    CHECK_OK(ddplug_store_get(st, "user/test/barrier-done", 30000, &v, NULL));
+    ddplug_free(v);
     usleep(100 * 1000); /* let rank 0 wait inside its receive (the outcome holds either way) */
     raise(SIGKILL);
   }

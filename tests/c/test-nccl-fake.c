@@ -534,14 +534,17 @@ static ddplug_plugin_request *lonely_allreduce(frank *f) {
 
 static void watchdog_body(frank *f) {
   /* The group was created with a long timeout (only a hang guard: both
-   * ranks come); what this body times out is bounded by the short one. */
-  f->g->timeout_ms = 300;
+   * ranks come); what this body times out is bounded by the short one,
+   * set after the short wait (the watchdog reads it at every wait, from
+   * the collective's start: set before, a stall of 280 ms before the short
+   * wait would let the watchdog fire first). */
   if (f->rank == 0) {
     ddplug_plugin_request *req = lonely_allreduce(f);
     /* A short wait: TIMEOUT, still pending. */
     CHECK_EQ_INT(ddnccl_request_wait(f->g, req, 20), DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(f->fr.err, "still running on rank 0");
     CHECK(!atomic_load(&f->g->failed));
+    f->g->timeout_ms = 300;
     /* Up to the collective timeout: TIMEOUT, final; the group is failed. */
     CHECK_EQ_INT(ddnccl_request_wait(f->g, req, -1), DDPLUG_E_TIMEOUT);
     CHECK_CONTAINS(f->fr.err, "did not complete within the collective timeout (0.3 s");

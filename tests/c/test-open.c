@@ -566,7 +566,8 @@ TEST(a_rank_started_twice_fails_the_run) {
 static void rank_missing(int rank, int world, void *arg) {
   (void)world;
   if (rank >= 2) return; /* never started */
-  use_config("{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 2}}");
+  /* 5 s: rank 1 must join within it on a loaded machine too */
+  use_config("{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 5}}");
   check_failure(arg);
 }
 

@@ -256,6 +256,8 @@ static void rank_long_work(int rank, int world, void *arg) {
   CHECK_EQ_STR(msg, "downloaded");
   ddplug_free(msg);
   CHECK_EQ_INT(count_calls(), 1);
+  /* together into close, whose wait for the other rank is the 1 s timeout */
+  CHECK_OK(ddplug_barrier(ctx, 20000));
   CHECK_OK(ddplug_close(ctx));
 }
 
@@ -358,6 +360,49 @@ TEST_T(a_runner_that_stops_heartbeating_is_given_up_on, 90) {
   dt_run_ranks(4, rank_stops, NULL, NULL, 60, statuses);
   CHECK(WIFSIGNALED(statuses[2]) && WTERMSIG(statuses[2]) == SIGKILL);
   CHECK_MSG(WIFEXITED(statuses[3]) && WEXITSTATUS(statuses[3]) == 0, "rank 3 failed");
+}
+
+/* ---- a waiter that arrives after the runner's failure ended the run ------- */
+
+/* Rank 0's work fails and rank 0 then ends the run (as Lightning's
+ * on_exception does); rank 1 reaches its run_once only after it learnt
+ * that the run ended: it gets the work's failure, the cause, as a rank
+ * already waiting would, not only ABORTED. */
+static void rank_late_after_failure(int rank, int world, void *arg) {
+  (void)arg;
+  (void)world;
+  ddplug_context *ctx = open_ctx("30");
+  ddplug_store *store = ddplug_context_store(ctx);
+  work w = {rank, 0, DDPLUG_E_NOT_FOUND, "mirror https://example.invalid/data.tar is unreachable"};
+  char *msg = NULL;
+  if (rank == 0) {
+    CHECK_STATUS(ddplug_run_once(ctx, "prep", DDPLUG_SCOPE_GLOBAL, do_work, &w, 60000, &msg),
+                 DDPLUG_E_NOT_FOUND);
+    CHECK_OK(ddplug_abort(ctx, "prepare_data failed on rank 0"));
+    CHECK_OK(ddplug_store_set(store, "user/test/aborted", "1", 1));
+  } else {
+    void *v = NULL;
+    CHECK_OK(ddplug_store_get(store, "user/test/aborted", 60000, &v, NULL));
+    ddplug_free(v);
+    /* this rank's context knows the run ended (its next call says so) */
+    CHECK_STATUS(ddplug_barrier(ctx, 20000), DDPLUG_E_ABORTED);
+    CHECK_STATUS(ddplug_run_once(ctx, "prep", DDPLUG_SCOPE_GLOBAL, do_work, &w, 60000, &msg),
+                 DDPLUG_E_NOT_FOUND);
+    CHECK_CONTAINS(ddplug_last_error(), "run-once 'prep' (scope global) failed on its runner, rank 0");
+    CHECK_CONTAINS(msg, "example.invalid");
+    CHECK_EQ_INT(count_calls(), 1); /* rank 0's only */
+    /* a name nobody ran: the run's own status */
+    CHECK_STATUS(ddplug_run_once(ctx, "other", DDPLUG_SCOPE_GLOBAL, do_work, &w, 60000, NULL),
+                 DDPLUG_E_ABORTED);
+    CHECK_CONTAINS(ddplug_last_error(), "prepare_data failed on rank 0");
+  }
+  ddplug_free(msg);
+  ddplug_close(ctx);
+}
+
+TEST_T(a_waiter_arriving_after_the_runners_failure_ended_the_run_gets_that_failure, 60) {
+  g_calls = dt_temp_file(".calls", "");
+  CHECK_EQ_INT(dt_run_ranks(2, rank_late_after_failure, NULL, NULL, 45, NULL), 0);
 }
 
 /* ---- the runner dies ---------------------------------------------------- */

@@ -36,6 +36,7 @@ static void *blocked_thread(void *p) {
 static void blocked_process(void *p) {
   blocked_arg *a = p;
   a->st = st_connect(a->port, NULL);
+  CHECK_OK(ddplug_store_set(a->st, "child-connected", "1", 1));
   blocked_thread(a);
   CHECK_STATUS(a->rc, DDPLUG_E_PEER_LOST);
   CHECK_CONTAINS(a->err, "closed the connection (did rank 0 exit?)");
@@ -58,7 +59,13 @@ TEST_T(server_killed_while_clients_block_gives_peer_lost, 30) {
   }
   blocked_arg pa = {port, 0, NULL, 0, 0, {0}};
   pid_t other = dt_fork(blocked_process, &pa);
-  ddplug__sleep_ms(300); /* let every call park in the server */
+  /* the other process connected (else the kill would fail its connect,
+   * not its call), then a moment for every call to park in the server */
+  ddplug_store *probe = st_connect(port, NULL);
+  void *v = NULL;
+  CHECK_OK(ddplug_store_get(probe, "child-connected", 20000, &v, NULL));
+  ddplug_free(v);
+  ddplug__sleep_ms(300);
   double killed_at = st_now_s();
   CHECK(kill(server, SIGKILL) == 0);
   waitpid(server, NULL, 0);
@@ -78,6 +85,7 @@ TEST_T(server_killed_while_clients_block_gives_peer_lost, 30) {
     CHECK_CONTAINS(ddplug_last_error(), where);
     ddplug_store_close(a[i].st);
   }
+  ddplug_store_close(probe);
   st_join_child(other, 20000, "the client process expecting PEER_LOST");
 }
 

@@ -165,7 +165,10 @@ def test_a_killed_rank_fails_every_survivors_pending_work(out: Path) -> None:
     for rank in (0, 2):
         all_checks_pass([results[rank]], outs, errors_expected=True)
         assert results[rank]["type"] == "PeerLost"
-        assert "rank 1 (pid" in results[rank]["error"] and "exited or was killed" in results[rank]["error"]
+        # the runtime's sentence, or the cpu plugin's own when its liveness watch saw the
+        # death first and the store's account came later than the wait for it (a loaded machine)
+        err = results[rank]["error"]
+        assert "rank 1 (pid" in err and ("exited or was killed" in err or "exited while the group was running" in err)
         print(f"rank {rank}: raised {results[rank]['raised_after_s']:.3f} s after rank 1 was killed")
 
 

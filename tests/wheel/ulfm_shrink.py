@@ -72,7 +72,12 @@ def main() -> int:
         print(f"ulfm-shrink: rank {identity}: the first allreduce gave {got}, not 6", file=sys.stderr)
         return 2
     if identity == victim:
+        # only once the others' first allreduce returned (the death must fail the next one)
+        for r in range(3):
+            if r != victim:
+                ctx.store.get(f"warm/{r}", 120)
         os.kill(os.getpid(), signal.SIGKILL)
+    ctx.store.set(f"warm/{identity}", b"1")
     try:
         # the victim is dead or dying: this allreduce cannot complete
         ctx.allreduce(vec(1.0))

@@ -1309,9 +1309,12 @@ typedef enum ddplug_scope {
  * (naming the runner's rank and what set the limit — the config key or the
  * argument; the outcome may still come), PEER_LOST (the runner
  * disconnected, or stopped heartbeating, without an outcome), ABORTED (the
- * run was aborted), the runner's status, SYSTEM (the runner could not
- * start its heartbeat thread), or a store failure. On failure *runner is 0.
- * Blocks (waiters only). Thread-safe. Since 1.0. */
+ * run was aborted; but a waiter whose runner's outcome is already on
+ * record gets that outcome, whether it was waiting or arrives after the
+ * run ended: the runner's failure is the cause), the runner's status,
+ * SYSTEM (the runner could not start its heartbeat thread), or a store
+ * failure. On failure *runner is 0. Blocks (waiters only). Thread-safe.
+ * Since 1.0. */
 DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
                                      int scope, int64_t timeout_ms,
                                      int *runner, char **message);

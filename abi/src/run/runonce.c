@@ -180,6 +180,30 @@ static int deliver(const char *value, const char *desc, char **message) {
                      first > 400 || nl ? " (full text in the message)" : "");
 }
 
+/* The run has ended (ctx's last error says how). An outcome already on
+ * record (its runner failed, then that failure ended the run) says more:
+ * a waiter arriving late gets it, as one already waiting does
+ * (wait_outcome); else the run's status with its sentence. */
+static int after_the_run_ended(ddplug_store *store, const char *key, const char *desc,
+                               int run_status, char **message) {
+  char run_err[DDPLUG__ERRMSG_MAX];
+  ddplug__strlcpy(run_err, ddplug_last_error(), sizeof run_err);
+  void *value = NULL;
+  uint64_t len = 0;
+  if (ddplug__store_get_within(store, key, 0, 1000, &value, &len) == DDPLUG_OK) {
+    char *msg = NULL;
+    int st = deliver(value, desc, message ? &msg : NULL);
+    ddplug_free(value);
+    if (st != DDPLUG_E_INTERNAL && st != DDPLUG_E_NO_MEMORY) { /* not malformed */
+      if (message) *message = msg;
+      return st;
+    }
+    ddplug__free(msg);
+  }
+  ddplug__set_last_error(run_err);
+  return ddplug__err_prefix(run_status, "%s", desc);
+}
+
 /* The store key of a run-once's heartbeat counter: "<key>/beat". */
 #define BEAT_KEY_MAX (RUNONCE_KEY_MAX + 8)
 static void beat_key(char out[BEAT_KEY_MAX], const char *key) {
@@ -371,7 +395,8 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
   st = waiter_timeout(ctx, timeout_ms, &tmo, limit_by, sizeof limit_by);
   if (st) return st;
   st = ddplug__ctx_check(ctx);
-  if (st) return ddplug__err_prefix(st, "%s", desc);
+  if (st && is_runner(&w, scope)) return ddplug__err_prefix(st, "%s", desc);
+  if (st) return after_the_run_ended(ctx->store, key, desc, st, message);
   ddplug_store *store = ctx->store;
 
   void *value = NULL;

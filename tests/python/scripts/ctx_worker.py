@@ -408,6 +408,10 @@ def runner_dies(ctx: ddplug.Context) -> dict:
     """Node scope on two "nodes": the runner of node 1 dies inside the work; its
     node's other rank must learn it (PEER_LOST) long before its timeout."""
     if ctx.node_rank == 1 and ctx.local_rank == 0:
+        # node 0 finishes its own run_once first: this death ends the run, and a
+        # node-0 rank still inside its run_once would (rightly) see PEER_LOST
+        for r in (0, 1):
+            ctx.store.get(f"node0-done-{r}", 60)
         with ddplug.once("doomed", "node") as runner:
             assert runner
             write({"dying": True, "rank": ctx.rank})
@@ -416,6 +420,8 @@ def runner_dies(ctx: ddplug.Context) -> dict:
     try:
         with ddplug.once("doomed", "node", timeout_s=60) as runner:
             pass
+        if ctx.node_rank == 0:
+            ctx.store.set(f"node0-done-{ctx.rank}", b"1")
         return {"outcome": "ok", "runner": runner}
     except ddplug.DdplugError as e:
         return {"outcome": e.name, "message": str(e), "waited": time.monotonic() - t0}

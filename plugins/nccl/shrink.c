@@ -87,8 +87,8 @@ static int can_shrink(ddplug_plugin_group *old, char *why, size_t cap) {
 
 /* The revoked communicator out of ncclInProgress, by deadline: step 3
  * (its operations stopped) and step 4 (the shrink's background job, which
- * NCCL accounts to the parent, finished). *state (may be NULL) receives its
- * state then: after the shrink, the job's result. */
+ * NCCL accounts to the parent, finished). *state_out (may be NULL)
+ * receives its state then. */
 static int wait_parent(ddplug_plugin_group *old, uint64_t deadline, const char *what,
                        ncclResult_t *state_out, char *err, size_t cap) {
   int64_t nap_us = 50;
@@ -193,13 +193,15 @@ static int shrink_comm(ddplug_plugin_group *old, ddplug_plugin_group *g,
   pthread_mutex_lock(&g->comm_mu);
   g->comm = comm;
   pthread_mutex_unlock(&g->comm_mu);
-  if (job != ncclSuccess || !comm)
+  /* The job writes the communicator even when its init failed, so the
+   * slot decides; the parent's state (the job's result, or an error its
+   * proxy kept from before the revoke) only explains a failure. */
+  if (!comm)
     return ddnccl_group_fail(g, job != ncclSuccess ? ddnccl_status_of(job) : DDPLUG_E_INTERNAL, 1,
-                             "ncclCommShrink failed on rank %d (was rank %d of %d): %s (%s)",
+                             "ncclCommShrink failed on rank %d (was rank %d of %d): it ended "
+                             "without a communicator (the parent reports %s; %s)",
                              g->rank, (int)old_rank_of[g->rank], old->world,
-                             job != ncclSuccess ? ncclGetErrorString(job)
-                                                : "it ended without a communicator",
-                             ncclGetLastError(NULL));
+                             ncclGetErrorString(job), ncclGetLastError(NULL));
   int st = ddnccl_settle(g, deadline, "ncclCommShrink", 0);
   if (st != DDPLUG_OK) return st;
   int rank = -1, count = -1;
@@ -210,9 +212,9 @@ static int shrink_comm(ddplug_plugin_group *old, ddplug_plugin_group *g,
   if (rank != g->rank || count != g->world)
     return ddnccl_group_fail(g, DDPLUG_E_INTERNAL, 1,
                              "ncclCommShrink made rank %d of %d where the runtime says rank %d "
-                             "of %d (was rank %d of %d)",
+                             "of %d (was rank %d of %d; the parent reports %s)",
                              rank, count, g->rank, g->world, (int)old_rank_of[g->rank],
-                             old->world);
+                             old->world, ncclGetErrorString(job));
   return DDPLUG_OK;
 }
 

@@ -151,6 +151,7 @@ void cf_abort_rank(cf_rank *r) {
   uint64_t slots = CF_BIT(group_abort) | CF_COLL_SLOTS;
   if (s) {
     cf_report(r, "abort.warmup", CF_COLL_SLOTS, CF_FAIL, "a first allreduce", "%s", why);
+    warmed_up(r, ctx); /* done with it, failed: rank 0 must not wait for it */
   } else if (r->rank == 0) {
     every_rank_warmed_up(r, ctx);
     aborter a = {ctx, 0};
@@ -267,6 +268,7 @@ static void killed(cf_rank *r, const char *id, const char *title, int inside) {
   char why[1024] = "";
   if (allreduce(r, ctx, why, sizeof why)) {
     cf_report(r, "peer.warmup", CF_COLL_SLOTS, CF_FAIL, "a first allreduce", "%s", why);
+    warmed_up(r, ctx); /* done with it, failed: the victim must not wait for it */
     ddplug_close(ctx);
     return;
   }

@@ -203,13 +203,13 @@ int ddnccl_connect_eagerly(ddplug_plugin_group *g, uint64_t deadline_ns);
  * (a later failure revokes rather than aborts, with shrink "auto"); else
  * its failure goes to set_error, it is released, and st returned. */
 int ddnccl_group_settled(ddplug_plugin_group *g, int st);
-/* Free a group that holds no requests (create failed, or after destroy's
- * own part): pools, stream, scratch, options, the revoked communicator. */
 /* A zeroed group for init (rank, world, log level, timeout_ms, the
  * failure flag and comm_mu set up): what group_create and group_shrink
  * start from. NULL when out of memory. */
 ddplug_plugin_group *ddnccl_group_new(const ddplug_group_init *init,
                                       const ddplug_host_services *svc, int64_t timeout_ms);
+/* Free a group that holds no requests (create failed, or after destroy's
+ * own part): pools, stream, scratch, options, the revoked communicator. */
 void ddnccl_group_release(ddplug_plugin_group *g);
 
 /* shrink.c: with shrink "auto" and an NCCL that has ncclCommRevoke and

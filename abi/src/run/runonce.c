@@ -180,28 +180,18 @@ static int deliver(const char *value, const char *desc, char **message) {
                      first > 400 || nl ? " (full text in the message)" : "");
 }
 
-/* The run has ended (ctx's last error says how). An outcome already on
- * record (its runner failed, then that failure ended the run) says more:
- * a waiter arriving late gets it, as one already waiting does
- * (wait_outcome); else the run's status with its sentence. */
-static int after_the_run_ended(ddplug_store *store, const char *key, const char *desc,
-                               int run_status, char **message) {
-  char run_err[DDPLUG__ERRMSG_MAX];
-  ddplug__strlcpy(run_err, ddplug_last_error(), sizeof run_err);
-  void *value = NULL;
+/* The run has ended (ctx's last error says how), while or before this
+ * waiter waited. An outcome already on record says more (its runner
+ * failed, and that ended the run): OK with it in *value; else the run's
+ * status, ctx's last error as it was. */
+static int on_record_after_the_end(ddplug_store *store, const char *key, int run_status,
+                                   void **value) {
+  char why[DDPLUG__ERRMSG_MAX];
+  ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
   uint64_t len = 0;
-  if (ddplug__store_get_within(store, key, 0, 1000, &value, &len) == DDPLUG_OK) {
-    char *msg = NULL;
-    int st = deliver(value, desc, message ? &msg : NULL);
-    ddplug_free(value);
-    if (st != DDPLUG_E_INTERNAL && st != DDPLUG_E_NO_MEMORY) { /* not malformed */
-      if (message) *message = msg;
-      return st;
-    }
-    ddplug__free(msg);
-  }
-  ddplug__set_last_error(run_err);
-  return ddplug__err_prefix(run_status, "%s", desc);
+  if (ddplug_store_get(store, key, 0, value, &len) == DDPLUG_OK) return DDPLUG_OK;
+  ddplug__set_last_error(why);
+  return run_status;
 }
 
 /* The store key of a run-once's heartbeat counter: "<key>/beat". */
@@ -332,10 +322,7 @@ static int wait_outcome(ddplug_context *ctx, const char *key, const char *desc,
     if (!ddplug__own_timeout(ctx, rc)) {
       /* The run failed while we waited (e.g. the runner died and the runtime
        * noticed first): its own record, if it got there, says more. */
-      char why[DDPLUG__ERRMSG_MAX];
-      ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
-      if (ddplug_store_get(ctx->store, key, 0, value, &len) == DDPLUG_OK) return DDPLUG_OK;
-      ddplug__set_last_error(why);
+      if (on_record_after_the_end(ctx->store, key, rc, value) == DDPLUG_OK) return DDPLUG_OK;
       return ddplug__err_prefix(rc, "%s: waiting for the outcome of %s", desc, who);
     }
     void *bv = NULL;
@@ -395,12 +382,17 @@ DDPLUG_API int ddplug_run_once_begin(ddplug_context *ctx, const char *name,
   st = waiter_timeout(ctx, timeout_ms, &tmo, limit_by, sizeof limit_by);
   if (st) return st;
   st = ddplug__ctx_check(ctx);
-  if (st && is_runner(&w, scope)) return ddplug__err_prefix(st, "%s", desc);
-  if (st) return after_the_run_ended(ctx->store, key, desc, st, message);
-  ddplug_store *store = ctx->store;
-
   void *value = NULL;
   uint64_t len = 0;
+  if (st && !is_runner(&w, scope) &&
+      on_record_after_the_end(ctx->store, key, st, &value) == DDPLUG_OK) {
+    st = deliver(value, desc, message);
+    ddplug_free(value);
+    return st;
+  }
+  if (st) return ddplug__err_prefix(st, "%s", desc);
+  ddplug_store *store = ctx->store;
+
   if (is_runner(&w, scope)) {
     /* The store's answer decides (a loaded rank 0 may give it later than
      * a poll's reply grace, and no answer must not read as "not run yet"). */

@@ -273,3 +273,40 @@ def test_errors_are_torch_types_and_ddplug_classes() -> None:
     assert type(bad) is ddplug.ConfigError  # a ValueError, as torch raises for bad arguments
     assert type(E.backend_error(make(status_code("ABORTED"), "x", ""))) is type(
         E.backend_error(make(status_code("ABORTED"), "y", ""))), "one class per pair"
+
+
+def test_the_native_fast_path_answers_as_the_python_methods(out: Path) -> None:
+    """ddplug_torchfast (hosts/python/native) on 3 ranks, beside the group's own
+    Python methods: every dtype x reduction, broadcast, send/recv with tags,
+    any source, polling, futures, a wait's own timeout, a receive dropped while
+    pending, refusals and a closed group give equal results and equal errors;
+    the common all_reduce runs no Python of ddplug's."""
+    codes, outs = run_ranks("torch_run.py", 3, "native", out_dir=out)
+    results = ranks(out, 3)
+    all_checks_pass(results, outs)
+    assert codes == [0] * 3, "\n".join(outs)[-6000:]
+    assert len(results[0]["checks"]) >= 14 and len(results[1]["checks"]) >= 15
+
+
+def test_the_native_fast_path_is_used_only_with_its_own_torch(tmp_path: Path) -> None:
+    """Built for another torch (its version stamp), or DDPLUG_TORCH_NATIVE=0:
+    the Python methods serve every call, and native.status() says why."""
+    import os
+    import shutil
+
+    build = Path(os.environ["DDPLUG_BUILD_DIR"])
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for f in (build / "lib").iterdir():
+        if f.name.startswith(("libddplug", "ddplug_torchfast")):
+            shutil.copy2(f, lib / f.name, follow_symlinks=True)
+    assert list(lib.glob("ddplug_torchfast*.so")), "make build builds the native fast path"
+    (lib / "ddplug_torchfast.torch-version").write_text("2.0.0\n")
+    code = "from ddplug.distributed import native; print(native.status())"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "DDPLUG_BUILD_DIR": str(tmp_path)}
+    env.pop("DDPLUG_LIBRARY", None)
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "was built for torch 2.0.0, this is torch" in other.stdout, other.stdout + other.stderr
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "DDPLUG_TORCH_NATIVE": "0"})
+    assert off.stdout.strip() == "off (DDPLUG_TORCH_NATIVE=0)", off.stdout + off.stderr

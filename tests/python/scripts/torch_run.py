@@ -666,9 +666,156 @@ def failure(kind: str, victim: int) -> None:
             check("barrier raised", isinstance(e, ddplug.Aborted), e)
 
 
+# ---- the backend's native fast path against its Python methods -------------------------
+def native() -> None:
+    """The native fast path (ddplug/distributed/native.py) and the group's own
+    Python methods, on the same ranks, side by side: equal results, equal
+    errors, for every dtype x reduction, broadcast, and the point-to-point
+    cases (tags, any source, polling, futures, a wait's own timeout, a work
+    dropped while pending)."""
+    import gc
+
+    from ddplug.distributed import native as nat
+
+    dist.init_process_group("ddplug")
+    pg = dist.group.WORLD
+    cls = type(pg)
+    store = dist.distributed_c10d._get_default_store()
+    result["native"] = nat.status()
+    on = all(type(pg.__dict__.get(n)).__name__ == "FastMethod"
+             for n in ("allreduce", "broadcast", "send", "recv", "recv_anysource"))
+    check("native path on", nat.status().startswith("on") and on, nat.status())
+
+    def python(name: str):
+        return getattr(cls, name).__get__(pg)
+
+    def outcome(fn, *args):
+        try:
+            w = fn(*args)
+            w.wait()
+            return None
+        except Exception as e:  # noqa: BLE001 (compared, not handled)
+            return f"{type(e).__name__}: {e}"
+
+    # every dtype x reduction, blocking (what dist.all_reduce does)
+    R = dist.ReduceOp
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+              torch.int32, torch.int64, torch.bool, torch.int16]
+    reds = [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, R.BAND, R.BOR, R.BXOR]
+    mismatches = []
+    for dt in dtypes:
+        for red in reds:
+            o = dist.AllreduceOptions()
+            o.reduceOp = red
+            o.asyncOp = False
+            base = torch.arange(1, 6) % 2 == RANK % 2 if dt is torch.bool else (torch.arange(1, 6) + RANK).to(dt)
+            a, b = base.clone(), base.clone()
+            ea, eb = outcome(pg.allreduce, [a], o), outcome(python("allreduce"), [b], o)
+            if ea != eb or not torch.equal(a, b):
+                mismatches.append((str(dt), str(red), a.tolist(), b.tolist(), ea, eb))
+    check("all_reduce: native = python, every dtype x op", not mismatches, mismatches[:3])
+
+    # the common case runs no Python at all
+    calls: list = []
+    t = torch.ones(4)
+    o = dist.AllreduceOptions()
+    o.asyncOp = False
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        pg.allreduce([t], o)
+        dist.all_reduce(t)
+    finally:
+        sys.setprofile(None)
+    check("native all_reduce runs no Python of ddplug's", "allreduce" not in calls and torch.equal(
+        t, torch.full((4,), float(WORLD * WORLD))), calls)
+
+    bo = dist.BroadcastOptions()
+    bo.rootRank, bo.asyncOp = WORLD - 1, False
+    a, b = torch.full((3,), float(RANK)), torch.full((3,), float(RANK))
+    ea, eb = outcome(pg.broadcast, [a], bo), outcome(python("broadcast"), [b], bo)
+    check("broadcast: native = python", ea is None and eb is None and torch.equal(a, b)
+          and torch.equal(a, torch.full((3,), float(WORLD - 1))), (a, b, ea, eb))
+
+    # point-to-point between ranks 0 and 1, each case on both paths
+    for path in ("native", "python"):
+        op = (lambda n: getattr(pg, n)) if path == "native" else python
+        if RANK == 0:
+            w = op("send")([torch.arange(5.0)], 1, 3)
+            check(f"{path}: send is a Work", isinstance(w, dist.Work) and w.wait(), w)
+            x = torch.zeros(5)
+            w = op("recv_anysource")([x], 4)
+            check(f"{path}: recv from any rank", w.wait() and w._source_rank() == 1
+                  and torch.equal(x, torch.arange(5.0) * 2), (x, w._source_rank()))
+            x = torch.zeros(2, dtype=torch.int64)
+            w = op("recv")([x], 1, 5)
+            store.set(f"polling-{path}", "1")
+            while not w.is_completed():
+                time.sleep(0.001)
+            check(f"{path}: is_completed, then result", [r.tolist() for r in w.result()] == [[7, 8]]
+                  and torch.equal(x, torch.tensor([7, 8])), x)
+            x = torch.zeros(3)
+            w = op("recv")([x], 1, 6)
+            fut = w.get_future()
+            store.set(f"future-{path}", "1")
+            val = fut.wait()
+            check(f"{path}: get_future", torch.equal(val[0], torch.tensor([1.0, 2.0, 3.0])) and w.wait(), val)
+            store.wait([f"timed-out-{path}"])
+            op("send")([torch.full((2,), 9.0)], 1, 9).wait()
+            store.wait([f"dropped-{path}"])
+            op("send")([torch.full((2,), 11.0)], 1, 11).wait()
+        elif RANK == 1:
+            x = torch.zeros(5)
+            w = op("recv")([x], 0, 3)
+            check(f"{path}: recv with a tag", w.wait() and torch.equal(x, torch.arange(5.0)), x)
+            op("send")([x * 2], 0, 4).wait()
+            store.wait([f"polling-{path}"])
+            op("send")([torch.tensor([7, 8])], 0, 5).wait()
+            store.wait([f"future-{path}"])
+            op("send")([torch.tensor([1.0, 2.0, 3.0])], 0, 6).wait()
+            x = torch.zeros(2)
+            w = op("recv")([x], 0, 9)
+            try:
+                w.wait(datetime.timedelta(milliseconds=50))
+                err = None
+            except Exception as e:  # noqa: BLE001
+                err = f"{type(e).__name__}: {e}"
+            result[f"own timeout {path}"] = err
+            store.set(f"timed-out-{path}", "1")
+            check(f"{path}: a wait's own timeout leaves it pending", err and "still pending" in err and w.wait()
+                  and torch.equal(x, torch.full((2,), 9.0)), (err, x))
+            y = torch.zeros(2)
+            w = op("recv")([y], 0, 11)
+            del w
+            gc.collect()
+            orphans = len(pg._orphans)
+            store.set(f"dropped-{path}", "1")
+            result[f"orphans {path}"] = orphans
+            check(f"{path}: a receive dropped while pending is kept", orphans == 1, orphans)
+            dist.barrier()  # rank 0's send completed
+            while pg._orphans:  # released once completed (the next call that issues does this)
+                with pg.lock:
+                    pg._reap()
+                time.sleep(0.001)
+            check(f"{path}: the dropped receive completed into its tensor", torch.equal(
+                y, torch.full((2,), 11.0)), y)
+        if RANK != 1:
+            dist.barrier()
+    if RANK == 1:
+        check("own timeout: native = python", result["own timeout native"] == result["own timeout python"],
+              (result["own timeout native"], result["own timeout python"]))
+    # refusals are worded the same (both are the Python method's)
+    bad = [outcome(pg.send, [torch.ones(1)], WORLD + 3), outcome(python("send"), [torch.ones(1)], WORLD + 3)]
+    check("a bad peer: native = python", bad[0] and bad[0] == bad[1], bad)
+    dist.destroy_process_group()
+    o = dist.AllreduceOptions()
+    o.asyncOp = False
+    closed = [outcome(pg.allreduce, [torch.ones(1)], o), outcome(python("allreduce"), [torch.ones(1)], o)]
+    check("after destroy_process_group: native = python", closed[0] and closed[0] == closed[1], closed)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["client", "adapter", "failure", "gpu"])
+    p.add_argument("scenario", choices=["client", "adapter", "failure", "gpu", "native"])
     p.add_argument("--init", default="coqui", choices=["coqui", "speechbrain"])
     p.add_argument("--kind", default="kill", choices=["kill", "raise", "prepare", "timeout0"])
     p.add_argument("--victim", type=int, default=1)
@@ -680,6 +827,8 @@ def main() -> None:
             adapter()
         elif a.scenario == "gpu":
             gpu()
+        elif a.scenario == "native":
+            native()
         else:
             failure(a.kind, a.victim)
     except BaseException as exc:

@@ -68,6 +68,7 @@ from .._c._capi import F
 from ..context import CAP_DEVICE_MEMORY, CAP_HOST_MEMORY, Context
 from ..errors import DdplugError, status_code
 from . import errors as _errors
+from . import native as _native
 from . import p2p as _p2p
 from .work import DdplugWork, Progress, chained, done
 
@@ -151,6 +152,7 @@ class ProcessGroupDdplug(ProcessGroup):
         self._coalescing: Optional[list] = None
         self._closed = False
         self._monitored = 0  # monitored barriers so far (each its own keys in the store)
+        self._attach_native()
 
     # ---- identity ---------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -636,6 +638,42 @@ class ProcessGroupDdplug(ProcessGroup):
     def abort(self) -> None:  # type: ignore[override]
         """Abort the ddplug run on every rank (thread-safe)."""
         self._ctx.abort(f"rank {self._me}: torch.distributed abort()")
+
+    # ---- the native fast path (see .native) --------------------------------------------------
+    def _attach_native(self) -> None:
+        """The hot calls in C++ when the native module is on (see .native):
+        instance attributes that shadow this class's methods and fall back to
+        them for anything but their common case."""
+        ops = {}
+        for red in _OP_NAMES:
+            for dtype in self._dtypes:
+                try:
+                    ops[(int(red), dtype)] = self._op_code(red, dtype, "all_reduce")
+                except DdplugError:
+                    continue
+        cls = type(self)
+        _native.attach(self, (cls.allreduce, cls.broadcast, cls.send, cls.recv, cls.recv_anysource),
+                       dict(self._dtypes), ops, self._host_ok)
+
+    def _native_error(self, op: str, status: int, t: torch.Tensor, extra: Any) -> BaseException:
+        """The exception for a native call that failed with ``status``, worded as
+        the Python method's (``extra``: all_reduce's RedOpType, broadcast's root,
+        a send's or receive's (peer, tag))."""
+        if op == "all_reduce":
+            return self.error_for(status, lambda: _describe(op, t, extra))
+        if op == "broadcast":
+            return self.error_for(status, lambda: _describe(op, t, f"src {extra}"))
+        return self.error_for(status, _p2p.describe(op, t, *extra))
+
+    def _adopt_p2p(self, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int) -> Any:
+        """A native send's or receive's request (0: one that completed, from
+        ``src``) as a Python work, which answers every later call on it."""
+        return _p2p.adopt(self, req, t, receive, peer, tag, src)
+
+    def _release_native_request(self, req: int, t: torch.Tensor) -> None:
+        """A native work dropped while its request is pending: released once it
+        completed (see release_when_complete)."""
+        self.release_when_complete([ctypes.c_void_p(req)], (t,))
 
     # ---- internals: issuing -------------------------------------------------------------------
     def _handle(self) -> Any:

@@ -75,11 +75,7 @@ def start(group: Any, op: str, tensors: List[torch.Tensor], peer: int, tag: int)
     if t.layout != torch.strided:
         raise _errors.unsupported(f"{op}: a {t.layout} tensor; send the dense tensor (.to_dense()) or its"
                                   " indices and values", group._where())
-    where = "from any rank" if peer == ANY_SOURCE else f"{'from' if receive else 'to'} rank {peer}"
-
-    def what() -> str:
-        return f"{op}({t.numel()} x {str(t.dtype).replace('torch.', '')} on {t.device}, {where}, tag {tag})"
-
+    what = describe(op, t, peer, tag)
     if receive:
         w = group._workable(t, what, copy_in=False)
         finish = None
@@ -103,4 +99,25 @@ def start(group: Any, op: str, tensors: List[torch.Tensor], peer: int, tag: int)
     return group._track(P2PWork(group, req, [t], finish, what, (w,), receive))
 
 
-__all__ = ["ANY_SOURCE", "P2PWork", "start"]
+def describe(op: str, t: torch.Tensor, peer: int, tag: int) -> Any:
+    """How errors name a send or receive (a callable: only a failure formats it)."""
+    where = "from any rank" if peer == ANY_SOURCE else f"{'from' if op == 'recv' else 'to'} rank {peer}"
+
+    def what() -> str:
+        return f"{op}({t.numel()} x {str(t.dtype).replace('torch.', '')} on {t.device}, {where}, tag {tag})"
+
+    return what
+
+
+def adopt(group: Any, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int) -> P2PWork:
+    """A send or receive the native fast path started (.native), handed to
+    Python: ``req`` its pending or failed request (the work owns it from now
+    on), or 0 for one that completed (a receive from ``src``)."""
+    op = "recv" if receive else "send"
+    w = P2PWork(group, ctypes.c_void_p(req), [t], None, describe(op, t, peer, tag), (t,), receive)
+    if not req:
+        w._reqs, w._done, w._src = [], True, (src if receive else None)
+    return w
+
+
+__all__ = ["ANY_SOURCE", "P2PWork", "adopt", "describe", "start"]

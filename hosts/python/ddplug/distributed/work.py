@@ -162,19 +162,43 @@ class DdplugWork(Work):
                 if st == 0 and not done_.value:
                     return
             else:
-                st = _wait(req, ms)
-                if st == _TIMEOUT and _test(req, ctypes.byref(done_)) == 0:
-                    if done_.value:
-                        continue
-                    # the wait's own timeout: still pending, the run goes on
-                    raise _errors.timeout_of_wait(
-                        f"{self.what} timed out after {ms / 1000:.3f} s in Work.wait (its own timeout); it is"
-                        " still pending: wait again, or let the group's timeout end it (timeout= of"
-                        " init_process_group, or timeouts.collective_s)", f"rank {self._group.rank()}")
+                st = self._waited(req, _wait(req, ms), ms)
             if st:
                 self._fail(self._group.error_for(st, self._what))
                 return
         self._succeed()
+
+    def _waited(self, req: Any, st: int, ms: int) -> int:
+        """``req``'s status after a wait of at most ``ms`` returned ``st``: 0 when
+        a TIMEOUT was the wait's and the request completed meanwhile; raises
+        when the wait's own timeout expired with the request still pending
+        (the run goes on; the work can be waited again)."""
+        if st == _TIMEOUT:
+            done_ = ctypes.c_int(0)
+            if _test(req, ctypes.byref(done_)) == 0:
+                if done_.value:
+                    return 0
+                raise _errors.timeout_of_wait(
+                    f"{self.what} timed out after {ms / 1000:.3f} s in Work.wait (its own timeout); it is"
+                    " still pending: wait again, or let the group's timeout end it (timeout= of"
+                    " init_process_group, or timeouts.collective_s)", f"rank {self._group.rank()}")
+        return st
+
+    def waited(self, st: int, ms: int) -> bool:
+        """``wait`` of a one-request work whose request a native wait (.native)
+        of at most ``ms`` already waited for, returning ``st`` (not OK)."""
+        fut = None
+        with self._group.lock:
+            if not self._done:
+                st = self._waited(self._reqs[0], st, ms)
+                if st:
+                    self._fail(self._group.error_for(st, self._what))
+                else:
+                    self._succeed()
+            fut = self._take_future()
+        if fut is not None:
+            self._complete_future(fut)
+        return self.wait()
 
     @classmethod
     def merge(cls, group: Any, works: list, what: str) -> "DdplugWork":

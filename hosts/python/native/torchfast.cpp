@@ -1,0 +1,848 @@
+// ddplug_torchfast: the torch.distributed backend's hot calls in C++.
+//
+// ProcessGroupDdplug (hosts/python/ddplug/distributed/group.py) is a Python
+// process group: every call torch makes on it runs Python, and a blocking
+// 8-byte all_reduce spent more time there than in the collective. This module
+// gives a group a `Fast` object whose methods take the common case of the
+// hottest calls straight to libddplug:
+//
+//   all_reduce and broadcast that torch waits for at once (asyncOp false),
+//   send, recv and recv from any rank,
+//
+// each of one dense, contiguous CPU tensor of a dtype (and reduction) the
+// plugin takes, on a group that is not coalescing and has no dropped requests
+// to release. Every other call, and every failure, goes to the group's Python
+// method, which stays the one definition of what the backend does: a fast
+// call either does exactly what the Python method would have done, or hands
+// the call (or its request) to Python.
+//
+// libddplug is reached through the function pointers of the library the
+// Python binding loaded (ctypes), so both sides use one copy of it; calls into
+// a context hold the context's lock (Context.lock, a Python RLock), as the
+// Python side does, and run with the GIL released.
+//
+// A send or receive returns a FastP2PWork (a c10d::Work): wait, is_completed,
+// source_rank and result are answered here; a failure, a wait's own timeout,
+// get_future and exception hand the request to Python (group._adopt_p2p),
+// which then answers every call on the work.
+
+#include <Python.h>
+
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <array>
+#include <initializer_list>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---- libddplug, through the binding's function pointers -------------------------------
+using ctx_t = void;
+using req_t = void;
+using allreduce_fn = int (*)(ctx_t*, const void*, void*, uint64_t, int, int, void*);
+using broadcast_fn = int (*)(ctx_t*, const void*, void*, uint64_t, int, int, void*);
+using isend_fn = int (*)(ctx_t*, const void*, uint64_t, int, int, int64_t, void*, req_t**);
+using irecv_fn = int (*)(ctx_t*, void*, uint64_t, int, int, int64_t, void*, req_t**);
+using wait_fn = int (*)(req_t*, int64_t);
+using test_fn = int (*)(req_t*, int*);
+using free_fn = void (*)(req_t*);
+using source_fn = int (*)(const req_t*, int*);
+
+struct Api {
+  allreduce_fn allreduce;
+  broadcast_fn broadcast;
+  isend_fn isend;
+  irecv_fn irecv;
+  wait_fn wait;
+  test_fn test;
+  free_fn free;
+  source_fn source;
+};
+
+constexpr int kScalarTypes = static_cast<int>(c10::ScalarType::NumOptions);
+constexpr int kRedOps = 16;  // c10d::ReduceOp::RedOpType values are below this
+
+// ---- the per-group state ------------------------------------------------------------------
+struct Fast {
+  PyObject_HEAD
+  PyObject* group_ref;  // weakref to the ProcessGroupDdplug
+  PyObject* ctx;        // its ddplug Context
+  PyObject* lock;       // ctx.lock
+  PyObject* done;       // group._done: the work a blocking collective returns
+  PyObject* py_allreduce;  // the class's Python methods (the fallbacks)
+  PyObject* py_broadcast;
+  PyObject* py_send;
+  PyObject* py_recv;
+  PyObject* py_recv_any;
+  PyObject* h_obj;  // the ctx._h object h_val was read from (held: its identity stays its own)
+  void* h_val;
+  Api api;
+  int world;
+  int host_ok;
+  std::array<int16_t, kScalarTypes> dtype;            // ScalarType -> ddplug dtype, -1: not taken
+  std::array<std::array<int16_t, kScalarTypes>, kRedOps> op;  // [RedOpType][ScalarType] -> ddplug op
+};
+
+PyObject* s_acquire;
+PyObject* s_release;
+PyObject* s_h;
+PyObject* s_value;
+PyObject* s_orphans;
+PyObject* s_coalescing;
+PyObject* s_native_error;
+PyObject* s_adopt_p2p;
+PyObject* s_release_when_complete;
+PyObject* s_reduce_op;
+PyObject* s_op;
+
+// The group (a new reference), or NULL with an exception set.
+PyObject* group_of(Fast* f) {
+  PyObject* g = PyWeakref_GetObject(f->group_ref);
+  if (g == nullptr) return nullptr;
+  if (g == Py_None) {
+    PyErr_SetString(PyExc_RuntimeError, "ddplug: the process group of this call was destroyed");
+    return nullptr;
+  }
+  Py_INCREF(g);
+  return g;
+}
+
+// The group's Python method `fn` with the call's own arguments (`kwnames`:
+// the names of the keyword arguments that follow the nargs positional ones).
+PyObject* fallback(Fast* f, PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames = nullptr) {
+  PyObject* g = group_of(f);
+  if (g == nullptr) return nullptr;
+  Py_ssize_t all = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  PyObject* stack[16];
+  if (all > 15) {
+    Py_DECREF(g);
+    PyErr_SetString(PyExc_TypeError, "ddplug: too many arguments");
+    return nullptr;
+  }
+  stack[0] = g;
+  for (Py_ssize_t i = 0; i < all; ++i) stack[i + 1] = args[i];
+  PyObject* r = PyObject_Vectorcall(fn, stack, nargs + 1, kwnames);
+  Py_DECREF(g);
+  return r;
+}
+
+// The context's handle, or NULL when it is closed (the Python method then says so).
+void* handle(Fast* f) {
+  PyObject* h = PyObject_GetAttr(f->ctx, s_h);
+  if (h == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  void* v = nullptr;
+  if (h == f->h_obj) {
+    v = f->h_val;
+  } else if (h != Py_None) {
+    PyObject* val = PyObject_GetAttr(h, s_value);  // a ctypes.c_void_p
+    if (val != nullptr && val != Py_None) v = PyLong_AsVoidPtr(val);
+    Py_XDECREF(val);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      v = nullptr;
+    }
+    if (v != nullptr) {
+      Py_INCREF(h);
+      Py_XSETREF(f->h_obj, h);
+      f->h_val = v;
+    }
+  }
+  Py_DECREF(h);
+  return v;
+}
+
+// The group's attribute `name` is falsy (no dropped requests; not coalescing).
+bool attr_falsy(PyObject* g, PyObject* name, bool none_only) {
+  PyObject* v = PyObject_GetAttr(g, name);
+  if (v == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool ok = none_only ? v == Py_None : PyObject_Not(v) == 1;
+  Py_DECREF(v);
+  return ok;
+}
+
+bool lock(Fast* f) {
+  PyObject* r = PyObject_CallMethodNoArgs(f->lock, s_acquire);
+  if (r == nullptr) return false;
+  Py_DECREF(r);
+  return true;
+}
+
+void unlock(Fast* f) {
+  PyObject* r = PyObject_CallMethodNoArgs(f->lock, s_release);
+  if (r == nullptr)
+    PyErr_WriteUnraisable(f->lock);
+  else
+    Py_DECREF(r);
+}
+
+// group.`name`(args...) with new references as arguments (each released
+// here, also when one is NULL: then the call is not made); a new reference or
+// NULL with an exception set.
+PyObject* call_method_steal(PyObject* g, PyObject* name, std::initializer_list<PyObject*> args) {
+  PyObject* stack[8];
+  size_t n = 0;
+  bool ok = true;
+  stack[n++] = g;
+  for (PyObject* a : args) {
+    ok = ok && a != nullptr;
+    stack[n++] = a;
+  }
+  PyObject* r = ok ? PyObject_VectorcallMethod(name, stack, n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr) : nullptr;
+  for (size_t i = 1; i < n; ++i) Py_XDECREF(stack[i]);
+  return r;
+}
+
+// group._native_error(op, status, tensor, extra) raised; returns NULL.
+PyObject* raise_failure(Fast* f, const char* op, int st, PyObject* tensor, PyObject* extra) {
+  PyObject* g = group_of(f);
+  if (g == nullptr) return nullptr;
+  Py_INCREF(tensor);
+  Py_INCREF(extra);
+  PyObject* exc = call_method_steal(g, s_native_error, {PyUnicode_FromString(op), PyLong_FromLong(st), tensor, extra});
+  Py_DECREF(g);
+  if (exc == nullptr) return nullptr;
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+  Py_DECREF(exc);
+  return nullptr;
+}
+
+// The one dense contiguous CPU tensor of `list` (its Python object in *item,
+// its data in *data, its ddplug dtype in *dtype), or nullptr when the call is
+// not for the fast path: anything else (a tensor subclass that dispatches in
+// Python, a lazily conjugated or negated view, a tensor without data) goes to
+// the Python method.
+const at::Tensor* one_cpu_tensor(Fast* f, PyObject* list, int* dtype, PyObject** item, void** data) {
+  if (!f->host_ok || !PyList_CheckExact(list) || PyList_GET_SIZE(list) != 1) return nullptr;
+  PyObject* o = PyList_GET_ITEM(list, 0);
+  if (!THPVariable_CheckExact(o) && !THPVariable_Check(o)) return nullptr;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.layout() != c10::kStrided || !t.is_cpu() || t.unsafeGetTensorImpl()->is_python_dispatch() ||
+        t.is_conj() || t.is_neg() || !t.has_storage() || !t.is_contiguous()) {
+      return nullptr;
+    }
+    int st = static_cast<int>(t.scalar_type());
+    if (st < 0 || st >= kScalarTypes || f->dtype[st] < 0) return nullptr;
+    void* p = t.numel() > 0 ? t.data_ptr() : nullptr;
+    if (p == nullptr && t.numel() > 0) return nullptr;
+    *dtype = f->dtype[st];
+    *item = o;
+    *data = p;
+    return &t;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+// ---- blocking collectives ------------------------------------------------------------------
+PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  if (nargs != 2) return fallback(f, f->py_allreduce, args, nargs);
+  int dt = -1;
+  PyObject* item = nullptr;
+  void* p = nullptr;
+  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
+  if (t == nullptr || args[1] == Py_None) return fallback(f, f->py_allreduce, args, nargs);
+  const c10d::AllreduceOptions* o = nullptr;
+  try {
+    o = py::handle(args[1]).cast<const c10d::AllreduceOptions*>();
+  } catch (const py::cast_error&) {
+    return fallback(f, f->py_allreduce, args, nargs);
+  }
+  int red = static_cast<int>(o->reduceOp.op_);
+  if (o->asyncOp || o->reduceOp.supplement_ || red < 0 || red >= kRedOps) {
+    return fallback(f, f->py_allreduce, args, nargs);
+  }
+  int op = f->op[red][static_cast<int>(t->scalar_type())];
+  void* h = op >= 0 ? handle(f) : nullptr;
+  if (h == nullptr) return fallback(f, f->py_allreduce, args, nargs);
+  uint64_t n = static_cast<uint64_t>(t->numel());
+  if (!lock(f)) return nullptr;
+  Py_INCREF(item);  // the tensor outlives the call even if the list changes meanwhile
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = f->api.allreduce(h, p, p, n, dt, op, nullptr);
+  Py_END_ALLOW_THREADS
+  unlock(f);
+  Py_DECREF(item);
+  if (st != 0) {
+    PyObject* ro = PyObject_GetAttr(args[1], s_reduce_op);
+    PyObject* redop = ro ? PyObject_GetAttr(ro, s_op) : nullptr;
+    Py_XDECREF(ro);
+    if (redop == nullptr) return nullptr;
+    raise_failure(f, "all_reduce", st, item, redop);
+    Py_DECREF(redop);
+    return nullptr;
+  }
+  Py_INCREF(f->done);
+  return f->done;
+}
+
+PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  if (nargs != 2) return fallback(f, f->py_broadcast, args, nargs);
+  int dt = -1;
+  PyObject* item = nullptr;
+  void* p = nullptr;
+  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
+  if (t == nullptr || args[1] == Py_None) return fallback(f, f->py_broadcast, args, nargs);
+  const c10d::BroadcastOptions* o = nullptr;
+  try {
+    o = py::handle(args[1]).cast<const c10d::BroadcastOptions*>();
+  } catch (const py::cast_error&) {
+    return fallback(f, f->py_broadcast, args, nargs);
+  }
+  if (o->asyncOp || o->rootTensor != 0 || o->rootRank < 0 || o->rootRank >= f->world) {
+    return fallback(f, f->py_broadcast, args, nargs);
+  }
+  int root = static_cast<int>(o->rootRank);
+  void* h = handle(f);
+  if (h == nullptr) return fallback(f, f->py_broadcast, args, nargs);
+  uint64_t n = static_cast<uint64_t>(t->numel());
+  if (!lock(f)) return nullptr;
+  Py_INCREF(item);
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = f->api.broadcast(h, p, p, n, dt, root, nullptr);
+  Py_END_ALLOW_THREADS
+  unlock(f);
+  Py_DECREF(item);
+  if (st != 0) {
+    PyObject* r = PyLong_FromLong(root);
+    raise_failure(f, "broadcast", st, item, r);
+    Py_XDECREF(r);
+    return nullptr;
+  }
+  Py_INCREF(f->done);
+  return f->done;
+}
+
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// ---- point-to-point ----------------------------------------------------------------------
+class FastP2PWork;
+PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
+                    bool any_source);
+
+// A send or receive started by the fast path (see the module comment).
+class FastP2PWork : public c10d::Work {
+ public:
+  FastP2PWork(PyObject* fast, req_t* req, at::Tensor t, bool receive, int peer, int64_t tag)
+      : c10d::Work(-1, receive ? c10d::OpType::RECV : c10d::OpType::SEND),
+        fast_(fast), req_(req), t_(std::move(t)), receive_(receive), peer_(peer), tag_(tag) {
+    Py_INCREF(fast_);
+  }
+
+  ~FastP2PWork() override {
+    if (Py_IsInitialized() == 0 || finalizing()) return;  // the process is ending: nothing to keep
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (req_ != nullptr && !drop_request()) PyErr_WriteUnraisable(fast_);
+    Py_XDECREF(py_);
+    Py_DECREF(fast_);
+    PyGILState_Release(g);
+  }
+
+  bool isCompleted() override {
+    py::gil_scoped_acquire gil;
+    if (py_ == nullptr && state_ == kPending) {
+      if (!lock(f())) throw py::error_already_set();
+      int done = 0;
+      int st = f()->api.test(req_, &done);
+      if (st == 0 && done) finish_ok();
+      unlock(f());
+      if (st != 0) adopt();
+    }
+    if (py_ != nullptr) return call_bool("is_completed");
+    return state_ == kDone;
+  }
+
+  bool isSuccess() const override {
+    auto* self = const_cast<FastP2PWork*>(this);
+    if (!self->isCompleted()) return false;
+    py::gil_scoped_acquire gil;
+    return py_ == nullptr || self->call_bool("is_success");
+  }
+
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire gil;
+    if (py_ == nullptr) return nullptr;
+    py::object e = py::reinterpret_borrow<py::object>(py_).attr("exception")();
+    if (e.is_none()) return nullptr;
+    return std::make_exception_ptr(std::runtime_error(py::str(e).cast<std::string>()));
+  }
+
+  int sourceRank() const override {
+    auto* self = const_cast<FastP2PWork*>(this);
+    self->wait(std::chrono::milliseconds(0));
+    py::gil_scoped_acquire gil;
+    if (py_ == nullptr && receive_) return src_;
+    self->adopt();  // Python says what a send's source rank is
+    return py::reinterpret_borrow<py::object>(py_).attr("source_rank")().cast<int>();
+  }
+
+  std::vector<at::Tensor> result() override { return {t_}; }
+  void synchronize() override { wait(std::chrono::milliseconds(0)); }
+  void blockCurrentStream() override { wait(std::chrono::milliseconds(0)); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;
+    int64_t ms = timeout.count() > 0 ? timeout.count() : -1;
+    if (py_ == nullptr && state_ == kPending) {
+      if (!lock(f())) throw py::error_already_set();
+      int st;
+      req_t* r = req_;
+      wait_fn w = f()->api.wait;
+      Py_BEGIN_ALLOW_THREADS
+      st = w(r, ms);
+      Py_END_ALLOW_THREADS
+      if (st == 0) finish_ok();
+      unlock(f());
+      if (st == 0) return true;
+      adopt();
+      return py::reinterpret_borrow<py::object>(py_).attr("waited")(st, ms).cast<bool>();
+    }
+    if (py_ != nullptr) {
+      py::object arg = ms < 0 ? py::object(py::none()) : py::object(py::int_(ms));
+      return py::reinterpret_borrow<py::object>(py_).attr("wait")(arg).cast<bool>();
+    }
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    py::gil_scoped_acquire gil;
+    adopt();
+    py::object fut = py::reinterpret_borrow<py::object>(py_).attr("get_future")();
+    return fut.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+  }
+
+ private:
+  enum State { kPending, kDone };
+
+  Fast* f() const { return reinterpret_cast<Fast*>(fast_); }
+
+  // Under the lock: the request completed without failure.
+  void finish_ok() {
+    if (receive_) {
+      int src = -1;
+      if (f()->api.source(req_, &src) == 0) src_ = src;
+    }
+    f()->api.free(req_);
+    req_ = nullptr;
+    state_ = kDone;
+  }
+
+  bool call_bool(const char* name) {
+    return py::reinterpret_borrow<py::object>(py_).attr(name)().cast<bool>();
+  }
+
+  // Hand the request (or the completed outcome) to a Python P2PWork, which
+  // answers every later call. Under the GIL.
+  void adopt() {
+    if (py_ != nullptr) return;
+    PyObject* g = group_of(f());
+    if (g == nullptr) throw py::error_already_set();
+    PyObject* r = call_method_steal(
+        g, s_adopt_p2p, {req_ != nullptr ? PyLong_FromVoidPtr(req_) : PyLong_FromLong(0), THPVariable_Wrap(t_),
+                         PyBool_FromLong(receive_), PyLong_FromLong(peer_), PyLong_FromLongLong(tag_),
+                         PyLong_FromLong(src_)});
+    Py_DECREF(g);
+    if (r == nullptr) throw py::error_already_set();
+    py_ = r;
+    req_ = nullptr;  // Python owns it now
+    state_ = kDone;
+  }
+
+  // At destruction, under the GIL: free a completed request; a pending one
+  // (freeing it would abort the run) goes to the group, which releases it,
+  // with its tensor, once it completed. False with an exception set.
+  bool drop_request() {
+    if (!lock(f())) return false;
+    int done = 0;
+    int st = f()->api.test(req_, &done);
+    if (st != 0 || done) {
+      f()->api.free(req_);
+      req_ = nullptr;
+    }
+    unlock(f());
+    if (req_ == nullptr) return true;
+    PyObject* g = PyWeakref_GetObject(f()->group_ref);
+    if (g == nullptr || g == Py_None) return g != nullptr;  // no group left to hand it to
+    Py_INCREF(g);
+    PyObject* r = call_method_steal(g, s_release_when_complete, {PyLong_FromVoidPtr(req_), THPVariable_Wrap(t_)});
+    Py_DECREF(g);
+    req_ = nullptr;
+    if (r == nullptr) return false;
+    Py_DECREF(r);
+    return true;
+  }
+
+  PyObject* fast_;
+  req_t* req_;
+  at::Tensor t_;
+  bool receive_;
+  int peer_;
+  int64_t tag_;
+  int src_ = -1;
+  State state_ = kPending;
+  PyObject* py_ = nullptr;  // the Python P2PWork that took over, if any
+};
+
+int64_t as_int(PyObject* o, bool* ok) {
+  if (!PyLong_Check(o)) {
+    *ok = false;
+    return 0;
+  }
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  *ok = overflow == 0 && !(v == -1 && PyErr_Occurred());
+  if (!*ok) PyErr_Clear();
+  return v;
+}
+
+// send(tensors, peer, tag=0), recv(tensors, peer, tag=0), recv_anysource(tensors, tag=0)
+PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
+                    bool any_source) {
+  Py_ssize_t need = any_source ? 1 : 2;
+  if (nargs < need || nargs > need + 1) return fallback(f, fn, args, nargs);
+  int dt = -1;
+  PyObject* item = nullptr;
+  void* p = nullptr;
+  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
+  if (t == nullptr) return fallback(f, fn, args, nargs);
+  bool ok = true;
+  int64_t peer = any_source ? -1 : as_int(args[1], &ok);
+  int64_t tag = nargs > need ? as_int(args[need], &ok) : 0;
+  if (!ok || (!any_source && (peer < 0 || peer >= f->world))) return fallback(f, fn, args, nargs);
+  PyObject* g = group_of(f);
+  if (g == nullptr) return nullptr;
+  bool plain = attr_falsy(g, s_orphans, false) && attr_falsy(g, s_coalescing, true);
+  Py_DECREF(g);
+  void* h = plain ? handle(f) : nullptr;
+  if (h == nullptr) return fallback(f, fn, args, nargs);
+  uint64_t n = static_cast<uint64_t>(t->numel());
+  req_t* req = nullptr;
+  if (!lock(f)) return nullptr;
+  at::Tensor keep = *t;  // the tensor outlives the start even if the list changes meanwhile
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = receive ? f->api.irecv(h, p, n, dt, static_cast<int>(peer), tag, nullptr, &req)
+               : f->api.isend(h, p, n, dt, static_cast<int>(peer), tag, nullptr, &req);
+  Py_END_ALLOW_THREADS
+  unlock(f);
+  if (st != 0) {
+    PyObject* extra = Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag));
+    if (extra == nullptr) return nullptr;
+    raise_failure(f, receive ? "recv" : "send", st, item, extra);
+    Py_DECREF(extra);
+    return nullptr;
+  }
+  try {
+    c10::intrusive_ptr<c10d::Work> w = c10::make_intrusive<FastP2PWork>(
+        reinterpret_cast<PyObject*>(f), req, std::move(keep), receive, static_cast<int>(peer), tag);
+    return py::cast(w).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* Fast_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  return p2p_start(f, false, f->py_send, args, nargs, false);
+}
+
+PyObject* Fast_recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  return p2p_start(f, true, f->py_recv, args, nargs, false);
+}
+
+PyObject* Fast_recv_anysource(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  return p2p_start(f, true, f->py_recv_any, args, nargs, true);
+}
+
+// ---- the type -------------------------------------------------------------------------------
+int Fast_traverse(PyObject* self, visitproc visit, void* arg) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  Py_VISIT(f->group_ref);
+  Py_VISIT(f->ctx);
+  Py_VISIT(f->lock);
+  Py_VISIT(f->done);
+  Py_VISIT(f->py_allreduce);
+  Py_VISIT(f->py_broadcast);
+  Py_VISIT(f->py_send);
+  Py_VISIT(f->py_recv);
+  Py_VISIT(f->py_recv_any);
+  return 0;
+}
+
+int Fast_clear(PyObject* self) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  Py_CLEAR(f->group_ref);
+  Py_CLEAR(f->ctx);
+  Py_CLEAR(f->lock);
+  Py_CLEAR(f->done);
+  Py_CLEAR(f->py_allreduce);
+  Py_CLEAR(f->py_broadcast);
+  Py_CLEAR(f->py_send);
+  Py_CLEAR(f->py_recv);
+  Py_CLEAR(f->py_recv_any);
+  Py_CLEAR(f->h_obj);
+  return 0;
+}
+
+void Fast_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  Fast_clear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+bool fill_tables(Fast* f, PyObject* dtypes, PyObject* ops) {
+  f->dtype.fill(-1);
+  for (auto& row : f->op) row.fill(-1);
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(dtypes, &pos, &k, &v)) {
+    if (!THPDtype_Check(k)) {
+      PyErr_SetString(PyExc_TypeError, "Fast: dtypes maps torch.dtype to a ddplug dtype code");
+      return false;
+    }
+    int st = static_cast<int>(reinterpret_cast<THPDtype*>(k)->scalar_type);
+    long code = PyLong_AsLong(v);
+    if (code == -1 && PyErr_Occurred()) return false;
+    if (st >= 0 && st < kScalarTypes) f->dtype[st] = static_cast<int16_t>(code);
+  }
+  pos = 0;
+  while (PyDict_Next(ops, &pos, &k, &v)) {
+    PyObject *red = nullptr, *dt = nullptr;
+    if (!PyTuple_Check(k) || !PyArg_ParseTuple(k, "OO", &red, &dt) || !THPDtype_Check(dt)) {
+      PyErr_SetString(PyExc_TypeError, "Fast: ops maps (int(RedOpType), torch.dtype) to a ddplug op code");
+      return false;
+    }
+    long r = PyLong_AsLong(red);
+    long code = PyLong_AsLong(v);
+    if (PyErr_Occurred()) return false;
+    int st = static_cast<int>(reinterpret_cast<THPDtype*>(dt)->scalar_type);
+    if (r >= 0 && r < kRedOps && st >= 0 && st < kScalarTypes) f->op[r][st] = static_cast<int16_t>(code);
+  }
+  return true;
+}
+
+// Fast(group, ctx, fallbacks, fns, dtypes, ops, host_ok)
+//   fallbacks: (allreduce, broadcast, send, recv, recv_anysource): the class's Python methods
+//   fns: the addresses of ddplug_allreduce, _broadcast, _isend, _irecv, _request_wait,
+//        _request_test, _request_free, _request_source in the binding's library
+int Fast_init(PyObject* self, PyObject* args, PyObject* kw) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  PyObject *group, *ctx, *fallbacks, *fns, *dtypes, *ops;
+  int host_ok = 0;
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!p", &group, &ctx, &PyTuple_Type, &fallbacks, &PyTuple_Type, &fns,
+                        &PyDict_Type, &dtypes, &PyDict_Type, &ops, &host_ok)) {
+    return -1;
+  }
+  if (PyTuple_GET_SIZE(fallbacks) != 5 || PyTuple_GET_SIZE(fns) != 8) {
+    PyErr_SetString(PyExc_ValueError, "Fast: 5 fallbacks and 8 function addresses");
+    return -1;
+  }
+  void* p[8];
+  for (int i = 0; i < 8; ++i) {
+    p[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, i));
+    if (p[i] == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Fast: a NULL function address");
+      return -1;
+    }
+  }
+  f->api = Api{reinterpret_cast<allreduce_fn>(p[0]), reinterpret_cast<broadcast_fn>(p[1]),
+               reinterpret_cast<isend_fn>(p[2]), reinterpret_cast<irecv_fn>(p[3]),
+               reinterpret_cast<wait_fn>(p[4]), reinterpret_cast<test_fn>(p[5]),
+               reinterpret_cast<free_fn>(p[6]), reinterpret_cast<source_fn>(p[7])};
+  PyObject* world = PyObject_CallMethod(group, "size", nullptr);
+  if (world == nullptr) return -1;
+  f->world = static_cast<int>(PyLong_AsLong(world));
+  Py_DECREF(world);
+  if (PyErr_Occurred()) return -1;
+  PyObject* lk = PyObject_GetAttrString(ctx, "lock");
+  PyObject* done = lk ? PyObject_GetAttrString(group, "_done") : nullptr;
+  PyObject* ref = done ? PyWeakref_NewRef(group, nullptr) : nullptr;
+  if (ref == nullptr) {
+    Py_XDECREF(lk);
+    Py_XDECREF(done);
+    return -1;
+  }
+  Fast_clear(self);
+  f->group_ref = ref;
+  f->lock = lk;
+  f->done = done;
+  Py_INCREF(ctx);
+  f->ctx = ctx;
+  PyObject** slots[5] = {&f->py_allreduce, &f->py_broadcast, &f->py_send, &f->py_recv, &f->py_recv_any};
+  for (int i = 0; i < 5; ++i) {
+    *slots[i] = PyTuple_GET_ITEM(fallbacks, i);
+    Py_INCREF(*slots[i]);
+  }
+  f->host_ok = host_ok;
+  f->h_val = nullptr;
+  return fill_tables(f, dtypes, ops) ? 0 : -1;
+}
+
+// ---- the methods a group gets --------------------------------------------------------------
+// Not builtin methods: pybind11, which torch's C++ callers (DDP, _broadcast_coalesced)
+// reach the group's Python methods through, takes any builtin function for
+// the C++ base's own and would call ProcessGroup's instead (which has no
+// backend for a Python group). A FastMethod is a callable of its own type.
+using impl_fn = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+
+struct FastMethod {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* fast;      // the Fast
+  PyObject* fallback;  // the class's Python method (also for keyword arguments)
+  impl_fn impl;
+};
+
+PyObject* FastMethod_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  FastMethod* m = reinterpret_cast<FastMethod*>(self);
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+    return fallback(reinterpret_cast<Fast*>(m->fast), m->fallback, args, n, kwnames);
+  }
+  return m->impl(m->fast, args, n);
+}
+
+int FastMethod_traverse(PyObject* self, visitproc visit, void* arg) {
+  FastMethod* m = reinterpret_cast<FastMethod*>(self);
+  Py_VISIT(m->fast);
+  Py_VISIT(m->fallback);
+  return 0;
+}
+
+int FastMethod_clear(PyObject* self) {
+  FastMethod* m = reinterpret_cast<FastMethod*>(self);
+  Py_CLEAR(m->fast);
+  Py_CLEAR(m->fallback);
+  return 0;
+}
+
+void FastMethod_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  FastMethod_clear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyTypeObject FastMethodType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// fast.method(name): the callable a group gets as its attribute `name`.
+PyObject* Fast_method(PyObject* self, PyObject* name) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  struct Entry {
+    const char* name;
+    impl_fn impl;
+    PyObject* fallback;
+  } table[] = {{"allreduce", Fast_allreduce, f->py_allreduce},
+               {"broadcast", Fast_broadcast, f->py_broadcast},
+               {"send", Fast_send, f->py_send},
+               {"recv", Fast_recv, f->py_recv},
+               {"recv_anysource", Fast_recv_anysource, f->py_recv_any}};
+  const char* n = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+  for (const Entry& e : table) {
+    if (n == nullptr || strcmp(n, e.name) != 0) continue;
+    FastMethod* m = PyObject_GC_New(FastMethod, &FastMethodType);
+    if (m == nullptr) return nullptr;
+    m->vectorcall = FastMethod_vectorcall;
+    Py_INCREF(self);
+    m->fast = self;
+    Py_INCREF(e.fallback);
+    m->fallback = e.fallback;
+    m->impl = e.impl;
+    PyObject_GC_Track(m);
+    return reinterpret_cast<PyObject*>(m);
+  }
+  PyErr_Format(PyExc_ValueError, "Fast.method: no native %R (allreduce, broadcast, send, recv, recv_anysource)",
+               name);
+  return nullptr;
+}
+
+PyMethodDef Fast_methods[] = {
+    {"method", Fast_method, METH_O, "method(name): the native method `name` of the group"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject FastType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "ddplug_torchfast",
+                          "The torch.distributed backend's hot calls in C++ (see torchfast.cpp).", -1, nullptr};
+
+bool intern(PyObject** slot, const char* s) {
+  *slot = PyUnicode_InternFromString(s);
+  return *slot != nullptr;
+}
+
+}  // namespace
+
+#ifndef DDPLUG_TORCH_VERSION
+#error "DDPLUG_TORCH_VERSION: the torch version this is built against"
+#endif
+
+PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
+  if (!intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_h, "_h") ||
+      !intern(&s_value, "value") || !intern(&s_orphans, "_orphans") || !intern(&s_coalescing, "_coalescing") ||
+      !intern(&s_native_error, "_native_error") || !intern(&s_adopt_p2p, "_adopt_p2p") ||
+      !intern(&s_release_when_complete, "_release_native_request") || !intern(&s_reduce_op, "reduceOp") ||
+      !intern(&s_op, "op")) {
+    return nullptr;
+  }
+  FastType.tp_name = "ddplug_torchfast.Fast";
+  FastType.tp_basicsize = sizeof(Fast);
+  FastType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  FastType.tp_doc = "The fast path of one ProcessGroupDdplug (see torchfast.cpp).";
+  FastType.tp_new = PyType_GenericNew;
+  FastType.tp_init = Fast_init;
+  FastType.tp_dealloc = Fast_dealloc;
+  FastType.tp_traverse = Fast_traverse;
+  FastType.tp_clear = Fast_clear;
+  FastType.tp_methods = Fast_methods;
+  if (PyType_Ready(&FastType) < 0) return nullptr;
+  FastMethodType.tp_name = "ddplug_torchfast.FastMethod";
+  FastMethodType.tp_basicsize = sizeof(FastMethod);
+  FastMethodType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  FastMethodType.tp_doc = "A native method of one ProcessGroupDdplug (see torchfast.cpp).";
+  FastMethodType.tp_vectorcall_offset = offsetof(FastMethod, vectorcall);
+  FastMethodType.tp_call = PyVectorcall_Call;
+  FastMethodType.tp_dealloc = FastMethod_dealloc;
+  FastMethodType.tp_traverse = FastMethod_traverse;
+  FastMethodType.tp_clear = FastMethod_clear;
+  if (PyType_Ready(&FastMethodType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&FastType);
+  if (PyModule_AddObject(m, "Fast", reinterpret_cast<PyObject*>(&FastType)) < 0 ||
+      PyModule_AddStringConstant(m, "TORCH_VERSION", DDPLUG_TORCH_VERSION) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

@@ -18,5 +18,7 @@ if not dist.is_available():
 print("INCLUDES=" + "|".join(include_paths() + [sysconfig.get_paths()["include"]]))
 print("LIBDIRS=" + "|".join(library_paths()))
 print("SUFFIX=" + sysconfig.get_config_var("EXT_SUFFIX"))
-print("VERSION=" + torch.__version__)
+# The stamp ddplug/distributed/native.py compares with the running torch
+# (its _torch_stamp: the same three fields): a C++ extension is tied to one build.
+print(f"VERSION={torch.__version__} {torch.version.git_version} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
 print("CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))

@@ -209,7 +209,10 @@ PyObject* call_method_steal(PyObject* g, PyObject* name, std::initializer_list<P
 }
 
 // group._native_error(op, status, tensor, extra) raised; returns NULL.
+// Called under the context's lock, as the Python methods make their errors:
+// the context's error sentence is this call's.
 PyObject* raise_failure(Fast* f, const char* op, int st, PyObject* tensor, PyObject* extra) {
+  if (extra == nullptr) return nullptr;
   PyObject* g = group_of(f);
   if (g == nullptr) return nullptr;
   Py_INCREF(tensor);
@@ -222,43 +225,96 @@ PyObject* raise_failure(Fast* f, const char* op, int st, PyObject* tensor, PyObj
   return nullptr;
 }
 
-// The one dense contiguous CPU tensor of `list` (its Python object in *item,
-// its data in *data, its ddplug dtype in *dtype), or nullptr when the call is
-// not for the fast path: anything else (a tensor subclass that dispatches in
-// Python, a lazily conjugated or negated view, a tensor without data) goes to
-// the Python method.
-const at::Tensor* one_cpu_tensor(Fast* f, PyObject* list, int* dtype, PyObject** item, void** data) {
-  if (!f->host_ok || !PyList_CheckExact(list) || PyList_GET_SIZE(list) != 1) return nullptr;
-  PyObject* o = PyList_GET_ITEM(list, 0);
-  if (!THPVariable_CheckExact(o) && !THPVariable_Check(o)) return nullptr;
-  try {
-    const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.layout() != c10::kStrided || !t.is_cpu() || t.unsafeGetTensorImpl()->is_python_dispatch() ||
-        t.is_conj() || t.is_neg() || !t.has_storage() || !t.is_contiguous()) {
+// The one tensor of a call the fast path takes: a dense contiguous CPU tensor
+// of a dtype the plugin takes, held (a strong reference) from the moment it
+// is chosen, so nothing another thread does to the caller's list while this
+// one waits for the lock can free it.
+struct OneTensor {
+  PyObject* obj = nullptr;  // held
+  const at::Tensor* t = nullptr;
+  int dtype = -1;
+  OneTensor() = default;
+  OneTensor(const OneTensor&) = delete;
+  OneTensor& operator=(const OneTensor&) = delete;
+  ~OneTensor() { Py_XDECREF(obj); }
+  explicit operator bool() const { return t != nullptr; }
+  // Its data; read under the lock, right before the call. NULL for no elements.
+  void* data() const {
+    try {
+      return t->numel() > 0 ? t->data_ptr() : nullptr;
+    } catch (const std::exception&) {
       return nullptr;
     }
+  }
+};
+
+// Fills `out` when `list` holds one tensor for the fast path; anything else (a
+// tensor subclass that dispatches in Python, a lazily conjugated or negated
+// view, a tensor without data, another layout or device) goes to the Python
+// method. Never runs Python.
+void one_cpu_tensor(Fast* f, PyObject* list, OneTensor& out) {
+  if (!f->host_ok || !PyList_CheckExact(list) || PyList_GET_SIZE(list) != 1) return;
+  PyObject* o = PyList_GET_ITEM(list, 0);
+  if (!THPVariable_Check(o)) return;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.unsafeGetTensorImpl()->is_python_dispatch()) return;
+    if (t.layout() != c10::kStrided || !t.is_cpu() || t.is_conj() || t.is_neg() || !t.has_storage() ||
+        !t.is_contiguous()) {
+      return;
+    }
     int st = static_cast<int>(t.scalar_type());
-    if (st < 0 || st >= kScalarTypes || f->dtype[st] < 0) return nullptr;
-    void* p = t.numel() > 0 ? t.data_ptr() : nullptr;
-    if (p == nullptr && t.numel() > 0) return nullptr;
-    *dtype = f->dtype[st];
-    *item = o;
-    *data = p;
-    return &t;
+    if (st < 0 || st >= kScalarTypes || f->dtype[st] < 0) return;
+    if (t.numel() > 0 && t.data_ptr() == nullptr) return;
+    Py_INCREF(o);
+    out.obj = o;
+    out.t = &t;
+    out.dtype = f->dtype[st];
   } catch (const std::exception&) {
-    return nullptr;
+    return;
   }
 }
+
+// An int argument as torch passes it (a Python int, or anything with
+// __index__, as numpy's integers); false when it is none of those.
+bool index_arg(PyObject* o, int64_t* v) {
+  PyObject* i = PyNumber_Index(o);
+  if (i == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
+  Py_DECREF(i);
+  if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  *v = x;
+  return true;
+}
+
+// The lock held for one scope (released on every way out).
+class Locked {
+ public:
+  explicit Locked(Fast* f) : f_(f), held_(lock(f)) {}
+  ~Locked() {
+    if (held_) unlock(f_);
+  }
+  explicit operator bool() const { return held_; }
+
+ private:
+  Fast* f_;
+  bool held_;
+};
 
 // ---- blocking collectives ------------------------------------------------------------------
 PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Fast* f = reinterpret_cast<Fast*>(self);
-  if (nargs != 2) return fallback(f, f->py_allreduce, args, nargs);
-  int dt = -1;
-  PyObject* item = nullptr;
-  void* p = nullptr;
-  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
-  if (t == nullptr || args[1] == Py_None) return fallback(f, f->py_allreduce, args, nargs);
+  if (nargs != 2 || args[1] == Py_None) return fallback(f, f->py_allreduce, args, nargs);
+  OneTensor x;
+  one_cpu_tensor(f, args[0], x);
+  if (!x) return fallback(f, f->py_allreduce, args, nargs);
   const c10d::AllreduceOptions* o = nullptr;
   try {
     o = py::handle(args[1]).cast<const c10d::AllreduceOptions*>();
@@ -266,28 +322,26 @@ PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return fallback(f, f->py_allreduce, args, nargs);
   }
   int red = static_cast<int>(o->reduceOp.op_);
-  if (o->asyncOp || o->reduceOp.supplement_ || red < 0 || red >= kRedOps) {
+  if (o == nullptr || o->asyncOp || o->reduceOp.supplement_ || red < 0 || red >= kRedOps) {
     return fallback(f, f->py_allreduce, args, nargs);
   }
-  int op = f->op[red][static_cast<int>(t->scalar_type())];
+  int op = f->op[red][static_cast<int>(x.t->scalar_type())];
   void* h = op >= 0 ? handle(f) : nullptr;
   if (h == nullptr) return fallback(f, f->py_allreduce, args, nargs);
-  uint64_t n = static_cast<uint64_t>(t->numel());
-  if (!lock(f)) return nullptr;
-  Py_INCREF(item);  // the tensor outlives the call even if the list changes meanwhile
+  uint64_t n = static_cast<uint64_t>(x.t->numel());
+  Locked held(f);
+  if (!held) return nullptr;
+  void* p = x.data();
   int st;
   Py_BEGIN_ALLOW_THREADS
-  st = f->api.allreduce(h, p, p, n, dt, op, nullptr);
+  st = f->api.allreduce(h, p, p, n, x.dtype, op, nullptr);
   Py_END_ALLOW_THREADS
-  unlock(f);
-  Py_DECREF(item);
   if (st != 0) {
     PyObject* ro = PyObject_GetAttr(args[1], s_reduce_op);
     PyObject* redop = ro ? PyObject_GetAttr(ro, s_op) : nullptr;
     Py_XDECREF(ro);
-    if (redop == nullptr) return nullptr;
-    raise_failure(f, "all_reduce", st, item, redop);
-    Py_DECREF(redop);
+    raise_failure(f, "all_reduce", st, x.obj, redop);
+    Py_XDECREF(redop);
     return nullptr;
   }
   Py_INCREF(f->done);
@@ -296,36 +350,33 @@ PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 
 PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Fast* f = reinterpret_cast<Fast*>(self);
-  if (nargs != 2) return fallback(f, f->py_broadcast, args, nargs);
-  int dt = -1;
-  PyObject* item = nullptr;
-  void* p = nullptr;
-  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
-  if (t == nullptr || args[1] == Py_None) return fallback(f, f->py_broadcast, args, nargs);
+  if (nargs != 2 || args[1] == Py_None) return fallback(f, f->py_broadcast, args, nargs);
+  OneTensor x;
+  one_cpu_tensor(f, args[0], x);
+  if (!x) return fallback(f, f->py_broadcast, args, nargs);
   const c10d::BroadcastOptions* o = nullptr;
   try {
     o = py::handle(args[1]).cast<const c10d::BroadcastOptions*>();
   } catch (const py::cast_error&) {
     return fallback(f, f->py_broadcast, args, nargs);
   }
-  if (o->asyncOp || o->rootTensor != 0 || o->rootRank < 0 || o->rootRank >= f->world) {
+  if (o == nullptr || o->asyncOp || o->rootTensor != 0 || o->rootRank < 0 || o->rootRank >= f->world) {
     return fallback(f, f->py_broadcast, args, nargs);
   }
   int root = static_cast<int>(o->rootRank);
   void* h = handle(f);
   if (h == nullptr) return fallback(f, f->py_broadcast, args, nargs);
-  uint64_t n = static_cast<uint64_t>(t->numel());
-  if (!lock(f)) return nullptr;
-  Py_INCREF(item);
+  uint64_t n = static_cast<uint64_t>(x.t->numel());
+  Locked held(f);
+  if (!held) return nullptr;
+  void* p = x.data();
   int st;
   Py_BEGIN_ALLOW_THREADS
-  st = f->api.broadcast(h, p, p, n, dt, root, nullptr);
+  st = f->api.broadcast(h, p, p, n, x.dtype, root, nullptr);
   Py_END_ALLOW_THREADS
-  unlock(f);
-  Py_DECREF(item);
   if (st != 0) {
     PyObject* r = PyLong_FromLong(root);
-    raise_failure(f, "broadcast", st, item, r);
+    raise_failure(f, "broadcast", st, x.obj, r);
     Py_XDECREF(r);
     return nullptr;
   }
@@ -342,11 +393,11 @@ bool finalizing() {
 }
 
 // ---- point-to-point ----------------------------------------------------------------------
-class FastP2PWork;
-PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
-                    bool any_source);
 
-// A send or receive started by the fast path (see the module comment).
+// A send or receive started by the fast path (see the module comment). torch
+// calls its methods with the GIL released (pybind11's call guard) or from C++;
+// each takes the GIL, and the context's lock where the request is touched, and
+// looks at the request's state only while holding both.
 class FastP2PWork : public c10d::Work {
  public:
   FastP2PWork(PyObject* fast, req_t* req, at::Tensor t, bool receive, int peer, int64_t tag)
@@ -356,23 +407,31 @@ class FastP2PWork : public c10d::Work {
   }
 
   ~FastP2PWork() override {
-    if (Py_IsInitialized() == 0 || finalizing()) return;  // the process is ending: nothing to keep
+    if (Py_IsInitialized() == 0 || finalizing()) {
+      leak();  // the process is ending: nothing may be freed under a pending request
+      return;
+    }
     PyGILState_STATE g = PyGILState_Ensure();
-    if (req_ != nullptr && !drop_request()) PyErr_WriteUnraisable(fast_);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);  // a destructor may run while an exception is being raised
+    if (req_ != nullptr) orphan();
     Py_XDECREF(py_);
     Py_DECREF(fast_);
+    PyErr_Restore(et, ev, tb);
     PyGILState_Release(g);
   }
 
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
-    if (py_ == nullptr && state_ == kPending) {
-      if (!lock(f())) throw py::error_already_set();
-      int done = 0;
-      int st = f()->api.test(req_, &done);
-      if (st == 0 && done) finish_ok();
-      unlock(f());
-      if (st != 0) adopt();
+    if (py_ == nullptr) {
+      Locked held(f());
+      if (!held) throw py::error_already_set();
+      if (py_ == nullptr && state_ == kPending) {  // looked at again: the lock may have let others run
+        int done = 0;
+        int st = f()->api.test(req_, &done);
+        if (st == 0 && done) finish_ok();
+        if (st != 0) adopt();
+      }
     }
     if (py_ != nullptr) return call_bool("is_completed");
     return state_ == kDone;
@@ -398,7 +457,11 @@ class FastP2PWork : public c10d::Work {
     self->wait(std::chrono::milliseconds(0));
     py::gil_scoped_acquire gil;
     if (py_ == nullptr && receive_) return src_;
-    self->adopt();  // Python says what a send's source rank is
+    {
+      Locked held(self->f());
+      if (!held) throw py::error_already_set();
+      self->adopt();  // Python says what a send's source rank is
+    }
     return py::reinterpret_borrow<py::object>(py_).attr("source_rank")().cast<int>();
   }
 
@@ -409,19 +472,25 @@ class FastP2PWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     int64_t ms = timeout.count() > 0 ? timeout.count() : -1;
-    if (py_ == nullptr && state_ == kPending) {
-      if (!lock(f())) throw py::error_already_set();
-      int st;
-      req_t* r = req_;
-      wait_fn w = f()->api.wait;
-      Py_BEGIN_ALLOW_THREADS
-      st = w(r, ms);
-      Py_END_ALLOW_THREADS
-      if (st == 0) finish_ok();
-      unlock(f());
-      if (st == 0) return true;
-      adopt();
-      return py::reinterpret_borrow<py::object>(py_).attr("waited")(st, ms).cast<bool>();
+    if (py_ == nullptr) {
+      Locked held(f());
+      if (!held) throw py::error_already_set();
+      if (py_ == nullptr && state_ == kPending) {
+        int st;
+        req_t* r = req_;
+        wait_fn w = f()->api.wait;
+        Py_BEGIN_ALLOW_THREADS
+        st = w(r, ms);
+        Py_END_ALLOW_THREADS
+        if (st == 0) {
+          finish_ok();
+          return true;
+        }
+        // Python words the failure (or the wait's own timeout) under the
+        // lock, as its own works do: the context's error is this one's.
+        adopt();
+        return py::reinterpret_borrow<py::object>(py_).attr("waited")(st, ms).cast<bool>();
+      }
     }
     if (py_ != nullptr) {
       py::object arg = ms < 0 ? py::object(py::none()) : py::object(py::int_(ms));
@@ -432,9 +501,20 @@ class FastP2PWork : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     py::gil_scoped_acquire gil;
-    adopt();
+    {
+      Locked held(f());
+      if (!held) throw py::error_already_set();
+      adopt();
+    }
     py::object fut = py::reinterpret_borrow<py::object>(py_).attr("get_future")();
     return fut.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+  }
+
+  // The request and tensor, deliberately kept forever: for a start whose work
+  // could not be made (the request runs on and must find its memory).
+  void leak() {
+    if (req_ != nullptr) new at::Tensor(t_);  // NOLINT: intentionally never freed
+    req_ = nullptr;
   }
 
  private:
@@ -457,14 +537,25 @@ class FastP2PWork : public c10d::Work {
     return py::reinterpret_borrow<py::object>(py_).attr(name)().cast<bool>();
   }
 
-  // Hand the request (or the completed outcome) to a Python P2PWork, which
-  // answers every later call. Under the GIL.
+  // Under the GIL and the lock: hand the request (or the completed outcome)
+  // to a Python P2PWork, which answers every later call.
   void adopt() {
     if (py_ != nullptr) return;
     PyObject* g = group_of(f());
     if (g == nullptr) throw py::error_already_set();
+    PyObject* tensor = nullptr;
+    try {
+      tensor = THPVariable_Wrap(t_);
+    } catch (const std::exception&) {
+      tensor = nullptr;
+    }
+    if (tensor == nullptr) {
+      Py_DECREF(g);
+      if (!PyErr_Occurred()) PyErr_NoMemory();
+      throw py::error_already_set();
+    }
     PyObject* r = call_method_steal(
-        g, s_adopt_p2p, {req_ != nullptr ? PyLong_FromVoidPtr(req_) : PyLong_FromLong(0), THPVariable_Wrap(t_),
+        g, s_adopt_p2p, {req_ != nullptr ? PyLong_FromVoidPtr(req_) : PyLong_FromLong(0), tensor,
                          PyBool_FromLong(receive_), PyLong_FromLong(peer_), PyLong_FromLongLong(tag_),
                          PyLong_FromLong(src_)});
     Py_DECREF(g);
@@ -474,28 +565,33 @@ class FastP2PWork : public c10d::Work {
     state_ = kDone;
   }
 
-  // At destruction, under the GIL: free a completed request; a pending one
-  // (freeing it would abort the run) goes to the group, which releases it,
-  // with its tensor, once it completed. False with an exception set.
-  bool drop_request() {
-    if (!lock(f())) return false;
-    int done = 0;
-    int st = f()->api.test(req_, &done);
-    if (st != 0 || done) {
-      f()->api.free(req_);
-      req_ = nullptr;
-    }
-    unlock(f());
-    if (req_ == nullptr) return true;
+  // At destruction, under the GIL, of a work whose request was never seen
+  // complete: the group keeps it, with its tensor, and releases both once it
+  // completed (release_when_complete, as a dropped Python work does; no lock
+  // taken here). When that cannot be done, both are kept forever.
+  void orphan() {
     PyObject* g = PyWeakref_GetObject(f()->group_ref);
-    if (g == nullptr || g == Py_None) return g != nullptr;  // no group left to hand it to
-    Py_INCREF(g);
-    PyObject* r = call_method_steal(g, s_release_when_complete, {PyLong_FromVoidPtr(req_), THPVariable_Wrap(t_)});
-    Py_DECREF(g);
-    req_ = nullptr;
-    if (r == nullptr) return false;
+    PyObject* tensor = nullptr;
+    if (g != nullptr && g != Py_None) {
+      try {
+        tensor = THPVariable_Wrap(t_);
+      } catch (const std::exception&) {
+        tensor = nullptr;
+      }
+    }
+    PyObject* r = nullptr;
+    if (tensor != nullptr) {
+      Py_INCREF(g);
+      r = call_method_steal(g, s_release_when_complete, {PyLong_FromVoidPtr(req_), tensor});
+      Py_DECREF(g);
+    }
+    if (r == nullptr) {
+      PyErr_Clear();
+      leak();
+      return;
+    }
     Py_DECREF(r);
-    return true;
+    req_ = nullptr;
   }
 
   PyObject* fast_;
@@ -509,66 +605,63 @@ class FastP2PWork : public c10d::Work {
   PyObject* py_ = nullptr;  // the Python P2PWork that took over, if any
 };
 
-int64_t as_int(PyObject* o, bool* ok) {
-  if (!PyLong_Check(o)) {
-    *ok = false;
-    return 0;
-  }
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  *ok = overflow == 0 && !(v == -1 && PyErr_Occurred());
-  if (!*ok) PyErr_Clear();
-  return v;
-}
-
 // send(tensors, peer, tag=0), recv(tensors, peer, tag=0), recv_anysource(tensors, tag=0)
 PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
                     bool any_source) {
   Py_ssize_t need = any_source ? 1 : 2;
   if (nargs < need || nargs > need + 1) return fallback(f, fn, args, nargs);
-  int dt = -1;
-  PyObject* item = nullptr;
-  void* p = nullptr;
-  const at::Tensor* t = one_cpu_tensor(f, args[0], &dt, &item, &p);
-  if (t == nullptr) return fallback(f, fn, args, nargs);
-  bool ok = true;
-  int64_t peer = any_source ? -1 : as_int(args[1], &ok);
-  int64_t tag = nargs > need ? as_int(args[need], &ok) : 0;
-  if (!ok || (!any_source && (peer < 0 || peer >= f->world))) return fallback(f, fn, args, nargs);
+  OneTensor x;
+  one_cpu_tensor(f, args[0], x);
+  if (!x) return fallback(f, fn, args, nargs);
+  int64_t peer = -1, tag = 0;
+  if (!any_source && (!index_arg(args[1], &peer) || peer < 0 || peer >= f->world)) {
+    return fallback(f, fn, args, nargs);
+  }
+  if (nargs > need && !index_arg(args[need], &tag)) return fallback(f, fn, args, nargs);
   PyObject* g = group_of(f);
   if (g == nullptr) return nullptr;
   bool plain = attr_falsy(g, s_orphans, false) && attr_falsy(g, s_coalescing, true);
   Py_DECREF(g);
   void* h = plain ? handle(f) : nullptr;
   if (h == nullptr) return fallback(f, fn, args, nargs);
-  uint64_t n = static_cast<uint64_t>(t->numel());
+  uint64_t n = static_cast<uint64_t>(x.t->numel());
+  at::Tensor keep = *x.t;
+  Locked held(f);
+  if (!held) return nullptr;
+  void* p = x.data();
   req_t* req = nullptr;
-  if (!lock(f)) return nullptr;
-  at::Tensor keep = *t;  // the tensor outlives the start even if the list changes meanwhile
   int st;
   Py_BEGIN_ALLOW_THREADS
-  st = receive ? f->api.irecv(h, p, n, dt, static_cast<int>(peer), tag, nullptr, &req)
-               : f->api.isend(h, p, n, dt, static_cast<int>(peer), tag, nullptr, &req);
+  st = receive ? f->api.irecv(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req)
+               : f->api.isend(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req);
   Py_END_ALLOW_THREADS
-  unlock(f);
   if (st != 0) {
-    PyObject* extra = Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag));
-    if (extra == nullptr) return nullptr;
-    raise_failure(f, receive ? "recv" : "send", st, item, extra);
-    Py_DECREF(extra);
+    raise_failure(f, receive ? "recv" : "send", st, x.obj,
+                  Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag)));
     return nullptr;
   }
+  c10::intrusive_ptr<FastP2PWork> w;
   try {
-    c10::intrusive_ptr<c10d::Work> w = c10::make_intrusive<FastP2PWork>(
-        reinterpret_cast<PyObject*>(f), req, std::move(keep), receive, static_cast<int>(peer), tag);
-    return py::cast(w).release().ptr();
+    w = c10::make_intrusive<FastP2PWork>(reinterpret_cast<PyObject*>(f), req, std::move(keep), receive,
+                                         static_cast<int>(peer), tag);
+  } catch (const std::exception& e) {
+    new at::Tensor(*x.t);  // the started request must find its memory: kept forever
+    PyErr_SetString(PyExc_MemoryError, e.what());
+    return nullptr;
+  }
+  PyObject* r = nullptr;
+  try {
+    r = py::cast(c10::intrusive_ptr<c10d::Work>(w)).release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
-    return nullptr;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
   }
+  if (r == nullptr) {
+    w->leak();
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ddplug: cannot make the Work of a send/recv");
+  }
+  return r;
 }
 
 PyObject* Fast_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -804,7 +897,7 @@ bool intern(PyObject** slot, const char* s) {
 }  // namespace
 
 #ifndef DDPLUG_TORCH_VERSION
-#error "DDPLUG_TORCH_VERSION: the torch version this is built against"
+#error "DDPLUG_TORCH_VERSION: the torch build this is built against (native.py's stamp)"
 #endif
 
 PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
@@ -813,6 +906,18 @@ PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
       !intern(&s_native_error, "_native_error") || !intern(&s_adopt_p2p, "_adopt_p2p") ||
       !intern(&s_release_when_complete, "_release_native_request") || !intern(&s_reduce_op, "reduceOp") ||
       !intern(&s_op, "op")) {
+    return nullptr;
+  }
+  // The C++ types this module hands to and takes from torch's own bindings
+  // must be the ones torch registered with pybind11 (a build against another
+  // torch, or another pybind11 ABI, would not see them): refuse to load.
+  if (py::detail::get_type_info(typeid(c10d::Work)) == nullptr ||
+      py::detail::get_type_info(typeid(c10d::AllreduceOptions)) == nullptr ||
+      py::detail::get_type_info(typeid(c10d::BroadcastOptions)) == nullptr) {
+    PyErr_SetString(PyExc_ImportError,
+                    "ddplug_torchfast: torch's c10d types (Work, AllreduceOptions, BroadcastOptions) are not "
+                    "registered for this build's pybind11: import torch.distributed first, with the torch it "
+                    "was built against");
     return nullptr;
   }
   FastType.tp_name = "ddplug_torchfast.Fast";

@@ -740,6 +740,9 @@ def native() -> None:
     for path in ("native", "python"):
         op = (lambda n: getattr(pg, n)) if path == "native" else python
         if RANK == 0:
+            import numpy as np
+
+            op("send")([torch.full((2,), 12.0)], np.int64(1), 12).wait()  # a peer as numpy gives it
             w = op("send")([torch.arange(5.0)], 1, 3)
             check(f"{path}: send is a Work", isinstance(w, dist.Work) and w.wait(), w)
             x = torch.zeros(5)
@@ -764,6 +767,9 @@ def native() -> None:
             store.wait([f"dropped-{path}"])
             op("send")([torch.full((2,), 11.0)], 1, 11).wait()
         elif RANK == 1:
+            z = torch.zeros(2)
+            op("recv")([z], 0, 12).wait()
+            check(f"{path}: a peer given as a numpy int", torch.equal(z, torch.full((2,), 12.0)), z)
             x = torch.zeros(5)
             w = op("recv")([x], 0, 3)
             check(f"{path}: recv with a tag", w.wait() and torch.equal(x, torch.arange(5.0)), x)

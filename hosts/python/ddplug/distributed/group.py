@@ -644,6 +644,10 @@ class ProcessGroupDdplug(ProcessGroup):
         """The hot calls in C++ when the native module is on (see .native):
         instance attributes that shadow this class's methods and fall back to
         them for anything but their common case."""
+        cls = type(self)
+        names = ("allreduce", "broadcast", "send", "recv", "recv_anysource")
+        if any(getattr(cls, n) is not getattr(ProcessGroupDdplug, n) for n in names):
+            return  # a subclass's own methods stay its own
         ops = {}
         for red in _OP_NAMES:
             for dtype in self._dtypes:
@@ -651,9 +655,7 @@ class ProcessGroupDdplug(ProcessGroup):
                     ops[(int(red), dtype)] = self._op_code(red, dtype, "all_reduce")
                 except DdplugError:
                     continue
-        cls = type(self)
-        _native.attach(self, (cls.allreduce, cls.broadcast, cls.send, cls.recv, cls.recv_anysource),
-                       dict(self._dtypes), ops, self._host_ok)
+        _native.attach(self, tuple(getattr(cls, n) for n in names), dict(self._dtypes), ops, self._host_ok)
 
     def _native_error(self, op: str, status: int, t: torch.Tensor, extra: Any) -> BaseException:
         """The exception for a native call that failed with ``status``, worded as

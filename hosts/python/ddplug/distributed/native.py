@@ -8,9 +8,10 @@ from any rank, each of one dense contiguous CPU tensor; everything else, and
 every failure, goes to the group's Python methods (group.py), which remain the
 one definition of the backend. :func:`attach` gives a group those methods.
 
-Used when it was built for this very torch (its version, written beside it at
-build time, must equal ``torch.__version__``: a C++ extension is tied to one
-torch build), and ``DDPLUG_TORCH_NATIVE`` is not ``0``. Otherwise the group
+Used when it was built for this very torch (its version, commit and C++ ABI,
+written beside it at build time, must be the running torch's: a C++
+extension is tied to one torch build), and ``DDPLUG_TORCH_NATIVE`` is not
+``0``; a group whose class overrides one of those methods keeps its own. Otherwise the group
 runs its Python methods, with the same results; :func:`status` says which and
 why.
 """
@@ -65,9 +66,9 @@ def _load() -> Optional[Any]:
             return None
         stamp = where / f"{NAME}.torch-version"
         built_for = stamp.read_text().strip() if stamp.is_file() else "an unknown torch"
-        if built_for != torch.__version__:
-            _why = (f"{path.name} was built for torch {built_for}, this is torch {torch.__version__}: rebuild"
-                    " ddplug (cmake --build) to use it")
+        if built_for != _torch_stamp(torch):
+            _why = (f"{path.name} was built for torch {built_for}, this is torch {_torch_stamp(torch)}:"
+                    " rebuild ddplug (cmake --build) to use it")
             _log.info("ddplug: the backend's native fast path is off: %s", _why)
             return None
         try:
@@ -81,6 +82,12 @@ def _load() -> Optional[Any]:
             return None
         _module, _why = mod, f"on ({path})"
         return mod
+
+
+def _torch_stamp(torch: Any) -> str:
+    """The torch build a C++ extension is tied to: version, commit, C++ ABI
+    (hosts/python/native/torch_build_flags.py writes the same at build time)."""
+    return f"{torch.__version__} {torch.version.git_version} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
 
 
 def status() -> str:
@@ -102,7 +109,11 @@ def attach(group: Any, fallbacks: tuple, dtypes: dict, ops: dict, host_ok: bool)
     from .._c._capi import F
 
     fns = tuple(ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in _FUNCTIONS)
-    fast = mod.Fast(group, group.context, fallbacks, fns, dtypes, ops, host_ok)
+    try:
+        fast = mod.Fast(group, group.context, fallbacks, fns, dtypes, ops, host_ok)
+    except Exception as exc:  # the group still works, on its Python methods
+        _log.warning("ddplug: the backend's native fast path is off for %r: %s", group, exc)
+        return False
     for name in ("allreduce", "broadcast", "send", "recv", "recv_anysource"):
         setattr(group, name, fast.method(name))
     return True

@@ -279,13 +279,14 @@ def test_the_native_fast_path_answers_as_the_python_methods(out: Path) -> None:
     """ddplug_torchfast (hosts/python/native) on 3 ranks, beside the group's own
     Python methods: every dtype x reduction, broadcast, send/recv with tags,
     any source, polling, futures, a wait's own timeout, a receive dropped while
-    pending, refusals and a closed group give equal results and equal errors;
+    pending, refusals (before and after the start) and a closed group give
+    equal results and equal errors;
     the common all_reduce runs no Python of ddplug's."""
     codes, outs = run_ranks("torch_run.py", 3, "native", out_dir=out)
     results = ranks(out, 3)
     all_checks_pass(results, outs)
     assert codes == [0] * 3, "\n".join(outs)[-6000:]
-    assert len(results[0]["checks"]) >= 14 and len(results[1]["checks"]) >= 17
+    assert len(results[0]["checks"]) >= 15 and len(results[1]["checks"]) >= 18
 
 
 def test_the_native_fast_path_is_used_only_with_its_own_torch(tmp_path: Path) -> None:

@@ -183,12 +183,18 @@ bool lock(Fast* f) {
   return true;
 }
 
+// Also on the way out of a call that failed: the failure's exception, already
+// set, is kept aside while the lock's release runs (CPython calls nothing with
+// an exception set) and set again after it.
 void unlock(Fast* f) {
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
   PyObject* r = PyObject_CallMethodNoArgs(f->lock, s_release);
   if (r == nullptr)
     PyErr_WriteUnraisable(f->lock);
   else
     Py_DECREF(r);
+  PyErr_Restore(et, ev, tb);
 }
 
 // group.`name`(args...) with new references as arguments (each released
@@ -636,8 +642,9 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
                : f->api.isend(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req);
   Py_END_ALLOW_THREADS
   if (st != 0) {
-    raise_failure(f, receive ? "recv" : "send", st, x.obj,
-                  Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag)));
+    PyObject* extra = Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag));
+    raise_failure(f, receive ? "recv" : "send", st, x.obj, extra);
+    Py_XDECREF(extra);
     return nullptr;
   }
   c10::intrusive_ptr<FastP2PWork> w;

@@ -812,6 +812,9 @@ def native() -> None:
     # refusals are worded the same (both are the Python method's)
     bad = [outcome(pg.send, [torch.ones(1)], WORLD + 3), outcome(python("send"), [torch.ones(1)], WORLD + 3)]
     check("a bad peer: native = python", bad[0] and bad[0] == bad[1], bad)
+    # refused by the library once started (the native path words it itself)
+    me = [outcome(pg.send, [torch.ones(1)], RANK), outcome(python("send"), [torch.ones(1)], RANK)]
+    check("a send to itself: native = python", me[0] and me[0] == me[1], me)
     dist.destroy_process_group()
     o = dist.AllreduceOptions()
     o.asyncOp = False

@@ -315,19 +315,45 @@ class Locked {
 };
 
 // ---- blocking collectives ------------------------------------------------------------------
+// torch's options object of type Opts, or nullptr when `o` is not one.
+template <class Opts>
+const Opts* options(PyObject* o) {
+  try {
+    return py::handle(o).cast<const Opts*>();
+  } catch (const py::cast_error&) {
+    return nullptr;
+  }
+}
+
+// The blocking collective `call(data)` of x's data, under the lock with the
+// GIL released: the group's done work, or the failure, worded under the lock
+// (raise_failure, with what make_extra gives).
+template <class Call, class Extra>
+PyObject* blocking(Fast* f, const OneTensor& x, const char* op, Call call, Extra make_extra) {
+  Locked held(f);
+  if (!held) return nullptr;
+  void* p = x.data();
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = call(p);
+  Py_END_ALLOW_THREADS
+  if (st == 0) {
+    Py_INCREF(f->done);
+    return f->done;
+  }
+  PyObject* extra = make_extra();
+  raise_failure(f, op, st, x.obj, extra);
+  Py_XDECREF(extra);
+  return nullptr;
+}
+
 PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Fast* f = reinterpret_cast<Fast*>(self);
   if (nargs != 2 || args[1] == Py_None) return fallback(f, f->py_allreduce, args, nargs);
   OneTensor x;
   one_cpu_tensor(f, args[0], x);
-  if (!x) return fallback(f, f->py_allreduce, args, nargs);
-  const c10d::AllreduceOptions* o = nullptr;
-  try {
-    o = py::handle(args[1]).cast<const c10d::AllreduceOptions*>();
-  } catch (const py::cast_error&) {
-    return fallback(f, f->py_allreduce, args, nargs);
-  }
-  int red = static_cast<int>(o->reduceOp.op_);
+  const auto* o = x ? options<c10d::AllreduceOptions>(args[1]) : nullptr;
+  int red = o != nullptr ? static_cast<int>(o->reduceOp.op_) : -1;
   if (o == nullptr || o->asyncOp || o->reduceOp.supplement_ || red < 0 || red >= kRedOps) {
     return fallback(f, f->py_allreduce, args, nargs);
   }
@@ -335,23 +361,14 @@ PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   void* h = op >= 0 ? handle(f) : nullptr;
   if (h == nullptr) return fallback(f, f->py_allreduce, args, nargs);
   uint64_t n = static_cast<uint64_t>(x.t->numel());
-  Locked held(f);
-  if (!held) return nullptr;
-  void* p = x.data();
-  int st;
-  Py_BEGIN_ALLOW_THREADS
-  st = f->api.allreduce(h, p, p, n, x.dtype, op, nullptr);
-  Py_END_ALLOW_THREADS
-  if (st != 0) {
-    PyObject* ro = PyObject_GetAttr(args[1], s_reduce_op);
-    PyObject* redop = ro ? PyObject_GetAttr(ro, s_op) : nullptr;
-    Py_XDECREF(ro);
-    raise_failure(f, "all_reduce", st, x.obj, redop);
-    Py_XDECREF(redop);
-    return nullptr;
-  }
-  Py_INCREF(f->done);
-  return f->done;
+  return blocking(
+      f, x, "all_reduce", [&](void* p) { return f->api.allreduce(h, p, p, n, x.dtype, op, nullptr); },
+      [&]() -> PyObject* {  // the RedOpType, for the message
+        PyObject* ro = PyObject_GetAttr(args[1], s_reduce_op);
+        PyObject* redop = ro ? PyObject_GetAttr(ro, s_op) : nullptr;
+        Py_XDECREF(ro);
+        return redop;
+      });
 }
 
 PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -359,13 +376,7 @@ PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   if (nargs != 2 || args[1] == Py_None) return fallback(f, f->py_broadcast, args, nargs);
   OneTensor x;
   one_cpu_tensor(f, args[0], x);
-  if (!x) return fallback(f, f->py_broadcast, args, nargs);
-  const c10d::BroadcastOptions* o = nullptr;
-  try {
-    o = py::handle(args[1]).cast<const c10d::BroadcastOptions*>();
-  } catch (const py::cast_error&) {
-    return fallback(f, f->py_broadcast, args, nargs);
-  }
+  const auto* o = x ? options<c10d::BroadcastOptions>(args[1]) : nullptr;
   if (o == nullptr || o->asyncOp || o->rootTensor != 0 || o->rootRank < 0 || o->rootRank >= f->world) {
     return fallback(f, f->py_broadcast, args, nargs);
   }
@@ -373,21 +384,9 @@ PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   void* h = handle(f);
   if (h == nullptr) return fallback(f, f->py_broadcast, args, nargs);
   uint64_t n = static_cast<uint64_t>(x.t->numel());
-  Locked held(f);
-  if (!held) return nullptr;
-  void* p = x.data();
-  int st;
-  Py_BEGIN_ALLOW_THREADS
-  st = f->api.broadcast(h, p, p, n, x.dtype, root, nullptr);
-  Py_END_ALLOW_THREADS
-  if (st != 0) {
-    PyObject* r = PyLong_FromLong(root);
-    raise_failure(f, "broadcast", st, x.obj, r);
-    Py_XDECREF(r);
-    return nullptr;
-  }
-  Py_INCREF(f->done);
-  return f->done;
+  return blocking(
+      f, x, "broadcast", [&](void* p) { return f->api.broadcast(h, p, p, n, x.dtype, root, nullptr); },
+      [&]() { return PyLong_FromLong(root); });
 }
 
 bool finalizing() {
@@ -687,32 +686,20 @@ PyObject* Fast_recv_anysource(PyObject* self, PyObject* const* args, Py_ssize_t 
 }
 
 // ---- the type -------------------------------------------------------------------------------
+// Every Python reference a Fast holds.
+constexpr PyObject* Fast::*kFastRefs[] = {&Fast::group_ref, &Fast::ctx, &Fast::lock, &Fast::done,
+                                          &Fast::py_allreduce, &Fast::py_broadcast, &Fast::py_send,
+                                          &Fast::py_recv, &Fast::py_recv_any, &Fast::h_obj};
+
 int Fast_traverse(PyObject* self, visitproc visit, void* arg) {
   Fast* f = reinterpret_cast<Fast*>(self);
-  Py_VISIT(f->group_ref);
-  Py_VISIT(f->ctx);
-  Py_VISIT(f->lock);
-  Py_VISIT(f->done);
-  Py_VISIT(f->py_allreduce);
-  Py_VISIT(f->py_broadcast);
-  Py_VISIT(f->py_send);
-  Py_VISIT(f->py_recv);
-  Py_VISIT(f->py_recv_any);
+  for (auto ref : kFastRefs) Py_VISIT(f->*ref);
   return 0;
 }
 
 int Fast_clear(PyObject* self) {
   Fast* f = reinterpret_cast<Fast*>(self);
-  Py_CLEAR(f->group_ref);
-  Py_CLEAR(f->ctx);
-  Py_CLEAR(f->lock);
-  Py_CLEAR(f->done);
-  Py_CLEAR(f->py_allreduce);
-  Py_CLEAR(f->py_broadcast);
-  Py_CLEAR(f->py_send);
-  Py_CLEAR(f->py_recv);
-  Py_CLEAR(f->py_recv_any);
-  Py_CLEAR(f->h_obj);
+  for (auto ref : kFastRefs) Py_CLEAR(f->*ref);
   return 0;
 }
 

@@ -815,6 +815,14 @@ def native() -> None:
     # refused by the library once started (the native path words it itself)
     me = [outcome(pg.send, [torch.ones(1)], RANK), outcome(python("send"), [torch.ones(1)], RANK)]
     check("a send to itself: native = python", me[0] and me[0] == me[1], me)
+    # a blocking all_reduce that fails (the ranks' counts differ: the run ends) is
+    # worded by the native path as by the Python method
+    o = dist.AllreduceOptions()
+    o.asyncOp = False
+    err = outcome(pg.allreduce, [torch.ones(RANK + 1)], o)
+    result["native all_reduce failure"] = err
+    check("a failed native all_reduce names it", err and "SystemError" not in err
+          and f"rank {RANK}: all_reduce({RANK + 1} x float32 on cpu, ReduceOp.SUM)" in err, err)
     dist.destroy_process_group()
     o = dist.AllreduceOptions()
     o.asyncOp = False

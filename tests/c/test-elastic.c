@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "data/data.h"
+#include "run/context.h"
 #include "harness.h"
 
 /* ---- a simulated world ------------------------------------------------------ */
@@ -733,6 +734,39 @@ TEST_T(three_ranks_shrink_to_two_inside_an_allreduce, 300) {
   unsigned seed = test_seed();
   int steps = (SN + 3 * SB - 1) / (3 * SB);
   run_shrink_case(3, 2, (int)((seed / 7) % (unsigned)steps), 1);
+}
+
+/* A survivor may learn of a lost rank from its plugin (a peer's abort, sent
+ * over the plugin's own channels) before its watcher has read the run's
+ * reason from the store. Rank 1 here has no watcher at all, and rank 0
+ * ends the run as its watcher does when the store server reports a lost
+ * rank: rank 1's next collective fails in the plugin as ABORTED, and it
+ * must still see the run's PEER_LOST (the status a survivor re-forms
+ * from; CI once saw "aborted by rank 0" end an elastic run instead). */
+static void rank_peer_abort_first(int rank, int world, void *arg) {
+  (void)world;
+  (void)arg;
+  setenv("DDPLUG_CONFIG", SHRINK_CONFIG, 1);
+  ddplug_context *ctx = NULL;
+  CHECK_OK(ddplug_open(NULL, NULL, &ctx));
+  if (rank == 1) ddplug__watcher_stop(ctx);
+  CHECK_OK(ddplug_barrier(ctx, 60000));
+  double x = 1;
+  if (rank == 0) {
+    ddplug__ctx_abort(ctx, DDPLUG_E_PEER_LOST, "rank 2 (test) exited or was killed",
+                      DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
+  } else {
+    CHECK_STATUS(ddplug_allreduce(ctx, &x, &x, 1, DDPLUG_FLOAT64, DDPLUG_OP_SUM, NULL),
+                 DDPLUG_E_PEER_LOST);
+    CHECK_CONTAINS(ddplug_last_error(), "rank 2 (test) exited or was killed");
+  }
+  /* and so does every later call */
+  CHECK_STATUS(ddplug_barrier(ctx, 60000), DDPLUG_E_PEER_LOST);
+  ddplug_close(ctx);
+}
+
+TEST_T(a_peer_abort_that_reaches_the_plugin_first_keeps_the_runs_status, 120) {
+  CHECK_EQ_INT(dt_run_ranks(3, rank_peer_abort_first, NULL, NULL, 100, NULL), 0);
 }
 
 /* Default config: a lost rank ends the run, and ddplug_shrink says why. */

@@ -113,6 +113,35 @@ void ddplug__end_run_if_broken(ddplug_context *ctx, int s) {
   ddplug__set_last_error(msg);
 }
 
+/* A final failure of a request: prefer the run's abort reason (which names
+ * the lost rank) over the plugin's generic ABORTED. */
+/* How long a request that the plugin reports ABORTED/PEER_LOST waits for
+ * the run's own explanation (ddplug/abort) when the watcher has not seen it
+ * yet: the plugin may learn of a peer's death through its own channels first. */
+#define RUN_REASON_WAIT_MS 300
+#define RUN_REASON_GRACE_MS 100
+
+static void adopt_run_reason(ddplug_context *ctx, int can_block) {
+  if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN) return;
+  void *val = NULL;
+  uint64_t len = 0;
+  /* On a failure path: the store may be what failed; wait for it only a
+   * little past the wait itself. */
+  int s = ddplug__store_get_within(ctx->store, ctx->abort_key, can_block ? RUN_REASON_WAIT_MS : 0,
+                                   RUN_REASON_GRACE_MS, &val, &len);
+  if (s != DDPLUG_OK) {
+    /* A store whose connection closed (rather than one with no record yet,
+     * or a slow one) is gone with rank 0: that is the run's reason, as the
+     * watcher would find. Without it, a peer's abort for that loss reached
+     * this rank's plugin first and would end the run as ABORTED instead of
+     * PEER_LOST. */
+    if (s == DDPLUG_E_PEER_LOST) ddplug__ctx_store_lost(ctx);
+    return;
+  }
+  ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
+  ddplug_free(val);
+}
+
 int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **out) {
   ddplug_request *req = ddplug__calloc(1, sizeof *req);
   if (!req) return ddplug__ctx_capture_error(
@@ -125,6 +154,10 @@ int ddplug__request_new(ddplug_context *ctx, const char *fn, ddplug_request **ou
 int ddplug__request_start_failed(ddplug_context *ctx, ddplug_request *req, int s,
                                  const char *slot, const char *prefix) {
   if (!req->on_stack) ddplug__free(req);
+  /* A peer's abort (or the plugin's own news of a lost rank) may reach the
+   * plugin before this rank's watcher has read the run's reason: adopt it,
+   * so an elastic run sees the PEER_LOST that a survivor can recover from. */
+  if (s == DDPLUG_E_ABORTED || s == DDPLUG_E_PEER_LOST) adopt_run_reason(ctx, 1);
   /* The run ended meanwhile: its status, not the plugin's ABORTED */
   int run = ddplug__ctx_check(ctx);
   if (run != DDPLUG_OK) return ddplug__ctx_capture_error(ctx, run);
@@ -201,35 +234,6 @@ void ddplug__requests_orphan(ddplug_context *ctx, ddplug_plugin_group *group) {
 
 static int orphaned(const char *fn) {
   return ddplug__err(DDPLUG_E_ABORTED, "%s: the request's context was closed", fn);
-}
-
-/* A final failure of a request: prefer the run's abort reason (which names
- * the lost rank) over the plugin's generic ABORTED. */
-/* How long a request that the plugin reports ABORTED/PEER_LOST waits for
- * the run's own explanation (ddplug/abort) when the watcher has not seen it
- * yet: the plugin may learn of a peer's death through its own channels first. */
-#define RUN_REASON_WAIT_MS 300
-#define RUN_REASON_GRACE_MS 100
-
-static void adopt_run_reason(ddplug_context *ctx, int can_block) {
-  if (atomic_load(&ctx->state) != DDPLUG__CTX_OPEN) return;
-  void *val = NULL;
-  uint64_t len = 0;
-  /* On a failure path: the store may be what failed; wait for it only a
-   * little past the wait itself. */
-  int s = ddplug__store_get_within(ctx->store, ctx->abort_key, can_block ? RUN_REASON_WAIT_MS : 0,
-                                   RUN_REASON_GRACE_MS, &val, &len);
-  if (s != DDPLUG_OK) {
-    /* A store whose connection closed (rather than one with no record yet,
-     * or a slow one) is gone with rank 0: that is the run's reason, as the
-     * watcher would find. Without it, a peer's abort for that loss reached
-     * this rank's plugin first and would end the run as ABORTED instead of
-     * PEER_LOST. */
-    if (s == DDPLUG_E_PEER_LOST) ddplug__ctx_store_lost(ctx);
-    return;
-  }
-  ddplug__ctx_adopt_abort(ctx, val, DDPLUG__ABORT_NOTIFY);
-  ddplug_free(val);
 }
 
 static int finish_failed(ddplug_request *req, int s, int can_block, const char *slot) {

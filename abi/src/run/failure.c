@@ -23,19 +23,54 @@ int ddplug__ctx_check(ddplug_context *ctx) {
   return ddplug__err(ctx->abort_status, "%s", ctx->abort_reason);
 }
 
+/* Publish the run's first failure for the other ranks (first failure of
+ * the run wins; ours may come second). */
+static void publish(ddplug_context *ctx, int status, const char *reason) {
+  char value[DDPLUG__ERRMSG_MAX + 32];
+  int n = snprintf(value, sizeof value, "%s|%s", ddplug_status_name(status), reason);
+  if (n > (int)sizeof value - 1) n = (int)sizeof value - 1;
+  int swapped = 0;
+  char keep[DDPLUG__ERRMSG_MAX];
+  ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
+  if (ddplug__store_compare_set_within(ctx->store, ctx->abort_key, NULL, 0, value,
+                                       (uint64_t)n, &swapped, DDPLUG__FAIL_PATH_MS) != DDPLUG_OK)
+    DDPLUG__WARN("could not tell the other ranks through the rendezvous store "
+                 "(they learn of it by their own timeouts): %s", ddplug_last_error());
+  ddplug__set_last_error(keep);
+}
+
 /* See context.h. */
 void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int flags) {
+  if (!reason) reason = "aborted";
   pthread_mutex_lock(&ctx->mu);
   int first = atomic_load(&ctx->state) == DDPLUG__CTX_OPEN;
   if (first) {
     ctx->abort_status = status;
-    ddplug__strlcpy(ctx->abort_reason, reason ? reason : "aborted", sizeof ctx->abort_reason);
+    ddplug__strlcpy(ctx->abort_reason, reason, sizeof ctx->abort_reason);
     atomic_store_explicit(&ctx->state, DDPLUG__CTX_ABORTED, memory_order_release);
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (first) {
+    if (ctx->elastic_shrink && status == DDPLUG_E_PEER_LOST)
+      DDPLUG__WARN("%s (elastic.on_peer_lost = shrink: the survivors may re-form the group)",
+                   reason);
+    else
+      DDPLUG__ERROR("%s", reason);
+    /* From now on every store call is on a failure path: none may wait for
+     * the rendezvous timeout on a store that may not answer. */
+    ddplug_store *handles[3] = {ctx->store, ctx->watch_store, ctx->plugin_store};
+    for (int i = 0; i < 3; i++)
+      if (handles[i]) ddplug__store_set_default_timeout(handles[i], DDPLUG__FAIL_PATH_MS);
+    /* Published before the plugin is told: a peer whose plugin learns of
+     * this abort from ours then finds the run's reason (and its status,
+     * PEER_LOST for an elastic run) already there. */
+    if ((flags & DDPLUG__ABORT_PUBLISH) && ctx->store) publish(ctx, status, reason);
   }
   /* Tell the plugin once, outside the lock (its group_abort may take its own
    * locks, which its slots may hold while calling our host services). The
    * in-progress count keeps destroy_group from freeing the group meanwhile. */
   ddplug_plugin_group *g = NULL;
+  pthread_mutex_lock(&ctx->mu);
   if ((flags & DDPLUG__ABORT_NOTIFY) && !ctx->plugin_notified && ctx->group &&
       ctx->plugin->table.group_abort) {
     ctx->plugin_notified = 1;
@@ -48,33 +83,6 @@ void ddplug__ctx_abort(ddplug_context *ctx, int status, const char *reason, int 
     pthread_mutex_lock(&ctx->mu);
     if (--ctx->aborting == 0) pthread_cond_broadcast(&ctx->abort_cv);
     pthread_mutex_unlock(&ctx->mu);
-  }
-  if (!first) return;
-  if (ctx->elastic_shrink && status == DDPLUG_E_PEER_LOST)
-    DDPLUG__WARN("%s (elastic.on_peer_lost = shrink: the survivors may re-form the group)",
-                 reason ? reason : "aborted");
-  else
-    DDPLUG__ERROR("%s", reason ? reason : "aborted");
-  /* From now on every store call is on a failure path: none may wait for
-   * the rendezvous timeout on a store that may not answer. */
-  ddplug_store *handles[3] = {ctx->store, ctx->watch_store, ctx->plugin_store};
-  for (int i = 0; i < 3; i++)
-    if (handles[i]) ddplug__store_set_default_timeout(handles[i], DDPLUG__FAIL_PATH_MS);
-  if ((flags & DDPLUG__ABORT_PUBLISH) && ctx->store) {
-    char value[DDPLUG__ERRMSG_MAX + 32];
-    int n = snprintf(value, sizeof value, "%s|%s", ddplug_status_name(status),
-                     reason ? reason : "aborted");
-    if (n > (int)sizeof value - 1) n = (int)sizeof value - 1;
-    int swapped = 0;
-    /* First failure of the run wins; ours may come second. */
-    char keep[DDPLUG__ERRMSG_MAX];
-    ddplug__strlcpy(keep, ddplug_last_error(), sizeof keep);
-    if (ddplug__store_compare_set_within(ctx->store, ctx->abort_key, NULL, 0, value,
-                                         (uint64_t)n, &swapped,
-                                         DDPLUG__FAIL_PATH_MS) != DDPLUG_OK)
-      DDPLUG__WARN("could not tell the other ranks through the rendezvous store "
-                   "(they learn of it by their own timeouts): %s", ddplug_last_error());
-    ddplug__set_last_error(keep);
   }
 }
 

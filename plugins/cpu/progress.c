@@ -192,7 +192,12 @@ static void *thread_main(void *arg) {
       continue;
     }
     /* idle (or a fresh request its caller is about to run) */
-    int light = (lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS) || p2p_lazy;
+    /* napping (a poll of 1 ms) rather than asleep while callers wait right
+     * after they start: a start then has no thread to wake (a wake per send
+     * or receive cost a context switch each, taken from the ranks) */
+    int light = (lazy && now - atomic_load(&g->last_submit_ns) < DEEP_AFTER_NS) || p2p_lazy ||
+                (g->p2p && atomic_load(&g->p2p->lazy) &&
+                 now - atomic_load(&g->p2p->last_start_ns) < DEEP_AFTER_NS);
     atomic_store(&g->thread_mode, light ? DDCPU_THREAD_NAPPING : DDCPU_THREAD_ASLEEP);
     if (g->progress_runs && oldest_pending(g, &since) && !light) {
       atomic_store(&g->thread_mode, DDCPU_THREAD_AWAKE);

@@ -21,22 +21,27 @@ static const char *kind_name(int kind) {
   }
 }
 
-/* How error messages name a request: "collective #7 (allreduce of 2
- * float32, sum)", or a send's or receive's description (set when it
- * started). A collective's is made only when a message needs it:
- * formatting it for every collective cost about a third of a small
- * blocking allreduce. */
-static const char *what_of(ddplug_request *req) {
-  if (req->what[0] || req->kind >= DDPLUG__REQ_SEND) return req->what;
-  if (req->kind == DDPLUG_COLL_BARRIER)
+/* See context.h. */
+const char *ddplug__request_what(ddplug_request *req) {
+  if (req->what[0]) return req->what;
+  if (req->kind >= DDPLUG__REQ_SEND) {
+    const int recv = req->kind == DDPLUG__REQ_RECV;
+    char peer[32];
+    if (req->peer == DDPLUG_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
+    else snprintf(peer, sizeof peer, "rank %d", req->peer);
+    snprintf(req->what, sizeof req->what, "%s of %llu %s %s %s (tag %lld)",
+             recv ? "receive" : "send", (unsigned long long)req->count,
+             ddplug_dtype_name(req->dtype), recv ? "from" : "to", peer, (long long)req->tag);
+  } else if (req->kind == DDPLUG_COLL_BARRIER) {
     snprintf(req->what, sizeof req->what, "collective #%llu (barrier)",
              (unsigned long long)req->seq);
-  else
+  } else {
     snprintf(req->what, sizeof req->what, "collective #%llu (%s of %llu %s%s%s)",
              (unsigned long long)req->seq, kind_name(req->kind),
              (unsigned long long)req->count, ddplug_dtype_name(req->dtype),
              req->kind == DDPLUG_COLL_ALLREDUCE ? ", " : "",
              req->kind == DDPLUG_COLL_ALLREDUCE ? ddplug_op_name(req->op) : "");
+  }
   return req->what;
 }
 
@@ -248,7 +253,7 @@ static int finish_failed(ddplug_request *req, int s, int can_block, const char *
     s = run;
   } else {
     ddplug__plugin_err_take(ctx, s, slot);
-    ddplug__err_prefix(s, "%s", what_of(req));
+    ddplug__err_prefix(s, "%s", ddplug__request_what(req));
   }
   req->finished = 1;
   req->status = s;
@@ -262,7 +267,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   if (req->finished) {
     if (req->status == DDPLUG_OK) return DDPLUG_OK;
     int run = ddplug__ctx_check(ctx);
-    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", what_of(req));
+    if (run == DDPLUG_OK) ddplug__err(req->status, "%s already failed", ddplug__request_what(req));
     return ddplug__ctx_capture_error(ctx, run != DDPLUG_OK ? run : req->status);
   }
   if (timeout_ms == DDPLUG_TIMEOUT_DEFAULT) timeout_ms = ctx->coll_timeout_ms;
@@ -281,7 +286,7 @@ DDPLUG_API int ddplug_request_wait(ddplug_request *req, int64_t timeout_ms) {
   }
   if (ddplug__own_timeout(ctx, s)) {
     ddplug__plugin_err_take(ctx, s, "request_wait");
-    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", what_of(req),
+    ddplug__err_prefix(s, "%s timed out after %.3f s on rank %d", ddplug__request_what(req),
                        (double)timeout_ms / 1000.0, ctx->world.rank);
     return ddplug__ctx_capture_error(ctx, s);
   }
@@ -340,7 +345,7 @@ DDPLUG_API void ddplug_request_free(ddplug_request *req) {
     if (s == DDPLUG_OK && !d) {
       char msg[256];
       snprintf(msg, sizeof msg, "rank %d freed %s before it completed", ctx->world.rank,
-               what_of(req));
+               ddplug__request_what(req));
       ddplug__ctx_abort(ctx, DDPLUG_E_ABORTED, msg, DDPLUG__ABORT_PUBLISH | DDPLUG__ABORT_NOTIFY);
     }
   }

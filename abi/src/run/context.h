@@ -323,12 +323,19 @@ struct ddplug_request {
   int finished; /* 1 once the plugin reported completion or final failure */
   int status;   /* final status when finished                             */
   int32_t source; /* a receive: the matched sender (the plugin writes it)  */
-  uint64_t count;  /* a collective's count, dtype and op: its description   */
-  int dtype, op;   /* is formatted only when an error message needs it      */
+  uint64_t count;  /* count, dtype and op (a collective), peer and tag (a    */
+  int dtype, op;   /* send or receive): its description, formatted only     */
+  int32_t peer;    /* when a message needs it (ddplug__request_what)        */
+  int64_t tag;
   int on_stack;    /* a blocking call's own request: not freed              */
-  char what[128];  /* a send's or receive's description; a collective's once
-                      made                                                  */
+  char what[128];  /* the description, once made                            */
 };
+/* "collective #12 (allreduce of 4 float32, sum)" or "send of 2 float32 to
+ * rank 1 (tag 0)": made (and kept in req->what) the first time a message
+ * needs it. Formatting it for every call cost about a third of a small
+ * blocking allreduce, and more in a process where a library registered
+ * printf handlers (glibc then formats every call on its slow path). */
+const char *ddplug__request_what(ddplug_request *req);
 /* ddplug_request.kind of point-to-point requests (after the collectives'). */
 #define DDPLUG__REQ_SEND 100
 #define DDPLUG__REQ_RECV 101

@@ -69,12 +69,10 @@ static int start(ddplug_context *ctx, ddplug_p2p_args *a, const char *fn, ddplug
   /* a receive from a named rank can match no other: its source is known now
    * (the plugin writes it for DDPLUG_ANY_SOURCE, and may write it again) */
   req->source = recv && a->peer != DDPLUG_ANY_SOURCE ? a->peer : -1;
-  char peer[32];
-  if (a->peer == DDPLUG_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
-  else snprintf(peer, sizeof peer, "rank %d", a->peer);
-  snprintf(req->what, sizeof req->what, "%s of %llu %s %s %s (tag %lld)",
-           recv ? "receive" : "send", (unsigned long long)a->count,
-           ddplug_dtype_name(a->dtype), recv ? "from" : "to", peer, (long long)a->tag);
+  req->count = a->count;
+  req->dtype = a->dtype;
+  req->peer = a->peer;
+  req->tag = a->tag;
   a->struct_size = sizeof *a;
   a->abi_version = DDPLUG_PLUGIN_ABI_VERSION;
   a->source = recv ? &req->source : NULL;
@@ -144,10 +142,12 @@ DDPLUG_API int ddplug_request_source(const ddplug_request *req, int *rank) {
                        "ddplug_request_source: req and rank are required");
   if (req->kind != DDPLUG__REQ_RECV)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "ddplug_request_source: %s is not a receive", req->what);
+                       "ddplug_request_source: %s is not a receive",
+                       ddplug__request_what((ddplug_request *)req));
   if (!req->finished || req->status != DDPLUG_OK)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT,
-                       "ddplug_request_source: %s %s", req->what,
+                       "ddplug_request_source: %s %s",
+                       ddplug__request_what((ddplug_request *)req),
                        req->finished ? "failed: it matched no sender"
                                      : "has not completed (wait for it first)");
   *rank = req->source;

@@ -685,6 +685,12 @@ def native() -> None:
     on = all(type(pg.__dict__.get(n)).__name__ == "FastMethod"
              for n in ("allreduce", "broadcast", "send", "recv", "recv_anysource"))
     check("native path on", nat.status().startswith("on") and on, nat.status())
+    base = dist.ProcessGroup
+    check("rank() and size() answered from Python ints, equal to the base class's",
+          "rank" in pg.__dict__ and "size" in pg.__dict__
+          and pg.rank() == base.rank(pg) == dist.get_rank() == int(os.environ["RANK"])
+          and pg.size() == base.size(pg) == dist.get_world_size(),
+          (pg.rank(), base.rank(pg), pg.size(), base.size(pg)))
 
     def python(name: str):
         return getattr(cls, name).__get__(pg)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """torch_backend_perf.py — ``torch.distributed.all_reduce`` on the "ddplug"
-backend and on gloo, side by side in one run, with ddplug's own Python path
+backend and on gloo, side by side in one run, with ddplug's own path
 (``ddplug.Context.allreduce``, no torch.distributed) as the reference the
 backend should reach; and ``send``/``recv`` on both backends in the same run.
 
@@ -231,7 +231,7 @@ def profile(a: argparse.Namespace) -> None:
     f32, op_sum = _names.dtypes()["float32"], _names.ops()["sum"]
     layers = [
         ("C ddplug_allreduce through ctypes", lambda: c_allreduce(h, p, p, 2, f32, op_sum, None)),
-        ("ddplug.Context.allreduce (own Python path)", lambda: ctx.allreduce(t)),
+        ("ddplug.Context.allreduce (own path)", lambda: ctx.allreduce(t)),
         ("ProcessGroupDdplug.allreduce (synchronous)", lambda: pg.allreduce([t], opts)),
         ("dist.all_reduce", lambda: dist.all_reduce(t)),
         ("dist.all_reduce(async_op=True).wait()", lambda: dist.all_reduce(t, async_op=True).wait()),
@@ -353,7 +353,7 @@ def main() -> None:
     print("\ngoals:")
     if big:
         worst = max(big, key=lambda r: r["vs_own"])
-        print(f"  >= 1 MiB within 5 % of ddplug's own Python path: worst {human(worst['size'])} at"
+        print(f"  >= 1 MiB within 5 % of ddplug's own path: worst {human(worst['size'])} at"
               f" {100 * (worst['vs_own'] - 1):+.1f} % -> {'met' if worst['vs_own'] <= 1.05 else 'NOT met'}")
     if small:
         print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")

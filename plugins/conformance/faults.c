@@ -123,12 +123,25 @@ typedef struct aborter {
   double at;
 } aborter;
 
+#define ABORTED_KEY "user/aborted"
+
+/* The abort, then a word to the other ranks once ddplug_abort returned: by
+ * then the plugin was told (group_abort). The run's record (ddplug/abort)
+ * is written before that, so a rank that joined the blocked collective on
+ * seeing the record alone could complete it first. */
 static void *abort_later(void *arg) {
   aborter *a = arg;
   cf_sleep_ms(300);
   a->at = cf_now();
   ddplug_abort(a->ctx, ABORT_REASON);
+  (void)ddplug_store_set(ddplug_context_store(a->ctx), ABORTED_KEY, "1", 1);
   return NULL;
+}
+
+/* Rank 0's word that its abort is done (abort_later). */
+static int wait_for_the_abort(ddplug_context *ctx) {
+  const char *keys[1] = {ABORTED_KEY};
+  return ddplug_store_wait(ddplug_context_store(ctx), keys, 1, 10 * 60 * 1000);
 }
 
 void cf_abort_rank(cf_rank *r) {
@@ -174,9 +187,9 @@ void cf_abort_rank(cf_rank *r) {
                 ddplug_status_name(s), after);
   } else {
     warmed_up(r, ctx);
-    /* after rank 0's abort (its record in the store), not after a sleep:
+    /* after rank 0's abort (its word in the store), not after a sleep:
      * joined earlier, this allreduce would complete rank 0's */
-    s = wait_for_the_run_to_end(ctx);
+    s = wait_for_the_abort(ctx);
     double t0 = cf_now();
     if (s == DDPLUG_OK) s = allreduce(r, ctx, why, sizeof why);
     if (s == DDPLUG_OK) {

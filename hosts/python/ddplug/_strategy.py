@@ -27,6 +27,7 @@ from . import _abort, _join
 from ._elastic import Elastic, commit_train_streams, gradient_sync_after, run_step
 from ._c import _logbridge
 from .config import ConfigSource, load
+from .distributed import native
 from .context import Context
 from .data.streams import DataSplit
 from .nn import functional
@@ -237,6 +238,7 @@ class DdplugParallel:
         env = self.cluster_environment
         if self._ctx is None or self._ctx.closed:
             self._ctx = self._join_run(env, framework)
+            native.attach_context(self._ctx)  # its own allreduce (metrics, sync_dist) in C++
             if self.global_rank == 0:
                 p = self._ctx.plugin
                 self._print(

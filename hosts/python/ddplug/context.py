@@ -352,8 +352,17 @@ class Context:
             st = F.ddplug_allreduce(self.handle, src.ptr, dst.ptr, src.count, src.dtype, code,
                                     _buffers.stream_of(src))
         if st:
-            raise self.error_for(st, f"allreduce({src.count} x {_dtype_name(src.dtype)}, {op})")
+            raise self._allreduce_error(st, src, op)
         return x if out is None else out
+
+    def _allreduce_error(self, status: int, src: _buffers.Buffer, op: str) -> BaseException:
+        return self.error_for(status, f"allreduce({src.count} x {_dtype_name(src.dtype)}, {op})")
+
+    def _native_allreduce_error(self, status: int, x: Any, op: str) -> BaseException:
+        """The exception for the native allreduce of ``x`` that failed with
+        ``status`` (ddplug.distributed.native.attach_context), worded as this
+        class's allreduce words it."""
+        return self._allreduce_error(status, _buffers.of(x), op)
 
     def iallreduce(self, x: Any, op: str = "sum") -> Request:
         """Start an in-place allreduce of ``x``; wait on the returned request."""

@@ -49,6 +49,7 @@ from ._elastic import Elastic, commit_train_streams, gradient_sync_after, run_st
 from .config import ConfigSource
 from .context import Context
 from .data import ledger
+from .distributed import native
 from .data.streams import DataSplit
 from .runonce import RunOnceFailed, once, run_once
 
@@ -117,6 +118,7 @@ def _open(config: ConfigSource, timeout_s: Optional[float], device: Any) -> Cont
     ctx = _join.open_run(config, device=dev, framework=f"pytorch {torch.__version__}", timeout_s=timeout_s,
                             at_exit=_close_at_exit)
     abort_on_uncaught_exception(ctx, ctx.rank)
+    native.attach_context(ctx)  # its own allreduce in C++
     if ctx.rank == 0:
         p = ctx.plugin
         _logbridge.report(f"ddplug: plugin {p['name']} {p['version']}, {ctx.world_size} ranks on {ctx.num_nodes}"

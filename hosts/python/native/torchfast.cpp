@@ -25,6 +25,11 @@
 // source_rank and result are answered here; a failure, a wait's own timeout,
 // get_future and exception hand the request to Python (group._adopt_p2p),
 // which then answers every call on the work.
+//
+// A ddplug Context used from torch (the strategies', ddplug.torch's, the
+// backend's) gets the same for its own Context.allreduce(x, op): a dense,
+// contiguous CPU torch.Tensor reduced in place; anything else, and every
+// failure, goes to Context.allreduce (context_allreduce below).
 
 #include <Python.h>
 
@@ -84,6 +89,7 @@ struct Fast {
   PyObject* py_send;
   PyObject* py_recv;
   PyObject* py_recv_any;
+  PyObject* op_names;  // a Context's Fast: op name -> ddplug op code (NULL for a group's)
   PyObject* h_obj;  // the ctx._h object h_val was read from (held: its identity stays its own)
   void* h_val;
   Api api;
@@ -104,13 +110,15 @@ PyObject* s_adopt_p2p;
 PyObject* s_release_when_complete;
 PyObject* s_reduce_op;
 PyObject* s_op;
+PyObject* s_sum;
+PyObject* s_ctx_error;
 
 // The group (a new reference), or NULL with an exception set.
 PyObject* group_of(Fast* f) {
   PyObject* g = PyWeakref_GetObject(f->group_ref);
   if (g == nullptr) return nullptr;
   if (g == Py_None) {
-    PyErr_SetString(PyExc_RuntimeError, "ddplug: the process group of this call was destroyed");
+    PyErr_SetString(PyExc_RuntimeError, "ddplug: the process group (or context) of this call was destroyed");
     return nullptr;
   }
   Py_INCREF(g);
@@ -136,9 +144,9 @@ PyObject* fallback(Fast* f, PyObject* fn, PyObject* const* args, Py_ssize_t narg
   return r;
 }
 
-// The context's handle, or NULL when it is closed (the Python method then says so).
-void* handle(Fast* f) {
-  PyObject* h = PyObject_GetAttr(f->ctx, s_h);
+// The handle of f's context `ctx`, or NULL when it is closed (the Python method then says so).
+void* handle(Fast* f, PyObject* ctx) {
+  PyObject* h = PyObject_GetAttr(ctx, s_h);
   if (h == nullptr) {
     PyErr_Clear();
     return nullptr;
@@ -258,10 +266,8 @@ struct OneTensor {
 // tensor subclass that dispatches in Python, a lazily conjugated or negated
 // view, a tensor without data, another layout or device) goes to the Python
 // method. Never runs Python.
-void one_cpu_tensor(Fast* f, PyObject* list, OneTensor& out) {
-  if (!f->host_ok || !PyList_CheckExact(list) || PyList_GET_SIZE(list) != 1) return;
-  PyObject* o = PyList_GET_ITEM(list, 0);
-  if (!THPVariable_Check(o)) return;
+void one_cpu_tensor_of(Fast* f, PyObject* o, OneTensor& out) {
+  if (!f->host_ok || !THPVariable_Check(o)) return;
   try {
     const at::Tensor& t = THPVariable_Unpack(o);
     if (t.unsafeGetTensorImpl()->is_python_dispatch()) return;
@@ -279,6 +285,11 @@ void one_cpu_tensor(Fast* f, PyObject* list, OneTensor& out) {
   } catch (const std::exception&) {
     return;
   }
+}
+
+// The same for the one tensor of a list (torch's calling convention).
+void one_cpu_tensor(Fast* f, PyObject* list, OneTensor& out) {
+  if (PyList_CheckExact(list) && PyList_GET_SIZE(list) == 1) one_cpu_tensor_of(f, PyList_GET_ITEM(list, 0), out);
 }
 
 // An int argument as torch passes it (a Python int, or anything with
@@ -358,7 +369,7 @@ PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return fallback(f, f->py_allreduce, args, nargs);
   }
   int op = f->op[red][static_cast<int>(x.t->scalar_type())];
-  void* h = op >= 0 ? handle(f) : nullptr;
+  void* h = op >= 0 ? handle(f, f->ctx) : nullptr;
   if (h == nullptr) return fallback(f, f->py_allreduce, args, nargs);
   uint64_t n = static_cast<uint64_t>(x.t->numel());
   return blocking(
@@ -381,7 +392,7 @@ PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return fallback(f, f->py_broadcast, args, nargs);
   }
   int root = static_cast<int>(o->rootRank);
-  void* h = handle(f);
+  void* h = handle(f, f->ctx);
   if (h == nullptr) return fallback(f, f->py_broadcast, args, nargs);
   uint64_t n = static_cast<uint64_t>(x.t->numel());
   return blocking(
@@ -627,7 +638,7 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
   if (g == nullptr) return nullptr;
   bool plain = attr_falsy(g, s_orphans, false) && attr_falsy(g, s_coalescing, true);
   Py_DECREF(g);
-  void* h = plain ? handle(f) : nullptr;
+  void* h = plain ? handle(f, f->ctx) : nullptr;
   if (h == nullptr) return fallback(f, fn, args, nargs);
   uint64_t n = static_cast<uint64_t>(x.t->numel());
   at::Tensor keep = *x.t;
@@ -685,11 +696,71 @@ PyObject* Fast_recv_anysource(PyObject* self, PyObject* const* args, Py_ssize_t 
   return p2p_start(f, true, f->py_recv_any, args, nargs, true);
 }
 
+// ---- a Context's own allreduce ------------------------------------------------------------
+// ctx.allreduce(x, op="sum", out=None) of a dense contiguous CPU torch.Tensor
+// (the class itself: a subclass may be refused by the Python method) reduced
+// in place, under the context's lock with the GIL released; returns x. A
+// failure is worded by the context (ctx._native_allreduce_error), as
+// Context.allreduce words it. The Fast reaches its context through a weak
+// reference (group_ref): the context holds this method in its __dict__.
+PyObject* Fast_ctx_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  Fast* f = reinterpret_cast<Fast*>(self);
+  if (nargs < 1 || nargs > 3 || (nargs == 3 && args[2] != Py_None) ||
+      Py_TYPE(args[0]) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+    return fallback(f, f->py_allreduce, args, nargs);
+  }
+  PyObject* name = nargs >= 2 ? args[1] : s_sum;
+  PyObject* code = PyUnicode_CheckExact(name) ? PyDict_GetItemWithError(f->op_names, name) : nullptr;
+  if (code == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    return fallback(f, f->py_allreduce, args, nargs);
+  }
+  int op = static_cast<int>(PyLong_AsLong(code));
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  OneTensor x;
+  one_cpu_tensor_of(f, args[0], x);
+  if (!x) return fallback(f, f->py_allreduce, args, nargs);
+  PyObject* ctx = group_of(f);
+  if (ctx == nullptr) return nullptr;
+  void* h = handle(f, ctx);
+  if (h == nullptr) {
+    Py_DECREF(ctx);
+    return fallback(f, f->py_allreduce, args, nargs);
+  }
+  uint64_t n = static_cast<uint64_t>(x.t->numel());
+  int st;
+  {
+    Locked held(f);
+    if (!held) {
+      Py_DECREF(ctx);
+      return nullptr;
+    }
+    void* p = x.data();
+    Py_BEGIN_ALLOW_THREADS
+    st = f->api.allreduce(h, p, p, n, x.dtype, op, nullptr);
+    Py_END_ALLOW_THREADS
+    if (st != 0) {  // worded under the lock: the context's error sentence is this call's
+      Py_INCREF(x.obj);
+      Py_INCREF(name);
+      PyObject* exc = call_method_steal(ctx, s_ctx_error, {PyLong_FromLong(st), x.obj, name});
+      if (exc != nullptr) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+        Py_DECREF(exc);
+      }
+    }
+  }
+  Py_DECREF(ctx);
+  if (st != 0) return nullptr;
+  Py_INCREF(args[0]);
+  return args[0];
+}
+
 // ---- the type -------------------------------------------------------------------------------
 // Every Python reference a Fast holds.
 constexpr PyObject* Fast::*kFastRefs[] = {&Fast::group_ref, &Fast::ctx, &Fast::lock, &Fast::done,
                                           &Fast::py_allreduce, &Fast::py_broadcast, &Fast::py_send,
-                                          &Fast::py_recv, &Fast::py_recv_any, &Fast::h_obj};
+                                          &Fast::py_recv, &Fast::py_recv_any, &Fast::op_names,
+                                          &Fast::h_obj};
 
 int Fast_traverse(PyObject* self, visitproc visit, void* arg) {
   Fast* f = reinterpret_cast<Fast*>(self);
@@ -740,6 +811,28 @@ bool fill_tables(Fast* f, PyObject* dtypes, PyObject* ops) {
   return true;
 }
 
+// api from fns: the addresses of ddplug_allreduce, _broadcast, _isend, _irecv,
+// _request_wait, _request_test, _request_free, _request_source.
+bool read_api(PyObject* fns, Api* api) {
+  if (PyTuple_GET_SIZE(fns) != 8) {
+    PyErr_SetString(PyExc_ValueError, "Fast: 8 function addresses");
+    return false;
+  }
+  void* p[8];
+  for (int i = 0; i < 8; ++i) {
+    p[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, i));
+    if (p[i] == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Fast: a NULL function address");
+      return false;
+    }
+  }
+  *api = Api{reinterpret_cast<allreduce_fn>(p[0]), reinterpret_cast<broadcast_fn>(p[1]),
+             reinterpret_cast<isend_fn>(p[2]),     reinterpret_cast<irecv_fn>(p[3]),
+             reinterpret_cast<wait_fn>(p[4]),      reinterpret_cast<test_fn>(p[5]),
+             reinterpret_cast<free_fn>(p[6]),      reinterpret_cast<source_fn>(p[7])};
+  return true;
+}
+
 // Fast(group, ctx, fallbacks, fns, dtypes, ops, host_ok)
 //   fallbacks: (allreduce, broadcast, send, recv, recv_anysource): the class's Python methods
 //   fns: the addresses of ddplug_allreduce, _broadcast, _isend, _irecv, _request_wait,
@@ -752,22 +845,11 @@ int Fast_init(PyObject* self, PyObject* args, PyObject* kw) {
                         &PyDict_Type, &dtypes, &PyDict_Type, &ops, &host_ok)) {
     return -1;
   }
-  if (PyTuple_GET_SIZE(fallbacks) != 5 || PyTuple_GET_SIZE(fns) != 8) {
-    PyErr_SetString(PyExc_ValueError, "Fast: 5 fallbacks and 8 function addresses");
+  if (PyTuple_GET_SIZE(fallbacks) != 5) {
+    PyErr_SetString(PyExc_ValueError, "Fast: 5 fallbacks");
     return -1;
   }
-  void* p[8];
-  for (int i = 0; i < 8; ++i) {
-    p[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fns, i));
-    if (p[i] == nullptr) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Fast: a NULL function address");
-      return -1;
-    }
-  }
-  f->api = Api{reinterpret_cast<allreduce_fn>(p[0]), reinterpret_cast<broadcast_fn>(p[1]),
-               reinterpret_cast<isend_fn>(p[2]), reinterpret_cast<irecv_fn>(p[3]),
-               reinterpret_cast<wait_fn>(p[4]), reinterpret_cast<test_fn>(p[5]),
-               reinterpret_cast<free_fn>(p[6]), reinterpret_cast<source_fn>(p[7])};
+  if (!read_api(fns, &f->api)) return -1;
   PyObject* world = PyObject_CallMethod(group, "size", nullptr);
   if (world == nullptr) return -1;
   f->world = static_cast<int>(PyLong_AsLong(world));
@@ -842,6 +924,56 @@ void FastMethod_dealloc(PyObject* self) {
 }
 
 PyTypeObject FastMethodType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject FastType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// A FastMethod calling impl on fast, falling back to `fallback`.
+PyObject* new_method(PyObject* fast, impl_fn impl, PyObject* fallback) {
+  FastMethod* m = PyObject_GC_New(FastMethod, &FastMethodType);
+  if (m == nullptr) return nullptr;
+  m->vectorcall = FastMethod_vectorcall;
+  Py_INCREF(fast);
+  m->fast = fast;
+  Py_INCREF(fallback);
+  m->fallback = fallback;
+  m->impl = impl;
+  PyObject_GC_Track(m);
+  return reinterpret_cast<PyObject*>(m);
+}
+
+// context_allreduce(ctx, fallback, fns, dtypes, op_names): the native
+// Context.allreduce of ctx (fallback: the class's Python method; fns as for
+// Fast; dtypes: torch dtype -> ddplug dtype code; op_names: op name -> ddplug
+// op code). Holds no strong reference to ctx, which keeps it.
+PyObject* context_allreduce(PyObject*, PyObject* args) {
+  PyObject *ctx, *fb, *fns, *dtypes, *names;
+  if (!PyArg_ParseTuple(args, "OOO!O!O!", &ctx, &fb, &PyTuple_Type, &fns, &PyDict_Type, &dtypes, &PyDict_Type,
+                        &names)) {
+    return nullptr;
+  }
+  PyObject* self = PyType_GenericNew(&FastType, nullptr, nullptr);
+  if (self == nullptr) return nullptr;
+  Fast* f = reinterpret_cast<Fast*>(self);
+  PyObject* empty = PyDict_New();
+  bool ok = empty != nullptr && read_api(fns, &f->api) && fill_tables(f, dtypes, empty);
+  Py_XDECREF(empty);
+  if (ok) {
+    f->group_ref = PyWeakref_NewRef(ctx, nullptr);
+    f->lock = f->group_ref ? PyObject_GetAttrString(ctx, "lock") : nullptr;
+    ok = f->lock != nullptr;
+  }
+  if (!ok) {
+    Py_DECREF(self);
+    return nullptr;
+  }
+  Py_INCREF(fb);
+  f->py_allreduce = fb;
+  Py_INCREF(names);
+  f->op_names = names;
+  f->host_ok = 1;
+  PyObject* m = new_method(self, Fast_ctx_allreduce, fb);
+  Py_DECREF(self);
+  return m;
+}
 
 // fast.method(name): the callable a group gets as its attribute `name`.
 PyObject* Fast_method(PyObject* self, PyObject* name) {
@@ -857,17 +989,7 @@ PyObject* Fast_method(PyObject* self, PyObject* name) {
                {"recv_anysource", Fast_recv_anysource, f->py_recv_any}};
   const char* n = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
   for (const Entry& e : table) {
-    if (n == nullptr || strcmp(n, e.name) != 0) continue;
-    FastMethod* m = PyObject_GC_New(FastMethod, &FastMethodType);
-    if (m == nullptr) return nullptr;
-    m->vectorcall = FastMethod_vectorcall;
-    Py_INCREF(self);
-    m->fast = self;
-    Py_INCREF(e.fallback);
-    m->fallback = e.fallback;
-    m->impl = e.impl;
-    PyObject_GC_Track(m);
-    return reinterpret_cast<PyObject*>(m);
+    if (n != nullptr && strcmp(n, e.name) == 0) return new_method(self, e.impl, e.fallback);
   }
   PyErr_Format(PyExc_ValueError, "Fast.method: no native %R (allreduce, broadcast, send, recv, recv_anysource)",
                name);
@@ -878,10 +1000,14 @@ PyMethodDef Fast_methods[] = {
     {"method", Fast_method, METH_O, "method(name): the native method `name` of the group"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyTypeObject FastType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyMethodDef module_methods[] = {
+    {"context_allreduce", context_allreduce, METH_VARARGS,
+     "context_allreduce(ctx, fallback, fns, dtypes, op_names): ctx's native allreduce"},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "ddplug_torchfast",
-                          "The torch.distributed backend's hot calls in C++ (see torchfast.cpp).", -1, nullptr};
+                          "The torch.distributed backend's hot calls in C++ (see torchfast.cpp).", -1,
+                          module_methods};
 
 bool intern(PyObject** slot, const char* s) {
   *slot = PyUnicode_InternFromString(s);
@@ -899,7 +1025,7 @@ PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
       !intern(&s_value, "value") || !intern(&s_orphans, "_orphans") || !intern(&s_coalescing, "_coalescing") ||
       !intern(&s_native_error, "_native_error") || !intern(&s_adopt_p2p, "_adopt_p2p") ||
       !intern(&s_release_when_complete, "_release_native_request") || !intern(&s_reduce_op, "reduceOp") ||
-      !intern(&s_op, "op")) {
+      !intern(&s_op, "op") || !intern(&s_sum, "sum") || !intern(&s_ctx_error, "_native_allreduce_error")) {
     return nullptr;
   }
   // The C++ types this module hands to and takes from torch's own bindings

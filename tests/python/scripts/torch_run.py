@@ -721,6 +721,40 @@ def native() -> None:
                 mismatches.append((str(dt), str(red), a.tolist(), b.tolist(), ea, eb))
     check("all_reduce: native = python, every dtype x op", not mismatches, mismatches[:3])
 
+    # the context's own allreduce (ddplug.Context.allreduce), every dtype x op name, and what
+    # the Python method takes that the native one hands it (out=, numpy, a strided view)
+    from ddplug import Context
+    from ddplug.distributed import context_of
+
+    ctx = context_of()
+    check("the context's allreduce is native", type(vars(ctx).get("allreduce")).__name__ == "FastMethod",
+          vars(ctx).get("allreduce"))
+
+    def ctx_outcome(fn, *args):
+        try:
+            r = fn(*args)
+            return None, r
+        except Exception as e:  # noqa: BLE001 (compared, not handled)
+            return f"{type(e).__name__}: {e}", None
+
+    mismatches = []
+    for dt in dtypes:
+        for name in ("sum", "prod", "min", "max", "avg", "band", "bor", "nope"):
+            base = torch.arange(1, 6) % 2 == RANK % 2 if dt is torch.bool else (torch.arange(1, 6) + RANK).to(dt)
+            a, b = base.clone(), base.clone()
+            (ea, ra), (eb, rb) = ctx_outcome(ctx.allreduce, a, name), ctx_outcome(Context.allreduce, ctx, b, name)
+            if ea != eb or not torch.equal(a, b) or (ea is None and (ra is not a or rb is not b)):
+                mismatches.append((str(dt), name, a.tolist(), b.tolist(), ea, eb))
+    import numpy as np
+
+    for args in ((torch.ones(4)[::2],), (torch.ones(3), "sum", torch.zeros(3)), (np.ones(3, np.float32),),
+                 (torch.nn.Parameter(torch.ones(2)),)):
+        (ea, ra), (eb, rb) = ctx_outcome(ctx.allreduce, *args), ctx_outcome(Context.allreduce, ctx, *args)
+        if ea != eb or type(ra) is not type(rb):
+            mismatches.append((repr(args)[:60], ea, eb))
+    check("Context.allreduce: native = python, every dtype x op name, and the calls it hands over",
+          not mismatches, mismatches[:3])
+
     # the common case runs no Python at all
     calls: list = []
     t = torch.ones(4)
@@ -730,10 +764,11 @@ def native() -> None:
     try:
         pg.allreduce([t], o)
         dist.all_reduce(t)
+        ctx.allreduce(t)
     finally:
         sys.setprofile(None)
     check("native all_reduce runs no Python of ddplug's", "allreduce" not in calls and torch.equal(
-        t, torch.full((4,), float(WORLD * WORLD))), calls)
+        t, torch.full((4,), float(WORLD * WORLD * WORLD))), calls)
 
     bo = dist.BroadcastOptions()
     bo.rootRank, bo.asyncOp = WORLD - 1, False

@@ -663,6 +663,7 @@ class ProcessGroupDdplug(ProcessGroup):
                 except DdplugError:
                     continue
         _native.attach(self, tuple(getattr(cls, n) for n in names), dict(self._dtypes), ops, self._host_ok)
+        _native.attach_context(self._ctx)
 
     def _native_error(self, op: str, status: int, t: torch.Tensor, extra: Any) -> BaseException:
         """The exception for a native call that failed with ``status``, worded as

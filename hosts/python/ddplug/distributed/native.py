@@ -11,7 +11,9 @@ one definition of the backend. :func:`attach` gives a group those methods.
 Used when it was built for this very torch (its version, commit and C++ ABI,
 written beside it at build time, must be the running torch's: a C++
 extension is tied to one torch build), and ``DDPLUG_TORCH_NATIVE`` is not
-``0``; a group whose class overrides one of those methods keeps its own. Otherwise the group
+``0``; a group whose class overrides one of those methods keeps its own.
+:func:`attach_context` gives a ddplug Context used with torch its own
+``allreduce`` the same way. Otherwise the group
 runs its Python methods, with the same results; :func:`status` says which and
 why.
 """
@@ -119,4 +121,31 @@ def attach(group: Any, fallbacks: tuple, dtypes: dict, ops: dict, host_ok: bool)
     return True
 
 
-__all__ = ["ENV", "attach", "status"]
+def attach_context(ctx: Any) -> bool:
+    """Give ``ctx`` (a ddplug Context used with torch) the native
+    ``allreduce(x, op="sum", out=None)`` as an instance attribute: a dense
+    contiguous CPU ``torch.Tensor`` reduced in place without running Python,
+    everything else (other buffers, ``out``, an unknown op, a failure's words)
+    through the class's own method. Once per context; a class that overrides
+    ``allreduce`` keeps its own. False (and nothing changed) when the fast path
+    is off."""
+    from ..context import Context
+
+    if "allreduce" in vars(ctx) or type(ctx).allreduce is not Context.allreduce:
+        return "allreduce" in vars(ctx)
+    mod = _load()
+    if mod is None:
+        return False
+    from .._c import _buffers, _names
+    from .._c._capi import F
+    fns = tuple(ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in _FUNCTIONS)
+    try:
+        ctx.allreduce = mod.context_allreduce(ctx, Context.allreduce, fns, dict(_buffers.torch_dtype_codes()),
+                                              dict(_names.ops()))
+    except Exception as exc:  # the context still works, on its Python method
+        _log.warning("ddplug: the native fast path is off for %r: %s", ctx, exc)
+        return False
+    return True
+
+
+__all__ = ["ENV", "attach", "attach_context", "status"]

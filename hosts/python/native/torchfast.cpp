@@ -336,17 +336,23 @@ const Opts* options(PyObject* o) {
   }
 }
 
-// The blocking collective `call(data)` of x's data, under the lock with the
-// GIL released: the group's done work, or the failure, worded under the lock
-// (raise_failure, with what make_extra gives).
-template <class Call, class Extra>
-PyObject* blocking(Fast* f, const OneTensor& x, const char* op, Call call, Extra make_extra) {
+// The blocking collective `call(handle, data, count)` of x, under the lock with
+// the GIL released: the group's done work, or the failure, worded under the
+// lock (raise_failure, with what make_extra gives). The context's handle, and
+// x's data and count, are read under the lock: a thread that closes the
+// context, or resizes x, holds it too. A closed context goes to `fb` (the
+// Python method, which says so; the lock is re-entrant).
+template <class Call, class Extra, class Fallback>
+PyObject* blocking(Fast* f, const OneTensor& x, const char* op, Call call, Extra make_extra, Fallback fb) {
   Locked held(f);
   if (!held) return nullptr;
+  void* h = handle(f, f->ctx);
+  if (h == nullptr) return fb();
   void* p = x.data();
+  uint64_t n = static_cast<uint64_t>(x.t->numel());
   int st;
   Py_BEGIN_ALLOW_THREADS
-  st = call(p);
+  st = call(h, p, n);
   Py_END_ALLOW_THREADS
   if (st == 0) {
     Py_INCREF(f->done);
@@ -369,17 +375,17 @@ PyObject* Fast_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return fallback(f, f->py_allreduce, args, nargs);
   }
   int op = f->op[red][static_cast<int>(x.t->scalar_type())];
-  void* h = op >= 0 ? handle(f, f->ctx) : nullptr;
-  if (h == nullptr) return fallback(f, f->py_allreduce, args, nargs);
-  uint64_t n = static_cast<uint64_t>(x.t->numel());
+  if (op < 0) return fallback(f, f->py_allreduce, args, nargs);
   return blocking(
-      f, x, "all_reduce", [&](void* p) { return f->api.allreduce(h, p, p, n, x.dtype, op, nullptr); },
+      f, x, "all_reduce",
+      [&](void* h, void* p, uint64_t n) { return f->api.allreduce(h, p, p, n, x.dtype, op, nullptr); },
       [&]() -> PyObject* {  // the RedOpType, for the message
         PyObject* ro = PyObject_GetAttr(args[1], s_reduce_op);
         PyObject* redop = ro ? PyObject_GetAttr(ro, s_op) : nullptr;
         Py_XDECREF(ro);
         return redop;
-      });
+      },
+      [&]() { return fallback(f, f->py_allreduce, args, nargs); });
 }
 
 PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -392,12 +398,10 @@ PyObject* Fast_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return fallback(f, f->py_broadcast, args, nargs);
   }
   int root = static_cast<int>(o->rootRank);
-  void* h = handle(f, f->ctx);
-  if (h == nullptr) return fallback(f, f->py_broadcast, args, nargs);
-  uint64_t n = static_cast<uint64_t>(x.t->numel());
   return blocking(
-      f, x, "broadcast", [&](void* p) { return f->api.broadcast(h, p, p, n, x.dtype, root, nullptr); },
-      [&]() { return PyLong_FromLong(root); });
+      f, x, "broadcast",
+      [&](void* h, void* p, uint64_t n) { return f->api.broadcast(h, p, p, n, x.dtype, root, nullptr); },
+      [&]() { return PyLong_FromLong(root); }, [&]() { return fallback(f, f->py_broadcast, args, nargs); });
 }
 
 bool finalizing() {
@@ -634,16 +638,18 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
     return fallback(f, fn, args, nargs);
   }
   if (nargs > need && !index_arg(args[need], &tag)) return fallback(f, fn, args, nargs);
+  at::Tensor keep = *x.t;
+  Locked held(f);
+  if (!held) return nullptr;
+  // under the lock, as the Python method looks: the group's state, the
+  // context's handle (a closing thread holds the lock), x's data and count
   PyObject* g = group_of(f);
   if (g == nullptr) return nullptr;
   bool plain = attr_falsy(g, s_orphans, false) && attr_falsy(g, s_coalescing, true);
   Py_DECREF(g);
   void* h = plain ? handle(f, f->ctx) : nullptr;
-  if (h == nullptr) return fallback(f, fn, args, nargs);
+  if (h == nullptr) return fallback(f, fn, args, nargs);  // the lock is re-entrant
   uint64_t n = static_cast<uint64_t>(x.t->numel());
-  at::Tensor keep = *x.t;
-  Locked held(f);
-  if (!held) return nullptr;
   void* p = x.data();
   req_t* req = nullptr;
   int st;
@@ -722,12 +728,6 @@ PyObject* Fast_ctx_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t n
   if (!x) return fallback(f, f->py_allreduce, args, nargs);
   PyObject* ctx = group_of(f);
   if (ctx == nullptr) return nullptr;
-  void* h = handle(f, ctx);
-  if (h == nullptr) {
-    Py_DECREF(ctx);
-    return fallback(f, f->py_allreduce, args, nargs);
-  }
-  uint64_t n = static_cast<uint64_t>(x.t->numel());
   int st;
   {
     Locked held(f);
@@ -735,6 +735,13 @@ PyObject* Fast_ctx_allreduce(PyObject* self, PyObject* const* args, Py_ssize_t n
       Py_DECREF(ctx);
       return nullptr;
     }
+    // under the lock: the handle (close() holds it), x's data and count
+    void* h = handle(f, ctx);
+    if (h == nullptr) {  // closed: the Python method says so (the lock is re-entrant)
+      Py_DECREF(ctx);
+      return fallback(f, f->py_allreduce, args, nargs);
+    }
+    uint64_t n = static_cast<uint64_t>(x.t->numel());
     void* p = x.data();
     Py_BEGIN_ALLOW_THREADS
     st = f->api.allreduce(h, p, p, n, x.dtype, op, nullptr);

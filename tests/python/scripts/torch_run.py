@@ -869,6 +869,8 @@ def native() -> None:
     o.asyncOp = False
     closed = [outcome(pg.allreduce, [torch.ones(1)], o), outcome(python("allreduce"), [torch.ones(1)], o)]
     check("after destroy_process_group: native = python", closed[0] and closed[0] == closed[1], closed)
+    closed = [ctx_outcome(ctx.allreduce, torch.ones(1))[0], ctx_outcome(Context.allreduce, ctx, torch.ones(1))[0]]
+    check("a closed context's allreduce: native = python", closed[0] and closed[0] == closed[1], closed)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ Benchmarks (each prints its own table as it runs, beside its anchor):
              -> lightning_step.json, lightning_step.png (median step time per
              configuration)
   torch      bench/torch_backend_perf.py: torch.distributed.all_reduce on the
-             ddplug backend against gloo and ddplug's own Python path, 8 B ..
+             ddplug backend against gloo and ddplug's own path, 8 B ..
              64 MiB, and --profile: the layers of an 8-byte call
              -> torch_backend.json
   nccl       ddplug-nccl-overhead (the nccl plugin against direct

@@ -39,7 +39,12 @@ void hd_world_init(hd_world *w, int world, const int *node_of, const char *optio
   w->timeout_ms = 30000;
   snprintf(w->run_id, sizeof w->run_id, "hosttest%d_%d", (int)getpid(), ++counter);
   snprintf(w->dir, sizeof w->dir, "/tmp/ddplug-hd-%s", w->run_id);
-  if (mkdir(w->dir, 0700) != 0 && errno != EEXIST)
+  /* A directory of the same name is left by a killed earlier process that
+   * had this pid: its keys (shm/0 among them) would be read as this world's
+   * (a rank then opened the new segment before its creator sized it: "too
+   * small", seen once in a loaded loop). Start from an empty store. */
+  hd_world_cleanup(w);
+  if (mkdir(w->dir, 0700) != 0)
     dt_fail(__FILE__, __LINE__, "mkdir %s: %s", w->dir, strerror(errno));
 }
 

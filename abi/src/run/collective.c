@@ -118,11 +118,11 @@ void ddplug__end_run_if_broken(ddplug_context *ctx, int s) {
   ddplug__set_last_error(msg);
 }
 
-/* A final failure of a request: prefer the run's abort reason (which names
- * the lost rank) over the plugin's generic ABORTED. */
-/* How long a request that the plugin reports ABORTED/PEER_LOST waits for
- * the run's own explanation (ddplug/abort) when the watcher has not seen it
- * yet: the plugin may learn of a peer's death through its own channels first. */
+/* A request that failed, or could not start, with ABORTED/PEER_LOST takes
+ * the run's own explanation (ddplug/abort, which names the lost rank) over
+ * the plugin's generic ABORTED, waiting this long for it when the watcher
+ * has not read it yet: the plugin may learn of a peer's abort or death
+ * through its own channels first. */
 #define RUN_REASON_WAIT_MS 300
 #define RUN_REASON_GRACE_MS 100
 

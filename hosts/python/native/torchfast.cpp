@@ -41,7 +41,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
+#include <atomic>
 #include <initializer_list>
+#include <memory>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +94,7 @@ struct Fast {
   PyObject* op_names;  // a Context's Fast: op name -> ddplug op code (NULL for a group's)
   PyObject* h_obj;  // the ctx._h object h_val was read from (held: its identity stays its own)
   void* h_val;
+  std::shared_ptr<struct Core>* core;  // what its sends' and receives' works share (a group's only)
   Api api;
   int world;
   int host_ok;
@@ -112,10 +115,11 @@ PyObject* s_reduce_op;
 PyObject* s_op;
 PyObject* s_sum;
 PyObject* s_ctx_error;
+const py::detail::type_info* g_work_type;  // torch's pybind11 type of c10d::Work (set at import)
 
 // The group (a new reference), or NULL with an exception set.
-PyObject* group_of(Fast* f) {
-  PyObject* g = PyWeakref_GetObject(f->group_ref);
+PyObject* group_of(PyObject* group_ref) {
+  PyObject* g = PyWeakref_GetObject(group_ref);
   if (g == nullptr) return nullptr;
   if (g == Py_None) {
     PyErr_SetString(PyExc_RuntimeError, "ddplug: the process group (or context) of this call was destroyed");
@@ -124,6 +128,8 @@ PyObject* group_of(Fast* f) {
   Py_INCREF(g);
   return g;
 }
+
+PyObject* group_of(Fast* f) { return group_of(f->group_ref); }
 
 // The group's Python method `fn` with the call's own arguments (`kwnames`:
 // the names of the keyword arguments that follow the nargs positional ones).
@@ -184,8 +190,8 @@ bool attr_falsy(PyObject* g, PyObject* name, bool none_only) {
   return ok;
 }
 
-bool lock(Fast* f) {
-  PyObject* r = PyObject_CallMethodNoArgs(f->lock, s_acquire);
+bool lock(PyObject* lk) {
+  PyObject* r = PyObject_CallMethodNoArgs(lk, s_acquire);
   if (r == nullptr) return false;
   Py_DECREF(r);
   return true;
@@ -194,12 +200,12 @@ bool lock(Fast* f) {
 // Also on the way out of a call that failed: the failure's exception, already
 // set, is kept aside while the lock's release runs (CPython calls nothing with
 // an exception set) and set again after it.
-void unlock(Fast* f) {
+void unlock(PyObject* lk) {
   PyObject *et, *ev, *tb;
   PyErr_Fetch(&et, &ev, &tb);
-  PyObject* r = PyObject_CallMethodNoArgs(f->lock, s_release);
+  PyObject* r = PyObject_CallMethodNoArgs(lk, s_release);
   if (r == nullptr)
-    PyErr_WriteUnraisable(f->lock);
+    PyErr_WriteUnraisable(lk);
   else
     Py_DECREF(r);
   PyErr_Restore(et, ev, tb);
@@ -314,14 +320,15 @@ bool index_arg(PyObject* o, int64_t* v) {
 // The lock held for one scope (released on every way out).
 class Locked {
  public:
-  explicit Locked(Fast* f) : f_(f), held_(lock(f)) {}
+  explicit Locked(PyObject* lk) : lk_(lk), held_(lock(lk)) {}
+  explicit Locked(Fast* f) : Locked(f->lock) {}
   ~Locked() {
-    if (held_) unlock(f_);
+    if (held_) unlock(lk_);
   }
   explicit operator bool() const { return held_; }
 
  private:
-  Fast* f_;
+  PyObject* lk_;
   bool held_;
 };
 
@@ -414,19 +421,58 @@ bool finalizing() {
 
 // ---- point-to-point ----------------------------------------------------------------------
 
+// What the works of a group's sends and receives need of its Fast, shared
+// between them without a Python reference: a work that completed without
+// failure is then released without the GIL (torch releases the GIL before a
+// work's last reference goes), and only the Core's last holder takes the GIL,
+// to release the lock and the group's weak reference.
+struct Core {
+  Api api{};
+  PyObject* lock = nullptr;       // ctx.lock
+  PyObject* group_ref = nullptr;  // weakref to the ProcessGroupDdplug
+  Core() = default;
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+  ~Core() {
+    if (Py_IsInitialized() == 0 || finalizing()) return;  // the process is ending: kept
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_XDECREF(lock);
+    Py_XDECREF(group_ref);
+    PyGILState_Release(g);
+  }
+};
+
+// Under the ctx lock (GIL held or not): whether the request `req` just
+// started completed already (an eager send; a receive whose message was
+// there), and then its source and the request released. A failure is left for
+// the work's wait to report.
+bool completed_at_start(const Api& api, req_t* req, bool receive, int* src) {
+  int done = 0;
+  if (api.test(req, &done) != 0 || done == 0) return false;
+  if (receive && api.source(req, src) != 0) *src = -1;
+  api.free(req);
+  return true;
+}
+
 // A send or receive started by the fast path (see the module comment). torch
-// calls its methods with the GIL released (pybind11's call guard) or from C++;
-// each takes the GIL, and the context's lock where the request is touched, and
-// looks at the request's state only while holding both.
+// calls its methods with the GIL released (pybind11's call guard) or from C++.
+// A work that completed without failure answers them at once, without the GIL
+// (its state is published with release/acquire); any other takes the GIL, and
+// the context's lock where the request is touched, and looks at the request's
+// state only while holding both.
 class FastP2PWork : public c10d::Work {
  public:
-  FastP2PWork(PyObject* fast, req_t* req, at::Tensor t, bool receive, int peer, int64_t tag)
+  // req: the pending request, or NULL for one that completed at its start
+  // (src: then its source rank, for a receive).
+  FastP2PWork(std::shared_ptr<Core> core, req_t* req, at::Tensor t, bool receive, int peer, int64_t tag, int src)
       : c10d::Work(-1, receive ? c10d::OpType::RECV : c10d::OpType::SEND),
-        fast_(fast), req_(req), t_(std::move(t)), receive_(receive), peer_(peer), tag_(tag) {
-    Py_INCREF(fast_);
-  }
+        core_(std::move(core)), req_(req), t_(std::move(t)), receive_(receive), peer_(peer), tag_(tag), src_(src),
+        state_(req != nullptr ? kPending : kDone) {}
 
   ~FastP2PWork() override {
+    // No other thread holds this work any more: plain loads.
+    PyObject* py = py_.load(std::memory_order_relaxed);
+    if (req_ == nullptr && py == nullptr) return;  // nothing of Python's to release
     if (Py_IsInitialized() == 0 || finalizing()) {
       leak();  // the process is ending: nothing may be freed under a pending request
       return;
@@ -435,54 +481,57 @@ class FastP2PWork : public c10d::Work {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);  // a destructor may run while an exception is being raised
     if (req_ != nullptr) orphan();
-    Py_XDECREF(py_);
-    Py_DECREF(fast_);
+    Py_XDECREF(py);
     PyErr_Restore(et, ev, tb);
     PyGILState_Release(g);
   }
 
   bool isCompleted() override {
+    if (done_ok()) return true;
     py::gil_scoped_acquire gil;
-    if (py_ == nullptr) {
-      Locked held(f());
+    if (py() == nullptr) {
+      Locked held(core_->lock);
       if (!held) throw py::error_already_set();
-      if (py_ == nullptr && state_ == kPending) {  // looked at again: the lock may have let others run
+      if (py() == nullptr && pending()) {  // looked at again: the lock may have let others run
         int done = 0;
-        int st = f()->api.test(req_, &done);
+        int st = core_->api.test(req_, &done);
         if (st == 0 && done) finish_ok();
         if (st != 0) adopt();
       }
     }
-    if (py_ != nullptr) return call_bool("is_completed");
-    return state_ == kDone;
+    if (py() != nullptr) return call_bool("is_completed");
+    return !pending();
   }
 
   bool isSuccess() const override {
+    if (done_ok()) return true;
     auto* self = const_cast<FastP2PWork*>(this);
     if (!self->isCompleted()) return false;
     py::gil_scoped_acquire gil;
-    return py_ == nullptr || self->call_bool("is_success");
+    return py() == nullptr || self->call_bool("is_success");
   }
 
   std::exception_ptr exception() const override {
+    if (done_ok()) return nullptr;
     py::gil_scoped_acquire gil;
-    if (py_ == nullptr) return nullptr;
-    py::object e = py::reinterpret_borrow<py::object>(py_).attr("exception")();
+    if (py() == nullptr) return nullptr;
+    py::object e = py::reinterpret_borrow<py::object>(py()).attr("exception")();
     if (e.is_none()) return nullptr;
     return std::make_exception_ptr(std::runtime_error(py::str(e).cast<std::string>()));
   }
 
   int sourceRank() const override {
+    if (receive_ && done_ok()) return src_;
     auto* self = const_cast<FastP2PWork*>(this);
     self->wait(std::chrono::milliseconds(0));
     py::gil_scoped_acquire gil;
-    if (py_ == nullptr && receive_) return src_;
+    if (py() == nullptr && receive_) return src_;
     {
-      Locked held(self->f());
+      Locked held(core_->lock);
       if (!held) throw py::error_already_set();
       self->adopt();  // Python says what a send's source rank is
     }
-    return py::reinterpret_borrow<py::object>(py_).attr("source_rank")().cast<int>();
+    return py::reinterpret_borrow<py::object>(py()).attr("source_rank")().cast<int>();
   }
 
   std::vector<at::Tensor> result() override { return {t_}; }
@@ -490,15 +539,16 @@ class FastP2PWork : public c10d::Work {
   void blockCurrentStream() override { wait(std::chrono::milliseconds(0)); }
 
   bool wait(std::chrono::milliseconds timeout) override {
+    if (done_ok()) return true;
     py::gil_scoped_acquire gil;
     int64_t ms = timeout.count() > 0 ? timeout.count() : -1;
-    if (py_ == nullptr) {
-      Locked held(f());
+    if (py() == nullptr) {
+      Locked held(core_->lock);
       if (!held) throw py::error_already_set();
-      if (py_ == nullptr && state_ == kPending) {
+      if (py() == nullptr && pending()) {
         int st;
         req_t* r = req_;
-        wait_fn w = f()->api.wait;
+        wait_fn w = core_->api.wait;
         Py_BEGIN_ALLOW_THREADS
         st = w(r, ms);
         Py_END_ALLOW_THREADS
@@ -509,12 +559,12 @@ class FastP2PWork : public c10d::Work {
         // Python words the failure (or the wait's own timeout) under the
         // lock, as its own works do: the context's error is this one's.
         adopt();
-        return py::reinterpret_borrow<py::object>(py_).attr("waited")(st, ms).cast<bool>();
+        return py::reinterpret_borrow<py::object>(py()).attr("waited")(st, ms).cast<bool>();
       }
     }
-    if (py_ != nullptr) {
+    if (py() != nullptr) {
       py::object arg = ms < 0 ? py::object(py::none()) : py::object(py::int_(ms));
-      return py::reinterpret_borrow<py::object>(py_).attr("wait")(arg).cast<bool>();
+      return py::reinterpret_borrow<py::object>(py()).attr("wait")(arg).cast<bool>();
     }
     return true;
   }
@@ -522,11 +572,11 @@ class FastP2PWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     py::gil_scoped_acquire gil;
     {
-      Locked held(f());
+      Locked held(core_->lock);
       if (!held) throw py::error_already_set();
       adopt();
     }
-    py::object fut = py::reinterpret_borrow<py::object>(py_).attr("get_future")();
+    py::object fut = py::reinterpret_borrow<py::object>(py()).attr("get_future")();
     return fut.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
   }
 
@@ -540,28 +590,31 @@ class FastP2PWork : public c10d::Work {
  private:
   enum State { kPending, kDone };
 
-  Fast* f() const { return reinterpret_cast<Fast*>(fast_); }
+  PyObject* py() const { return py_.load(std::memory_order_acquire); }
+  bool pending() const { return state_.load(std::memory_order_acquire) == kPending; }
+  // Completed without failure, and no Python work took over: every answer is known.
+  bool done_ok() const { return !pending() && py() == nullptr; }
 
   // Under the lock: the request completed without failure.
   void finish_ok() {
     if (receive_) {
       int src = -1;
-      if (f()->api.source(req_, &src) == 0) src_ = src;
+      if (core_->api.source(req_, &src) == 0) src_ = src;
     }
-    f()->api.free(req_);
+    core_->api.free(req_);
     req_ = nullptr;
-    state_ = kDone;
+    state_.store(kDone, std::memory_order_release);
   }
 
-  bool call_bool(const char* name) {
-    return py::reinterpret_borrow<py::object>(py_).attr(name)().cast<bool>();
+  bool call_bool(const char* name) const {
+    return py::reinterpret_borrow<py::object>(py()).attr(name)().cast<bool>();
   }
 
   // Under the GIL and the lock: hand the request (or the completed outcome)
   // to a Python P2PWork, which answers every later call.
   void adopt() {
-    if (py_ != nullptr) return;
-    PyObject* g = group_of(f());
+    if (py() != nullptr) return;
+    PyObject* g = group_of(core_->group_ref);
     if (g == nullptr) throw py::error_already_set();
     PyObject* tensor = nullptr;
     try {
@@ -580,9 +633,9 @@ class FastP2PWork : public c10d::Work {
                          PyLong_FromLong(src_)});
     Py_DECREF(g);
     if (r == nullptr) throw py::error_already_set();
-    py_ = r;
     req_ = nullptr;  // Python owns it now
-    state_ = kDone;
+    py_.store(r, std::memory_order_release);
+    state_.store(kDone, std::memory_order_release);
   }
 
   // At destruction, under the GIL, of a work whose request was never seen
@@ -590,7 +643,7 @@ class FastP2PWork : public c10d::Work {
   // completed (release_when_complete, as a dropped Python work does; no lock
   // taken here). When that cannot be done, both are kept forever.
   void orphan() {
-    PyObject* g = PyWeakref_GetObject(f()->group_ref);
+    PyObject* g = PyWeakref_GetObject(core_->group_ref);
     PyObject* tensor = nullptr;
     if (g != nullptr && g != Py_None) {
       try {
@@ -614,15 +667,15 @@ class FastP2PWork : public c10d::Work {
     req_ = nullptr;
   }
 
-  PyObject* fast_;
-  req_t* req_;
+  std::shared_ptr<Core> core_;
+  req_t* req_;  // touched under the context's lock only (or by the destructor)
   at::Tensor t_;
   bool receive_;
   int peer_;
   int64_t tag_;
-  int src_ = -1;
-  State state_ = kPending;
-  PyObject* py_ = nullptr;  // the Python P2PWork that took over, if any
+  int src_;  // written before state_ becomes kDone
+  std::atomic<int> state_;
+  std::atomic<PyObject*> py_{nullptr};  // the Python P2PWork that took over, if any
 };
 
 // send(tensors, peer, tag=0), recv(tensors, peer, tag=0), recv_anysource(tensors, tag=0)
@@ -652,10 +705,11 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
   uint64_t n = static_cast<uint64_t>(x.t->numel());
   void* p = x.data();
   req_t* req = nullptr;
-  int st;
+  int st, src = -1;
   Py_BEGIN_ALLOW_THREADS
   st = receive ? f->api.irecv(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req)
                : f->api.isend(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req);
+  if (st == 0 && completed_at_start(f->api, req, receive, &src)) req = nullptr;
   Py_END_ALLOW_THREADS
   if (st != 0) {
     PyObject* extra = Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag));
@@ -665,16 +719,22 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
   }
   c10::intrusive_ptr<FastP2PWork> w;
   try {
-    w = c10::make_intrusive<FastP2PWork>(reinterpret_cast<PyObject*>(f), req, std::move(keep), receive,
-                                         static_cast<int>(peer), tag);
+    w = c10::make_intrusive<FastP2PWork>(*f->core, req, std::move(keep), receive, static_cast<int>(peer), tag,
+                                         src);
   } catch (const std::exception& e) {
-    new at::Tensor(*x.t);  // the started request must find its memory: kept forever
+    if (req != nullptr) new at::Tensor(*x.t);  // the started request must find its memory: kept forever
     PyErr_SetString(PyExc_MemoryError, e.what());
     return nullptr;
   }
   PyObject* r = nullptr;
   try {
-    r = py::cast(c10::intrusive_ptr<c10d::Work>(w)).release().ptr();
+    c10::intrusive_ptr<c10d::Work> base(w);
+    // As py::cast makes it, without the look-up of the work's dynamic type
+    // (FastP2PWork, never registered with pybind11) by its name on every call.
+    r = py::detail::type_caster_generic::cast(
+            py::detail::cast_sources(static_cast<const void*>(base.get()), g_work_type),
+            py::return_value_policy::take_ownership, py::handle(), nullptr, nullptr, &base)
+            .ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const std::exception& e) {
@@ -778,6 +838,8 @@ int Fast_traverse(PyObject* self, visitproc visit, void* arg) {
 int Fast_clear(PyObject* self) {
   Fast* f = reinterpret_cast<Fast*>(self);
   for (auto ref : kFastRefs) Py_CLEAR(f->*ref);
+  delete f->core;  // the works that still share it keep it
+  f->core = nullptr;
   return 0;
 }
 
@@ -883,6 +945,18 @@ int Fast_init(PyObject* self, PyObject* args, PyObject* kw) {
   }
   f->host_ok = host_ok;
   f->h_val = nullptr;
+  try {
+    auto core = std::make_shared<Core>();
+    core->api = f->api;
+    Py_INCREF(lk);
+    core->lock = lk;
+    Py_INCREF(ref);
+    core->group_ref = ref;
+    f->core = new std::shared_ptr<Core>(std::move(core));
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return -1;
+  }
   return fill_tables(f, dtypes, ops) ? 0 : -1;
 }
 
@@ -897,14 +971,51 @@ struct FastMethod {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* fast;      // the Fast
-  PyObject* fallback;  // the class's Python method (also for keyword arguments)
+  PyObject* fallback;  // the class's Python method (also for keyword arguments it does not name)
   impl_fn impl;
+  const char* const* params;  // the names of impl's parameters, in order (NULL: positional only)
+  Py_ssize_t nparams;
 };
+
+// Keyword arguments given by the names of the method's own parameters, in
+// `params`, are put in their places: impl sees positional arguments only, as
+// when the call spelled them so. False (nothing filled) for a keyword it does
+// not name, one given twice, or one left before a missing parameter: the
+// Python method then says what is wrong.
+bool keywords_in_place(const FastMethod* m, PyObject* const* args, Py_ssize_t n, PyObject* kwnames,
+                       PyObject** out, Py_ssize_t* nout) {
+  constexpr Py_ssize_t kMax = 8;
+  if (m->params == nullptr || m->nparams > kMax || n > m->nparams) return false;
+  PyObject* slot[kMax] = {};
+  for (Py_ssize_t i = 0; i < n; ++i) slot[i] = args[i];
+  Py_ssize_t last = n;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (name == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    Py_ssize_t i = 0;
+    while (i < m->nparams && strcmp(m->params[i], name) != 0) ++i;
+    if (i == m->nparams || slot[i] != nullptr) return false;
+    slot[i] = args[n + k];
+    last = i + 1 > last ? i + 1 : last;
+  }
+  for (Py_ssize_t i = 0; i < last; ++i) {
+    if (slot[i] == nullptr) return false;  // a parameter before a given one left to its default
+    out[i] = slot[i];
+  }
+  *nout = last;
+  return true;
+}
 
 PyObject* FastMethod_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   FastMethod* m = reinterpret_cast<FastMethod*>(self);
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+    PyObject* placed[8];
+    Py_ssize_t np = 0;
+    if (keywords_in_place(m, args, n, kwnames, placed, &np)) return m->impl(m->fast, placed, np);
     return fallback(reinterpret_cast<Fast*>(m->fast), m->fallback, args, n, kwnames);
   }
   return m->impl(m->fast, args, n);
@@ -933,8 +1044,11 @@ void FastMethod_dealloc(PyObject* self) {
 PyTypeObject FastMethodType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 PyTypeObject FastType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// A FastMethod calling impl on fast, falling back to `fallback`.
-PyObject* new_method(PyObject* fast, impl_fn impl, PyObject* fallback) {
+// A FastMethod calling impl on fast, falling back to `fallback` (params:
+// the names of impl's parameters, for keyword arguments; NULL: only the
+// positional ones are taken natively).
+PyObject* new_method(PyObject* fast, impl_fn impl, PyObject* fallback, const char* const* params = nullptr,
+                     Py_ssize_t nparams = 0) {
   FastMethod* m = PyObject_GC_New(FastMethod, &FastMethodType);
   if (m == nullptr) return nullptr;
   m->vectorcall = FastMethod_vectorcall;
@@ -943,6 +1057,8 @@ PyObject* new_method(PyObject* fast, impl_fn impl, PyObject* fallback) {
   Py_INCREF(fallback);
   m->fallback = fallback;
   m->impl = impl;
+  m->params = params;
+  m->nparams = nparams;
   PyObject_GC_Track(m);
   return reinterpret_cast<PyObject*>(m);
 }
@@ -977,7 +1093,8 @@ PyObject* context_allreduce(PyObject*, PyObject* args) {
   Py_INCREF(names);
   f->op_names = names;
   f->host_ok = 1;
-  PyObject* m = new_method(self, Fast_ctx_allreduce, fb);
+  static const char* const params[] = {"x", "op", "out"};  // Context.allreduce's
+  PyObject* m = new_method(self, Fast_ctx_allreduce, fb, params, 3);
   Py_DECREF(self);
   return m;
 }
@@ -985,6 +1102,10 @@ PyObject* context_allreduce(PyObject*, PyObject* args) {
 // fast.method(name): the callable a group gets as its attribute `name`.
 PyObject* Fast_method(PyObject* self, PyObject* name) {
   Fast* f = reinterpret_cast<Fast*>(self);
+  if (f->core == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "Fast.method: this Fast was not initialized with a group");
+    return nullptr;
+  }
   struct Entry {
     const char* name;
     impl_fn impl;
@@ -1038,7 +1159,8 @@ PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
   // The C++ types this module hands to and takes from torch's own bindings
   // must be the ones torch registered with pybind11 (a build against another
   // torch, or another pybind11 ABI, would not see them): refuse to load.
-  if (py::detail::get_type_info(typeid(c10d::Work)) == nullptr ||
+  g_work_type = py::detail::get_type_info(typeid(c10d::Work));
+  if (g_work_type == nullptr ||
       py::detail::get_type_info(typeid(c10d::AllreduceOptions)) == nullptr ||
       py::detail::get_type_info(typeid(c10d::BroadcastOptions)) == nullptr) {
     PyErr_SetString(PyExc_ImportError,

@@ -730,9 +730,9 @@ def native() -> None:
     check("the context's allreduce is native", type(vars(ctx).get("allreduce")).__name__ == "FastMethod",
           vars(ctx).get("allreduce"))
 
-    def ctx_outcome(fn, *args):
+    def ctx_outcome(fn, *args, **kw):
         try:
-            r = fn(*args)
+            r = fn(*args, **kw)
             return None, r
         except Exception as e:  # noqa: BLE001 (compared, not handled)
             return f"{type(e).__name__}: {e}", None
@@ -752,7 +752,17 @@ def native() -> None:
         (ea, ra), (eb, rb) = ctx_outcome(ctx.allreduce, *args), ctx_outcome(Context.allreduce, ctx, *args)
         if ea != eb or type(ra) is not type(rb):
             mismatches.append((repr(args)[:60], ea, eb))
-    check("Context.allreduce: native = python, every dtype x op name, and the calls it hands over",
+    # keyword arguments: Context.allreduce's own names are taken natively, anything else as Python does
+    for args, kw in (((), {"x": None, "op": "max"}), ((None,), {"op": "min"}), ((None,), {"op": "sum", "out": None}),
+                     ((None,), {"out": None}), ((None,), {"opp": "sum"}), ((None, "sum"), {"op": "max"}),
+                     ((None,), {"x": None})):
+        a, b = (torch.arange(1.0, 4.0) + RANK for _ in range(2))
+        fill = lambda t: (tuple(t if v is None else v for v in args), {k: (t if k == "x" else v) for k, v in kw.items()})
+        (ea, ra), (eb, rb) = ctx_outcome(ctx.allreduce, *fill(a)[0], **fill(a)[1]), \
+            ctx_outcome(Context.allreduce, ctx, *fill(b)[0], **fill(b)[1])
+        if ea != eb or not torch.equal(a, b) or (ea is None and (ra is not a or rb is not b)):
+            mismatches.append((repr((args, kw))[:60], a.tolist(), b.tolist(), ea, eb))
+    check("Context.allreduce: native = python, every dtype x op name, keywords, and the calls it hands over",
           not mismatches, mismatches[:3])
 
     # the common case runs no Python at all
@@ -765,10 +775,12 @@ def native() -> None:
         pg.allreduce([t], o)
         dist.all_reduce(t)
         ctx.allreduce(t)
+        ctx.allreduce(t, op="sum")
+        ctx.allreduce(x=t, op="sum", out=None)
     finally:
         sys.setprofile(None)
     check("native all_reduce runs no Python of ddplug's", "allreduce" not in calls and torch.equal(
-        t, torch.full((4,), float(WORLD * WORLD * WORLD))), calls)
+        t, torch.full((4,), float(WORLD ** 5))), calls)
 
     bo = dist.BroadcastOptions()
     bo.rootRank, bo.asyncOp = WORLD - 1, False
@@ -783,6 +795,12 @@ def native() -> None:
         if RANK == 0:
             import numpy as np
 
+            store.wait([f"sent-first-{path}"])  # a message that is there before its receive is posted
+            x = torch.zeros(3)
+            w = op("recv_anysource")([x], 13)
+            check(f"{path}: recv from any rank of a message already there", w.wait() and w.is_completed()
+                  and w.is_success() and w.exception() is None and w._source_rank() == 1
+                  and torch.equal(x, torch.full((3,), 13.0)), (x, w._source_rank()))
             op("send")([torch.full((2,), 12.0)], np.int64(1), 12).wait()  # a peer as numpy gives it
             w = op("send")([torch.arange(5.0)], 1, 3)
             check(f"{path}: send is a Work", isinstance(w, dist.Work) and w.wait(), w)
@@ -808,6 +826,8 @@ def native() -> None:
             store.wait([f"dropped-{path}"])
             op("send")([torch.full((2,), 11.0)], 1, 11).wait()
         elif RANK == 1:
+            op("send")([torch.full((3,), 13.0)], 0, 13).wait()
+            store.set(f"sent-first-{path}", "1")
             z = torch.zeros(2)
             op("recv")([z], 0, 12).wait()
             check(f"{path}: a peer given as a numpy int", torch.equal(z, torch.full((2,), 12.0)), z)

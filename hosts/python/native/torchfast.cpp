@@ -444,11 +444,14 @@ struct Core {
 
 // Under the ctx lock (GIL held or not): whether the request `req` just
 // started completed already (an eager send; a receive whose message was
-// there), and then its source and the request released. A failure is left for
-// the work's wait to report.
-bool completed_at_start(const Api& api, req_t* req, bool receive, int* src) {
+// there), and then its source and the request released. A request that
+// already failed (`*failed`: its status) stays: the test took the plugin's
+// sentence into the context's error, so the caller has Python word it before
+// the lock is let go (FastP2PWork::fail_at_start).
+bool completed_at_start(const Api& api, req_t* req, bool receive, int* src, int* failed) {
   int done = 0;
-  if (api.test(req, &done) != 0 || done == 0) return false;
+  *failed = api.test(req, &done);
+  if (*failed != 0 || done == 0) return false;
   if (receive && api.source(req, src) != 0) *src = -1;
   api.free(req);
   return true;
@@ -580,6 +583,11 @@ class FastP2PWork : public c10d::Work {
     return fut.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
   }
 
+  // Under the GIL and the lock, right after the start: the request already
+  // failed with `st`. Python words it now (the context's error is this
+  // request's), and the work's wait raises it.
+  void fail_at_start(int st) { adopt(st); }
+
   // The request and tensor, deliberately kept forever: for a start whose work
   // could not be made (the request runs on and must find its memory).
   void leak() {
@@ -612,7 +620,7 @@ class FastP2PWork : public c10d::Work {
 
   // Under the GIL and the lock: hand the request (or the completed outcome)
   // to a Python P2PWork, which answers every later call.
-  void adopt() {
+  void adopt(int failed = 0) {
     if (py() != nullptr) return;
     PyObject* g = group_of(core_->group_ref);
     if (g == nullptr) throw py::error_already_set();
@@ -630,7 +638,7 @@ class FastP2PWork : public c10d::Work {
     PyObject* r = call_method_steal(
         g, s_adopt_p2p, {req_ != nullptr ? PyLong_FromVoidPtr(req_) : PyLong_FromLong(0), tensor,
                          PyBool_FromLong(receive_), PyLong_FromLong(peer_), PyLong_FromLongLong(tag_),
-                         PyLong_FromLong(src_)});
+                         PyLong_FromLong(src_), PyLong_FromLong(failed)});
     Py_DECREF(g);
     if (r == nullptr) throw py::error_already_set();
     req_ = nullptr;  // Python owns it now
@@ -682,7 +690,7 @@ class FastP2PWork : public c10d::Work {
 PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
                     bool any_source) {
   Py_ssize_t need = any_source ? 1 : 2;
-  if (nargs < need || nargs > need + 1) return fallback(f, fn, args, nargs);
+  if (nargs < need || nargs > need + 1 || f->core == nullptr) return fallback(f, fn, args, nargs);
   OneTensor x;
   one_cpu_tensor(f, args[0], x);
   if (!x) return fallback(f, fn, args, nargs);
@@ -705,11 +713,11 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
   uint64_t n = static_cast<uint64_t>(x.t->numel());
   void* p = x.data();
   req_t* req = nullptr;
-  int st, src = -1;
+  int st, src = -1, failed = 0;
   Py_BEGIN_ALLOW_THREADS
   st = receive ? f->api.irecv(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req)
                : f->api.isend(h, p, n, x.dtype, static_cast<int>(peer), tag, nullptr, &req);
-  if (st == 0 && completed_at_start(f->api, req, receive, &src)) req = nullptr;
+  if (st == 0 && completed_at_start(f->api, req, receive, &src, &failed)) req = nullptr;
   Py_END_ALLOW_THREADS
   if (st != 0) {
     PyObject* extra = Py_BuildValue("(LL)", static_cast<long long>(peer), static_cast<long long>(tag));
@@ -728,6 +736,7 @@ PyObject* p2p_start(Fast* f, bool receive, PyObject* fn, PyObject* const* args, 
   }
   PyObject* r = nullptr;
   try {
+    if (failed != 0) w->fail_at_start(failed);  // under the lock still: its sentence is the context's error
     c10::intrusive_ptr<c10d::Work> base(w);
     // As py::cast makes it, without the look-up of the work's dynamic type
     // (FastP2PWork, never registered with pybind11) by its name on every call.
@@ -990,13 +999,17 @@ bool keywords_in_place(const FastMethod* m, PyObject* const* args, Py_ssize_t n,
   for (Py_ssize_t i = 0; i < n; ++i) slot[i] = args[i];
   Py_ssize_t last = n;
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
-    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    Py_ssize_t len = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(kwnames, k), &len);
     if (name == nullptr) {
       PyErr_Clear();
       return false;
     }
-    Py_ssize_t i = 0;
-    while (i < m->nparams && strcmp(m->params[i], name) != 0) ++i;
+    Py_ssize_t i = 0;  // the whole name: one with an embedded NUL names no parameter
+    while (i < m->nparams &&
+           (strlen(m->params[i]) != static_cast<size_t>(len) || strcmp(m->params[i], name) != 0)) {
+      ++i;
+    }
     if (i == m->nparams || slot[i] != nullptr) return false;
     slot[i] = args[n + k];
     last = i + 1 > last ? i + 1 : last;

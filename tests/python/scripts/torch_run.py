@@ -755,9 +755,10 @@ def native() -> None:
     # keyword arguments: Context.allreduce's own names are taken natively, anything else as Python does
     for args, kw in (((), {"x": None, "op": "max"}), ((None,), {"op": "min"}), ((None,), {"op": "sum", "out": None}),
                      ((None,), {"out": None}), ((None,), {"opp": "sum"}), ((None, "sum"), {"op": "max"}),
-                     ((None,), {"x": None})):
+                     ((None,), {"x": None}), ((None,), {"op\0x": "max"})):
         a, b = (torch.arange(1.0, 4.0) + RANK for _ in range(2))
-        fill = lambda t: (tuple(t if v is None else v for v in args), {k: (t if k == "x" else v) for k, v in kw.items()})
+        def fill(t, args=args, kw=kw):  # None in args, and x=, stand for the tensor
+            return tuple(t if v is None else v for v in args), {k: (t if k == "x" else v) for k, v in kw.items()}
         (ea, ra), (eb, rb) = ctx_outcome(ctx.allreduce, *fill(a)[0], **fill(a)[1]), \
             ctx_outcome(Context.allreduce, ctx, *fill(b)[0], **fill(b)[1])
         if ea != eb or not torch.equal(a, b) or (ea is None and (ra is not a or rb is not b)):
@@ -795,6 +796,9 @@ def native() -> None:
         if RANK == 0:
             import numpy as np
 
+            store.wait([f"sent-mismatch-{path}"])  # a receive that fails as it starts: 4 floats are there, it takes 3
+            w = op("recv")([torch.zeros(3)], 1, 14)
+            result[f"mismatch {path}"] = outcome(lambda: w)
             store.wait([f"sent-first-{path}"])  # a message that is there before its receive is posted
             x = torch.zeros(3)
             w = op("recv_anysource")([x], 13)
@@ -826,6 +830,8 @@ def native() -> None:
             store.wait([f"dropped-{path}"])
             op("send")([torch.full((2,), 11.0)], 1, 11).wait()
         elif RANK == 1:
+            op("send")([torch.full((4,), 14.0)], 0, 14).wait()
+            store.set(f"sent-mismatch-{path}", "1")
             op("send")([torch.full((3,), 13.0)], 0, 13).wait()
             store.set(f"sent-first-{path}", "1")
             z = torch.zeros(2)
@@ -870,6 +876,10 @@ def native() -> None:
     if RANK == 1:
         check("own timeout: native = python", result["own timeout native"] == result["own timeout python"],
               (result["own timeout native"], result["own timeout python"]))
+    if RANK == 0:
+        m = (result["mismatch native"], result["mismatch python"])
+        check("a receive that failed as it started: native = python, with the plugin's sentence",
+              m[0] and m[0] == m[1] and "rank 1 sent 4 float32 with tag 14" in m[0], m)
     # refusals are worded the same (both are the Python method's)
     bad = [outcome(pg.send, [torch.ones(1)], WORLD + 3), outcome(python("send"), [torch.ones(1)], WORLD + 3)]
     check("a bad peer: native = python", bad[0] and bad[0] == bad[1], bad)

@@ -675,10 +675,12 @@ class ProcessGroupDdplug(ProcessGroup):
             return self.error_for(status, lambda: _describe(op, t, f"src {extra}"))
         return self.error_for(status, _p2p.describe(op, t, *extra))
 
-    def _adopt_p2p(self, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int) -> Any:
+    def _adopt_p2p(self, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int,
+                   status: int = 0) -> Any:
         """A native send's or receive's request (0: one that completed, from
-        ``src``) as a Python work, which answers every later call on it."""
-        return _p2p.adopt(self, req, t, receive, peer, tag, src)
+        ``src``; ``status``: the failure it already ended with) as a Python
+        work, which answers every later call on it."""
+        return _p2p.adopt(self, req, t, receive, peer, tag, src, status)
 
     def _release_native_request(self, req: int, t: torch.Tensor) -> None:
         """A native work dropped while its request is pending: released once it

@@ -109,14 +109,20 @@ def describe(op: str, t: torch.Tensor, peer: int, tag: int) -> Any:
     return what
 
 
-def adopt(group: Any, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int) -> P2PWork:
+def adopt(group: Any, req: int, t: torch.Tensor, receive: bool, peer: int, tag: int, src: int,
+          status: int = 0) -> P2PWork:
     """A send or receive the native fast path started (.native), handed to
     Python: ``req`` its pending or failed request (the work owns it from now
-    on), or 0 for one that completed (a receive from ``src``)."""
+    on), or 0 for one that completed (a receive from ``src``). ``status``: the
+    failure the request already ended with (the native start's test saw it, and
+    the context's error sentence is its own now, under the lock): worded here,
+    raised by ``wait`` as a failed wait would have."""
     op = "recv" if receive else "send"
     w = P2PWork(group, ctypes.c_void_p(req), [t], None, describe(op, t, peer, tag), (t,), receive)
     if not req:
         w._reqs, w._done, w._src = [], True, (src if receive else None)
+    elif status:
+        w._fail(group.error_for(status, w._what))
     return w
 
 

@@ -448,12 +448,19 @@ struct Core {
 // already failed (`*failed`: its status) stays: the test took the plugin's
 // sentence into the context's error, so the caller has Python word it before
 // the lock is let go (FastP2PWork::fail_at_start).
+// Under the ctx lock: a request that completed without failure released
+// (`*src`: a receive's source, left as it is when the library has none).
+void release_completed(const Api& api, req_t* req, bool receive, int* src) {
+  int from = -1;
+  if (receive && api.source(req, &from) == 0) *src = from;
+  api.free(req);
+}
+
 bool completed_at_start(const Api& api, req_t* req, bool receive, int* src, int* failed) {
   int done = 0;
   *failed = api.test(req, &done);
   if (*failed != 0 || done == 0) return false;
-  if (receive && api.source(req, src) != 0) *src = -1;
-  api.free(req);
+  release_completed(api, req, receive, src);
   return true;
 }
 
@@ -605,11 +612,7 @@ class FastP2PWork : public c10d::Work {
 
   // Under the lock: the request completed without failure.
   void finish_ok() {
-    if (receive_) {
-      int src = -1;
-      if (core_->api.source(req_, &src) == 0) src_ = src;
-    }
-    core_->api.free(req_);
+    release_completed(core_->api, req_, receive_, &src_);
     req_ = nullptr;
     state_.store(kDone, std::memory_order_release);
   }

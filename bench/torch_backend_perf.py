@@ -25,10 +25,23 @@ what moving 16 MiB between ranks costs the plugin's collectives: a second
 table compares the two (goals: 8 B at most 10 us one way, 16 MiB at least
 80 % of the broadcast's bandwidth).
 
+Beside both, torch.distributed's own cost per call: the same ``dist.all_reduce``
+and ``dist.send``/``dist.recv`` on a process group whose calls do nothing but
+return one finished Work (``NOOP``, registered only here). No backend reached
+through ``torch.distributed`` can cost less; the tables show what ddplug adds
+above it.
+
 --profile (8 bytes, one backend): the layers of one call, each timed the same
 way — the C call through ctypes, ddplug's Python path, the backend's
 ProcessGroup.allreduce, torch's dist.all_reduce (synchronous, and async + wait)
 — and the functions cProfile sees in dist.all_reduce.
+
+--instructions (8 bytes; needs valgrind): instructions per call on rank 0, the
+others running natively: the no-op group, ddplug (``dist.all_reduce``, the own
+path, send + recv), gloo and torch's C++ ``FakeProcessGroup``. Rank 0 runs
+under callgrind with its instrumentation switched on only around each layer's
+calls. Unlike wall time on a shared machine, the count is the same from run to
+run, so it is the measure of a change to the per-call path.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -61,6 +75,39 @@ def human(n: int) -> str:
 def iterations(seconds_per_call: float, budget_s: float) -> int:
     """Calls that fill about ``budget_s`` (5 .. 20000)."""
     return max(5, min(20000, int(budget_s / max(seconds_per_call, 1e-7))))
+
+
+NOOP = "ddplug_bench_noop"
+
+
+def register_noop() -> None:
+    """Register ``NOOP``: a ProcessGroup whose all_reduce, broadcast, barrier,
+    send and recv do nothing and return one finished Work. ``dist.all_reduce``
+    on it is torch.distributed's own cost per call (argument checks, options,
+    group look-up, Work.wait): the floor of every backend's time."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+
+    if NOOP in dist.Backend.backend_list:
+        return
+    fut = torch.futures.Future()
+    fut.set_result(None)
+    done = _create_work_from_future(fut)
+
+    class NoopGroup(ProcessGroup):
+        allreduce = staticmethod(lambda tensors, opts=None: done)
+        broadcast = staticmethod(lambda tensors, opts=None: done)
+        barrier = staticmethod(lambda opts=None: done)
+        send = staticmethod(lambda tensors, dst, tag=0: done)
+        recv = staticmethod(lambda tensors, src, tag=0: done)
+
+        def getBackendName(self) -> str:
+            return NOOP
+
+    dist.Backend.register_backend(NOOP, lambda opts, backend_options=None: NoopGroup(opts.group_rank,
+                                                                                    opts.group_size),
+                                  extended_api=True, devices=["cpu"])
 
 
 # ---- one rank ------------------------------------------------------------------------
@@ -99,9 +146,15 @@ def worker(a: argparse.Namespace) -> None:
             fn()
         return (time.perf_counter() - t0) / n, n
 
-    out: dict = {"rank": rank, "rows": [], "plugin": ""}
+    register_noop()
+    out: dict = {"rank": rank, "rows": [], "plugin": "", "floor": float("inf")}
     rows = {}
     for rep in range(a.repeat):
+        # torch.distributed's own cost per 8-byte call (no communication)
+        dist.init_process_group(NOOP, store=dist.PrefixStore(f"noop/{rep}", store), rank=rank, world_size=ws)
+        t = torch.zeros(2)
+        out["floor"] = min(out["floor"], timed(lambda: dist.all_reduce(t))[0] * 1e6)
+        dist.destroy_process_group()
         for backend in ("ddplug", "gloo"):
             dist.init_process_group(backend, store=dist.PrefixStore(f"{backend}/{rep}", store), rank=rank,
                                     world_size=ws)
@@ -139,9 +192,17 @@ def p2p_rows(a: argparse.Namespace, rank: int, ws: int, store, timed) -> list:
     sizes = [parse_size(x) for x in a.p2p_sizes.split(",") if x]
     rows = {n: {"size": n, "wrong": 0} for n in sizes}
     for rep in range(a.repeat):
-        for backend in ("ddplug", "gloo"):
+        for backend in (NOOP, "ddplug", "gloo"):
+            if backend == NOOP and 8 not in rows:
+                continue
             dist.init_process_group(backend, store=dist.PrefixStore(f"p2p-{backend}/{rep}", store), rank=rank,
                                     world_size=ws)
+            if backend == NOOP:  # torch.distributed's own cost of an 8-byte send + recv
+                t = torch.zeros(2)
+                sec, _ = timed(lambda: (dist.send(t, (rank + 1) % ws), dist.recv(t, (rank + 1) % ws)))
+                rows[8]["floor"] = min(rows[8].get("floor", float("inf")), sec / 2 * 1e6)
+                dist.destroy_process_group()
+                continue
             for nbytes in sizes:
                 t = torch.full((max(1, nbytes // 4),), float(rank))
 
@@ -175,7 +236,7 @@ def print_p2p(per_rank: list, n: int, plugin: str) -> list:
     rows = []
     for i, row in enumerate(per_rank[0]):
         merged = dict(row)
-        for col in ("ddplug", "gloo", "bcast"):
+        for col in ("ddplug", "gloo", "bcast", "floor"):
             if col in row:
                 merged[col] = max(pr[i][col] for pr in per_rank)
         merged["wrong"] = sum(pr[i]["wrong"] for pr in per_rank)
@@ -193,7 +254,10 @@ def print_p2p(per_rank: list, n: int, plugin: str) -> list:
     small = next((r for r in rows if r["size"] == 8), None)
     if small:
         print(f"  8 B at most 10 us one way: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
-    big = rows[-1] if rows and "bcast" in rows[-1] else None
+        if "floor" in small:
+            print(f"    torch.distributed's own cost of a send + recv (a group that does nothing), per direction:"
+                  f" {small['floor']:.1f} us; ddplug adds {small['ddplug'] - small['floor']:.1f} us")
+    big = rows[-1] if rows and "bcast" in rows[-1] and rows[-1]["size"] >= 1 << 20 else None
     if big:
         bcast_gbs = big["size"] / (big["bcast"] * 1e-6) / 1e9
         share = big["ddplug_gbs"] / bcast_gbs
@@ -277,6 +341,139 @@ def profile(a: argparse.Namespace) -> None:
         print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
 
 
+def instructions_worker(a: argparse.Namespace) -> None:
+    """--instructions, one rank: every rank makes the same calls, layer by layer;
+    rank 0 (under callgrind) tells the parent before and after each layer's
+    calls, through files in --out, and waits for its answer."""
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "hosts" / "python"))
+    import ddplug  # noqa: F401
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    from ddplug.distributed import context_of
+
+    torch.set_num_threads(1)
+    register_noop()
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ws, rank == 0)
+    peer = 1 - rank if rank < 2 else None
+    t = torch.full((2,), float(rank + 1))
+
+    def pingpong() -> None:
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+
+    def selfpair() -> None:  # no communication: each rank's own send + recv
+        dist.send(t, peer if peer is not None else 0)
+        dist.recv(t, peer if peer is not None else 0)
+
+    def handshake(name: str) -> None:
+        open(os.path.join(a.out, f"{name}.ready"), "w").close()
+        while not os.path.exists(os.path.join(a.out, f"{name}.go")):
+            time.sleep(0.01)
+
+    layers = [  # (backend, layer, calls per step: what a "call" is)
+        (NOOP, "all_reduce", lambda: dist.all_reduce(t)),
+        ("ddplug", "all_reduce", lambda: dist.all_reduce(t)),
+        ("ddplug", "own", None),
+        ("gloo", "all_reduce", lambda: dist.all_reduce(t)),
+        ("fake", "all_reduce", lambda: dist.all_reduce(t)),
+        (NOOP, "send_recv", selfpair),
+        ("ddplug", "send_recv", pingpong),
+        ("gloo", "send_recv", pingpong),
+    ]
+    for i, (backend, layer, fn) in enumerate(layers):
+        kw = {"store": dist.PrefixStore(f"instr/{i}", store)} if backend != "fake" else {
+            "store": dist.HashStore()}
+        dist.init_process_group(backend, rank=rank, world_size=ws, **kw)
+        if layer == "own":
+            ctx = context_of()
+            fn = lambda: ctx.allreduce(t)  # noqa: E731
+        for _ in range(200):  # warm
+            fn()
+        if backend not in (NOOP, "fake"):
+            dist.barrier()
+        name = f"{i}-{backend}-{layer}"
+        if rank == 0:
+            handshake(name)
+        for _ in range(a.calls):
+            fn()
+        if rank == 0:
+            open(os.path.join(a.out, f"{name}.done"), "w").close()
+            while not os.path.exists(os.path.join(a.out, f"{name}.counted")):
+                time.sleep(0.01)
+        if backend not in (NOOP, "fake"):
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def instructions(a: argparse.Namespace, tmp: str, procs: list) -> list:
+    """--instructions, the parent's side: switch rank 0's instrumentation on
+    and off around each layer (callgrind_control), read each dump's total."""
+    vg = procs[0]
+    cg = os.path.join(tmp, "callgrind.out")
+
+    def control(*args: str) -> None:
+        r = subprocess.run(["callgrind_control", *args, str(vg.pid)], capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"callgrind_control {' '.join(args)} {vg.pid} failed: {r.stdout}{r.stderr}")
+
+    def wait_for(path: str) -> None:
+        while not os.path.exists(path):
+            if any(p.poll() not in (None, 0) for p in procs):
+                raise SystemExit(f"a rank failed: exit codes {[p.poll() for p in procs]}")
+            time.sleep(0.02)
+
+    out, dumps = [], 0
+    for i, (backend, layer) in enumerate(INSTR_LAYERS):
+        name = os.path.join(tmp, f"{i}-{backend}-{layer}")
+        wait_for(name + ".ready")
+        control("--zero")
+        control("--instr=on")
+        open(name + ".go", "w").close()
+        wait_for(name + ".done")
+        control("--instr=off")
+        control("--dump")
+        dumps += 1
+        with open(f"{cg}.{dumps}") as f:
+            total = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+        open(name + ".counted", "w").close()
+        out.append({"backend": backend, "layer": layer, "instructions": total / a.calls})
+    return out
+
+
+INSTR_LAYERS = [(NOOP, "all_reduce"), ("ddplug", "all_reduce"), ("ddplug", "own"), ("gloo", "all_reduce"),
+                ("fake", "all_reduce"), (NOOP, "send_recv"), ("ddplug", "send_recv"), ("gloo", "send_recv")]
+INSTR_NAMES = {
+    (NOOP, "all_reduce"): "dist.all_reduce, a group that does nothing (torch's own cost)",
+    ("ddplug", "all_reduce"): "dist.all_reduce, ddplug",
+    ("ddplug", "own"): "ddplug.Context.allreduce (own path)",
+    ("gloo", "all_reduce"): "dist.all_reduce, gloo",
+    ("fake", "all_reduce"): "dist.all_reduce, torch's C++ FakeProcessGroup",
+    (NOOP, "send_recv"): "dist.send + dist.recv, a group that does nothing",
+    ("ddplug", "send_recv"): "dist.send + dist.recv, ddplug",
+    ("gloo", "send_recv"): "dist.send + dist.recv, gloo",
+}
+
+
+def print_instructions(rows: list, a: argparse.Namespace) -> None:
+    floor = {r["layer"]: r["instructions"] for r in rows if r["backend"] == NOOP}
+    print(f"\n8-byte calls on {a.n} ranks: instructions per call on rank 0 (callgrind, {a.calls} calls per layer;"
+          " the other ranks run natively). A send + recv is one of each (on ranks 0 and 1: a round trip)\n")
+    print(f"| {'layer':<62} | {'instructions':>12} | {'vs no-op':>8} |")
+    print(f"|{'-' * 64}|{'-' * 14}|{'-' * 10}|")
+    for r in rows:
+        base = floor.get("send_recv" if r["layer"] == "send_recv" else "all_reduce")
+        r["vs_noop"] = r["instructions"] / base if base else None
+        rel = f"{r['vs_noop']:7.2f}x" if r["vs_noop"] else ""
+        print(f"| {INSTR_NAMES[(r['backend'], r['layer'])]:<62} | {r['instructions']:12,.0f} | {rel:>8} |")
+
+
 # ---- the parent ----------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -296,12 +493,21 @@ def main() -> None:
     ap.add_argument("--p2p-sizes", default="8,16M", help="send/recv sizes (comma-separated; the last is also"
                     " the broadcast anchor; empty: none)")
     ap.add_argument("--profile", action="store_true", help="break an 8-byte call down into its layers")
+    ap.add_argument("--instructions", action="store_true", help="instructions per 8-byte call on rank 0 (callgrind;"
+                    " needs valgrind): the same on every run, where wall time is not")
+    ap.add_argument("--calls", type=int, default=5000, help="--instructions: calls per layer")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        profile(a) if a.profile else worker(a)
+        profile(a) if a.profile else instructions_worker(a) if a.instructions else worker(a)
         return
+    if a.instructions:
+        missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
+        if missing:
+            raise SystemExit(f"--instructions needs valgrind ({', '.join(missing)} not found): apt-get install valgrind")
+        if a.n < 2:
+            raise SystemExit("--instructions needs at least 2 ranks (-n 2): send/recv go between ranks 0 and 1")
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="ddplug-torch-bench-")
@@ -317,12 +523,23 @@ def main() -> None:
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, __file__, "--worker", "--out", tmp, "-b", a.b, "-e", a.e, "-f", a.f,
                "--repeat", str(a.repeat), "--budget", str(a.budget), "--p2p-sizes", a.p2p_sizes] \
-            + (["--profile"] if a.profile else [])
+            + (["--profile"] if a.profile else []) + (["--instructions", "--calls", str(a.calls)]
+                                                      if a.instructions else [])
+        if a.instructions and r == 0:
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "-q",
+                   f"--callgrind-out-file={os.path.join(tmp, 'callgrind.out')}"] + cmd
         procs.append(subprocess.Popen(cmd, env=e))
+    instr = instructions(a, tmp, procs) if a.instructions else None
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"a rank failed: exit codes {codes}")
     if a.profile:
+        return
+    if instr is not None:
+        print_instructions(instr, a)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"ranks": a.n, "calls": a.calls, "instructions": instr}, f, indent=2)
         return
     results = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(a.n)]
     per_rank = [res["rows"] for res in results]
@@ -355,13 +572,16 @@ def main() -> None:
         worst = max(big, key=lambda r: r["vs_own"])
         print(f"  >= 1 MiB within 5 % of ddplug's own path: worst {human(worst['size'])} at"
               f" {100 * (worst['vs_own'] - 1):+.1f} % -> {'met' if worst['vs_own'] <= 1.05 else 'NOT met'}")
+    floor = max(res["floor"] for res in results)
     if small:
         print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
+        print(f"    torch.distributed's own cost per call (a group that does nothing): {floor:.1f} us;"
+              f" ddplug adds {small['ddplug'] - floor:.1f} us, gloo {small['gloo'] - floor:.1f} us")
     p2p = print_p2p([res["p2p"] for res in results], a.n, plugin) if a.n >= 2 and results[0]["p2p"] else []
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows,
-                       "p2p": p2p}, f, indent=2)
+                       "floor_us": floor, "p2p": p2p}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,9 @@ def markdown(res: dict, m: dict, note: str) -> str:
             L.append(f"| {r['size']} | {r['ddplug']:.1f} | {r['own']:.1f} | {r['gloo']:.1f} | {r['vs_own']:.2f}x |"
                      f" {r['wrong']} |")
         L.append("")
+        if t.get("floor_us") is not None:
+            L += [f"torch.distributed's own cost per 8-byte `dist.all_reduce` in the same run, on a group that does"
+                  f" nothing (the floor of every backend): {t['floor_us']:.1f} µs.", ""]
         if t.get("profile"):
             L += [f"An 8-byte call, layer by layer (`{t['profile_command']}`):", ""] + t["profile"] + [""]
     n = res.get("nccl")

@@ -110,6 +110,22 @@ def register_noop() -> None:
                                   extended_api=True, devices=["cpu"])
 
 
+def pingpong(dist, t, rank: int) -> None:
+    """One round trip of ``t``: rank 0 sends, rank 1 sends it back (others idle)."""
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
+def noop_pair(dist, t, rank: int, ws: int) -> None:
+    """A send and a receive on the no-op group (nothing is communicated)."""
+    dist.send(t, (rank + 1) % ws)
+    dist.recv(t, (rank + 1) % ws)
+
+
 # ---- one rank ------------------------------------------------------------------------
 def worker(a: argparse.Namespace) -> None:
     import torch
@@ -199,28 +215,19 @@ def p2p_rows(a: argparse.Namespace, rank: int, ws: int, store, timed) -> list:
                                     world_size=ws)
             if backend == NOOP:  # torch.distributed's own cost of an 8-byte send + recv
                 t = torch.zeros(2)
-                sec, _ = timed(lambda: (dist.send(t, (rank + 1) % ws), dist.recv(t, (rank + 1) % ws)))
+                sec, _ = timed(lambda: noop_pair(dist, t, rank, ws))
                 rows[8]["floor"] = min(rows[8].get("floor", float("inf")), sec / 2 * 1e6)
                 dist.destroy_process_group()
                 continue
             for nbytes in sizes:
                 t = torch.full((max(1, nbytes // 4),), float(rank))
-
-                def pingpong() -> None:
-                    if rank == 0:
-                        dist.send(t, 1)
-                        dist.recv(t, 1)
-                    elif rank == 1:
-                        dist.recv(t, 0)
-                        dist.send(t, 0)
-
-                sec, k = timed(pingpong)
+                sec, k = timed(lambda: pingpong(dist, t, rank))
                 row = rows[nbytes]
                 row[backend] = min(row.get(backend, float("inf")), sec / 2 * 1e6)
                 row[f"{backend}_calls"] = k
                 if rank < 2:  # one checked round: rank 1 sends back what it got
                     t.fill_(float(rank))
-                    pingpong()
+                    pingpong(dist, t, rank)
                     if not bool((t == 0.0).all()):
                         row["wrong"] += 1
             if backend == "ddplug" and sizes:
@@ -341,6 +348,19 @@ def profile(a: argparse.Namespace) -> None:
         print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
 
 
+# --instructions: its layers, in order, (backend, call) -> label
+INSTR_LAYERS = {
+    (NOOP, "all_reduce"): "dist.all_reduce, a group that does nothing (torch's own cost)",
+    ("ddplug", "all_reduce"): "dist.all_reduce, ddplug",
+    ("ddplug", "own"): "ddplug.Context.allreduce (own path)",
+    ("gloo", "all_reduce"): "dist.all_reduce, gloo",
+    ("fake", "all_reduce"): "dist.all_reduce, torch's C++ FakeProcessGroup",
+    (NOOP, "send_recv"): "dist.send + dist.recv, a group that does nothing",
+    ("ddplug", "send_recv"): "dist.send + dist.recv, ddplug",
+    ("gloo", "send_recv"): "dist.send + dist.recv, gloo",
+}
+
+
 def instructions_worker(a: argparse.Namespace) -> None:
     """--instructions, one rank: every rank makes the same calls, layer by layer;
     rank 0 (under callgrind) tells the parent before and after each layer's
@@ -357,43 +377,24 @@ def instructions_worker(a: argparse.Namespace) -> None:
     register_noop()
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ws, rank == 0)
-    peer = 1 - rank if rank < 2 else None
     t = torch.full((2,), float(rank + 1))
-
-    def pingpong() -> None:
-        if rank == 0:
-            dist.send(t, 1)
-            dist.recv(t, 1)
-        elif rank == 1:
-            dist.recv(t, 0)
-            dist.send(t, 0)
-
-    def selfpair() -> None:  # no communication: each rank's own send + recv
-        dist.send(t, peer if peer is not None else 0)
-        dist.recv(t, peer if peer is not None else 0)
 
     def handshake(name: str) -> None:
         open(os.path.join(a.out, f"{name}.ready"), "w").close()
         while not os.path.exists(os.path.join(a.out, f"{name}.go")):
             time.sleep(0.01)
 
-    layers = [  # (backend, layer, calls per step: what a "call" is)
-        (NOOP, "all_reduce", lambda: dist.all_reduce(t)),
-        ("ddplug", "all_reduce", lambda: dist.all_reduce(t)),
-        ("ddplug", "own", None),
-        ("gloo", "all_reduce", lambda: dist.all_reduce(t)),
-        ("fake", "all_reduce", lambda: dist.all_reduce(t)),
-        (NOOP, "send_recv", selfpair),
-        ("ddplug", "send_recv", pingpong),
-        ("gloo", "send_recv", pingpong),
-    ]
-    for i, (backend, layer, fn) in enumerate(layers):
+    calls = {"all_reduce": lambda: dist.all_reduce(t), "send_recv": lambda: pingpong(dist, t, rank)}
+    for i, (backend, layer) in enumerate(INSTR_LAYERS):
         kw = {"store": dist.PrefixStore(f"instr/{i}", store)} if backend != "fake" else {
             "store": dist.HashStore()}
         dist.init_process_group(backend, rank=rank, world_size=ws, **kw)
+        fn = calls.get(layer)
         if layer == "own":
             ctx = context_of()
             fn = lambda: ctx.allreduce(t)  # noqa: E731
+        elif backend == NOOP and layer == "send_recv":
+            fn = lambda: noop_pair(dist, t, rank, ws)  # noqa: E731
         for _ in range(200):  # warm
             fn()
         if backend not in (NOOP, "fake"):
@@ -447,20 +448,6 @@ def instructions(a: argparse.Namespace, tmp: str, procs: list) -> list:
     return out
 
 
-INSTR_LAYERS = [(NOOP, "all_reduce"), ("ddplug", "all_reduce"), ("ddplug", "own"), ("gloo", "all_reduce"),
-                ("fake", "all_reduce"), (NOOP, "send_recv"), ("ddplug", "send_recv"), ("gloo", "send_recv")]
-INSTR_NAMES = {
-    (NOOP, "all_reduce"): "dist.all_reduce, a group that does nothing (torch's own cost)",
-    ("ddplug", "all_reduce"): "dist.all_reduce, ddplug",
-    ("ddplug", "own"): "ddplug.Context.allreduce (own path)",
-    ("gloo", "all_reduce"): "dist.all_reduce, gloo",
-    ("fake", "all_reduce"): "dist.all_reduce, torch's C++ FakeProcessGroup",
-    (NOOP, "send_recv"): "dist.send + dist.recv, a group that does nothing",
-    ("ddplug", "send_recv"): "dist.send + dist.recv, ddplug",
-    ("gloo", "send_recv"): "dist.send + dist.recv, gloo",
-}
-
-
 def print_instructions(rows: list, a: argparse.Namespace) -> None:
     floor = {r["layer"]: r["instructions"] for r in rows if r["backend"] == NOOP}
     print(f"\n8-byte calls on {a.n} ranks: instructions per call on rank 0 (callgrind, {a.calls} calls per layer;"
@@ -471,7 +458,7 @@ def print_instructions(rows: list, a: argparse.Namespace) -> None:
         base = floor.get("send_recv" if r["layer"] == "send_recv" else "all_reduce")
         r["vs_noop"] = r["instructions"] / base if base else None
         rel = f"{r['vs_noop']:7.2f}x" if r["vs_noop"] else ""
-        print(f"| {INSTR_NAMES[(r['backend'], r['layer'])]:<62} | {r['instructions']:12,.0f} | {rel:>8} |")
+        print(f"| {INSTR_LAYERS[(r['backend'], r['layer'])]:<62} | {r['instructions']:12,.0f} | {rel:>8} |")
 
 
 # ---- the parent ----------------------------------------------------------------------

@@ -163,13 +163,15 @@ def worker(a: argparse.Namespace) -> None:
         return (time.perf_counter() - t0) / n, n
 
     register_noop()
-    out: dict = {"rank": rank, "rows": [], "plugin": "", "floor": float("inf")}
+    out: dict = {"rank": rank, "rows": [], "plugin": "", "floor": float("inf"), "p2p_floor": float("inf")}
     rows = {}
     for rep in range(a.repeat):
         # torch.distributed's own cost per 8-byte call (no communication)
         dist.init_process_group(NOOP, store=dist.PrefixStore(f"noop/{rep}", store), rank=rank, world_size=ws)
         t = torch.zeros(2)
         out["floor"] = min(out["floor"], timed(lambda: dist.all_reduce(t))[0] * 1e6)
+        if ws >= 2:  # and of an 8-byte send + recv, per direction
+            out["p2p_floor"] = min(out["p2p_floor"], timed(lambda: noop_pair(dist, t, rank, ws))[0] / 2 * 1e6)
         dist.destroy_process_group()
         for backend in ("ddplug", "gloo"):
             dist.init_process_group(backend, store=dist.PrefixStore(f"{backend}/{rep}", store), rank=rank,
@@ -208,17 +210,9 @@ def p2p_rows(a: argparse.Namespace, rank: int, ws: int, store, timed) -> list:
     sizes = [parse_size(x) for x in a.p2p_sizes.split(",") if x]
     rows = {n: {"size": n, "wrong": 0} for n in sizes}
     for rep in range(a.repeat):
-        for backend in (NOOP, "ddplug", "gloo"):
-            if backend == NOOP and 8 not in rows:
-                continue
+        for backend in ("ddplug", "gloo"):
             dist.init_process_group(backend, store=dist.PrefixStore(f"p2p-{backend}/{rep}", store), rank=rank,
                                     world_size=ws)
-            if backend == NOOP:  # torch.distributed's own cost of an 8-byte send + recv
-                t = torch.zeros(2)
-                sec, _ = timed(lambda: noop_pair(dist, t, rank, ws))
-                rows[8]["floor"] = min(rows[8].get("floor", float("inf")), sec / 2 * 1e6)
-                dist.destroy_process_group()
-                continue
             for nbytes in sizes:
                 t = torch.full((max(1, nbytes // 4),), float(rank))
                 sec, k = timed(lambda: pingpong(dist, t, rank))
@@ -238,12 +232,12 @@ def p2p_rows(a: argparse.Namespace, rank: int, ws: int, store, timed) -> list:
     return list(rows.values())
 
 
-def print_p2p(per_rank: list, n: int, plugin: str) -> list:
+def print_p2p(per_rank: list, n: int, plugin: str, floor: float) -> list:
     """The point-to-point table (the slowest rank's time per size) and its goals."""
     rows = []
     for i, row in enumerate(per_rank[0]):
         merged = dict(row)
-        for col in ("ddplug", "gloo", "bcast", "floor"):
+        for col in ("ddplug", "gloo", "bcast"):
             if col in row:
                 merged[col] = max(pr[i][col] for pr in per_rank)
         merged["wrong"] = sum(pr[i]["wrong"] for pr in per_rank)
@@ -261,9 +255,9 @@ def print_p2p(per_rank: list, n: int, plugin: str) -> list:
     small = next((r for r in rows if r["size"] == 8), None)
     if small:
         print(f"  8 B at most 10 us one way: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
-        if "floor" in small:
-            print(f"    torch.distributed's own cost of a send + recv (a group that does nothing), per direction:"
-                  f" {small['floor']:.1f} us; ddplug adds {small['ddplug'] - small['floor']:.1f} us")
+        small["floor"] = floor
+        print(f"    torch.distributed's own cost of a send + recv (a group that does nothing), per direction:"
+              f" {floor:.1f} us; ddplug adds {small['ddplug'] - floor:.1f} us")
     big = rows[-1] if rows and "bcast" in rows[-1] and rows[-1]["size"] >= 1 << 20 else None
     if big:
         bcast_gbs = big["size"] / (big["bcast"] * 1e-6) / 1e9
@@ -564,7 +558,7 @@ def main() -> None:
         print(f"  8 B at most 10 us per call: {small['ddplug']:.1f} us -> {'met' if small['ddplug'] <= 10 else 'NOT met'}")
         print(f"    torch.distributed's own cost per call (a group that does nothing): {floor:.1f} us;"
               f" ddplug adds {small['ddplug'] - floor:.1f} us, gloo {small['gloo'] - floor:.1f} us")
-    p2p = print_p2p([res["p2p"] for res in results], a.n, plugin) if a.n >= 2 and results[0]["p2p"] else []
+    p2p = print_p2p([res["p2p"] for res in results], a.n, plugin, max(res["p2p_floor"] for res in results)) if a.n >= 2 and results[0]["p2p"] else []
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"ranks": a.n, "repeat": a.repeat, "plugin": plugin, "load_average": load, "rows": rows,

@@ -418,7 +418,11 @@ DDPLUG_API const ddplug_config *ddplug_context_config(const ddplug_context *ctx)
  * that were pending are not completed: the host redoes the step in flight
  * (and re-deals its samples: ddplug_sampler_reform). The store survives the
  * loss of any rank but the one serving it (rank 0, unless the store is
- * external: rendezvous.external); losing it ends the run.
+ * external: rendezvous.external); losing it ends the run. A rank lost once
+ * every rank has joined does not fail ddplug_open on a slower rank (the
+ * loss is reported by its next collective), and calls that work on this
+ * rank alone (ddplug_context_sampler_new) do not fail on a loss the run can
+ * shrink from: only calls that communicate report it.
  * ======================================================================== */
 
 /* The membership of a context: who it is now and what the last

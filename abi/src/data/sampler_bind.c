@@ -54,7 +54,7 @@ DDPLUG_API int ddplug_context_sampler_new(ddplug_context *ctx,
   static const char what[] = "ddplug_context_sampler_new";
   if (!ctx || !out)
     return ddplug__err(DDPLUG_E_INVALID_ARGUMENT, "%s: ctx and out must not be NULL", what);
-  int st = ddplug__ctx_check(ctx);
+  int st = ddplug__ctx_check_local(ctx);
   if (st) return ddplug__ctx_capture_error(ctx, st);
   ddplug_sampler_desc d;
   int exact = 0;

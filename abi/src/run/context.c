@@ -45,6 +45,8 @@ static void set_key(ddplug_context *ctx, const char *prefix) {
   ddplug_store_set(ctx->store, key, "1", 1);
 }
 
+void (*ddplug__open_ready_hook)(ddplug_context *ctx) = NULL;
+
 /* Wait for every rank's <prefix><rank> key. */
 static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
                     const char *what) {
@@ -59,6 +61,18 @@ static int wait_all(ddplug_context *ctx, const char *prefix, uint64_t deadline,
   if (s == DDPLUG_OK) {
     s = ddplug__wait_keys(ctx, ctx->store, (const char *const *)keys, (uint32_t)n,
                           deadline, what, 0);
+    if (s == DDPLUG_E_PEER_LOST) {
+      /* A rank lost once every rank had arrived (the first to see every key
+       * may leave and die before a slower one looks): the wait itself
+       * succeeded, and this context's next call reports the loss — as it
+       * would have a moment later. One look, without waiting. */
+      char why[DDPLUG__ERRMSG_MAX];
+      ddplug__strlcpy(why, ddplug_last_error(), sizeof why);
+      if (ddplug_store_wait(ctx->store, (const char *const *)keys, (uint32_t)n, 0) == DDPLUG_OK)
+        s = DDPLUG_OK;
+      else
+        ddplug__set_last_error(why);
+    }
     if (ddplug__own_timeout(ctx, s)) {
       /* Name the ranks that did not arrive (polls, all within the failure
        * path's deadline: the store itself may be what stopped answering). */
@@ -303,6 +317,7 @@ DDPLUG_API int ddplug_open(const ddplug_config *cfg_in,
   s = ddplug__group_create(ctx);
   if (s != DDPLUG_OK) goto fail;
   set_key(ctx, "ddplug/ready/");
+  if (ddplug__open_ready_hook) ddplug__open_ready_hook(ctx);
   /* Group creation may take up to the collective timeout on top of the
    * rendezvous deadline. */
   s = wait_all(ctx, "ddplug/ready/",

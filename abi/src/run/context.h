@@ -197,6 +197,14 @@ void ddplug__ctx_store_lost(ddplug_context *ctx);
 /* DDPLUG_OK while open; else sets the last error to the abort reason and
  * returns the abort status. */
 int ddplug__ctx_check(ddplug_context *ctx);
+/* As ddplug__ctx_check, for calls that work on this rank alone (creating a
+ * sampler): a lost rank that ddplug_shrink re-forms the run from
+ * (elastic.on_peer_lost "shrink") does not fail them — the host's next
+ * collective reports the loss, inside the loop that recovers from it. */
+int ddplug__ctx_check_local(ddplug_context *ctx);
+/* A seam for tests (test-elastic): called by ddplug_open between this
+ * rank's ready key and its wait for every other rank's. NULL in real runs. */
+extern void (*ddplug__open_ready_hook)(ddplug_context *ctx);
 /* Whether a TIMEOUT from a wait is this wait's own: the run's abort may
  * carry TIMEOUT too (another rank's collective timed out), and then its
  * reason, already in the last error, must not be replaced by "waited N s". */

@@ -23,6 +23,12 @@ int ddplug__ctx_check(ddplug_context *ctx) {
   return ddplug__err(ctx->abort_status, "%s", ctx->abort_reason);
 }
 
+/* See context.h. */
+int ddplug__ctx_check_local(ddplug_context *ctx) {
+  int s = ddplug__ctx_check(ctx);
+  return s == DDPLUG_E_PEER_LOST && ctx->elastic_shrink ? DDPLUG_OK : s;
+}
+
 /* Publish the run's first failure for the other ranks (first failure of
  * the run wins; ours may come second). */
 static void publish(ddplug_context *ctx, int status, const char *reason) {

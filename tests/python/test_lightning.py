@@ -322,3 +322,40 @@ def test_torchrun_launched_on_two_nodes(out: Path) -> None:
         assert r["prepared_seen"] is True
     assert sorted(i for r in ranks for i in flat(r["seen"]["0"])) == list(range(N))
     assert len((out / "prepare_calls.txt").read_text().split()) == nodes, "once per node"
+
+
+_OBSERVED = """
+import subprocess, sys, time
+from ddplug._strategy import _TolerantObserver
+child = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+_TolerantObserver([child], stop_grace_s=float(sys.argv[1]), sleep_period=0.05).start()
+child.wait()
+if sys.argv[2] == "reports":
+    time.sleep(1)  # its exception path: many of the observer's polls (Lightning's killed it at the first)
+    print("survivor reported the loss", flush=True)
+    sys.exit(0)
+time.sleep(600)  # a survivor that never ends
+"""
+
+
+@pytest.mark.parametrize("survivor", ["reports", "hangs"])
+def test_the_launching_rank_reports_a_lost_rank_before_it_is_terminated(tmp_path: Path, survivor: str) -> None:
+    """Lightning's observer SIGKILLed the launching rank at its first poll after a
+    launched rank died, whether or not rank 0 had reported the loss yet (a race:
+    test_a_killed_rank_is_named_on_the_survivor failed under load). ddplug's lets
+    the survivors end on their own, and terminates only one still running after
+    the grace."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    grace = "600" if survivor == "reports" else "0.2"
+    p = subprocess.run([sys.executable, "-c", _OBSERVED, grace, survivor], capture_output=True, text=True,
+                       timeout=300, env=env)
+    if survivor == "reports":
+        assert p.returncode == 0 and "survivor reported the loss" in p.stdout, (p.returncode, p.stdout, p.stderr)
+    else:
+        assert p.returncode == -9, (p.returncode, p.stderr)
+        assert "launched rank 1 (pid" in p.stderr and "exited with 3" in p.stderr, p.stderr
+        assert "terminating every rank" in p.stderr, p.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -440,42 +441,74 @@ class DdplugParallel:
         _logbridge.report(text)  # the "ddplug" logger (stdout unless logging is configured)
 
 
+# How long the survivors of a rank that exited with an error get to end on
+# their own (ddplug fails their calls within milliseconds of the loss; they
+# then raise, run their exception callbacks and write their logs) before the
+# launching rank terminates every rank, as Lightning's observer does at once.
+STOP_GRACE_S = 60.0
+
+
 class _TolerantObserver(threading.Thread):
     """Lightning's ``_ChildProcessObserver`` polls the launched ranks every 5 s and
-    SIGKILLs all of them, the launching rank 0 included, when one exits with a
-    non-zero code. With in-place shrink the survivors go on instead: this observer
-    only says which rank left, and stops once every child has exited."""
+    SIGKILLs all of them, the launching rank 0 included, as soon as one exits with
+    a non-zero code: whether rank 0 got to report the loss first was a race with
+    that poll. This observer says which rank left, then:
 
-    def __init__(self, children: list, sleep_period: float = 5.0) -> None:
+    * with in-place shrink (``stop_grace_s`` None), lets the survivors go on;
+    * otherwise gives the survivors ``stop_grace_s`` to end on their own, and only
+      then terminates every rank, rank 0 included, as Lightning does.
+
+    It stops once every child has exited."""
+
+    def __init__(self, children: list, stop_grace_s: Optional[float], sleep_period: float = 5.0) -> None:
         super().__init__(daemon=True, name="ddplug-child-observer")
         self._children = children
+        self._grace = stop_grace_s
         self._sleep_period = sleep_period
         self._told: set = set()
+        self._deadline: Optional[float] = None
 
     def run(self) -> None:
         while True:
-            time.sleep(self._sleep_period)
+            time.sleep(self._sleep_period if self._deadline is None else 0.5)
             for i, proc in enumerate(self._children):
                 if proc.poll() not in (None, 0) and i not in self._told:
                     self._told.add(i)
-                    logging.getLogger("ddplug").warning(
-                        "ddplug: launched rank %d (pid %d) exited with %d: the survivors re-form the group"
-                        " (elastic.on_peer_lost = shrink); the others are left running", i + 1, proc.pid,
-                        proc.returncode)
-            if all(proc.returncode is not None for proc in self._children):
+                    then = ("the survivors re-form the group (elastic.on_peer_lost = shrink); the others are"
+                            " left running" if self._grace is None else
+                            f"the survivors stop with its loss; a rank still running in {self._grace:.0f} s is"
+                            " terminated")
+                    logging.getLogger("ddplug").warning("ddplug: launched rank %d (pid %d) exited with %d: %s",
+                                                        i + 1, proc.pid, proc.returncode, then)
+                    if self._grace is not None and self._deadline is None:
+                        self._deadline = time.monotonic() + self._grace
+            if all(proc.returncode is not None for proc in self._children) and self._deadline is None:
                 return
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._terminate_all()
+                return
+
+    def _terminate_all(self) -> None:
+        logging.getLogger("ddplug").error(
+            "ddplug: %.0f s after a launched rank exited with an error, this run is still going: terminating"
+            " every rank (SIGKILL), as Lightning's launcher does", self._grace)
+        for proc in self._children:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def tolerant_launch(launcher: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:
     """``_SubprocessScriptLauncher.launch`` with :class:`_TolerantObserver` in place
-    of Lightning's observer (the launcher subclasses of the strategies call it)."""
+    of Lightning's observer (the launcher subclasses of the strategies call it;
+    ``launcher.stop_grace_s``: None with in-place shrink, else STOP_GRACE_S)."""
     from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 
     launcher.cluster_environment.validate_settings(num_devices=launcher.num_processes,
                                                    num_nodes=launcher.num_nodes)
     if not launcher.cluster_environment.creates_processes_externally:
         launcher._call_children_scripts()
-        _TolerantObserver(launcher.procs).start()
+        _TolerantObserver(launcher.procs, getattr(launcher, "stop_grace_s", STOP_GRACE_S)).start()
     _set_num_threads_if_needed(num_processes=launcher.num_processes)
     return function(*args, **kwargs)
 

@@ -59,7 +59,7 @@ from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
 from ._abort import abort_on_uncaught_exception
-from ._strategy import DdplugParallel, tolerant_launch
+from ._strategy import STOP_GRACE_S, DdplugParallel, tolerant_launch
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
@@ -91,9 +91,13 @@ class _DdplugBackwardSyncControl(_BackwardSyncControl):
         return gs.no_sync()
 
 
-class _ShrinkTolerantLauncher(_SubprocessScriptLauncher):
-    """Fabric's launcher whose observer lets the survivors of a lost rank go on
-    (elastic.on_peer_lost = "shrink") instead of SIGKILLing every rank."""
+class _TolerantLauncher(_SubprocessScriptLauncher):
+    """Fabric's launcher (``python train.py`` with devices=N) whose observer lets
+    the survivors of a lost rank go on (elastic.on_peer_lost = "shrink"), or stop
+    on their own before it terminates them (``_strategy.STOP_GRACE_S``), instead of
+    SIGKILLing every rank at its next poll."""
+
+    stop_grace_s: Optional[float] = STOP_GRACE_S
 
     @override
     def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -152,8 +156,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
         self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
-        launcher = _ShrinkTolerantLauncher if self._elastic_wanted() else _SubprocessScriptLauncher
-        self._launcher = launcher(self.cluster_environment, self.num_processes, self.num_nodes)
+        self._launcher = _TolerantLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        self._launcher.stop_grace_s = None if self._elastic_wanted() else STOP_GRACE_S
 
     @override
     def setup_environment(self) -> None:

@@ -38,7 +38,7 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from . import _torchdist
-from ._strategy import DdplugParallel, tolerant_launch
+from ._strategy import STOP_GRACE_S, DdplugParallel, tolerant_launch
 from .config import ConfigSource
 from .data.audit import Report
 from .data.streams import DataSplit, StreamBatchSampler
@@ -66,10 +66,13 @@ class DdplugSyncBatchNorm(LayerSync):
         return _syncbn.revert_sync_batchnorm(model)
 
 
-class _ShrinkTolerantLauncher(_SubprocessScriptLauncher):
+class _TolerantLauncher(_SubprocessScriptLauncher):
     """Lightning's launcher (``python train.py`` with devices=N) whose observer lets
-    the survivors of a lost rank go on (elastic.on_peer_lost = "shrink") instead of
-    SIGKILLing every rank."""
+    the survivors of a lost rank go on (elastic.on_peer_lost = "shrink"), or stop
+    on their own before it terminates them (``_strategy.STOP_GRACE_S``), instead of
+    SIGKILLing every rank at its next poll."""
+
+    stop_grace_s: Optional[float] = STOP_GRACE_S
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
@@ -143,8 +146,8 @@ class DdplugStrategy(DdplugParallel, ParallelStrategy):
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
         self._secret_for_launched_ranks()  # the ranks the launcher starts inherit a per-run secret
-        launcher = _ShrinkTolerantLauncher if self._elastic_wanted() else _SubprocessScriptLauncher
-        self._launcher = launcher(self.cluster_environment, self.num_processes, self.num_nodes)
+        self._launcher = _TolerantLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        self._launcher.stop_grace_s = None if self._elastic_wanted() else STOP_GRACE_S
 
     def set_world_ranks(self) -> None:
         """Global rank and world size from node rank, local rank and processes per

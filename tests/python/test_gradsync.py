@@ -172,8 +172,19 @@ def test_bucket_views_train_like_the_copy_path(out: Path, options: dict) -> None
             if case != "replace":
                 assert v["views"] >= v["flat_params"], (case, v)  # every bucketed gradient views its bucket
         # a gradient with a bucket of its own is reduced where it lies while it is a
-        # new tensor every step, and moves once into registered memory when it persists
-        assert "registered" not in res["set_to_none"]["view"]["memory"][1:], res["set_to_none"]["view"]
+        # new tensor every step — born in registered memory where the native module
+        # is built (the gradient pool), ordinary memory without it — and moves once
+        # into registered memory when it persists
+        v = res["set_to_none"]["view"]
+        if v["pool_native"]:
+            assert "in place: registered" in v["memory"][1:], v
+            assert v["pool"]["served"] > v["pool"]["reused"] > 0, v["pool"]  # recycled from step to step
+            assert v["pool"]["refused"] == 0, v["pool"]
+            # detach gave the pool's gradients their own memory and released every block
+            assert v["pool_holds"] == 0 and v["pool_after"]["bytes"] == 0, v
+            assert not v["pool_after"]["active"], v
+        else:
+            assert not any(m.endswith("registered") for m in v["memory"][1:]), v
         assert "registered" in res["zero"]["view"]["memory"][1:], res["zero"]["view"]
         assert res["replace"]["view"]["copy_slots"] >= 2
         assert res["replace"]["view"]["still_assigned"] == 8
@@ -209,3 +220,69 @@ def test_a_second_backward_finishes_the_round_before_accumulating(ctx: ddplug.Co
     for p, f, r in zip(model.parameters(), first, ref.parameters()):
         assert torch.allclose(p.grad, f + r.grad)
     gs.detach()
+
+
+def test_backward_gradients_come_from_the_pool_and_nothing_else(ctx: ddplug.Context) -> None:
+    """The gradient pool (native module): a large gradient made by backward is a
+    pool block, recycled from step to step; the forward's activations and the
+    optimizer's state of the same size are not; closing the context gives the
+    gradients their own memory, with their values, and releases every block."""
+    from ddplug import _native
+
+    if _native.load() is None:
+        pytest.skip(f"the native module is off: {_native.status()}")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.Linear(256, 256, bias=False))
+    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.1, first_bucket_mb=0.1)
+    gs.attach()
+    assert gs._pool is not None
+    pool = gs._pool
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 256)  # an activation of a gradient's size, made outside backward
+    for step in range(3):
+        opt.zero_grad(set_to_none=True)
+        h = model[0](x)
+        model[1](h).sum().backward()
+        gs.finish()
+        assert not pool.holds(h.untyped_storage().data_ptr())
+        assert all(pool.holds(p.grad.untyped_storage().data_ptr()) for p in model.parameters()), step
+        opt.step()
+    for p in model.parameters():
+        for s in opt.state[p].values():
+            assert not (torch.is_tensor(s) and s.dim() and pool.holds(s.untyped_storage().data_ptr()))
+    stats = pool.stats()
+    assert stats["refused"] == 0 and stats["reused"] >= 4, stats  # steps 1 and 2 reuse step 0's blocks
+    grads = [p.grad.clone() for p in model.parameters()]
+    ctx.close()  # the gradient sync releases first: the gradients keep their values in their own memory
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+        assert not pool.holds(p.grad.untyped_storage().data_ptr())
+    assert pool.stats()["bytes"] == 0 and not pool.stats()["active"], pool.stats()
+    # torch's allocator serves ordinary memory again
+    y = torch.randn(256, 256, requires_grad=True)
+    (y * 2).sum().backward()
+    assert not pool.holds(y.grad.untyped_storage().data_ptr())
+
+
+def test_a_pool_gradient_kept_past_detach_goes_back_when_dropped(ctx: ddplug.Context) -> None:
+    """detach gives .grad its own memory and the pool's free blocks back to the
+    plugin; a pool gradient the user still holds goes back when it is dropped,
+    not only when the context closes."""
+    from ddplug import _native
+
+    if _native.load() is None:
+        pytest.skip(f"the native module is off: {_native.status()}")
+    model = torch.nn.Linear(256, 256, bias=False)
+    gs = GradientSync(ctx, model.parameters(), bucket_mb=0.1, first_bucket_mb=0.1)
+    gs.attach()
+    pool = gs._pool
+    model(torch.randn(4, 256)).sum().backward()
+    gs.finish()
+    kept = model.weight.grad
+    assert pool.holds(kept.untyped_storage().data_ptr())
+    gs.detach()
+    assert not pool.holds(model.weight.grad.untyped_storage().data_ptr())
+    assert torch.equal(model.weight.grad, kept)
+    assert pool.stats()["bytes"] == 256 * 256 * 4 and not pool.stats()["active"], pool.stats()
+    del kept
+    assert pool.stats()["bytes"] == 0, pool.stats()

@@ -49,6 +49,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "gradpool.h"
+
 namespace py = pybind11;
 
 namespace {
@@ -1210,7 +1212,7 @@ PyMODINIT_FUNC PyInit_ddplug_torchfast(void) {
   if (m == nullptr) return nullptr;
   Py_INCREF(&FastType);
   if (PyModule_AddObject(m, "Fast", reinterpret_cast<PyObject*>(&FastType)) < 0 ||
-      PyModule_AddStringConstant(m, "TORCH_VERSION", DDPLUG_TORCH_VERSION) < 0) {
+      PyModule_AddStringConstant(m, "TORCH_VERSION", DDPLUG_TORCH_VERSION) < 0 || !ddplug_add_gradpool(m)) {
     Py_DECREF(m);
     return nullptr;
   }

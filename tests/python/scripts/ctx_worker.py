@@ -175,6 +175,7 @@ def bucketviews(ctx: ddplug.Context) -> dict:
     buckets) and the copy path — and compare the final weights bit for bit."""
     import torch
 
+    from ddplug.distributed import native
     from ddplug.nn.gradsync import GradientSync, broadcast_module
 
     def make():
@@ -222,15 +223,22 @@ def bucketviews(ctx: ddplug.Context) -> dict:
                 info["views"] = sum(1 for b in gs.buckets if b.flat is not None for s in b.slots
                                     if s.param.grad is not None and s.param.grad.data_ptr() == b.view(s).data_ptr())
                 info["flat_params"] = sum(len(b.slots) for b in gs.buckets if not b.solo)
+                info["pool"] = gs.pool_stats()
             opt.step()
         if case == "replace":
             info["copy_slots"] = sum(1 for s in gs._slots.values() if s.copy)
             info["still_assigned"] = sum(1 for p in params if p.grad is not None and opt.assigned.get(id(p)) is p.grad)
         info["rebuilt"] = gs.rebuilt
+        pool = gs._pool
+        info["pool_native"] = native.status().startswith("on")
         info["order"] = [[s.index for s in b.slots] for b in gs.buckets]
         gs.detach()
         info["grads_own_memory"] = all(p.grad is None or not any(
             b.flat is not None for b in gs.buckets) for p in params)
+        if pool is not None:  # detach gave the pool's gradients their own memory and released its blocks
+            info["pool_after"] = pool.stats()
+            info["pool_holds"] = sum(1 for p in params if p.grad is not None
+                                     and pool.holds(p.grad.untyped_storage().data_ptr()))
         return [p.detach().clone() for p in params], info
 
     res: dict = {}

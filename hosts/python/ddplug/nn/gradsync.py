@@ -18,11 +18,17 @@ gradients living in their buckets (DDP's ``gradient_as_bucket_view``).
   replaces it.
 * A parameter of at least 1 MiB (``SOLO_BYTES``), or at least as large as the
   bucket it would join, gets a bucket of its own: its gradient is reduced where
-  it lies, no copy at all. Only when its gradient persists from step to step
-  (``zero_grad(set_to_none=False)``, accumulation across steps) and the plugin
-  would stage it is it copied once into a registered bucket of its own, which
-  holds it from then on. A new tensor every step (``set_to_none=True``) is
-  better reduced in place than copied first (measured: see ``SOLO_BYTES``).
+  it lies, no copy at all. Where the native module is built and the plugin has
+  registered memory, backward allocates such gradients in registered memory
+  in the first place (hosts/python/native/gradpool.cpp: torch's CPU allocator
+  serves allocations of exactly those sizes from a pool of registered blocks,
+  recycled from step to step): a new tensor every step (``set_to_none=True``,
+  Lightning's default) is then reduced in place without staging and without
+  fresh page faults. Without the pool, only when its gradient persists from
+  step to step (``zero_grad(set_to_none=False)``, accumulation across steps)
+  and the plugin would stage it is it copied once into a registered bucket of
+  its own, which holds it from then on; a new tensor every step is better
+  reduced in place than copied first (measured: see ``SOLO_BYTES``).
 * An optimizer or user code that *replaces* ``param.grad`` (assigns another
   tensor while a view is installed) is noticed when the next gradient arrives;
   that parameter then takes the copy path for good: copied into its slot,
@@ -50,9 +56,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -69,6 +76,12 @@ MIB = 1 << 20
 # than the plugin saves by reaching it directly (bench/lightning_step.py, embedding:
 # 31.8 ms above the floor against 21.0 ms in place, on the project's CI machine).
 SOLO_BYTES = 1 * MIB
+# A gradient with a bucket of its own, of at least this many bytes, is born in
+# registered memory when the native module is there (_start_pool): it is
+# then reduced in place without staging, and its memory is recycled from step
+# to step instead of freshly page-faulted.
+POOL_MIN_BYTES = 64 * 1024
+POOL_ENV = "DDPLUG_GRAD_POOL"  # "0": no pool (gradients in ordinary memory, as without the native module)
 
 
 @dataclass
@@ -247,8 +260,12 @@ class GradientSync:
         self._abandoned: list = []  # requests of a round that will not finish (keep their buffers)
         self.enabled = True
         self.syncs = 0  # finished rounds (for tests and logs)
+        self._pool: Optional[Any] = None  # the native GradPool of its large gradients (attach)
+        self._pool_generation = 0
         ref = weakref.ref(self)
-        ctx.on_close(lambda: (lambda gs: gs is not None and gs.release())(ref()))
+        pools: list = []  # the gradient pools it made: the context forgets them as it closes
+        self._pools_made = pools
+        ctx.on_close(lambda: (ref() is not None and ref().release(), [p.forget() for p in pools]))
 
     @classmethod
     def from_context(cls, ctx: Context, params: Iterable[torch.nn.Parameter]) -> "GradientSync":
@@ -280,12 +297,41 @@ class GradientSync:
 
     def bucket_memory(self) -> list:
         """How the collectives reach each bucket's memory now ("registered",
-        "single_copy", "staged"; "in place" for a solo bucket reduced where its
-        gradient lies), in the order buckets are started."""
+        "single_copy", "staged"; for a solo bucket reduced where its gradient
+        lies "in place: " and how they reach that gradient, or "in place" while
+        it has none), in the order buckets are started."""
         out = []
         for b in self.buckets:
-            out.append("in place" if b.flat is None else _registered.reach(self.ctx, b.flat))
+            if b.flat is not None:
+                out.append(_registered.reach(self.ctx, b.flat))
+                continue
+            g = b.slots[0].param.grad
+            out.append("in place" if g is None else f"in place: {_registered.reach(self.ctx, g)}")
         return out
+
+    def pool_stats(self) -> Optional[dict]:
+        """The gradient pool's counters (``served``, ``reused``, ``refused``,
+        ``bytes``, ``free_bytes``, ``blocks_in_use``, ``active``), or None when
+        there is no pool (see the module doc)."""
+        return None if self._pool is None else self._pool.stats()
+
+    def _start_pool(self) -> None:
+        """From now on, backward's gradients of the solo buckets' sizes are born
+        in registered memory (the module doc), at most twice their bytes."""
+        if self._pool is not None or not self.registered or self.ctx.closed \
+                or not _registered._has_registered(self.ctx) or os.environ.get(POOL_ENV, "1").strip() == "0":
+            return
+        sizes = [s.numel * s.param.element_size() for b in self.buckets if b.solo for s in b.slots
+                 if s.param.device.type == "cpu"]
+        sizes = [n for n in sizes if n >= POOL_MIN_BYTES]
+        if not sizes:
+            return
+        from .. import _native
+
+        self._pool = _native.grad_pool(self.ctx, tuple(sorted(set(sizes))), 2 * sum(sizes))
+        self._pool_generation = getattr(self.ctx, "generation", 0)
+        if self._pool is not None:
+            self._pools_made.append(self._pool)
 
     # ---- buckets -----------------------------------------------------------------
     def _alloc(self, numel: int, like: torch.Tensor) -> torch.Tensor:
@@ -316,6 +362,7 @@ class GradientSync:
         for p in self.params:
             self._hooks.append(p.register_hook(self._before_grad(p)))
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        self._start_pool()
 
     def detach(self) -> None:
         """Remove the hooks and release the buckets (the gradients become ordinary
@@ -327,10 +374,18 @@ class GradientSync:
 
     def release(self) -> None:
         """Give every gradient that views a bucket its own memory, and drop the
-        buckets (registered memory is freed once nothing views it)."""
+        buckets (registered memory is freed once nothing views it), and the
+        gradient pool's blocks."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
         for b in self.buckets:
             b.zeros = None
             if b.flat is None:
+                for s in b.slots:
+                    g = s.param.grad
+                    if pool is not None and g is not None and pool.holds(g.untyped_storage().data_ptr()):
+                        s.param.grad = g.clone()  # its block goes back to the plugin (the pool is stopped)
                 continue
             for s in b.slots:
                 g = s.param.grad
@@ -339,6 +394,9 @@ class GradientSync:
                 s.installed = False
             b.flat = None
             b.work = None
+        g = None  # the last gradient looked at: its block too, while the context is this group's
+        if pool is not None:  # its free blocks back to the plugin while they are this group's
+            pool.retire(not self.ctx.closed and getattr(self.ctx, "generation", 0) == self._pool_generation)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

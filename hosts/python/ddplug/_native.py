@@ -92,6 +92,14 @@ def status() -> str:
     return _why
 
 
+def addresses(names: tuple) -> tuple:
+    """The addresses of these libddplug functions in the library the binding
+    loaded (the native module calls that one copy)."""
+    from ._c._capi import F
+
+    return tuple(ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in names)
+
+
 def grad_pool(ctx: Any, sizes: tuple, cap_bytes: int) -> Optional[Any]:
     """A ``GradPool`` (hosts/python/native/gradpool.cpp) for ``ctx``: from now
     on, torch's CPU allocations of exactly one of ``sizes`` bytes made inside a
@@ -102,14 +110,12 @@ def grad_pool(ctx: Any, sizes: tuple, cap_bytes: int) -> Optional[Any]:
     mod = load()
     if mod is None or not hasattr(mod, "GradPool"):
         return None
-    from ._c._capi import F
-
-    fns = [ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in ("ddplug_mem_alloc", "ddplug_mem_free")]
+    alloc, free = addresses(("ddplug_mem_alloc", "ddplug_mem_free"))
     try:
-        return mod.GradPool(ctx.handle.value, fns[0], fns[1], tuple(int(s) for s in sizes), int(cap_bytes))
+        return mod.GradPool(ctx.handle.value, alloc, free, tuple(int(s) for s in sizes), int(cap_bytes))
     except Exception as exc:  # gradients stay in ordinary memory
         _log.info("ddplug: gradients stay in ordinary memory: %s", exc)
         return None
 
 
-__all__ = ["ENV", "FUNCTIONS", "grad_pool", "load", "status"]
+__all__ = ["ENV", "FUNCTIONS", "addresses", "grad_pool", "load", "status"]

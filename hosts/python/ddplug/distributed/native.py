@@ -18,11 +18,10 @@ which and why.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from typing import Any
 
-from .._native import ENV, FUNCTIONS, load, status
+from .._native import ENV, FUNCTIONS, addresses, load, status
 
 _log = logging.getLogger("ddplug")
 
@@ -37,11 +36,8 @@ def attach(group: Any, fallbacks: tuple, dtypes: dict, ops: dict, host_ok: bool)
     mod = load()
     if mod is None:
         return False
-    from .._c._capi import F
-
-    fns = tuple(ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in FUNCTIONS)
     try:
-        fast = mod.Fast(group, group.context, fallbacks, fns, dtypes, ops, host_ok)
+        fast = mod.Fast(group, group.context, fallbacks, addresses(FUNCTIONS), dtypes, ops, host_ok)
     except Exception as exc:  # the group still works, on its Python methods
         _log.warning("ddplug: the backend's native fast path is off for %r: %s", group, exc)
         return False
@@ -66,35 +62,14 @@ def attach_context(ctx: Any) -> bool:
     if mod is None:
         return False
     from .._c import _buffers, _names
-    from .._c._capi import F
-    fns = tuple(ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in FUNCTIONS)
+
     try:
-        ctx.allreduce = mod.context_allreduce(ctx, Context.allreduce, fns, dict(_buffers.torch_dtype_codes()),
+        ctx.allreduce = mod.context_allreduce(ctx, Context.allreduce, addresses(FUNCTIONS), dict(_buffers.torch_dtype_codes()),
                                               dict(_names.ops()))
     except Exception as exc:  # the context still works, on its Python method
         _log.warning("ddplug: the native fast path is off for %r: %s", ctx, exc)
         return False
     return True
-
-
-def grad_pool(ctx: Any, sizes: tuple, cap_bytes: int) -> Optional[Any]:
-    """A ``GradPool`` (hosts/python/native/gradpool.cpp) for ``ctx``: from now
-    on, torch's CPU allocations of exactly one of ``sizes`` bytes are served from
-    ``ctx``'s registered memory, at most ``cap_bytes`` of it, and recycled by
-    size. None (nothing changed) when the native module is off or torch's
-    allocator cannot be wrapped; the caller retires the pool before the context
-    closes (``pool.retire(free_blocks)``)."""
-    mod = load()
-    if mod is None or not hasattr(mod, "GradPool"):
-        return None
-    from .._c._capi import F
-
-    fns = [ctypes.cast(getattr(F, name), ctypes.c_void_p).value for name in ("ddplug_mem_alloc", "ddplug_mem_free")]
-    try:
-        return mod.GradPool(ctx.handle.value, fns[0], fns[1], tuple(int(s) for s in sizes), int(cap_bytes))
-    except Exception as exc:  # gradients stay in ordinary memory
-        _log.info("ddplug: gradients stay in ordinary memory: %s", exc)
-        return None
 
 
 __all__ = ["ENV", "attach", "attach_context", "status"]

@@ -446,6 +446,8 @@ static void create_fault(cf_rank *r, const char *mode, const char *id, const cha
               "ddplug_open returned %s only after %.1f s (the collective timeout is %d s): "
               "group_create must end its waits when a store call returns early "
               "(docs/writing-a-backend.md): %s", ddplug_status_name(s), took, FAULT_TIMEOUT_S, err);
+  } else if (cf_launcher_took_the_store(r, err, victim)) {
+    cf_report(r, id, 0, CF_SKIP, title, CF_LAUNCHER_TOOK_THE_STORE, victim, err);
   } else if (!cf_mentions_rank(err, victim)) {
     cf_report(r, id, CF_BIT(group_create), CF_FAIL, title,
               "the error does not name rank %d: %s", victim, err);

@@ -144,6 +144,13 @@ static const char *verdict_word(int v) {
   return v == CF_PASS ? "passed" : v == CF_SKIP ? "skipped" : "failed";
 }
 
+/* A rank's skip because the launcher ended the job before it could see the
+ * death it was checking (the detail starts as CF_LAUNCHER_TOOK_THE_STORE). */
+static int launcher_cut(int verdict, const char *detail) {
+  static const char lead[] = "the launcher ended rank 0 (which serves the rendezvous store)";
+  return verdict == CF_SKIP && !strncmp(detail, lead, sizeof lead - 1);
+}
+
 void cf_add_row(cf_results *res, const char *id, uint64_t slots, int verdict, const char *title,
                 const char *detail, int rank) {
   cf_row *row = (cf_row *)cf_find_row(res, id);
@@ -177,6 +184,16 @@ void cf_add_row(cf_results *res, const char *id, uint64_t slots, int verdict, co
       snprintf(row->detail, sizeof row->detail, "rank %d: %s", rank, detail);
     else
       snprintf(row->detail, sizeof row->detail, "%s", detail);
+    return;
+  }
+  /* One rank passed, another was cut short by a launcher that ends the
+   * whole job when a rank dies (CF_LAUNCHER_TOOK_THE_STORE): the check
+   * passed where the launcher let it be observed. */
+  if (launcher_cut(verdict, detail) || launcher_cut(row->verdict, row->detail)) {
+    if (verdict == CF_PASS) {
+      row->verdict = CF_PASS;
+      snprintf(row->detail, sizeof row->detail, "%s", detail);
+    }
     return;
   }
   /* One rank passed, another skipped: the ranks disagree. */

@@ -24,7 +24,10 @@ Configurations:
   ddp, ddplug backend          Lightning's DDPStrategy(process_group_backend="ddplug"):
                                torch's DDP reducer over ddplug's torch.distributed
                                backend (its futures completed by the backend's
-                               completion thread); also with bucket view
+                               completion thread); also with bucket view, and
+                               with bucket view and ddplug's communication hook
+                               (ddp_comm_hook=ddplug.distributed.allreduce_hook:
+                               the buckets moved into registered memory)
   ddplug (cpu)                strategy=DdplugStrategy() with the default config
                                (which initialises torch.distributed on its run:
                                Lightning then broadcasts a SIGTERM flag every step)
@@ -88,6 +91,8 @@ CONFIGS = [
     ("ddp (gloo), 100 MiB buckets", "ddp", {"bucket_cap_mb": 100, "gradient_as_bucket_view": True}),
     ("ddp, ddplug backend", "ddp", {"process_group_backend": "ddplug"}),
     ("ddp, ddplug backend, bucket view", "ddp", {"process_group_backend": "ddplug", "gradient_as_bucket_view": True}),
+    ("ddp, ddplug backend, ddplug hook", "ddp", {"process_group_backend": "ddplug", "gradient_as_bucket_view": True,
+                                                 "ddp_comm_hook": "ddplug"}),
     ("ddplug (cpu)", "ddplug", {}),
     ("ddplug (cpu), torch.distributed off", "ddplug", {"torch_distributed": False}),
     ("no communication (1 rank)", "single", {}),
@@ -175,6 +180,15 @@ def worker(args: argparse.Namespace) -> None:
         def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
             optimizer.zero_grad(set_to_none=not args.keep_grads)
 
+    class DdplugHook(pl.Callback):
+        """Registers ddplug.distributed.allreduce_hook on the DDP-wrapped model:
+        Lightning's DDPStrategy registers its ddp_comm_hook on CUDA only."""
+
+        def on_fit_start(self, trainer, module):
+            import ddplug.distributed
+
+            trainer.strategy.model.register_comm_hook(None, ddplug.distributed.allreduce_hook)
+
     class Timer(pl.Callback):
         def __init__(self) -> None:
             self.times: list = []
@@ -217,9 +231,13 @@ def worker(args: argparse.Namespace) -> None:
         if kwargs.get("process_group_backend") == "ddplug":
             sys.path.insert(0, str(python_src(ROOT)))
             import ddplug  # noqa: F401  (registers torch.distributed's backend "ddplug")
+
+        hook = kwargs.pop("ddp_comm_hook", None) == "ddplug"
         strategy = DDPStrategy(**kwargs) if kwargs else "ddp"
     timer = Timer()
     callbacks: list = [timer]
+    if args.strategy == "ddp" and hook:
+        callbacks.append(DdplugHook())
     rec = None
     if args.phases:  # every rank cuts its steps into phases (bench/step_phases.py)
         sys.path.insert(0, str(Path(__file__).resolve().parent))

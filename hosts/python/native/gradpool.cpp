@@ -34,6 +34,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <atomic>
@@ -200,6 +203,76 @@ void forget(Pool& pool) {
   pool.ctx = nullptr;
 }
 
+// Move a storage that torch's CPU allocator made into a block of registered
+// memory, in place: the same StorageImpl, its bytes copied once, its DataPtr
+// replaced (what torch's own share_memory_() does to move a storage into
+// shared memory), so every tensor and view on it follows. For memory only
+// torch holds (torch DDP's gradient buckets, through the communication hook):
+// a raw pointer taken before (numpy's .numpy() view) would keep the old, freed
+// address. 1: adopted now; 2: already a block of this pool; 0: left as it is
+// (not the CPU allocator's memory, empty, or no block: the pool is retired,
+// over its cap, or the plugin said no).
+int adopt(const std::shared_ptr<Pool>& pool, c10::StorageImpl& st) {
+  const size_t n = st.nbytes();
+  void* old = st.data_ptr().get();
+  if (n == 0 || old == nullptr || st.device_type() != c10::DeviceType::CPU) return 0;
+  c10::DeleterFnPtr d = st.data_ptr().get_deleter();
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_live.find(old);
+    if (it != g_live.end()) return it->second.pool == pool ? 2 : 0;
+  }
+  // only plain CPU-allocator memory (data == context): not numpy's, not
+  // shared memory's, not another library's
+  c10::Allocator* cpu = g_prev != nullptr ? g_prev : c10::GetCPUAllocator();
+  if (st.data_ptr().get_context() != old || (d != cpu->raw_deleter() && d != c10::GetDefaultCPUAllocator()->raw_deleter()))
+    return 0;
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (!pool->serving || pool->ctx == nullptr) return 0;
+    auto& fl = pool->free_list[n];
+    if (!fl.empty()) {
+      p = fl.back();
+      fl.pop_back();
+      ++pool->reused;
+    } else if (!pool->exhausted && pool->bytes + n <= pool->cap) {
+      // free blocks of other sizes (buckets the reducer re-allocated) go back
+      // to the plugin first when it has no room for this one
+      for (int attempt = 0; attempt < 2 && p == nullptr; ++attempt) {
+        if (pool->alloc(pool->ctx, n, &p) == 0 && p != nullptr) break;
+        p = nullptr;
+        if (attempt == 0) {
+          for (auto& [size, list] : pool->free_list) {
+            for (void* q : list) pool->free(pool->ctx, q);
+            pool->bytes -= size * list.size();
+            list.clear();
+          }
+        }
+      }
+      if (p == nullptr)
+        pool->exhausted = true;
+      else
+        pool->bytes += n;
+    }
+    if (p == nullptr) {
+      ++pool->refused;
+      return 0;
+    }
+    try {
+      g_live.emplace(p, Block{pool, n});
+    } catch (...) {
+      fl.push_back(p);
+      return 0;
+    }
+    ++pool->served;
+  }
+  std::memcpy(p, old, n);
+  // the old DataPtr is released here: torch's allocator frees the old memory
+  st.set_data_ptr_noswap(c10::DataPtr(p, p, &pool_delete, c10::Device(c10::DeviceType::CPU)));
+  return 1;
+}
+
 // ---- the Python type -------------------------------------------------------------------
 struct PyGradPool {
   PyObject_HEAD
@@ -319,6 +392,28 @@ PyObject* GradPool_holds(PyObject* self, PyObject* arg) {
   return PyBool_FromLong(held);
 }
 
+PyObject* GradPool_adopt(PyObject* self, PyObject* arg) {
+  auto* g = reinterpret_cast<PyGradPool*>(self);
+  if (!THPVariable_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "GradPool.adopt: a torch.Tensor, not %s", Py_TYPE(arg)->tp_name);
+    return nullptr;
+  }
+  if (g->pool == nullptr) return PyLong_FromLong(0);
+  int r = 0;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(arg);
+    if (t.has_storage() && t.layout() == c10::kStrided && t.device().is_cpu()) {
+      c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+      Py_BEGIN_ALLOW_THREADS r = adopt(*g->pool, *st);
+      Py_END_ALLOW_THREADS
+    }
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "GradPool.adopt: %s", e.what());
+    return nullptr;
+  }
+  return PyLong_FromLong(r);
+}
+
 PyObject* GradPool_stats(PyObject* self, PyObject*) {
   auto* g = reinterpret_cast<PyGradPool*>(self);
   if (g->pool == nullptr) return PyDict_New();
@@ -358,6 +453,9 @@ PyMethodDef GradPool_methods[] = {
      "forget(): retire, releasing the free blocks, and never call the context again (it closes)."},
     {"stop", GradPool_stop, METH_NOARGS,
      "stop(): serve no new allocations (blocks freed later still return to the free list)."},
+    {"adopt", GradPool_adopt, METH_O,
+     "adopt(tensor): move the tensor's whole storage into a block of registered memory, in place "
+     "(1: moved; 2: already this pool's; 0: left in ordinary memory)."},
     {"holds", GradPool_holds, METH_O, "holds(data_ptr): whether that address is a block this pool handed out."},
     {"stats", GradPool_stats, METH_NOARGS,
      "{served, reused, refused, bytes, free_bytes, blocks_in_use, active}"},

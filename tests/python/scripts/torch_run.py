@@ -347,6 +347,50 @@ def ddp(device: torch.device = torch.device("cpu")) -> None:
           all(close(p, q, 1e-5) for p, q in zip(model.parameters(), ref.parameters())))
 
 
+def ddp_hook() -> list:
+    """ddplug.distributed.allreduce_hook: DDP's buckets moved into registered
+    memory and reduced there; the parameters equal hook-less DDP's, bit for bit
+    on 2 ranks (the mean's two orders agree when the world size is a power of
+    two), within rounding on 3; set_to_none and kept gradients both. Returns
+    (grad, its values) pairs for the check after the group is destroyed."""
+    from ddplug import _native
+    from ddplug import registered_memory as registered
+    from ddplug.distributed import allreduce_hook, context_of
+    from ddplug.distributed import hooks
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
+                                   torch.nn.Tanh(), torch.nn.Linear(256, 1))
+
+    plain = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=0.1)
+    hooked = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=0.1, gradient_as_bucket_view=True)
+    hooked.register_comm_hook(None, allreduce_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (plain, hooked)]
+    g = torch.Generator().manual_seed(11 + RANK)
+    for step in range(5):
+        x, y = torch.randn(6, 64, generator=g), torch.randn(6, 1, generator=g)
+        for m, opt in zip((plain, hooked), opts):
+            opt.zero_grad(set_to_none=step < 3)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+    pa, pb = list(plain.parameters()), list(hooked.parameters())
+    if WORLD & (WORLD - 1) == 0:
+        check("ddp hook: parameters bit-identical to DDP without it", all(torch.equal(a, b) for a, b in zip(pa, pb)),
+              max(float((a - b).abs().max()) for a, b in zip(pa, pb)))
+    else:
+        check("ddp hook: parameters equal DDP without it", all(close(a, b, 1e-5) for a, b in zip(pa, pb)))
+    ctx = context_of()
+    if _native.load() is not None:
+        reach = [registered.reach(ctx, p.grad) for p in pb]
+        st = hooks.stats(ctx)
+        check("ddp hook: every bucket (and .grad, a bucket view) in registered memory",
+              reach == ["registered"] * len(pb) and st.get("moved", 0) >= 2 and st.get("kept") == 0, (reach, st))
+    else:
+        check("ddp hook: the native module is on (a source build)", False, _native.status())
+    return [(p.grad, p.grad.clone()) for p in pb]
+
+
 # ---- torchmetrics ----------------------------------------------------------------------
 def metrics(device: torch.device = torch.device("cpu")) -> None:
     """torchmetrics syncs through ddplug: every rank's compute() equals the
@@ -399,10 +443,13 @@ def client(init: str) -> None:
     collectives()
     works()
     ddp()
+    kept = ddp_hook()
     metrics()
     prepare_on_main()
     subgroup()
     dist.destroy_process_group()
+    check("ddp hook: the buckets keep their values once the group is gone",
+          all(torch.equal(g, v) for g, v in kept))
 
 
 # ---- CUDA tensors on the nccl plugin ---------------------------------------------------------

@@ -25,6 +25,11 @@ equivalent for are refused with an error naming the operation and what to use
 instead. ``new_group`` works: every subgroup is its own ddplug run (its own
 rendezvous through torch's store), on the default group's plugin.
 
+torch's ``DistributedDataParallel``: ``model.register_comm_hook(None,
+ddplug.distributed.allreduce_hook)`` moves its gradient buckets into the
+plugin's registered memory and reduces them there in place
+(:mod:`ddplug.distributed.hooks`).
+
 Work objects are ddplug requests: ``wait(timeout)``, ``is_completed()``,
 ``get_future()``. Errors are torch's own types — ``DistBackendError`` for
 collectives, ``DistStoreError``/``DistNetworkError`` while joining — that are
@@ -48,6 +53,7 @@ from .registration import is_registered, register
 
 __all__ = [
     "BACKEND",
+    "allreduce_hook",
     "ProcessGroupDdplug",
     "context_of",
     "destroy_for_context",
@@ -63,6 +69,10 @@ def __getattr__(name: str) -> Any:
         from .group import ProcessGroupDdplug
 
         return ProcessGroupDdplug
+    if name == "allreduce_hook":
+        from .hooks import allreduce_hook
+
+        return allreduce_hook
     raise AttributeError(f"module 'ddplug.distributed' has no attribute {name!r}")
 
 

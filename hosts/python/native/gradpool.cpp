@@ -37,6 +37,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <string>
 
 #include <algorithm>
 #include <atomic>
@@ -152,7 +153,7 @@ void pool_delete(void* ptr) {
       g_live.erase(it);
       Pool& pool = *b.pool;
       if (pool.ctx == nullptr) return;  // a forgotten pool's block: the plugin keeps it (see the top)
-      if (pool.serving) {
+      if (pool.serving && !pool.sizes.empty()) {  // an adopting pool (no sizes) keeps nothing
         try {
           pool.free_list[b.size].push_back(ptr);
           return;
@@ -209,68 +210,57 @@ void forget(Pool& pool) {
 // shared memory), so every tensor and view on it follows. For memory only
 // torch holds (torch DDP's gradient buckets, through the communication hook):
 // a raw pointer taken before (numpy's .numpy() view) would keep the old, freed
-// address. 1: adopted now; 2: already a block of this pool; 0: left as it is
-// (not the CPU allocator's memory, empty, or no block: the pool is retired,
-// over its cap, or the plugin said no).
-int adopt(const std::shared_ptr<Pool>& pool, c10::StorageImpl& st) {
+// address. Nothing else may use the storage meanwhile (DDP: the bucket is full
+// and nothing touches it until its allreduce completes). An adopting pool
+// serves no allocations (no sizes): a block goes back to the plugin when its
+// storage is freed (a bucket the reducer re-allocated), and a failed
+// allocation is tried again at the next adopt.
+enum AdoptResult {
+  kLeft = 0,       // not the CPU allocator's memory, or empty
+  kMoved = 1,      // moved now
+  kHeld = 2,       // already a block of this pool
+  kNoBlock = 3,    // the plugin gave no block (registered_bytes used up), or the pool is retired
+  kEarlier = 4,    // a block of an earlier pool (the group was re-formed, or an earlier context): left there
+};
+
+AdoptResult adopt(const std::shared_ptr<Pool>& pool, c10::StorageImpl& st) {
+  const at::DataPtr& cur = st._mutable_data_ptr_no_checks();
   const size_t n = st.nbytes();
-  void* old = st.data_ptr().get();
-  if (n == 0 || old == nullptr || st.device_type() != c10::DeviceType::CPU) return 0;
-  c10::DeleterFnPtr d = st.data_ptr().get_deleter();
+  void* old = cur.get();
+  if (n == 0 || old == nullptr || st.device_type() != c10::DeviceType::CPU) return kLeft;
   {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_live.find(old);
-    if (it != g_live.end()) return it->second.pool == pool ? 2 : 0;
+    if (it != g_live.end()) return it->second.pool == pool ? kHeld : kEarlier;
   }
   // only plain CPU-allocator memory (data == context): not numpy's, not
-  // shared memory's, not another library's
+  // shared memory's, not copy-on-write, not another library's
+  c10::DeleterFnPtr d = cur.get_deleter();
   c10::Allocator* cpu = g_prev != nullptr ? g_prev : c10::GetCPUAllocator();
-  if (st.data_ptr().get_context() != old || (d != cpu->raw_deleter() && d != c10::GetDefaultCPUAllocator()->raw_deleter()))
-    return 0;
+  if (cur.get_context() != old || (d != cpu->raw_deleter() && d != c10::GetDefaultCPUAllocator()->raw_deleter()))
+    return kLeft;
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lk(g_mu);
-    if (!pool->serving || pool->ctx == nullptr) return 0;
-    auto& fl = pool->free_list[n];
-    if (!fl.empty()) {
-      p = fl.back();
-      fl.pop_back();
-      ++pool->reused;
-    } else if (!pool->exhausted && pool->bytes + n <= pool->cap) {
-      // free blocks of other sizes (buckets the reducer re-allocated) go back
-      // to the plugin first when it has no room for this one
-      for (int attempt = 0; attempt < 2 && p == nullptr; ++attempt) {
-        if (pool->alloc(pool->ctx, n, &p) == 0 && p != nullptr) break;
-        p = nullptr;
-        if (attempt == 0) {
-          for (auto& [size, list] : pool->free_list) {
-            for (void* q : list) pool->free(pool->ctx, q);
-            pool->bytes -= size * list.size();
-            list.clear();
-          }
-        }
-      }
-      if (p == nullptr)
-        pool->exhausted = true;
-      else
-        pool->bytes += n;
-    }
-    if (p == nullptr) {
+    if (!pool->serving || pool->ctx == nullptr) return kNoBlock;
+    if (pool->bytes + n > pool->cap || pool->alloc(pool->ctx, n, &p) != 0 || p == nullptr) {
       ++pool->refused;
-      return 0;
+      return kNoBlock;
     }
+    pool->bytes += n;
     try {
       g_live.emplace(p, Block{pool, n});
     } catch (...) {
-      fl.push_back(p);
-      return 0;
+      pool->free(pool->ctx, p);
+      pool->bytes -= n;
+      return kNoBlock;
     }
     ++pool->served;
   }
   std::memcpy(p, old, n);
   // the old DataPtr is released here: torch's allocator frees the old memory
   st.set_data_ptr_noswap(c10::DataPtr(p, p, &pool_delete, c10::Device(c10::DeviceType::CPU)));
-  return 1;
+  return kMoved;
 }
 
 // ---- the Python type -------------------------------------------------------------------
@@ -398,17 +388,33 @@ PyObject* GradPool_adopt(PyObject* self, PyObject* arg) {
     PyErr_Format(PyExc_TypeError, "GradPool.adopt: a torch.Tensor, not %s", Py_TYPE(arg)->tp_name);
     return nullptr;
   }
-  if (g->pool == nullptr) return PyLong_FromLong(0);
-  int r = 0;
+  if (g->pool == nullptr) return PyLong_FromLong(kNoBlock);
+  c10::StorageImpl* st = nullptr;
   try {
     const at::Tensor& t = THPVariable_Unpack(arg);
-    if (t.has_storage() && t.layout() == c10::kStrided && t.device().is_cpu()) {
-      c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-      Py_BEGIN_ALLOW_THREADS r = adopt(*g->pool, *st);
-      Py_END_ALLOW_THREADS
-    }
+    if (t.has_storage() && t.layout() == c10::kStrided && t.device().is_cpu())
+      st = t.storage().unsafeGetStorageImpl();
   } catch (const std::exception& e) {
     PyErr_Format(PyExc_RuntimeError, "GradPool.adopt: %s", e.what());
+    return nullptr;
+  }
+  if (st == nullptr) return PyLong_FromLong(kLeft);
+  AdoptResult r = kLeft;
+  bool failed = false;
+  std::string why;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    r = adopt(*g->pool, *st);
+  } catch (const std::exception& e) {
+    failed = true;
+    try {
+      why = e.what();
+    } catch (...) {
+    }
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) {
+    PyErr_Format(PyExc_RuntimeError, "GradPool.adopt: %s", why.c_str());
     return nullptr;
   }
   return PyLong_FromLong(r);
@@ -455,7 +461,8 @@ PyMethodDef GradPool_methods[] = {
      "stop(): serve no new allocations (blocks freed later still return to the free list)."},
     {"adopt", GradPool_adopt, METH_O,
      "adopt(tensor): move the tensor's whole storage into a block of registered memory, in place "
-     "(1: moved; 2: already this pool's; 0: left in ordinary memory)."},
+     "(1: moved; 2: already this pool's; 0: not torch's CPU allocator's memory; 3: no block (registered "
+     "memory used up, or the pool is retired); 4: a block of an earlier pool, left there)."},
     {"holds", GradPool_holds, METH_O, "holds(data_ptr): whether that address is a block this pool handed out."},
     {"stats", GradPool_stats, METH_NOARGS,
      "{served, reused, refused, bytes, free_bytes, blocks_in_use, active}"},

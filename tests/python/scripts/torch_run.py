@@ -388,6 +388,16 @@ def ddp_hook() -> list:
               reach == ["registered"] * len(pb) and st.get("moved", 0) >= 2 and st.get("kept") == 0, (reach, st))
     else:
         check("ddp hook: the native module is on (a source build)", False, _native.status())
+    # sparse buckets (nn.Embedding(sparse=True)): torch's own hook, the same gradients
+    embs = []
+    for hook in (False, True):
+        torch.manual_seed(5)
+        m = torch.nn.parallel.DistributedDataParallel(torch.nn.Embedding(40, 4, sparse=True))
+        if hook:
+            m.register_comm_hook(None, allreduce_hook)
+        m(torch.tensor([RANK, 7, 30 + RANK])).sum().backward()
+        embs.append(m.module.weight.grad.to_dense())
+    check("ddp hook: sparse gradients as without it", close(embs[0], embs[1], 1e-6), embs)
     return [(p.grad, p.grad.clone()) for p in pb]
 
 

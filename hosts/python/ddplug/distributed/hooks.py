@@ -4,9 +4,13 @@ buckets moved into ddplug's registered memory, and reduced there in place.
     model = DistributedDataParallel(model, gradient_as_bucket_view=True)
     model.register_comm_hook(None, ddplug.distributed.allreduce_hook)
 
-    # Lightning (either spelling):
-    DDPStrategy(process_group_backend="ddplug", gradient_as_bucket_view=True,
-                ddp_comm_hook=ddplug.distributed.allreduce_hook)
+    # Lightning (either spelling) registers DDPStrategy's ddp_comm_hook on CUDA
+    # only; on CPU register it from a callback:
+    class DdplugHook(Callback):
+        def on_fit_start(self, trainer, module):
+            trainer.strategy.model.register_comm_hook(None, ddplug.distributed.allreduce_hook)
+    Trainer(strategy=DDPStrategy(process_group_backend="ddplug", gradient_as_bucket_view=True),
+            callbacks=[DdplugHook()])
 
 Without a hook, DDP's reducer allocates its buckets in torch's memory, and a
 backend has no way to supply that memory: the cpu plugin then reduces each
@@ -17,7 +21,8 @@ same storage, so the reducer's bucket, its views and every ``.grad`` that is a
 bucket view follow, as with torch's own ``share_memory_()``), then reduces it
 in place every step with op ``avg``: the mean folded into the reduction's last
 pass, and nothing staged. A bucket the reducer re-allocates (its rebuild after
-the first step) is moved at its first allreduce.
+the first step) is moved at its first allreduce, and the old one's block goes
+back to the plugin.
 
 Results: the mean is the sum divided by the world size once, as
 ``strategy="ddplug"``'s gradient sync computes it. DDP without a hook
@@ -26,14 +31,20 @@ multiplies every gradient by 1/world size first, then sums; torch's own
 give the same bits (scaling by a power of two is exact; subnormal gradients
 aside); for others they may differ in the last bit.
 
-``state`` is the process group, as for torch's default hooks (None: the
-default group). On a group that ddplug does not serve, or for CUDA buckets, it
-is torch's ``allreduce_hook``. The buckets stay in ordinary memory (and the
-hook still reduces them) when the native module is off, when the plugin has no
-registered memory (``ddplug.registered_memory.reach``), when
-``DDPLUG_GRAD_POOL=0``, or when the plugin's registered memory is exhausted
-(``registered_bytes``). When the run closes, a bucket still alive keeps its
-values (the plugin leaves a private copy in its place).
+``state`` is the process group, as for torch's default hooks: None is the
+default group, so a model wrapped with ``DistributedDataParallel(...,
+process_group=pg)`` registers the hook with ``pg`` as its state. Under
+``DDP.join()`` the mean divides by the group's size, as torch's own hook does
+(hook-less DDP divides by the ranks still joined). On a group that ddplug does
+not serve, for CUDA buckets and for sparse ones (``nn.Embedding(sparse=True)``)
+it is torch's ``allreduce_hook``. The buckets stay in ordinary memory (and the
+hook still reduces them; the reason is logged once) when the native module is
+off, when the plugin has no registered memory
+(``ddplug.registered_memory.reach``), with ``DDPLUG_GRAD_POOL=0``, when the
+plugin's registered memory is used up (``registered_bytes``), and after the
+group is re-formed (an elastic shrink: a bucket moved before stays where it
+is). When the run closes, a bucket still alive keeps its values (the plugin
+leaves a private copy in its place).
 """
 
 # No "from __future__ import annotations": DDP checks the hook's annotations
@@ -62,13 +73,21 @@ class _Buckets:
 
     def __init__(self, ctx: Any) -> None:
         self.generation = getattr(ctx, "generation", 0)
-        self.pool = _native.grad_pool(ctx, (), _CAP)
+        pool = _native.grad_pool(ctx, (), _CAP)
+        self.pool = pool if pool is not None and hasattr(pool, "adopt") else None  # an older native build
         self.moved = 0
-        self.kept = 0  # buckets left in ordinary memory (adopt said 0)
+        self.kept: set = set()  # the addresses of buckets left in ordinary memory
+        self.told = False
 
 
 _lock = threading.Lock()
 _states: "weakref.WeakKeyDictionary[Any, _Buckets]" = weakref.WeakKeyDictionary()
+
+_WHY = {
+    0: "its memory is not torch's CPU allocator's",
+    3: "the plugin gave no block of registered memory (raise plugin_options registered_bytes)",
+    4: "it was moved into an earlier group's memory (the group was re-formed)",
+}
 
 
 def _buckets(ctx: Any) -> Optional[_Buckets]:
@@ -83,9 +102,8 @@ def _buckets(ctx: Any) -> Optional[_Buckets]:
             if ctx.closed or not _registered._has_registered(ctx) or os.environ.get(POOL_ENV, "1").strip() == "0":
                 return None
             st = _states[ctx] = _Buckets(ctx)
-            pool = st.pool
-            if pool is not None:
-                ctx.on_close(pool.forget)
+            if st.pool is not None:
+                ctx.on_close(st.pool.forget)
         return st if st.pool is not None else None
 
 
@@ -97,27 +115,32 @@ def adopt(ctx: Any, tensor: torch.Tensor) -> bool:
     st = _buckets(ctx)
     if st is None:
         return False
-    r = st.pool.adopt(tensor)
+    try:
+        r = st.pool.adopt(tensor)
+    except Exception as exc:  # the bucket stays where it is; the allreduce still runs
+        r, why = -1, str(exc)
+    else:
+        why = _WHY.get(r, "")
     if r == 1:
         st.moved += 1
         _log.debug("ddplug: a DDP bucket of %d bytes moved into registered memory", tensor.untyped_storage().nbytes())
-    elif r == 0:
-        st.kept += 1
-        if st.kept == 1:
-            _log.info("ddplug: a DDP bucket of %d bytes stays in ordinary memory (the plugin's registered memory "
-                      "is exhausted, or the memory is not torch's allocator's); raise plugin_options "
-                      "registered_bytes to give the buckets registered memory",
-                      tensor.untyped_storage().nbytes())
-    return r != 0
+    elif r != 2:
+        st.kept.add(tensor.untyped_storage().data_ptr())
+        if not st.told:
+            st.told = True
+            _log.info("ddplug: a DDP bucket of %d bytes stays in ordinary memory (reduced there, staged): %s",
+                      tensor.untyped_storage().nbytes(), why)
+    return r in (1, 2)
 
 
 def stats(ctx: Any) -> dict:
-    """``{"moved", "kept", **pool stats}`` for ``ctx``'s adopted buckets ({} when none)."""
+    """``{"moved", "kept", **pool stats}`` for ``ctx``'s adopted buckets ({} when
+    none): buckets moved, buckets left in ordinary memory."""
     with _lock:
         st = _states.get(ctx)
     if st is None or st.pool is None:
         return {}
-    return {"moved": st.moved, "kept": st.kept, **st.pool.stats()}
+    return {"moved": st.moved, "kept": len(st.kept), **st.pool.stats()}
 
 
 def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -128,7 +151,7 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
 
     group = state if state is not None else dist.group.WORLD
     buf = bucket.buffer()
-    if not is_ddplug_group(group) or not buf.is_cpu:
+    if not is_ddplug_group(group) or not buf.is_cpu or buf.layout is not torch.strided:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         return default_hooks.allreduce_hook(state, bucket)

@@ -6,7 +6,14 @@
  * process it recorded is dead: a live one keeps it, a reused pid with a
  * different start time does not; an uninitialised segment — zero bytes
  * included — is kept while it is young (its creator may still be writing
- * it) and removed once old. */
+ * it) and removed once old.
+ *
+ * Every group_create on the machine cleans stale segments, so another ddplug
+ * job (another test suite, a training run) may remove a segment this test
+ * planted before the test looks at it: that is the behaviour under test, done
+ * by someone else. A check that needs its planted segment still there plants
+ * it again then (FOREIGN_TRIES times at most), and the machine-wide "nothing
+ * left behind" check waits out another job's transient segments. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +32,11 @@ static int shm_exists(const char *name) {
   snprintf(path, sizeof path, "/dev/shm%s", name);
   return access(path, F_OK) == 0;
 }
+
+/* Attempts before a check gives up on a planted segment that another job on
+ * the machine keeps removing first. */
+#define FOREIGN_TRIES 20
+#define FOREIGN_GAVE_UP "another ddplug job on this machine removed the planted stale segment first, %d times in a row"
 
 static ddcpu_shm_params params(const char *run_id) {
   ddcpu_shm_params p = {run_id, 2, 0, 1, 4, 4096, 1024, 1 << 20};
@@ -65,14 +77,18 @@ static pid_t crashed_segment(crash_arg *a, const char *tag, int linger, char *na
 }
 
 TEST(stale_segment_of_dead_processes_is_removed) {
-  crash_arg a;
-  char name[128];
-  pid_t pid = crashed_segment(&a, "stale", 0, name, sizeof name);
-  int st;
-  CHECK(dt_wait_pid(pid, 5000, &st) == 0 && WIFSIGNALED(st));
-  CHECK(shm_exists(name));
-  CHECK(ddcpu_shm_cleanup_stale(NULL) >= 1);
-  CHECK(!shm_exists(name));
+  for (int attempt = 0;; attempt++) {
+    CHECK_MSG(attempt < FOREIGN_TRIES, FOREIGN_GAVE_UP, attempt);
+    crash_arg a;
+    char name[128];
+    pid_t pid = crashed_segment(&a, "stale", 0, name, sizeof name);
+    int st;
+    CHECK(dt_wait_pid(pid, 5000, &st) == 0 && WIFSIGNALED(st));
+    if (!shm_exists(name)) continue; /* another job's cleanup came first */
+    int n = ddcpu_shm_cleanup_stale(NULL);
+    CHECK(!shm_exists(name));
+    if (n >= 1) break; /* 0: another job removed it between the two calls */
+  }
 }
 
 TEST(segment_of_live_process_is_kept) {
@@ -93,17 +109,21 @@ TEST(reused_pid_does_not_keep_a_segment) {
    * alive but it is not the process that attached. */
   char run_id[40], name[128];
   snprintf(run_id, sizeof run_id, "reuse%d", (int)getpid());
-  ddcpu_shm s;
-  ddcpu_shm_params pr = params(run_id);
-  CHECK_OK(ddcpu_shm_create(&s, &pr));
-  atomic_store(&s.hdr->creator_start, 12345);
-  atomic_store(&s.procs[0].pid, (int64_t)getpid());
-  atomic_store(&s.procs[0].start_time, 12345);
   ddcpu_shm_name(name, sizeof name, run_id, 0);
-  ddcpu_shm_detach(&s);
-  CHECK(shm_exists(name));
-  ddcpu_shm_cleanup_stale(NULL);
-  CHECK(!shm_exists(name));
+  for (int attempt = 0;; attempt++) {
+    CHECK_MSG(attempt < FOREIGN_TRIES, FOREIGN_GAVE_UP, attempt);
+    ddcpu_shm s;
+    ddcpu_shm_params pr = params(run_id);
+    CHECK_OK(ddcpu_shm_create(&s, &pr));
+    atomic_store(&s.hdr->creator_start, 12345);
+    atomic_store(&s.procs[0].pid, (int64_t)getpid());
+    atomic_store(&s.procs[0].start_time, 12345);
+    ddcpu_shm_detach(&s);
+    if (!shm_exists(name)) continue; /* another job's cleanup came first */
+    int n = ddcpu_shm_cleanup_stale(NULL);
+    CHECK(!shm_exists(name));
+    if (n >= 1) break;
+  }
 }
 
 TEST(uninitialised_segment_kept_while_young) {
@@ -128,17 +148,19 @@ TEST(empty_segment_of_a_job_killed_at_startup_is_removed_once_old) {
   char name[128], path[256];
   snprintf(name, sizeof name, "/" DDCPU_SHM_PREFIX "empty%d-n0", (int)getpid());
   snprintf(path, sizeof path, "/dev/shm%s", name);
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  CHECK(fd >= 0);
-  close(fd);
-  CHECK_EQ_INT(ddcpu_shm_stale(NULL, 0), 0);
-  ddcpu_shm_cleanup_stale(NULL);
-  CHECK_MSG(shm_exists(name), "a segment being created was removed");
-  struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
-  CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
-  CHECK(ddcpu_shm_stale(NULL, 0) >= 1);
-  ddcpu_shm_cleanup_stale(NULL);
-  CHECK_MSG(!shm_exists(name), "an old zero-byte segment was kept");
+  for (int attempt = 0;; attempt++) {
+    CHECK_MSG(attempt < FOREIGN_TRIES, FOREIGN_GAVE_UP, attempt);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+    ddcpu_shm_cleanup_stale(NULL);
+    CHECK_MSG(shm_exists(name), "a segment being created was removed");
+    struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
+    CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
+    int n = ddcpu_shm_cleanup_stale(NULL);
+    CHECK_MSG(!shm_exists(name), "an old zero-byte segment was kept");
+    if (n >= 1) break; /* 0: another job's cleanup removed it first */
+  }
 }
 
 TEST(other_files_are_not_touched) {
@@ -171,10 +193,13 @@ static void check_gone_while_running(hd_rank *r, void *arg) {
 TEST(group_create_cleans_stale_and_leaves_nothing) {
   crash_arg a;
   char name[128];
-  pid_t pid = crashed_segment(&a, "crashedrun", 0, name, sizeof name);
-  int st;
-  CHECK(dt_wait_pid(pid, 5000, &st) == 0);
-  CHECK(shm_exists(name));
+  for (int attempt = 0;; attempt++) {
+    CHECK_MSG(attempt < FOREIGN_TRIES, FOREIGN_GAVE_UP, attempt);
+    pid_t pid = crashed_segment(&a, "crashedrun", 0, name, sizeof name);
+    int st;
+    CHECK(dt_wait_pid(pid, 5000, &st) == 0);
+    if (shm_exists(name)) break; /* else another job's cleanup came first */
+  }
   CHECK_EQ_INT(hd_run_world(3, NULL, NULL, check_gone_while_running, NULL, 60, NULL), 0);
   CHECK_MSG(!shm_exists(name), "group_create did not remove the stale segment %s", name);
 }
@@ -194,6 +219,13 @@ TEST(killed_job_leaves_no_segment) {
 /* Run last by ctest (cpu-no-shm-left-behind, after every other cpu
  * test): no abandoned ddplug-cpu-* segment is left on the machine. */
 TEST(no_segment_left_behind) {
+  /* A leak stays; another job's planted or crashed segment (another suite
+   * on the machine) is removed by that job's next group_create: look again
+   * for up to 30 s before calling it a leak. */
   int n = ddcpu_shm_stale(NULL, 0);
+  for (int i = 0; n != 0 && i < 60; i++) {
+    usleep(500 * 1000);
+    n = ddcpu_shm_stale(NULL, 0);
+  }
   CHECK_MSG(n == 0, "%d abandoned /dev/shm/" DDCPU_SHM_PREFIX "* segment(s) left behind", n);
 }

@@ -580,6 +580,25 @@ TEST_T(rank_zero_reports_ranks_that_never_joined, 60) {
   CHECK_EQ_INT(dt_run_ranks(4, rank_missing, &e, NULL, 60, NULL), 0);
 }
 
+/* Rank 0 starts 4 s after the others (a slow node, a loaded machine): its
+ * deadline, when it reports the missing ranks, is 4 s later than theirs,
+ * past their own deadline plus the grace (2 s). They wait for its verdict
+ * as long as its checks said they may take, and report the missing ranks
+ * too, not "rank 0 did not finish the startup checks". */
+static void rank_zero_late_missing(int rank, int world, void *arg) {
+  (void)world;
+  if (rank >= 2) return; /* never started */
+  if (rank == 0) usleep(4000 * 1000);
+  /* 6 s: rank 1 reaches rank 0's store 4 s in, within its own deadline */
+  use_config("{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 6}}");
+  check_failure(arg);
+}
+
+TEST_T(a_rank_that_began_before_rank_zero_waits_for_its_verdict, 60) {
+  expect e = {DDPLUG_E_TIMEOUT, {"ranks 2, 3 never joined after ", NULL}};
+  CHECK_EQ_INT(dt_run_ranks(4, rank_zero_late_missing, &e, NULL, 60, NULL), 0);
+}
+
 /* "At once": the rendezvous timeout is ten minutes, so a rank that waited
  * it out instead of being told would trip the case's hang guard. */
 #define LONG_RENDEZVOUS "{\"plugin\": \"example\", \"rendezvous\": {\"timeout_s\": 600}}"

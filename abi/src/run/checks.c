@@ -330,8 +330,14 @@ int ddplug__startup_checks(ddplug_context *ctx) {
       wait_for_joins, read_joins,   check_world_size, check_process_count,
       check_config,   check_plugin, publish_verdict,
   };
+  /* How long these checks may still take: a rank that began before rank 0
+   * (read_verdict) waits for the verdict that long from when it reads this. */
+  char left[32];
+  snprintf(left, sizeof left, "%lld", (long long)ddplug__remaining_ms(ctx->open_deadline_ns));
+  int s = ddplug_store_set(ctx->store, DDPLUG__CHECKS_LEFT_KEY, left, strlen(left));
+  if (s != DDPLUG_OK) return s;
   joins j;
-  int s = joins_init(&j, ctx->world.world_size);
+  s = joins_init(&j, ctx->world.world_size);
   for (size_t i = 0; s == DDPLUG_OK && i < DDPLUG__ARRAY_LEN(steps); i++)
     s = steps[i](ctx, &j);
   joins_free(&j);

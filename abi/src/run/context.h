@@ -170,6 +170,11 @@ struct ddplug_context {
   void (*data_reform)(void *data, int32_t rank, int32_t world_size);
 };
 
+/* Rank 0 publishes here, as it begins the startup checks, how many ms they
+ * may still take (its own open deadline, which may be later than another
+ * rank's: rank 0 may have started later). */
+#define DDPLUG__CHECKS_LEFT_KEY "ddplug/checks_left_ms"
+
 /* Non-zero ranks wait this long past ddplug_open's deadline for rank 0's
  * verdict: rank 0 reports missing ranks exactly at the deadline. */
 static inline uint64_t ddplug__open_grace_ns(const ddplug_context *ctx) {

@@ -145,6 +145,24 @@ static int claim_rank(ddplug_context *ctx) {
 
 /* ---- every rank: read the verdict -------------------------------------- */
 
+/* What rank 0 said, as its startup checks began, about how long they may
+ * still take (DDPLUG__CHECKS_LEFT_KEY): read now, later than it was written,
+ * so waiting that long from now waits at least until rank 0's deadline. -1:
+ * not there (rank 0 never began them) or not a number of ms up to this run's
+ * rendezvous timeout. */
+static int64_t checks_left_ms(ddplug_context *ctx) {
+  void *v = NULL;
+  uint64_t len = 0;
+  if (ddplug_store_get(ctx->store, DDPLUG__CHECKS_LEFT_KEY, 0, &v, &len) != DDPLUG_OK) return -1;
+  int64_t ms = len > 0 && len < 20 ? 0 : -1;
+  for (uint64_t i = 0; ms >= 0 && i < len; i++) {
+    char c = ((const char *)v)[i];
+    ms = c >= '0' && c <= '9' ? ms * 10 + (c - '0') : -1;
+  }
+  ddplug_free(v);
+  return ms <= ctx->rdzv_timeout_ms ? ms : -1;
+}
+
 static int read_verdict(ddplug_context *ctx) {
   const char *key = "ddplug/verdict";
   /* Rank 0 publishes its verdict (possibly "ranks 2, 3 never joined") when
@@ -154,6 +172,12 @@ static int read_verdict(ddplug_context *ctx) {
   int s = ddplug__wait_get(ctx, ctx->store, key,
                            ctx->open_deadline_ns + ddplug__open_grace_ns(ctx), "verdict", 0,
                            &val, &len);
+  int64_t left = s == DDPLUG_E_TIMEOUT ? checks_left_ms(ctx) : -1;
+  if (left >= 0)
+    /* rank 0 began after this rank: its own deadline is later than ours */
+    s = ddplug__wait_get(ctx, ctx->store, key,
+                         ddplug__now_ns() + (uint64_t)left * 1000000ull + ddplug__open_grace_ns(ctx),
+                         "verdict", 0, &val, &len);
   if (s == DDPLUG_E_TIMEOUT)
     return ddplug__err(DDPLUG_E_TIMEOUT,
                        "rank 0 did not finish the startup checks within %.1f s "

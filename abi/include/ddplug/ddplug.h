@@ -63,7 +63,9 @@ extern "C" {
  *    not after a timeout: the store sees its connection close and tells
  *    everyone; same-node ranks of the cpu plugin also watch its process.
  *    A rank that never reached the store is reported when the rendezvous
- *    timeout expires ("ranks 2, 3 never joined after 30.0 s").
+ *    timeout expires ("ranks 2, 3 never joined after 30.0 s"), on every
+ *    rank: rank 0's timeout counts from its own start, and a rank that
+ *    started earlier waits for rank 0's report that much longer.
  *  - A store call waits for the handle's lock (another thread's call on
  *    the same handle) only within its own timeout.
  *  - The store server gives a connection that has not authenticated 5 s to

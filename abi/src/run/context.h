@@ -34,6 +34,7 @@
  *   ddplug/join/<rank>     rank's join record (JSON)
  *   ddplug/claim/<rank>    who claimed that rank (duplicate detection)
  *   ddplug/joined          counter of processes that joined
+ *   ddplug/checks_left_ms  how long rank 0's startup checks may still take, as they began
  *   ddplug/verdict         rank 0's startup verdict (JSON: ok + layout, or error)
  *   ddplug/ready/<rank>    rank created its plugin group
  *   ddplug/abort           "<STATUS>|<sentence>": the first failure of the run

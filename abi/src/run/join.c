@@ -154,7 +154,7 @@ static int64_t checks_left_ms(ddplug_context *ctx) {
   void *v = NULL;
   uint64_t len = 0;
   if (ddplug_store_get(ctx->store, DDPLUG__CHECKS_LEFT_KEY, 0, &v, &len) != DDPLUG_OK) return -1;
-  int64_t ms = len > 0 && len < 20 ? 0 : -1;
+  int64_t ms = len > 0 && len <= 18 ? 0 : -1; /* 18 digits cannot overflow */
   for (uint64_t i = 0; ms >= 0 && i < len; i++) {
     char c = ((const char *)v)[i];
     ms = c >= '0' && c <= '9' ? ms * 10 + (c - '0') : -1;
